@@ -1,0 +1,32 @@
+//! The one place lamina asks the kernel to mount or unmount anything.
+//!
+//! Mount logic elsewhere talks to the [`Mounter`] trait, so it can be tested with
+//! [`FakeMounter`] without root or a kernel overlay module; [`RealMounter`] is the
+//! implementation that really mounts. Keeping every mount syscall here means a reader
+//! auditing what lamina does to the host's mount table reads one crate.
+
+mod error;
+mod fake;
+mod overlay_spec;
+mod real;
+
+pub use error::MountError;
+pub use fake::{FakeCall, FakeMounter};
+pub use overlay_spec::OverlaySpec;
+pub use real::RealMounter;
+
+use std::fmt::Debug;
+use std::path::Path;
+
+/// Mount operations lamina needs, small enough to fake faithfully.
+pub trait Mounter: Send + Sync + Debug {
+    /// Mounts the overlay described by `spec` on the existing directory `target`.
+    fn mount_overlay(&self, spec: &OverlaySpec, target: &Path) -> Result<(), MountError>;
+
+    /// Unmounts `target`. Returns `Ok(false)` when `target` was not a mount point, so
+    /// callers can make delete idempotent without racing a separate check.
+    fn unmount(&self, target: &Path) -> Result<bool, MountError>;
+
+    /// Whether `path` is the root of a mount.
+    fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError>;
+}

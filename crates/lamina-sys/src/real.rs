@@ -1,0 +1,164 @@
+//! The mounter that really mounts: the new mount API (fsopen/fsconfig/fsmount/move_mount)
+//! with one `lowerdir+` call per layer, so images with hundreds of layers mount; classic
+//! mount(2) only where the kernel lacks the new API or `lowerdir+`.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use std::path::Path;
+
+use rustix::fs::{AtFlags, CWD, OFlags, StatxFlags};
+use rustix::io::Errno;
+use rustix::mount::{
+    FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, UnmountFlags,
+};
+
+use crate::{MountError, Mounter, OverlaySpec};
+
+/// fsconfig string values longer than this are rejected by the kernel; such layer paths
+/// are passed as O_PATH file descriptors instead.
+const FSCONFIG_MAX_STRING: usize = 255;
+
+/// Classic mount(2) takes at most one page of options.
+const LEGACY_OPTIONS_MAX: usize = 4095;
+
+#[derive(Debug, Default, Clone)]
+pub struct RealMounter {
+    /// Skip the new mount API (for tests of the fallback path).
+    pub force_legacy: bool,
+}
+
+impl RealMounter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Mounter for RealMounter {
+    fn mount_overlay(&self, spec: &OverlaySpec, target: &Path) -> Result<(), MountError> {
+        if !self.force_legacy {
+            match mount_with_fsopen(spec, target) {
+                Err(NewApi::Unsupported) => {}
+                Err(NewApi::Failed(e)) => return Err(e),
+                Ok(()) => return Ok(()),
+            }
+        }
+        mount_legacy(spec, target)
+    }
+
+    fn unmount(&self, target: &Path) -> Result<bool, MountError> {
+        match rustix::mount::unmount(target, UnmountFlags::NOFOLLOW) {
+            Ok(()) => Ok(true),
+            Err(Errno::INVAL) if !self.is_mountpoint(target)? => Ok(false),
+            Err(Errno::NOENT) => Ok(false),
+            Err(errno) => Err(MountError::new("unmount", target, errno)),
+        }
+    }
+
+    fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError> {
+        let stx = rustix::fs::statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS)
+            .map_err(|e| MountError::new("statx", path, e))?;
+        let mount_root = rustix::fs::StatxAttributes::MOUNT_ROOT;
+        Ok(stx.stx_attributes_mask.contains(mount_root) && stx.stx_attributes.contains(mount_root))
+    }
+}
+
+enum NewApi {
+    /// The kernel lacks fsopen or `lowerdir+`: try mount(2).
+    Unsupported,
+    Failed(MountError),
+}
+
+fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
+    let fs = match rustix::mount::fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC) {
+        Ok(fd) => fd,
+        Err(Errno::NOSYS) => return Err(NewApi::Unsupported),
+        Err(e) => return Err(NewApi::Failed(MountError::new("fsopen overlay for", target, e))),
+    };
+    let fail = |e: Errno| NewApi::Failed(with_kernel_log(&fs, MountError::new("mount overlay at", target, e)));
+
+    for (i, lower) in spec.lowers.iter().enumerate() {
+        match set_path(fs.as_fd(), "lowerdir+", lower) {
+            // Kernels before 6.8 do not know `lowerdir+`; only the first call can tell us.
+            Err(Errno::INVAL) if i == 0 && kernel_log(&fs).contains("lowerdir+") => {
+                return Err(NewApi::Unsupported);
+            }
+            Err(e) => return Err(fail(e)),
+            Ok(()) => {}
+        }
+    }
+    if let Some(upper) = &spec.upper {
+        set_path(fs.as_fd(), "upperdir", upper).map_err(fail)?;
+    }
+    if let Some(work) = &spec.work {
+        set_path(fs.as_fd(), "workdir", work).map_err(fail)?;
+    }
+    for (key, value) in &spec.options {
+        match value {
+            Some(v) => rustix::mount::fsconfig_set_string(fs.as_fd(), key.as_str(), v.as_str()),
+            None => rustix::mount::fsconfig_set_flag(fs.as_fd(), key.as_str()),
+        }
+        .map_err(fail)?;
+    }
+    rustix::mount::fsconfig_create(fs.as_fd()).map_err(fail)?;
+    let attrs = if spec.read_only {
+        MountAttrFlags::MOUNT_ATTR_RDONLY
+    } else {
+        MountAttrFlags::empty()
+    };
+    let mnt = rustix::mount::fsmount(fs.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, attrs).map_err(fail)?;
+    rustix::mount::move_mount(mnt.as_fd(), "", CWD, target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        .map_err(fail)?;
+    // The mount fd is closed here, on return: a later umount fails with EBUSY while it is open.
+    drop(mnt);
+    Ok(())
+}
+
+/// Sets a path-valued overlay parameter, as a string when the kernel's 255-byte limit
+/// allows and as an O_PATH descriptor otherwise.
+fn set_path(fs: BorrowedFd<'_>, key: &str, path: &Path) -> Result<(), Errno> {
+    if path.as_os_str().len() <= FSCONFIG_MAX_STRING {
+        return rustix::mount::fsconfig_set_string(fs, key, path);
+    }
+    let dir: OwnedFd = rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
+    rustix::mount::fsconfig_set_fd(fs, key, dir.as_fd())
+}
+
+/// Messages the kernel queued on the filesystem context ("e overlay: ...").
+fn kernel_log(fs: &OwnedFd) -> String {
+    let mut lines = Vec::new();
+    let mut buf = [0u8; 1024];
+    while let Ok(n) = rustix::io::read(fs, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        lines.push(String::from_utf8_lossy(&buf[..n]).trim().to_string());
+    }
+    lines.join("; ")
+}
+
+fn with_kernel_log(fs: &OwnedFd, err: MountError) -> MountError {
+    let log = kernel_log(fs);
+    if log.is_empty() { err } else { err.with_detail(log) }
+}
+
+fn mount_legacy(spec: &OverlaySpec, target: &Path) -> Result<(), MountError> {
+    let data = spec
+        .option_strings()
+        .into_iter()
+        .filter(|o| o != "ro")
+        .collect::<Vec<_>>()
+        .join(",");
+    if data.len() > LEGACY_OPTIONS_MAX {
+        return Err(MountError::new("mount overlay at", target, Errno::NAMETOOLONG).with_detail(format!(
+            "{} bytes of options exceed mount(2)'s one-page limit and this kernel lacks fsopen/lowerdir+",
+            data.len()
+        )));
+    }
+    let data = CString::new(data.as_bytes())
+        .map_err(|_| MountError::new("mount overlay at", target, Errno::INVAL).with_detail("option contains NUL"))?;
+    let flags = if spec.read_only { MountFlags::RDONLY } else { MountFlags::empty() };
+    rustix::mount::mount("overlay", target, "overlay", flags, Some(data.as_c_str()))
+        .map_err(|e| MountError::new("mount overlay at", target, e))
+}
+
