@@ -55,7 +55,9 @@ impl FakeMounter {
 impl Mounter for FakeMounter {
     fn mount_overlay(&self, spec: &OverlaySpec, target: &Path) -> Result<(), MountError> {
         let mut state = self.lock();
-        state.calls.push(FakeCall::Mount(target.to_path_buf(), spec.clone()));
+        state
+            .calls
+            .push(FakeCall::Mount(target.to_path_buf(), spec.clone()));
         let err = |errno| MountError::new("mount overlay at", target, errno);
         if let Some(errno) = state.fail_next_mount.take() {
             return Err(err(errno));

@@ -62,7 +62,10 @@ mod tests {
             lowers: vec!["/s/l/top".into(), "/s/l/a:b,c".into()],
             upper: Some("/s/u".into()),
             work: Some("/s/w".into()),
-            options: vec![("metacopy".into(), Some("on".into())), ("volatile".into(), None)],
+            options: vec![
+                ("metacopy".into(), Some("on".into())),
+                ("volatile".into(), None),
+            ],
             read_only: false,
         };
         assert_eq!(

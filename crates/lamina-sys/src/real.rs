@@ -56,8 +56,13 @@ impl Mounter for RealMounter {
     }
 
     fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError> {
-        let stx = rustix::fs::statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS)
-            .map_err(|e| MountError::new("statx", path, e))?;
+        let stx = rustix::fs::statx(
+            CWD,
+            path,
+            AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::BASIC_STATS,
+        )
+        .map_err(|e| MountError::new("statx", path, e))?;
         let mount_root = rustix::fs::StatxAttributes::MOUNT_ROOT;
         Ok(stx.stx_attributes_mask.contains(mount_root) && stx.stx_attributes.contains(mount_root))
     }
@@ -73,9 +78,20 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
     let fs = match rustix::mount::fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC) {
         Ok(fd) => fd,
         Err(Errno::NOSYS) => return Err(NewApi::Unsupported),
-        Err(e) => return Err(NewApi::Failed(MountError::new("fsopen overlay for", target, e))),
+        Err(e) => {
+            return Err(NewApi::Failed(MountError::new(
+                "fsopen overlay for",
+                target,
+                e,
+            )));
+        }
     };
-    let fail = |e: Errno| NewApi::Failed(with_kernel_log(&fs, MountError::new("mount overlay at", target, e)));
+    let fail = |e: Errno| {
+        NewApi::Failed(with_kernel_log(
+            &fs,
+            MountError::new("mount overlay at", target, e),
+        ))
+    };
 
     for (i, lower) in spec.lowers.iter().enumerate() {
         match set_path(fs.as_fd(), "lowerdir+", lower) {
@@ -106,9 +122,16 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
     } else {
         MountAttrFlags::empty()
     };
-    let mnt = rustix::mount::fsmount(fs.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, attrs).map_err(fail)?;
-    rustix::mount::move_mount(mnt.as_fd(), "", CWD, target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
-        .map_err(fail)?;
+    let mnt =
+        rustix::mount::fsmount(fs.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, attrs).map_err(fail)?;
+    rustix::mount::move_mount(
+        mnt.as_fd(),
+        "",
+        CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(fail)?;
     // The mount fd is closed here, on return: a later umount fails with EBUSY while it is open.
     drop(mnt);
     Ok(())
@@ -120,7 +143,11 @@ fn set_path(fs: BorrowedFd<'_>, key: &str, path: &Path) -> Result<(), Errno> {
     if path.as_os_str().len() <= FSCONFIG_MAX_STRING {
         return rustix::mount::fsconfig_set_string(fs, key, path);
     }
-    let dir: OwnedFd = rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
+    let dir: OwnedFd = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
     rustix::mount::fsconfig_set_fd(fs, key, dir.as_fd())
 }
 
@@ -139,7 +166,11 @@ fn kernel_log(fs: &OwnedFd) -> String {
 
 fn with_kernel_log(fs: &OwnedFd, err: MountError) -> MountError {
     let log = kernel_log(fs);
-    if log.is_empty() { err } else { err.with_detail(log) }
+    if log.is_empty() {
+        err
+    } else {
+        err.with_detail(log)
+    }
 }
 
 fn mount_legacy(spec: &OverlaySpec, target: &Path) -> Result<(), MountError> {
@@ -155,10 +186,14 @@ fn mount_legacy(spec: &OverlaySpec, target: &Path) -> Result<(), MountError> {
             data.len()
         )));
     }
-    let data = CString::new(data.as_bytes())
-        .map_err(|_| MountError::new("mount overlay at", target, Errno::INVAL).with_detail("option contains NUL"))?;
-    let flags = if spec.read_only { MountFlags::RDONLY } else { MountFlags::empty() };
+    let data = CString::new(data.as_bytes()).map_err(|_| {
+        MountError::new("mount overlay at", target, Errno::INVAL).with_detail("option contains NUL")
+    })?;
+    let flags = if spec.read_only {
+        MountFlags::RDONLY
+    } else {
+        MountFlags::empty()
+    };
     rustix::mount::mount("overlay", target, "overlay", flags, Some(data.as_c_str()))
         .map_err(|e| MountError::new("mount overlay at", target, e))
 }
-

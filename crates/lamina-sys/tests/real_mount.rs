@@ -46,7 +46,10 @@ fn check_merged(mounter: RealMounter, root: &Path, spec: &OverlaySpec) {
     assert_eq!(fs::read_to_string(root.join("upper/new.txt")).unwrap(), "w");
     drop(guard);
     assert!(!mounter.is_mountpoint(&merged).unwrap());
-    assert!(!mounter.unmount(&merged).unwrap(), "second unmount reports not mounted");
+    assert!(
+        !mounter.unmount(&merged).unwrap(),
+        "second unmount reports not mounted"
+    );
 }
 
 #[test]
@@ -82,5 +85,9 @@ fn kernel_refusal_names_target_and_reason() {
         .unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("merged"), "{msg}");
-    assert!(!RealMounter::new().is_mountpoint(&tmp.path().join("merged")).unwrap());
+    assert!(
+        !RealMounter::new()
+            .is_mountpoint(&tmp.path().join("merged"))
+            .unwrap()
+    );
 }

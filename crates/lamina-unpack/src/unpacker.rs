@@ -1,0 +1,300 @@
+//! The entry loop: parse each tar entry, create it beneath the root, then fix directory
+//! times last (creating children changes a directory's mtime).
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+use tar::EntryType;
+
+use crate::UnpackError;
+use crate::entry_path::EntryPath;
+use crate::metadata::{self, Meta};
+use crate::remove::remove_at;
+use crate::resolve::{LayerRoot, ResolveError};
+
+const WHITEOUT_PREFIX: &[u8] = b".wh.";
+const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
+
+/// What an unpack wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UnpackSummary {
+    pub entries: u64,
+    pub file_bytes: u64,
+}
+
+/// Unpacks the (already decompressed) tar stream `reader` into the existing directory
+/// `dest`. The whole stream is consumed, trailing padding included, so a caller hashing
+/// the stream sees every byte.
+pub fn unpack<R: Read>(reader: R, dest: &Path) -> Result<UnpackSummary, UnpackError> {
+    let root = LayerRoot::open(dest).map_err(|e| {
+        UnpackError::stream(format!("opening layer directory {}: {e}", dest.display()))
+    })?;
+    let mut archive = tar::Archive::new(reader);
+    let mut state = Unpacker {
+        root,
+        dir_times: Vec::new(),
+        summary: UnpackSummary::default(),
+    };
+    let entries = archive.entries().map_err(tar_error)?;
+    for entry in entries {
+        let mut entry = entry.map_err(tar_error)?;
+        state.entry(&mut entry)?;
+    }
+    state.finish_dir_times()?;
+    let mut rest = archive.into_inner();
+    io::copy(&mut rest, &mut io::sink()).map_err(tar_error)?;
+    Ok(state.summary)
+}
+
+fn tar_error(e: io::Error) -> UnpackError {
+    UnpackError::stream(format!("reading layer tar: {e}"))
+}
+
+struct Unpacker {
+    root: LayerRoot,
+    dir_times: Vec<(Vec<Vec<u8>>, i64)>,
+    summary: UnpackSummary,
+}
+
+impl Unpacker {
+    fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), UnpackError> {
+        let raw = entry.path_bytes().into_owned();
+        let fail = |msg: String| UnpackError::entry(&raw, msg);
+        let path = EntryPath::parse(&raw).map_err(|r| fail(r.to_string()))?;
+        let meta = read_meta(entry).map_err(|e| fail(format!("reading PAX records: {e}")))?;
+        let kind = entry.header().entry_type();
+        self.summary.entries += 1;
+
+        let Some(name) = path.name().map(<[u8]>::to_vec) else {
+            // `./` itself: the layer root takes the entry's metadata.
+            if kind.is_dir() {
+                metadata::apply_fd(self.root.fd().as_fd(), &meta)
+                    .map_err(|e| fail(format!("setting metadata: {e}")))?;
+                self.dir_times.push((Vec::new(), meta.mtime));
+            }
+            return Ok(());
+        };
+        let parent = self
+            .root
+            .open_dir(path.parent(), true)
+            .map_err(|e| fail(format!("parent {e}")))?;
+        let parent = parent.as_fd();
+
+        if name == OPAQUE_MARKER {
+            return metadata::set_xattr_at(parent, b".", "trusted.overlay.opaque", b"y")
+                .map_err(|e| fail(format!("marking directory opaque: {e}")));
+        }
+        if name.starts_with(b".wh..wh.") {
+            return Ok(()); // aufs bookkeeping (.wh..wh.plnk etc.): meaningless to overlay
+        }
+        if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
+            if hidden.is_empty() || hidden == b"." || hidden == b".." {
+                return Err(fail("whiteout names no entry".into()));
+            }
+            replace_existing(parent, hidden, false).map_err(|e| fail(format!("replacing: {e}")))?;
+            return rustix::fs::mknodat(
+                parent,
+                hidden,
+                FileType::CharacterDevice,
+                Mode::empty(),
+                0,
+            )
+            .map_err(|e| fail(format!("creating whiteout: {e}")));
+        }
+
+        replace_existing(parent, &name, kind.is_dir())
+            .map_err(|e| fail(format!("replacing: {e}")))?;
+        match kind {
+            EntryType::Directory => {
+                match rustix::fs::mkdirat(parent, name.as_slice(), Mode::from_raw_mode(0o700)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(fail(format!("creating directory: {e}"))),
+                }
+                let dir = open_nofollow(parent, &name, OFlags::DIRECTORY)
+                    .map_err(|e| fail(format!("opening directory: {e}")))?;
+                metadata::apply_fd(dir.as_fd(), &meta)
+                    .map_err(|e| fail(format!("setting metadata: {e}")))?;
+                self.dir_times
+                    .push((path.components().to_vec(), meta.mtime));
+            }
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                let fd = rustix::fs::openat(
+                    parent,
+                    name.as_slice(),
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )
+                .map_err(|e| fail(format!("creating file: {e}")))?;
+                let mut file = File::from(fd);
+                self.summary.file_bytes +=
+                    io::copy(entry, &mut file).map_err(|e| fail(format!("writing file: {e}")))?;
+                metadata::apply_fd(file.as_fd(), &meta)
+                    .map_err(|e| fail(format!("setting metadata: {e}")))?;
+            }
+            EntryType::Symlink => {
+                let target = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| fail("symlink without a target".into()))?;
+                rustix::fs::symlinkat(target.as_ref(), parent, name.as_slice())
+                    .map_err(|e| fail(format!("creating symlink: {e}")))?;
+                metadata::apply_at(parent, &name, &meta, true)
+                    .map_err(|e| fail(format!("setting metadata: {e}")))?;
+            }
+            EntryType::Link => {
+                let target = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| fail("hardlink without a target".into()))?;
+                self.hardlink(parent, &name, &target).map_err(fail)?;
+            }
+            EntryType::Char | EntryType::Block | EntryType::Fifo => {
+                let (file_type, dev) = match kind {
+                    EntryType::Fifo => (FileType::Fifo, 0),
+                    _ => {
+                        let header = entry.header();
+                        let major = header.device_major().ok().flatten().unwrap_or(0);
+                        let minor = header.device_minor().ok().flatten().unwrap_or(0);
+                        let ft = if kind == EntryType::Char {
+                            FileType::CharacterDevice
+                        } else {
+                            FileType::BlockDevice
+                        };
+                        (ft, rustix::fs::makedev(major, minor))
+                    }
+                };
+                rustix::fs::mknodat(
+                    parent,
+                    name.as_slice(),
+                    file_type,
+                    Mode::from_raw_mode(0o600),
+                    dev,
+                )
+                .map_err(|e| fail(format!("creating {kind:?} node: {e}")))?;
+                metadata::apply_at(parent, &name, &meta, false)
+                    .map_err(|e| fail(format!("setting metadata: {e}")))?;
+            }
+            other => {
+                tracing::debug!(entry = %String::from_utf8_lossy(&raw), kind = ?other, "skipping tar entry type");
+            }
+        }
+        Ok(())
+    }
+
+    /// Links `name` to `target`, another entry of this layer. The target is resolved
+    /// beneath the root exactly like an entry name: no `..`, no absolute path, no symlink.
+    fn hardlink(&self, parent: BorrowedFd<'_>, name: &[u8], target: &[u8]) -> Result<(), String> {
+        let shown = String::from_utf8_lossy(target);
+        let target_path =
+            EntryPath::parse(target).map_err(|r| format!("hardlink target `{shown}`: {r}"))?;
+        let Some(target_name) = target_path.name() else {
+            return Err("hardlink to the layer root".into());
+        };
+        let target_parent = self
+            .root
+            .open_dir(target_path.parent(), false)
+            .map_err(|e| format!("hardlink target `{shown}`: parent {e}"))?;
+        match rustix::fs::linkat(
+            target_parent.as_fd(),
+            target_name,
+            parent,
+            name,
+            AtFlags::empty(),
+        ) {
+            Ok(()) => Ok(()),
+            Err(Errno::NOENT) => Err(format!(
+                "hardlink target `{shown}` does not exist in this layer"
+            )),
+            Err(Errno::PERM) => Err(format!("hardlink target `{shown}` is a directory")),
+            Err(e) => Err(format!("creating hardlink to `{shown}`: {e}")),
+        }
+    }
+
+    /// Directory mtimes, deepest first, once nothing more will be created inside them.
+    fn finish_dir_times(&mut self) -> Result<(), UnpackError> {
+        self.dir_times
+            .sort_by_key(|(parts, _)| std::cmp::Reverse(parts.len()));
+        for (parts, mtime) in &self.dir_times {
+            let fail = |e: String| UnpackError::entry(&EntryPath::join(parts), e);
+            let dir = match self.root.open_dir(parts, false) {
+                Ok(dir) => dir,
+                // A later entry replaced this directory with something else.
+                Err(
+                    ResolveError::Missing(_) | ResolveError::NotDir(_) | ResolveError::Symlink(_),
+                ) => continue,
+                Err(e) => return Err(fail(e.to_string())),
+            };
+            rustix::fs::futimens(&dir, &metadata::timestamps(*mtime))
+                .map_err(|e| fail(format!("setting mtime: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// Tar semantics: a later entry replaces an earlier one at the same path, except that a
+/// directory entry over an existing directory only updates its metadata.
+fn replace_existing(parent: BorrowedFd<'_>, name: &[u8], new_is_dir: bool) -> Result<(), Errno> {
+    match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => {
+            let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
+            if is_dir && new_is_dir {
+                Ok(())
+            } else {
+                remove_at(parent, name, is_dir)
+            }
+        }
+        Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn open_nofollow(parent: BorrowedFd<'_>, name: &[u8], extra: OFlags) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | extra,
+        Mode::empty(),
+    )
+}
+
+/// Header fields, overridden by PAX records where present (large ids, long names, xattrs).
+fn read_meta<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
+    let header = entry.header();
+    let mut meta = Meta {
+        mode: header.mode().unwrap_or(0o644),
+        uid: header.uid().unwrap_or(0) as u32,
+        gid: header.gid().unwrap_or(0) as u32,
+        mtime: header.mtime().unwrap_or(0) as i64,
+        xattrs: Vec::new(),
+    };
+    if let Some(pax) = entry.pax_extensions()? {
+        for ext in pax {
+            let ext = ext?;
+            let (key, value) = (ext.key_bytes(), ext.value_bytes());
+            let number = || {
+                std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|s| s.split('.').next()?.parse::<i64>().ok())
+            };
+            match key {
+                b"uid" => meta.uid = number().unwrap_or(meta.uid as i64) as u32,
+                b"gid" => meta.gid = number().unwrap_or(meta.gid as i64) as u32,
+                b"mtime" => meta.mtime = number().unwrap_or(meta.mtime),
+                _ => {
+                    if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
+                        if !metadata::is_reserved_xattr(name) {
+                            meta.xattrs.push((name.to_vec(), value.to_vec()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(meta)
+}
