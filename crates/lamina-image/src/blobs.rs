@@ -1,0 +1,145 @@
+//! Named files of an image source, wherever they live: a directory (OCI layout) or a tar
+//! archive (oci-archive, docker-archive). A tar is indexed once — each member's offset and
+//! length — and members are then read in place, so nothing is extracted to disk first.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use crate::ImageError;
+
+/// Where a member's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlobLocation {
+    File(PathBuf),
+    Range {
+        archive: PathBuf,
+        offset: u64,
+        len: u64,
+    },
+}
+
+impl BlobLocation {
+    pub fn open(&self) -> io::Result<Box<dyn Read + Send>> {
+        match self {
+            BlobLocation::File(path) => Ok(Box::new(File::open(path)?)),
+            BlobLocation::Range {
+                archive,
+                offset,
+                len,
+            } => {
+                let mut file = File::open(archive)?;
+                file.seek(SeekFrom::Start(*offset))?;
+                Ok(Box::new(file.take(*len)))
+            }
+        }
+    }
+
+    pub fn len(&self) -> io::Result<u64> {
+        match self {
+            BlobLocation::File(path) => Ok(std::fs::metadata(path)?.len()),
+            BlobLocation::Range { len, .. } => Ok(*len),
+        }
+    }
+}
+
+/// Member files of a source, by relative name (`index.json`, `blobs/sha256/<hex>`).
+#[derive(Debug)]
+pub enum Members {
+    Dir(PathBuf),
+    Tar {
+        archive: PathBuf,
+        index: HashMap<String, (u64, u64)>,
+    },
+}
+
+/// Small JSON documents are read whole; anything bigger than this is not a manifest.
+const MAX_DOCUMENT: u64 = 16 * 1024 * 1024;
+
+impl Members {
+    pub fn dir(path: &Path) -> Self {
+        Members::Dir(path.to_path_buf())
+    }
+
+    /// Indexes the regular files of a tar archive.
+    pub fn tar(archive: &Path) -> Result<Self, ImageError> {
+        let fail =
+            |e: io::Error| ImageError::new(format!("reading archive {}: {e}", archive.display()));
+        let file = File::open(archive).map_err(fail)?;
+        let mut tar = tar::Archive::new(file);
+        let mut index = HashMap::new();
+        for entry in tar.entries().map_err(fail)? {
+            let entry = entry.map_err(fail)?;
+            if !entry.header().entry_type().is_file() {
+                continue;
+            }
+            let name = normalise(&String::from_utf8_lossy(&entry.path_bytes()));
+            index.insert(name, (entry.raw_file_position(), entry.size()));
+        }
+        Ok(Members::Tar {
+            archive: archive.to_path_buf(),
+            index,
+        })
+    }
+
+    pub fn locate(&self, name: &str) -> Option<BlobLocation> {
+        let name = normalise(name);
+        match self {
+            Members::Dir(root) => {
+                // Names come from untrusted manifests: never let one leave the layout.
+                if name.split('/').any(|c| c == ".." || c.is_empty()) {
+                    return None;
+                }
+                let path = root.join(&name);
+                path.is_file().then_some(BlobLocation::File(path))
+            }
+            Members::Tar { archive, index } => {
+                index.get(&name).map(|&(offset, len)| BlobLocation::Range {
+                    archive: archive.clone(),
+                    offset,
+                    len,
+                })
+            }
+        }
+    }
+
+    pub fn source(&self) -> &Path {
+        match self {
+            Members::Dir(p) => p,
+            Members::Tar { archive, .. } => archive,
+        }
+    }
+
+    /// Reads a small member whole.
+    pub fn read(&self, name: &str) -> Result<Vec<u8>, ImageError> {
+        let missing =
+            || ImageError::new(format!("{}: `{name}` is missing", self.source().display()));
+        let loc = self.locate(name).ok_or_else(missing)?;
+        let fail = |e: io::Error| {
+            ImageError::new(format!(
+                "{}: reading `{name}`: {e}",
+                self.source().display()
+            ))
+        };
+        if loc.len().map_err(fail)? > MAX_DOCUMENT {
+            return Err(ImageError::new(format!(
+                "{}: `{name}` is too large for a JSON document",
+                self.source().display()
+            )));
+        }
+        let mut buf = Vec::new();
+        loc.open()
+            .map_err(fail)?
+            .read_to_end(&mut buf)
+            .map_err(fail)?;
+        Ok(buf)
+    }
+}
+
+fn normalise(name: &str) -> String {
+    name.split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect::<Vec<_>>()
+        .join("/")
+}

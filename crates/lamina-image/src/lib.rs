@@ -1,0 +1,143 @@
+//! Image sources: turn an [`ImageRef`] into an [`Image`] — its config and an ordered list
+//! of layer blobs, each with the digests it must be verified against — without unpacking
+//! anything. Small documents (index, manifest, config) are verified here as they are
+//! read; layer blobs are verified by the importer while they stream into the store.
+
+mod blobs;
+pub mod compression;
+mod digest;
+mod docker_archive;
+mod oci;
+mod platform;
+mod reference;
+mod rootfs_tar;
+pub mod spec;
+
+pub use blobs::{BlobLocation, Members};
+pub use compression::Compression;
+pub use digest::{Digest, HashingReader, chain_ids};
+pub use platform::Platform;
+pub use reference::ImageRef;
+pub use spec::ImageConfig;
+
+/// One-line, human-readable failure naming the image part at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ImageError {
+    pub message: String,
+}
+
+impl ImageError {
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+/// A resolved image, ready to import.
+#[derive(Debug, Clone)]
+pub struct Image {
+    /// The reference it came from, for logs and metadata.
+    pub source: String,
+    pub config: ImageConfig,
+    /// Digest of the config document: the image ID.
+    pub config_digest: Digest,
+    /// Bottom-most first, as in the manifest.
+    pub layers: Vec<LayerBlob>,
+}
+
+impl Image {
+    pub fn diff_ids(&self) -> Vec<Digest> {
+        self.layers.iter().map(|l| l.diff_id.clone()).collect()
+    }
+
+    pub fn chain_ids(&self) -> Vec<Digest> {
+        chain_ids(&self.diff_ids())
+    }
+
+    pub fn env(&self) -> Vec<String> {
+        self.config.config.env.clone().unwrap_or_default()
+    }
+}
+
+/// One layer as the source stores it.
+#[derive(Debug, Clone)]
+pub struct LayerBlob {
+    /// Position in the image, bottom-most 0.
+    pub index: usize,
+    pub location: BlobLocation,
+    /// Digest and size of the blob as stored, where the source declares them.
+    pub digest: Option<Digest>,
+    pub size: Option<u64>,
+    /// Compression the media type declares, where there is a media type.
+    pub compression: Option<Compression>,
+    /// Digest of the uncompressed tar, from the image config.
+    pub diff_id: Digest,
+}
+
+impl LayerBlob {
+    /// `layer 1 (sha256:…)`: how errors name a layer.
+    pub fn describe(&self) -> String {
+        let id = self.digest.as_ref().unwrap_or(&self.diff_id);
+        format!("layer {} ({id})", self.index)
+    }
+}
+
+/// Resolves `reference` to an image for `platform`.
+pub fn resolve(reference: &ImageRef, platform: &Platform) -> Result<Image, ImageError> {
+    let path = reference.path();
+    let missing = || {
+        ImageError::new(format!(
+            "image `{reference}`: {} does not exist",
+            path.display()
+        ))
+    };
+    if !path.exists() {
+        return Err(missing());
+    }
+    let mut image = match reference {
+        ImageRef::OciLayout { reference: r, .. } => {
+            if !path.is_dir() {
+                return Err(ImageError::new(format!(
+                    "image `{reference}`: {} is not an OCI layout directory",
+                    path.display()
+                )));
+            }
+            oci::resolve(&Members::dir(path), r.as_deref(), platform)
+        }
+        ImageRef::OciArchive { reference: r, .. } => {
+            oci::resolve(&Members::tar(path)?, r.as_deref(), platform)
+        }
+        ImageRef::DockerArchive { reference: r, .. } => {
+            docker_archive::resolve(&Members::tar(path)?, r.as_deref())
+        }
+        ImageRef::RootfsTar { path } => rootfs_tar::resolve(path),
+    }
+    .map_err(|e| ImageError::new(format!("image `{reference}`: {}", e.message)))?;
+    image.source = reference.to_string();
+    Ok(image)
+}
+
+/// Parses a JSON document, naming it in the error.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    what: &str,
+) -> Result<T, ImageError> {
+    serde_json::from_slice(bytes).map_err(|e| ImageError::new(format!("{what} is not valid: {e}")))
+}
+
+/// Checks that the image config lists one diffID per layer and returns them.
+pub(crate) fn check_diff_ids(
+    config: &ImageConfig,
+    layer_count: usize,
+) -> Result<&[Digest], ImageError> {
+    let ids = &config.rootfs.diff_ids;
+    if ids.len() != layer_count {
+        return Err(ImageError::new(format!(
+            "image config lists {} diff_ids but the manifest has {layer_count} layers",
+            ids.len()
+        )));
+    }
+    Ok(ids)
+}

@@ -1,0 +1,187 @@
+//! OCI image layouts (a directory, or the same in a tar): index.json → (nested indexes →)
+//! manifest → config and layers. Every document is checked against the digest and size
+//! of the descriptor that named it before it is parsed.
+
+use crate::blobs::Members;
+use crate::compression::Compression;
+use crate::spec::{self, Descriptor, Index, Manifest};
+use crate::{Digest, Image, ImageConfig, ImageError, LayerBlob, Platform};
+
+/// Nested indexes deeper than this are refused (a loop of indexes would never end).
+const MAX_INDEX_DEPTH: usize = 4;
+
+pub fn resolve(
+    members: &Members,
+    reference: Option<&str>,
+    platform: &Platform,
+) -> Result<Image, ImageError> {
+    let index: Index = crate::parse_json(&members.read("index.json")?, "index.json")?;
+    let mut candidates: Vec<&Descriptor> = index.manifests.iter().collect();
+    if let Some(r) = reference {
+        candidates.retain(|d| {
+            d.annotations
+                .get(spec::REF_NAME_ANNOTATION)
+                .map(String::as_str)
+                == Some(r)
+        });
+        if candidates.is_empty() {
+            return Err(ImageError::new(format!(
+                "no image named `{r}` (available: {})",
+                ref_names(&index)
+            )));
+        }
+    }
+    let chosen = if candidates.len() == 1 {
+        candidates[0].clone()
+    } else {
+        pick_platform(&candidates, platform).map_err(|e| {
+            ImageError::new(format!(
+                "{}; name one image with :REF (available: {})",
+                e.message,
+                ref_names(&index)
+            ))
+        })?
+    };
+    let manifest = load_manifest(members, &chosen, platform, 0)?;
+    let config_bytes = read_verified(members, &manifest.config, "image config")?;
+    let config: ImageConfig = crate::parse_json(&config_bytes, "image config")?;
+    let diff_ids = crate::check_diff_ids(&config, manifest.layers.len())?;
+
+    let mut layers = Vec::with_capacity(manifest.layers.len());
+    for (index, (desc, diff_id)) in manifest.layers.iter().zip(diff_ids).enumerate() {
+        let compression = Compression::from_media_type(&desc.media_type).ok_or_else(|| {
+            ImageError::new(format!(
+                "layer {index} ({}) has unsupported media type `{}`",
+                desc.digest, desc.media_type
+            ))
+        })?;
+        let location = members.locate(&blob_path(&desc.digest)).ok_or_else(|| {
+            ImageError::new(format!(
+                "manifest names blob {} (layer {index}), which is missing",
+                desc.digest
+            ))
+        })?;
+        layers.push(LayerBlob {
+            index,
+            location,
+            digest: Some(desc.digest.clone()),
+            size: Some(desc.size),
+            compression: Some(compression),
+            diff_id: diff_id.clone(),
+        });
+    }
+    Ok(Image {
+        source: String::new(),
+        config,
+        config_digest: manifest.config.digest.clone(),
+        layers,
+    })
+}
+
+fn blob_path(digest: &Digest) -> String {
+    format!("blobs/sha256/{}", digest.hex())
+}
+
+/// Reads a document blob and checks it against its descriptor.
+fn read_verified(members: &Members, desc: &Descriptor, what: &str) -> Result<Vec<u8>, ImageError> {
+    let bytes = members
+        .read(&blob_path(&desc.digest))
+        .map_err(|_| ImageError::new(format!("{what} blob {} is missing", desc.digest)))?;
+    if bytes.len() as u64 != desc.size {
+        return Err(ImageError::new(format!(
+            "{what} blob {}: size mismatch: descriptor says {} bytes, blob has {}",
+            desc.digest,
+            desc.size,
+            bytes.len()
+        )));
+    }
+    let actual = Digest::of(&bytes);
+    if actual != desc.digest {
+        return Err(ImageError::new(format!(
+            "{what} blob: digest mismatch: expected {}, got {actual}",
+            desc.digest
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Follows indexes down to an image manifest, choosing by platform at each index.
+fn load_manifest(
+    members: &Members,
+    desc: &Descriptor,
+    platform: &Platform,
+    depth: usize,
+) -> Result<Manifest, ImageError> {
+    if depth > MAX_INDEX_DEPTH {
+        return Err(ImageError::new(format!(
+            "image indexes nest deeper than {MAX_INDEX_DEPTH} levels"
+        )));
+    }
+    let bytes = read_verified(members, desc, "manifest")?;
+    let value: serde_json::Value = crate::parse_json(&bytes, &format!("manifest {}", desc.digest))?;
+    let media_type = value
+        .get("mediaType")
+        .and_then(|m| m.as_str())
+        .unwrap_or(&desc.media_type);
+    let is_index = matches!(media_type, spec::OCI_INDEX | spec::DOCKER_MANIFEST_LIST)
+        || value.get("manifests").is_some();
+    if is_index {
+        let index: Index = crate::parse_json(&bytes, &format!("image index {}", desc.digest))?;
+        let refs: Vec<&Descriptor> = index.manifests.iter().collect();
+        let chosen = pick_platform(&refs, platform)?;
+        return load_manifest(members, &chosen, platform, depth + 1);
+    }
+    match media_type {
+        spec::OCI_MANIFEST | spec::DOCKER_MANIFEST | "" => {}
+        other => {
+            return Err(ImageError::new(format!(
+                "manifest {} has unsupported media type `{other}`",
+                desc.digest
+            )));
+        }
+    }
+    crate::parse_json(&bytes, &format!("manifest {}", desc.digest))
+}
+
+fn pick_platform(
+    candidates: &[&Descriptor],
+    platform: &Platform,
+) -> Result<Descriptor, ImageError> {
+    candidates
+        .iter()
+        .find(|d| d.platform.as_ref().is_some_and(|p| platform.matches(p)))
+        .map(|d| (*d).clone())
+        .ok_or_else(|| {
+            let available: Vec<String> = candidates
+                .iter()
+                .filter_map(|d| d.platform.as_ref())
+                .map(|p| format!("{}/{}", p.os, p.architecture))
+                .collect();
+            ImageError::new(format!(
+                "no image for platform {platform} among {} candidates (platforms: {})",
+                candidates.len(),
+                if available.is_empty() {
+                    "none declared".to_string()
+                } else {
+                    available.join(", ")
+                }
+            ))
+        })
+}
+
+fn ref_names(index: &Index) -> String {
+    let names: Vec<&str> = index
+        .manifests
+        .iter()
+        .filter_map(|d| {
+            d.annotations
+                .get(spec::REF_NAME_ANNOTATION)
+                .map(String::as_str)
+        })
+        .collect();
+    if names.is_empty() {
+        "no named images".into()
+    } else {
+        names.join(", ")
+    }
+}

@@ -1,0 +1,104 @@
+//! Deterministic layer tars: fixed times and owners, entries in the order written.
+
+use std::io;
+
+use tar::{EntryType, Header};
+
+/// Every entry gets this mtime, so the same inputs always give the same digests.
+pub const SAMPLE_MTIME: u64 = 1_700_000_000;
+
+pub struct LayerBuilder {
+    tar: tar::Builder<Vec<u8>>,
+}
+
+impl std::fmt::Debug for LayerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LayerBuilder").finish_non_exhaustive()
+    }
+}
+
+impl Default for LayerBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LayerBuilder {
+    pub fn new() -> Self {
+        let mut tar = tar::Builder::new(Vec::new());
+        tar.mode(tar::HeaderMode::Deterministic);
+        Self { tar }
+    }
+
+    fn header(kind: EntryType, mode: u32, size: u64) -> Header {
+        let mut h = Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(SAMPLE_MTIME);
+        h.set_size(size);
+        h
+    }
+
+    pub fn dir(mut self, path: &str, mode: u32) -> io::Result<Self> {
+        let mut h = Self::header(EntryType::Directory, mode, 0);
+        self.tar.append_data(&mut h, path, io::empty())?;
+        Ok(self)
+    }
+
+    pub fn file(mut self, path: &str, mode: u32, data: &[u8]) -> io::Result<Self> {
+        let mut h = Self::header(EntryType::Regular, mode, data.len() as u64);
+        self.tar.append_data(&mut h, path, data)?;
+        Ok(self)
+    }
+
+    /// A file with PAX `SCHILY.xattr.*` records.
+    pub fn file_with_xattrs(
+        mut self,
+        path: &str,
+        mode: u32,
+        data: &[u8],
+        xattrs: &[(&str, &[u8])],
+    ) -> io::Result<Self> {
+        let records: Vec<(String, &[u8])> = xattrs
+            .iter()
+            .map(|(k, v)| (format!("SCHILY.xattr.{k}"), *v))
+            .collect();
+        self.tar
+            .append_pax_extensions(records.iter().map(|(k, v)| (k.as_str(), *v)))?;
+        self.file(path, mode, data)
+    }
+
+    pub fn symlink(mut self, path: &str, target: &str) -> io::Result<Self> {
+        let mut h = Self::header(EntryType::Symlink, 0o777, 0);
+        self.tar.append_link(&mut h, path, target)?;
+        Ok(self)
+    }
+
+    pub fn hardlink(mut self, path: &str, target: &str) -> io::Result<Self> {
+        let mut h = Self::header(EntryType::Link, 0o644, 0);
+        self.tar.append_link(&mut h, path, target)?;
+        Ok(self)
+    }
+
+    /// An OCI whiteout hiding `path` of the layers below.
+    pub fn whiteout(self, path: &str) -> io::Result<Self> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let marker = if dir.is_empty() {
+            format!(".wh.{name}")
+        } else {
+            format!("{dir}/.wh.{name}")
+        };
+        self.file(&marker, 0o644, b"")
+    }
+
+    /// An OCI opaque marker: `dir` hides everything the layers below have in it.
+    pub fn opaque(self, dir: &str) -> io::Result<Self> {
+        self.file(&format!("{dir}/.wh..wh..opq"), 0o644, b"")
+    }
+
+    pub fn finish(self) -> io::Result<Vec<u8>> {
+        self.tar.into_inner()
+    }
+}
