@@ -1,0 +1,148 @@
+//! Importing layers: stream each blob through digest checks and decompression into the
+//! unpacker, in a temporary directory, and rename it into `layers/` only once every
+//! digest matched and the data is on disk. A layer directory under `layers/` is therefore
+//! always complete and verified; anything else is in `tmp/` and never trusted.
+
+use std::fs::{self, File};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use lamina_image::{Digest, HashingReader, Image, LayerBlob, compression};
+use rustix::fs::FlockOperation;
+use serde::{Deserialize, Serialize};
+
+use crate::{Store, StoreError};
+
+/// Recorded next to each unpacked layer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LayerRecord {
+    pub chain_id: Digest,
+    pub diff_id: Digest,
+    /// Digest of the blob as it came, where the source declared one.
+    pub blob_digest: Option<Digest>,
+    /// Uncompressed tar size.
+    pub size: u64,
+}
+
+/// Removes a directory when dropped unless disarmed: an unpack that fails or panics
+/// leaves nothing behind.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = fs::remove_dir_all(path);
+        }
+    }
+}
+
+impl Store {
+    /// Makes sure every layer of `image` is in the store, importing the missing ones, and
+    /// returns their chain IDs bottom-most first.
+    pub fn import(&self, image: &Image) -> Result<Vec<Digest>, StoreError> {
+        let chain_ids = image.chain_ids();
+        for (layer, chain_id) in image.layers.iter().zip(&chain_ids) {
+            self.ensure_layer(layer, chain_id)?;
+        }
+        Ok(chain_ids)
+    }
+
+    pub fn has_layer(&self, chain_id: &Digest) -> bool {
+        self.layout.layer(chain_id).is_dir()
+    }
+
+    fn ensure_layer(&self, layer: &LayerBlob, chain_id: &Digest) -> Result<(), StoreError> {
+        let final_dir = self.layout.layer(chain_id);
+        if final_dir.is_dir() {
+            return Ok(());
+        }
+        // One importer per layer: concurrent creates of images that share it wait here,
+        // then find it done. The lock dies with its process, so a crash never blocks.
+        let lock_path = self.layout.layer_lock(chain_id);
+        let lock = File::create(&lock_path).map_err(StoreError::io("creating lock", &lock_path))?;
+        rustix::fs::flock(lock.as_fd(), FlockOperation::LockExclusive)
+            .map_err(StoreError::errno("locking", &lock_path))?;
+        if final_dir.is_dir() {
+            return Ok(());
+        }
+        let staging = self.layout.tmp().join(format!("layer-{}", chain_id.hex()));
+        if staging.exists() {
+            // We hold the lock, so this is a crashed import's leftover.
+            tracing::info!(path = %staging.display(), "removing an interrupted layer import");
+            fs::remove_dir_all(&staging).map_err(StoreError::io("removing", &staging))?;
+        }
+        let diff = staging.join("diff");
+        fs::create_dir_all(&diff).map_err(StoreError::io("creating", &diff))?;
+        let mut guard = RemoveOnDrop(Some(staging.clone()));
+
+        let started = std::time::Instant::now();
+        let record = self.unpack_verified(layer, chain_id, &diff)?;
+        let record_path = staging.join("layer.json");
+        let json = serde_json::to_vec_pretty(&record)
+            .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
+        fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
+        // The rename below is what makes the layer trusted, so its data must be durable
+        // first: after a crash, a layer under layers/ must never have lost its contents.
+        let dir = File::open(&staging).map_err(StoreError::io("opening", &staging))?;
+        rustix::fs::syncfs(dir.as_fd()).map_err(StoreError::errno("syncing", &staging))?;
+        fs::rename(&staging, &final_dir).map_err(StoreError::io("publishing layer", &final_dir))?;
+        guard.0 = None;
+        tracing::info!(
+            layer = %layer.describe(), chain_id = %chain_id, bytes = record.size,
+            ms = started.elapsed().as_millis() as u64, "imported layer"
+        );
+        Ok(())
+    }
+
+    fn unpack_verified(
+        &self,
+        layer: &LayerBlob,
+        chain_id: &Digest,
+        dest: &Path,
+    ) -> Result<LayerRecord, StoreError> {
+        let what = layer.describe();
+        let fail = |message: String| StoreError::Layer {
+            layer: what.clone(),
+            message,
+        };
+        let blob = layer
+            .location
+            .open()
+            .map_err(|e| fail(format!("opening blob: {e}")))?;
+        let mut stored = HashingReader::new(blob);
+        let decoded = compression::decoder(&mut stored, layer.compression, &what)?;
+        let mut tar = HashingReader::with_limit(decoded, self.max_layer_bytes);
+        lamina_unpack::unpack(&mut tar, dest).map_err(|e| fail(e.to_string()))?;
+        let (diff_id, size) = tar.finish().map_err(|e| fail(format!("reading: {e}")))?;
+        let (blob_digest, blob_size) = stored
+            .finish()
+            .map_err(|e| fail(format!("reading blob: {e}")))?;
+
+        if let Some(expected) = &layer.digest {
+            if *expected != blob_digest {
+                return Err(fail(format!(
+                    "blob digest mismatch: manifest says {expected}, blob is {blob_digest}"
+                )));
+            }
+        }
+        if let Some(expected) = layer.size {
+            if expected != blob_size {
+                return Err(fail(format!(
+                    "blob size mismatch: manifest says {expected} bytes, blob has {blob_size}"
+                )));
+            }
+        }
+        if diff_id != layer.diff_id {
+            return Err(fail(format!(
+                "diffID mismatch: image config says {}, content is {diff_id}",
+                layer.diff_id
+            )));
+        }
+        Ok(LayerRecord {
+            chain_id: chain_id.clone(),
+            diff_id,
+            blob_digest: layer.digest.clone(),
+            size,
+        })
+    }
+}

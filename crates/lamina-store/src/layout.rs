@@ -1,0 +1,77 @@
+//! Where everything lives in a store. See docs/store.md for the picture and the rules.
+
+use std::path::{Path, PathBuf};
+
+use lamina_image::Digest;
+
+/// The marker file whose presence (and version) makes a directory a lamina store.
+pub const MARKER: &str = "lamina-store.json";
+pub const STORE_VERSION: u32 = 1;
+
+#[derive(Debug, Clone)]
+pub struct Layout {
+    root: PathBuf,
+}
+
+impl Layout {
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_path_buf(),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn marker(&self) -> PathBuf {
+        self.root.join(MARKER)
+    }
+
+    pub fn layers(&self) -> PathBuf {
+        self.root.join("layers")
+    }
+
+    /// A complete layer: only ever created by renaming a finished unpack into place.
+    pub fn layer(&self, chain_id: &Digest) -> PathBuf {
+        self.layers().join(chain_id.hex())
+    }
+
+    /// The unpacked tree overlay uses as a lower dir.
+    pub fn layer_diff(&self, chain_id: &Digest) -> PathBuf {
+        self.layer(chain_id).join("diff")
+    }
+
+    pub fn images(&self) -> PathBuf {
+        self.root.join("images")
+    }
+
+    /// Garden's rootfs path convention: `<store>/images/<ID>/rootfs`.
+    pub fn container(&self, id: &str) -> PathBuf {
+        self.images().join(id)
+    }
+
+    pub fn tmp(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    pub fn locks(&self) -> PathBuf {
+        self.root.join("locks")
+    }
+
+    pub fn layer_lock(&self, chain_id: &Digest) -> PathBuf {
+        self.locks().join(format!("layer-{}.lock", chain_id.hex()))
+    }
+
+    /// The ID of the container whose rootfs is `path`, if `path` is one in this store.
+    pub fn id_from_rootfs_path(&self, path: &Path) -> Option<String> {
+        let rel = path.strip_prefix(self.images()).ok()?;
+        let mut parts = rel.components();
+        let id = parts.next()?.as_os_str().to_str()?.to_string();
+        match (parts.next(), parts.next()) {
+            (Some(c), None) if c.as_os_str() == "rootfs" => Some(id),
+            (None, None) => Some(id),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! lamina's on-disk store: verified layers keyed by OCI chain ID (so images share
+//! layers), and one directory per container at Garden's `<store>/images/<ID>`.
+//!
+//! The store never mounts anything; `lamina-mount` decides how a container's layers
+//! become its rootfs. Invariants (see docs/store.md): a directory under `layers/` is a
+//! complete, verified layer; a container is listed once its `container.json` exists;
+//! everything under `tmp/` is unfinished work that may be removed.
+
+mod container;
+mod error;
+mod import;
+mod layout;
+
+use std::fs;
+use std::path::Path;
+
+pub use container::{ContainerDirs, ContainerRecord, validate_id};
+pub use error::StoreError;
+pub use import::LayerRecord;
+pub use layout::{Layout, MARKER, STORE_VERSION};
+
+/// Default per-layer cap on uncompressed bytes: a decompression bomb stops here.
+pub const DEFAULT_MAX_LAYER_BYTES: u64 = 64 * 1024 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    layout: Layout,
+    max_layer_bytes: u64,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Marker {
+    version: u32,
+}
+
+impl Store {
+    /// Creates the store's directories (idempotent). Refuses a non-empty directory that
+    /// is not already a lamina store, so a typo never scribbles into someone's data.
+    pub fn init(root: &Path) -> Result<Store, StoreError> {
+        let layout = Layout::new(root);
+        if !layout.marker().exists() && root.is_dir() {
+            let mut entries = fs::read_dir(root).map_err(StoreError::io("reading", root))?;
+            if entries.next().is_some() {
+                return Err(StoreError::NotAStore(root.to_path_buf()));
+            }
+        }
+        for dir in [
+            layout.root().to_path_buf(),
+            layout.layers(),
+            layout.images(),
+            layout.tmp(),
+            layout.locks(),
+        ] {
+            fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
+        }
+        if !layout.marker().exists() {
+            let marker = serde_json::to_vec(&Marker {
+                version: STORE_VERSION,
+            })
+            .map_err(|e| StoreError::io("encoding", root)(e.into()))?;
+            let tmp = root.join(format!(".{MARKER}.tmp"));
+            fs::write(&tmp, marker).map_err(StoreError::io("writing", &tmp))?;
+            fs::rename(&tmp, layout.marker())
+                .map_err(StoreError::io("writing", &layout.marker()))?;
+        }
+        Store::open(root)
+    }
+
+    /// Opens an initialised store.
+    pub fn open(root: &Path) -> Result<Store, StoreError> {
+        let layout = Layout::new(root);
+        let bytes = match fs::read(layout.marker()) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StoreError::NotInitialised(root.to_path_buf()));
+            }
+            Err(e) => return Err(StoreError::io("reading", &layout.marker())(e)),
+        };
+        let marker: Marker = serde_json::from_slice(&bytes)
+            .map_err(|_| StoreError::NotAStore(root.to_path_buf()))?;
+        if marker.version != STORE_VERSION {
+            return Err(StoreError::NotAStore(root.to_path_buf()));
+        }
+        Ok(Store {
+            layout,
+            max_layer_bytes: DEFAULT_MAX_LAYER_BYTES,
+        })
+    }
+
+    pub fn with_max_layer_bytes(mut self, max: u64) -> Self {
+        self.max_layer_bytes = max;
+        self
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn root(&self) -> &Path {
+        self.layout.root()
+    }
+}
