@@ -10,7 +10,8 @@ mod fake;
 mod overlay_spec;
 mod real;
 
-pub use error::MountError;
+/// `Errno` is re-exported so callers can match on it without depending on rustix.
+pub use error::{Errno, MountError};
 pub use fake::{FakeCall, FakeMounter};
 pub use overlay_spec::OverlaySpec;
 pub use real::RealMounter;

@@ -1,0 +1,95 @@
+//! Create/delete logic against the fake mounter: no root, no kernel overlay.
+
+use std::fs;
+use std::path::Path;
+
+use lamina_image::{Image, ImageRef, Platform, resolve};
+use lamina_mount::{CreateOptions, Deleted, RootfsError, create, delete};
+use lamina_sample::{busybox_image, write_all_formats};
+use lamina_store::Store;
+use lamina_sys::{Errno, FakeCall, FakeMounter};
+
+fn setup(tmp: &Path) -> (Store, Image) {
+    let busybox = tmp.join("fake-busybox");
+    fs::write(&busybox, b"#!/bin/true\n").unwrap();
+    let files = write_all_formats(&busybox_image(&busybox).unwrap(), &tmp.join("image")).unwrap();
+    let image = resolve(
+        &ImageRef::parse(&files.references()[0]).unwrap(),
+        &Platform::host(),
+    )
+    .unwrap();
+    (Store::init(&tmp.join("store")).unwrap(), image)
+}
+
+#[test]
+fn create_mounts_layers_top_first_and_delete_unmounts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image) = setup(tmp.path());
+    let fake = FakeMounter::new();
+    let created = create(&store, &fake, &image, "web-1", &CreateOptions::default()).unwrap();
+
+    let chain = image.chain_ids();
+    let FakeCall::Mount(target, spec) = &fake.calls()[0] else {
+        panic!("expected a mount")
+    };
+    assert_eq!(target, &created.rootfs);
+    assert_eq!(
+        spec.lowers,
+        vec![
+            store.layout().layer_diff(&chain[1]),
+            store.layout().layer_diff(&chain[0])
+        ]
+    );
+    assert_eq!(
+        spec.upper.as_deref(),
+        Some(store.container_dirs("web-1").upper.as_path())
+    );
+    assert_eq!(
+        store.record("web-1").unwrap().mount_options,
+        spec.option_strings()
+    );
+
+    assert_eq!(delete(&store, &fake, "web-1").unwrap(), Deleted::Removed);
+    assert!(fake.mounted().is_empty());
+    assert!(!store.container_exists("web-1"));
+    assert_eq!(delete(&store, &fake, "web-1").unwrap(), Deleted::NotFound);
+}
+
+#[test]
+fn a_refused_mount_leaves_no_container_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image) = setup(tmp.path());
+    let fake = FakeMounter::new();
+    fake.fail_next_mount(Errno::INVAL);
+    let err = create(&store, &fake, &image, "web-1", &CreateOptions::default()).unwrap_err();
+    assert!(matches!(err, RootfsError::Mount(_)), "{err}");
+    assert!(!store.container_exists("web-1"));
+    assert!(store.containers().unwrap().is_empty());
+    // The layers stay: they are verified and other containers may use them.
+    assert!(store.has_layer(&image.chain_ids()[1]));
+    create(&store, &fake, &image, "web-1", &CreateOptions::default()).unwrap();
+}
+
+#[test]
+fn duplicates_fail_before_import_and_without_mount_mounts_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image) = setup(tmp.path());
+    let fake = FakeMounter::new();
+    let created = create(
+        &store,
+        &fake,
+        &image,
+        "a",
+        &CreateOptions {
+            without_mount: true,
+        },
+    )
+    .unwrap();
+    assert!(fake.calls().is_empty());
+    assert!(!created.record.mounted);
+    let err = create(&store, &fake, &image, "a", &CreateOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "container `a` already exists");
+    assert_eq!(delete(&store, &fake, "a").unwrap(), Deleted::Removed);
+}
