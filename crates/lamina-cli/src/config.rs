@@ -1,0 +1,70 @@
+//! The YAML config file, with GrootFS's key names. Unknown keys are ignored so a GrootFS
+//! config works unchanged; command-line flags win over anything set here.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    pub store: Option<PathBuf>,
+    pub log_level: Option<String>,
+    pub log_file: Option<PathBuf>,
+    pub create: CreateConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CreateConfig {
+    pub without_mount: bool,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
+        if text.trim().is_empty() {
+            return Ok(Config::default());
+        }
+        serde_yaml_ng::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("config {}: {}", path.display(), one_line(&e.to_string())))
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grootfs_configs_parse_with_unknown_keys_ignored() {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            tmp.path(),
+            "store: /var/vcap/data/grootfs/store\nlog_level: debug\ncreate:\n  without_mount: true\n  with_clean: false\n  insecure_registries: []\nclean:\n  threshold_bytes: 1000\n",
+        )
+        .unwrap();
+        let config = Config::load(tmp.path()).unwrap();
+        assert_eq!(
+            config.store.as_deref(),
+            Some(Path::new("/var/vcap/data/grootfs/store"))
+        );
+        assert_eq!(config.log_level.as_deref(), Some("debug"));
+        assert!(config.create.without_mount);
+    }
+
+    #[test]
+    fn malformed_yaml_is_one_line_naming_the_file() {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(tmp.path(), "store: [unclosed\n").unwrap();
+        let err = Config::load(tmp.path()).unwrap_err().to_string();
+        assert!(
+            !err.contains('\n') && err.contains(&tmp.path().display().to_string()),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,85 @@
+//! `lamina`: a GrootFS-compatible image plugin. Results and errors go to stdout (one
+//! line each, as Garden expects), logs to stderr as JSON lines; exit 1 on any error.
+
+mod commands;
+mod config;
+mod logging;
+mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The store GrootFS-style deployments use when none is configured.
+const DEFAULT_STORE: &str = "/var/lib/lamina";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "lamina",
+    version,
+    about = "Container root filesystems from OCI images, on OverlayFS"
+)]
+pub struct Cli {
+    /// Store directory [default: /var/lib/lamina, or `store` in --config]
+    #[arg(long, global = true)]
+    store: Option<PathBuf>,
+    /// YAML config file (GrootFS keys; unknown keys ignored; flags win)
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// error, warn, info, debug or trace [default: info]
+    #[arg(long, global = true)]
+    log_level: Option<String>,
+    /// Append logs to this file instead of stderr
+    #[arg(long, global = true)]
+    log_file: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create the store's directories
+    InitStore,
+    /// Create a container rootfs from IMAGE and print its runtime-spec JSON
+    Create {
+        /// oci:///layout[:REF], oci-archive:///image.tar[:REF], docker-archive:///saved.tar[:REPO:TAG], or /rootfs.tar
+        image: String,
+        /// Container ID (becomes <store>/images/<ID>/rootfs)
+        id: String,
+        /// Mount nothing; print the overlay to mount under "mounts"
+        #[arg(long)]
+        without_mount: bool,
+        /// Platform to pick from a multi-platform image, os/arch[/variant] [default: linux/<host arch>]
+        #[arg(long)]
+        platform: Option<String>,
+    },
+    /// Unmount and remove a container (by ID or rootfs path); a missing one is not an error
+    Delete {
+        /// Container ID or <store>/images/<ID>/rootfs
+        id_or_path: String,
+    },
+    /// Print each container's rootfs path, one per line
+    List,
+    /// Write the built-in busybox sample image in every source format and print their references
+    SampleImage {
+        /// Directory to write layout/, image.oci.tar, image.docker.tar and rootfs.tar into
+        out_dir: PathBuf,
+        /// A static busybox binary (Debian's busybox-static)
+        #[arg(long, default_value = lamina_sample::DEFAULT_BUSYBOX)]
+        busybox: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match commands::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let message = format!("{e:#}");
+            tracing::error!(error = %message, "command failed");
+            println!("{}", message.replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
