@@ -1,0 +1,90 @@
+//! Running the `lamina` binary as Garden does: a process per call, stdout parsed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The built `lamina` binary: `target/<profile>/lamina`, beside this test's `deps/`.
+pub fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("LAMINA_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let bin = profile_dir.join("lamina");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --workspace` first (scripts/test does)",
+        bin.display()
+    );
+    bin
+}
+
+#[derive(Debug)]
+pub struct Output {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// The JSON on stdout, asserting the call succeeded.
+    pub fn json(&self) -> serde_json::Value {
+        assert_eq!(self.code, 0, "lamina failed: {self:?}");
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
+    }
+}
+
+/// A store and the CLI pointed at it.
+#[derive(Debug, Clone)]
+pub struct Lamina {
+    pub store: PathBuf,
+}
+
+impl Lamina {
+    pub fn new(store: &Path) -> Self {
+        Self {
+            store: store.to_path_buf(),
+        }
+    }
+
+    /// Runs `lamina --store <store> ARGS...`.
+    pub fn run(&self, args: &[&str]) -> Output {
+        let mut full = vec!["--store", self.store.to_str().expect("utf-8 store")];
+        full.extend_from_slice(args);
+        run_raw(&full)
+    }
+
+    pub fn init(store: &Path) -> Self {
+        let lamina = Self::new(store);
+        let out = lamina.run(&["init-store"]);
+        assert_eq!(out.code, 0, "{out:?}");
+        lamina
+    }
+
+    /// `create IMAGE ID`, returning the rootfs path from the printed JSON.
+    pub fn create(&self, image: &str, id: &str) -> PathBuf {
+        let spec = self.run(&["create", image, id]).json();
+        PathBuf::from(spec["root"]["path"].as_str().expect("root.path"))
+    }
+
+    pub fn rootfs(&self, id: &str) -> PathBuf {
+        self.store.join("images").join(id).join("rootfs")
+    }
+}
+
+/// Runs the binary with exactly `args`.
+pub fn run_raw(args: &[&str]) -> Output {
+    let out = Command::new(binary())
+        .args(args)
+        .output()
+        .expect("running lamina");
+    Output {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).trim_end().to_string(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}

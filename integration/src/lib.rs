@@ -1,0 +1,31 @@
+//! Support for lamina's end-to-end tests (and benchmarks): scratch filesystems that clean
+//! up every mount beneath them even when a test fails, the `lamina` binary, runc bundles.
+//! All of it needs root.
+
+pub mod lamina;
+pub mod runc;
+pub mod scratch;
+
+pub use lamina::{Lamina, Output};
+pub use runc::Bundle;
+pub use scratch::ScratchFs;
+
+/// End-to-end tests need root; say so plainly instead of failing obscurely.
+pub fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "lamina's integration tests mount filesystems and run runc: run them as root"
+    );
+}
+
+/// Writes the busybox sample image in every format under `dir`.
+pub fn sample_image(dir: &std::path::Path) -> lamina_sample::SampleFiles {
+    let busybox = std::path::Path::new(lamina_sample::DEFAULT_BUSYBOX);
+    assert!(
+        busybox.exists(),
+        "{} is missing: install Debian's busybox-static (scripts/test does)",
+        busybox.display()
+    );
+    let image = lamina_sample::busybox_image(busybox).expect("building the sample image");
+    lamina_sample::write_all_formats(&image, dir).expect("writing the sample image")
+}

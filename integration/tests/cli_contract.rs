@@ -1,0 +1,191 @@
+//! The CLI surface Garden and operators' scripts rely on: output shapes, one-line errors
+//! on stdout, exit codes, config and logs.
+
+use std::process::Command;
+
+use lamina_integration::lamina::run_raw;
+use lamina_integration::scratch::mounts_under;
+use lamina_integration::{Lamina, ScratchFs, require_root, sample_image};
+
+#[test]
+fn create_prints_grootfs_runtime_spec_and_list_shows_it() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let out = lamina.run(&["create", &files.references()[0], "web-1"]);
+    assert_eq!(out.stdout.lines().count(), 1, "{out:?}");
+    let rootfs = lamina.rootfs("web-1");
+    let expected = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": { "env": lamina_sample::SAMPLE_ENV },
+        "root": { "path": rootfs },
+    });
+    assert_eq!(out.json(), expected);
+    assert_eq!(lamina.run(&["list"]).stdout, rootfs.display().to_string());
+    // Logs are JSON lines on stderr.
+    for line in out.stderr.lines() {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
+    }
+    assert!(out.stderr.contains("created rootfs"));
+    assert_eq!(lamina.run(&["delete", "web-1"]).code, 0);
+}
+
+#[test]
+fn errors_are_one_line_on_stdout_with_exit_1() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let files = sample_image(&fs.path().join("image"));
+    let uninit = Lamina::new(&fs.path().join("not-a-store"));
+    let image = &files.references()[0];
+
+    let out = uninit.run(&["create", image, "x"]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stdout.contains("not initialised") && out.stdout.contains("not-a-store"),
+        "{out:?}"
+    );
+
+    let lamina = Lamina::init(&fs.path().join("store"));
+    lamina.create(image, "dup");
+    let cases = [
+        (
+            vec!["create", image.as_str(), "dup"],
+            "container `dup` already exists",
+        ),
+        (
+            vec!["create", image.as_str(), "a/b"],
+            "invalid container ID `a/b`",
+        ),
+        (
+            vec!["create", "oci:///no/such/layout", "m"],
+            "/no/such/layout does not exist",
+        ),
+        (vec!["create", "relative.tar", "m"], "absolute path"),
+    ];
+    for (args, expect) in cases {
+        let out = lamina.run(&args);
+        assert_eq!(out.code, 1, "{args:?}: {out:?}");
+        assert_eq!(out.stdout.lines().count(), 1, "{args:?}: {out:?}");
+        assert!(out.stdout.contains(expect), "{args:?}: {out:?}");
+    }
+    // The failed creates left nothing: only `dup` exists.
+    assert_eq!(
+        lamina.run(&["list"]).stdout,
+        lamina.rootfs("dup").display().to_string()
+    );
+    assert_eq!(
+        std::fs::read_dir(lamina.store.join("images"))
+            .unwrap()
+            .count(),
+        1
+    );
+    assert_eq!(lamina.run(&["delete", "dup"]).code, 0);
+}
+
+#[test]
+fn delete_of_a_missing_container_succeeds_with_a_message() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let out = lamina.run(&["delete", "never-existed"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout.contains("never-existed") && out.stdout.contains("not found"),
+        "{out:?}"
+    );
+    let outside = lamina.run(&["delete", "/somewhere/else/rootfs"]);
+    assert_eq!(
+        outside.code, 1,
+        "a path outside the store is an error: {outside:?}"
+    );
+}
+
+#[test]
+fn without_mount_prints_an_overlay_the_caller_can_mount() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let spec = lamina
+        .run(&["create", "--without-mount", &files.references()[1], "nm"])
+        .json();
+    let rootfs = lamina.rootfs("nm");
+    assert!(mounts_under(&rootfs).is_empty(), "nothing mounted");
+    let mount = &spec["mounts"][0];
+    assert_eq!(
+        (&mount["destination"], &mount["type"], &mount["source"]),
+        (&"/".into(), &"overlay".into(), &"overlay".into())
+    );
+    let options: Vec<&str> = mount["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_str().unwrap())
+        .collect();
+    // Mount it as Garden would, with exactly the printed options.
+    let status = Command::new("mount")
+        .args([
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            &options.join(","),
+            rootfs.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        std::fs::read_to_string(rootfs.join("top.txt")).unwrap(),
+        "from the top layer\n"
+    );
+    assert!(!rootfs.join("old/gone.txt").exists());
+    assert_eq!(lamina.run(&["delete", "nm"]).code, 0);
+    assert!(mounts_under(&lamina.store).is_empty());
+}
+
+#[test]
+fn config_file_sets_store_and_log_file_and_flags_win() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let files = sample_image(&fs.path().join("image"));
+    let store = fs.path().join("from-config");
+    let log = fs.path().join("lamina.log");
+    let config = fs.path().join("config.yml");
+    std::fs::write(
+        &config,
+        format!("store: {}\nlog_level: debug\nlog_file: {}\nclean:\n  threshold_bytes: 5\nunknown_key: 1\n", store.display(), log.display()),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    assert_eq!(run_raw(&["--config", config, "init-store"]).code, 0);
+    let out = run_raw(&["--config", config, "create", &files.references()[3], "cfg"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(store.join("images/cfg/rootfs").exists());
+    assert!(out.stderr.is_empty(), "logs went to the log file: {out:?}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged
+            .lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
+    );
+    assert!(
+        logged.contains("\"DEBUG\"") || logged.contains("\"INFO\""),
+        "{logged}"
+    );
+
+    // --store on the command line wins over the config's store.
+    let other = Lamina::init(&fs.path().join("flag-store"));
+    let out = run_raw(&[
+        "--config",
+        config,
+        "--store",
+        other.store.to_str().unwrap(),
+        "list",
+    ]);
+    assert_eq!(out.stdout, "", "{out:?}");
+    assert_eq!(run_raw(&["--config", config, "delete", "cfg"]).code, 0);
+    assert!(mounts_under(fs.path()).iter().all(|m| m == fs.path()));
+}
