@@ -98,6 +98,34 @@ impl LayerBuilder {
         self.file(&format!("{dir}/.wh..wh..opq"), 0o644, b"")
     }
 
+    /// An entry whose name and link target are written into the header verbatim,
+    /// bypassing the `tar` crate's path checks: how hostile test layers get `../` and
+    /// absolute names past the builder. Names must fit the 100-byte ustar fields.
+    pub fn raw(
+        mut self,
+        kind: EntryType,
+        name: &str,
+        link: Option<&str>,
+        data: &[u8],
+    ) -> io::Result<Self> {
+        let mut h = Self::header(kind, 0o644, data.len() as u64);
+        let fits = name.len() <= 100 && link.is_none_or(|l| l.len() <= 100);
+        if !fits {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "raw names must fit in 100 bytes",
+            ));
+        }
+        h.as_old_mut().name = [0; 100];
+        h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        if let Some(link) = link {
+            h.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+        }
+        h.set_cksum();
+        self.tar.append(&h, data)?;
+        Ok(self)
+    }
+
     pub fn finish(self) -> io::Result<Vec<u8>> {
         self.tar.into_inner()
     }

@@ -17,6 +17,7 @@ pub use image::{
 };
 use lamina_image::{Compression, Platform};
 pub use layer::{LayerBuilder, SAMPLE_MTIME};
+pub use tar::EntryType;
 
 /// Where Debian's busybox-static puts its binary.
 pub const DEFAULT_BUSYBOX: &str = "/usr/bin/busybox";
