@@ -1,6 +1,9 @@
 //! Hostile layers through the real CLI: a clear one-line error naming the layer and the
 //! entry, exit 1, nothing written outside, and the store left without a trace of them.
 
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
 use std::fs;
 use std::path::Path;
 

@@ -36,7 +36,7 @@ impl BlobLocation {
         }
     }
 
-    pub fn len(&self) -> io::Result<u64> {
+    pub fn size(&self) -> io::Result<u64> {
         match self {
             BlobLocation::File(path) => Ok(std::fs::metadata(path)?.len()),
             BlobLocation::Range { len, .. } => Ok(*len),
@@ -122,7 +122,7 @@ impl Members {
                 self.source().display()
             ))
         };
-        if loc.len().map_err(fail)? > MAX_DOCUMENT {
+        if loc.size().map_err(fail)? > MAX_DOCUMENT {
             return Err(ImageError::new(format!(
                 "{}: `{name}` is too large for a JSON document",
                 self.source().display()

@@ -60,12 +60,12 @@ pub fn decoder<'a, R: Read + 'a>(
         .fill_buf()
         .map_err(|e| ImageError::new(format!("{what}: reading: {e}")))?;
     let actual = Compression::sniff(head);
-    if let Some(declared) = declared {
-        if declared != actual {
-            return Err(ImageError::new(format!(
-                "{what}: media type declares {declared:?} compression but the blob is {actual:?}"
-            )));
-        }
+    if let Some(declared) = declared
+        && declared != actual
+    {
+        return Err(ImageError::new(format!(
+            "{what}: media type declares {declared:?} compression but the blob is {actual:?}"
+        )));
     }
     Ok(match actual {
         Compression::None => Box::new(buffered),

@@ -1,5 +1,8 @@
 //! Resolves images written by lamina-sample in every source format.
 
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
 use std::fs;
 use std::path::Path;
 

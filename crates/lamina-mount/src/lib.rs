@@ -141,11 +141,11 @@ impl Drop for Undo<'_> {
         if !self.armed {
             return;
         }
-        if let Some(rootfs) = &self.rootfs {
-            if let Err(e) = self.mounter.unmount(rootfs) {
-                tracing::error!(id = self.id, error = %e, "rolling back a failed create: unmount failed");
-                return; // never remove directories under a live mount
-            }
+        if let Some(rootfs) = &self.rootfs
+            && let Err(e) = self.mounter.unmount(rootfs)
+        {
+            tracing::error!(id = self.id, error = %e, "rolling back a failed create: unmount failed");
+            return; // never remove directories under a live mount
         }
         if let Err(e) = self.store.remove_container_dirs(self.id) {
             tracing::error!(id = self.id, error = %e, "rolling back a failed create: removal failed");

@@ -1,5 +1,8 @@
 //! Create/delete logic against the fake mounter: no root, no kernel overlay.
 
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
 use std::fs;
 use std::path::Path;
 

@@ -118,19 +118,19 @@ impl Store {
             .finish()
             .map_err(|e| fail(format!("reading blob: {e}")))?;
 
-        if let Some(expected) = &layer.digest {
-            if *expected != blob_digest {
-                return Err(fail(format!(
-                    "blob digest mismatch: manifest says {expected}, blob is {blob_digest}"
-                )));
-            }
+        if let Some(expected) = &layer.digest
+            && *expected != blob_digest
+        {
+            return Err(fail(format!(
+                "blob digest mismatch: manifest says {expected}, blob is {blob_digest}"
+            )));
         }
-        if let Some(expected) = layer.size {
-            if expected != blob_size {
-                return Err(fail(format!(
-                    "blob size mismatch: manifest says {expected} bytes, blob has {blob_size}"
-                )));
-            }
+        if let Some(expected) = layer.size
+            && expected != blob_size
+        {
+            return Err(fail(format!(
+                "blob size mismatch: manifest says {expected} bytes, blob has {blob_size}"
+            )));
         }
         if diff_id != layer.diff_id {
             return Err(fail(format!(

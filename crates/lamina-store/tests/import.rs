@@ -1,5 +1,8 @@
 //! Imports sample images into a real store and checks what lands on disk.
 
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
 use std::fs;
 use std::path::Path;
 

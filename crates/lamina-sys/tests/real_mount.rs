@@ -1,6 +1,9 @@
 //! Mounts real overlays (needs root). Each test unmounts through a guard, so a failed
 //! assertion never leaks a mount.
 
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
 use std::fs;
 use std::path::{Path, PathBuf};
 

@@ -287,10 +287,10 @@ fn read_meta<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
                 b"gid" => meta.gid = number().unwrap_or(meta.gid as i64) as u32,
                 b"mtime" => meta.mtime = number().unwrap_or(meta.mtime),
                 _ => {
-                    if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
-                        if !metadata::is_reserved_xattr(name) {
-                            meta.xattrs.push((name.to_vec(), value.to_vec()));
-                        }
+                    if let Some(name) = key.strip_prefix(b"SCHILY.xattr.")
+                        && !metadata::is_reserved_xattr(name)
+                    {
+                        meta.xattrs.push((name.to_vec(), value.to_vec()));
                     }
                 }
             }

@@ -1,0 +1,1 @@
+//! lamina benchmarks: see `benches/` and docs/benchmarks.md.
