@@ -189,3 +189,10 @@ fn config_file_sets_store_and_log_file_and_flags_win() {
     assert_eq!(run_raw(&["--config", config, "delete", "cfg"]).code, 0);
     assert!(mounts_under(fs.path()).iter().all(|m| m == fs.path()));
 }
+
+#[test]
+fn an_unknown_log_level_is_refused() {
+    let out = run_raw(&["--log-level", "verbose", "list"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stdout.contains("log level `verbose`"), "{out:?}");
+}

@@ -6,9 +6,12 @@ use std::path::Path;
 use tracing_subscriber::EnvFilter;
 
 pub fn init(level: &str, file: Option<&Path>) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_new(level).map_err(|_| {
-        anyhow::anyhow!("log level `{level}` is not one of error, warn, info, debug, trace")
-    })?;
+    // EnvFilter would take any word as a target name; only plain levels are a level.
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    if !LEVELS.contains(&level.to_ascii_lowercase().as_str()) {
+        anyhow::bail!("log level `{level}` is not one of {}", LEVELS.join(", "));
+    }
+    let filter = EnvFilter::try_new(level)?;
     let builder = tracing_subscriber::fmt()
         .json()
         .with_env_filter(filter)
