@@ -78,6 +78,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", store.rootfs_path(&record.id).display());
             }
         }
+        Command::Probe { refresh } => {
+            let store = Store::open(&store_path)?;
+            let probe = lamina_mount::probe::probe(&store, &RealMounter::new(), refresh)
+                .with_context(|| format!("probing overlay support in {}", store_path.display()))?;
+            println!("{}", serde_json::to_string(&probe)?);
+        }
         Command::SampleImage { out_dir, busybox } => {
             let out_dir = absolute(out_dir)?;
             let image = lamina_sample::busybox_image(&busybox)?;

@@ -61,6 +61,12 @@ enum Command {
     },
     /// Print each container's rootfs path, one per line
     List,
+    /// Print what this kernel's overlay supports, as JSON (probed on the store's filesystem, cached per boot)
+    Probe {
+        /// Probe again even if this boot's result is cached
+        #[arg(long)]
+        refresh: bool,
+    },
     /// Write the built-in busybox sample image in every source format and print their references
     SampleImage {
         /// Directory to write layout/, image.oci.tar, image.docker.tar and rootfs.tar into

@@ -3,6 +3,7 @@
 //! so a failed create leaves no directory, record or mount behind.
 
 pub mod plan;
+pub mod probe;
 
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};

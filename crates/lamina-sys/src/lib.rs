@@ -5,11 +5,13 @@
 //! implementation that really mounts. Keeping every mount syscall here means a reader
 //! auditing what lamina does to the host's mount table reads one crate.
 
+mod api_probe;
 mod error;
 mod fake;
 mod overlay_spec;
 mod real;
 
+pub use api_probe::{MountApiSupport, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
 pub use error::{Errno, MountError};
 pub use fake::{FakeCall, FakeMounter};

@@ -1,0 +1,212 @@
+//! What this kernel's overlay really supports, found by trying it on the store's own
+//! filesystem (upper-fs support is what decides metacopy and volatile), once per boot and
+//! kernel. The result is cached in `<store>/run/probe.json`; a different boot or kernel
+//! release invalidates it, so an upgraded host never trusts a stale answer.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use lamina_store::Store;
+use lamina_sys::{Mounter, OverlaySpec};
+use serde::{Deserialize, Serialize};
+
+/// Overlay's compiled-in limit; the probe confirms it rather than assuming it.
+const EXPECTED_MAX_LOWERS: usize = 500;
+const PROBE_SEARCH_CEILING: usize = 2048;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    /// `uname -r` and the boot ID the probe ran under: the cache key.
+    pub kernel: String,
+    pub boot_id: String,
+    pub new_mount_api: bool,
+    pub lowerdir_plus: bool,
+    /// Metadata-only copy-up really happened: a chown through a `metacopy=on` overlay
+    /// left an upper file with the metacopy xattr and without its data.
+    pub metacopy: bool,
+    pub volatile: bool,
+    pub redirect_dir: bool,
+    pub max_lower_layers: usize,
+}
+
+/// The cached probe when it matches this boot and kernel, otherwise a fresh one (cached).
+pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Result<Probe> {
+    let cache = cache_path(store);
+    let (kernel, boot_id) = (kernel_release(), boot_id());
+    if !refresh
+        && let Ok(bytes) = fs::read(&cache)
+        && let Ok(cached) = serde_json::from_slice::<Probe>(&bytes)
+        && cached.kernel == kernel
+        && cached.boot_id == boot_id
+    {
+        return Ok(cached);
+    }
+    let scratch = Scratch::new(store)?;
+    let api = lamina_sys::probe_mount_api();
+    let result = Probe {
+        kernel,
+        boot_id,
+        new_mount_api: api.new_mount_api,
+        lowerdir_plus: api.lowerdir_plus,
+        metacopy: probe_metacopy(mounter, &scratch.dir("metacopy")?),
+        volatile: mounts_with(mounter, &scratch.dir("volatile")?, ("volatile", None)),
+        redirect_dir: mounts_with(
+            mounter,
+            &scratch.dir("redirect")?,
+            ("redirect_dir", Some("on")),
+        ),
+        max_lower_layers: probe_max_lowers(mounter, &scratch.dir("lowers")?)?,
+    };
+    if !result.metacopy {
+        tracing::warn!("metadata-only copy-up does not work on this kernel and store filesystem");
+    }
+    fs::create_dir_all(cache.parent().unwrap_or(store.root()))?;
+    let tmp = cache.with_extension("json.tmp");
+    fs::write(&tmp, serde_json::to_vec_pretty(&result)?)?;
+    fs::rename(&tmp, &cache)?;
+    Ok(result)
+}
+
+pub fn cache_path(store: &Store) -> PathBuf {
+    store.root().join("run").join("probe.json")
+}
+
+fn kernel_release() -> String {
+    rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn boot_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// A probe workspace under the store's tmp/, removed (after unmounting) on drop.
+struct Scratch {
+    root: PathBuf,
+}
+
+impl Scratch {
+    fn new(store: &Store) -> std::io::Result<Self> {
+        let root = store
+            .layout()
+            .tmp()
+            .join(format!("probe-{}", std::process::id()));
+        if root.exists() {
+            fs::remove_dir_all(&root)?;
+        }
+        fs::create_dir_all(&root)?;
+        Ok(Self { root })
+    }
+
+    fn dir(&self, name: &str) -> std::io::Result<PathBuf> {
+        let dir = self.root.join(name);
+        for sub in ["lower", "upper", "work", "merged"] {
+            fs::create_dir_all(dir.join(sub))?;
+        }
+        Ok(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+fn rw_spec(dir: &Path, option: Option<(&str, Option<&str>)>) -> OverlaySpec {
+    OverlaySpec {
+        lowers: vec![dir.join("lower")],
+        upper: Some(dir.join("upper")),
+        work: Some(dir.join("work")),
+        options: option
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+            .into_iter()
+            .collect(),
+        read_only: false,
+    }
+}
+
+/// Mounts, runs `check` on the merged dir, always unmounts. `None` if the mount failed.
+fn with_mount<T>(
+    mounter: &dyn Mounter,
+    spec: &OverlaySpec,
+    merged: &Path,
+    check: impl FnOnce(&Path) -> T,
+) -> Option<T> {
+    mounter.mount_overlay(spec, merged).ok()?;
+    let result = check(merged);
+    if let Err(e) = mounter.unmount(merged) {
+        tracing::error!(error = %e, "probe could not unmount its scratch overlay");
+    }
+    Some(result)
+}
+
+fn mounts_with(mounter: &dyn Mounter, dir: &Path, option: (&str, Option<&str>)) -> bool {
+    with_mount(
+        mounter,
+        &rw_spec(dir, Some(option)),
+        &dir.join("merged"),
+        |_| (),
+    )
+    .is_some()
+}
+
+fn probe_metacopy(mounter: &dyn Mounter, dir: &Path) -> bool {
+    let data = vec![b'm'; 256 * 1024];
+    if fs::write(dir.join("lower/file"), &data).is_err() {
+        return false;
+    }
+    let spec = rw_spec(dir, Some(("metacopy", Some("on"))));
+    let chowned = with_mount(mounter, &spec, &dir.join("merged"), |merged| {
+        rustix::fs::chown(
+            merged.join("file"),
+            Some(rustix::fs::Uid::from_raw(4242)),
+            None,
+        )
+        .is_ok()
+    });
+    if chowned != Some(true) {
+        return false;
+    }
+    let upper = dir.join("upper/file");
+    let has_xattr =
+        rustix::fs::lgetxattr(&upper, "trusted.overlay.metacopy", &mut [0u8; 64]).is_ok();
+    // Not `blocks == 0`: ext4 charges the upper inode a block for its xattrs. A real
+    // copy-up of the data would allocate at least the file's size.
+    let no_data = fs::metadata(&upper)
+        .is_ok_and(|m| m.len() == data.len() as u64 && m.blocks() * 512 < m.len() / 4);
+    has_xattr && no_data
+}
+
+/// The most lower layers one overlay accepts: confirm the known limit, else bisect.
+fn probe_max_lowers(mounter: &dyn Mounter, dir: &Path) -> std::io::Result<usize> {
+    let lowers: Vec<PathBuf> = (0..=PROBE_SEARCH_CEILING)
+        .map(|i| dir.join("lower").join(i.to_string()))
+        .collect();
+    for l in &lowers {
+        fs::create_dir_all(l)?;
+    }
+    let merged = dir.join("merged");
+    let fits = |n: usize| {
+        let spec = OverlaySpec {
+            lowers: lowers[..n].to_vec(),
+            read_only: true,
+            ..OverlaySpec::default()
+        };
+        with_mount(mounter, &spec, &merged, |_| ()).is_some()
+    };
+    if fits(EXPECTED_MAX_LOWERS) && !fits(EXPECTED_MAX_LOWERS + 1) {
+        return Ok(EXPECTED_MAX_LOWERS);
+    }
+    let (mut ok, mut bad) = (0, PROBE_SEARCH_CEILING + 1);
+    while bad - ok > 1 {
+        let mid = (ok + bad) / 2;
+        if fits(mid) { ok = mid } else { bad = mid }
+    }
+    Ok(ok)
+}
