@@ -3,6 +3,7 @@
 //! All of it needs root.
 
 pub mod lamina;
+pub mod proof;
 pub mod runc;
 pub mod scratch;
 

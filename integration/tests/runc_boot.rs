@@ -1,19 +1,8 @@
 //! runc boots rootfs lamina creates from every source form, on a loop-backed ext4 store.
 
+use lamina_integration::proof::{EXPECTED as MERGED, SCRIPT as PROOF};
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root, sample_image};
-
-/// Prints one line per property of the merged image that the sample layers set up.
-const PROOF: &str = "cat /top.txt; \
-    test ! -e /old/gone.txt && echo whiteout-ok; \
-    cat /old/kept.txt; \
-    ls /opq; \
-    stat -c 'suid %a' /usr/local/bin/suid-tool; \
-    stat -c 'links %h' /top.hardlink /etc/hosts.hardlink; \
-    readlink /bin/sh";
-
-const MERGED: &str =
-    "from the top layer\nwhiteout-ok\nkept\ntop-only.txt\nsuid 4755\nlinks 2\nlinks 2\nbusybox\n";
 
 fn unique(name: &str) -> String {
     format!("lamina-{name}-{}", std::process::id())

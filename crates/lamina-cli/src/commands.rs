@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, anyhow};
 use lamina_image::{ImageRef, Platform};
-use lamina_mount::{CreateOptions, Deleted};
+use lamina_mount::{CreateOptions, Deleted, Strategies};
 use lamina_store::Store;
 use lamina_sys::RealMounter;
 
@@ -40,8 +40,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             image,
             id,
             without_mount,
+            strategy,
+            ephemeral,
             platform,
         } => {
+            let list = strategy
+                .or(config.create.strategy.clone())
+                .unwrap_or_else(|| "classic".into());
+            let mut strategies = Strategies::parse(&list).map_err(|e| anyhow!(e))?;
+            strategies.volatile |= ephemeral;
             let store = Store::open(&store_path)?;
             let platform = platform
                 .as_deref()
@@ -51,6 +58,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let image = lamina_image::resolve(&ImageRef::parse(&image)?, &platform)?;
             let options = CreateOptions {
                 without_mount: without_mount || config.create.without_mount,
+                strategies,
             };
             let created = lamina_mount::create(&store, &RealMounter::new(), &image, &id, &options)?;
             let mounts = options.without_mount.then(|| created.spec.option_strings());

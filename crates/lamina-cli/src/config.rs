@@ -18,6 +18,8 @@ pub struct Config {
 #[serde(default)]
 pub struct CreateConfig {
     pub without_mount: bool,
+    /// Comma-separated strategies, as `--strategy`.
+    pub strategy: Option<String>,
 }
 
 impl Config {

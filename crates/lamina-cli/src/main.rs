@@ -50,6 +50,12 @@ enum Command {
         /// Mount nothing; print the overlay to mount under "mounts"
         #[arg(long)]
         without_mount: bool,
+        /// Comma-separated mount strategies: classic, metacopy, volatile [default: classic, or `create.strategy` in --config]
+        #[arg(long)]
+        strategy: Option<String>,
+        /// The container's writes need not survive a crash: adds the volatile strategy
+        #[arg(long)]
+        ephemeral: bool,
         /// Platform to pick from a multi-platform image, os/arch[/variant] [default: linux/<host arch>]
         #[arg(long)]
         platform: Option<String>,

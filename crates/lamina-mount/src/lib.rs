@@ -4,6 +4,9 @@
 
 pub mod plan;
 pub mod probe;
+mod strategy;
+
+pub use strategy::Strategies;
 
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,6 +21,13 @@ pub enum RootfsError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Mount(#[from] MountError),
+    #[error("strategy {strategy} is not available here: {why} (see `lamina probe`)")]
+    Unsupported {
+        strategy: &'static str,
+        why: &'static str,
+    },
+    #[error("probing overlay support: {0}")]
+    Probe(std::io::Error),
     #[error("rootfs of container `{id}` is busy (a process may still use it): {source}")]
     Busy { id: String, source: MountError },
 }
@@ -42,6 +52,7 @@ pub struct CreateOptions {
     /// Leave mounting to the caller (Garden's `--without-mount`): record the overlay
     /// options, mount nothing.
     pub without_mount: bool,
+    pub strategies: Strategies,
 }
 
 /// Creates container `id` from `image`.
@@ -57,6 +68,7 @@ pub fn create(
     if store.container_exists(id) {
         return Err(StoreError::AlreadyExists(id.into()).into());
     }
+    check_supported(store, mounter, options.strategies)?;
     let chain_ids = store.import(image)?;
     let dirs = store.create_container_dirs(id)?;
     let mut undo = Undo {
@@ -67,7 +79,7 @@ pub fn create(
         armed: true,
     };
 
-    let spec = plan::classic(store, &chain_ids, &dirs);
+    let spec = plan::read_write(store, &chain_ids, &dirs, options.strategies);
     if !options.without_mount {
         mounter.mount_overlay(&spec, &dirs.rootfs)?;
         undo.rootfs = Some(dirs.rootfs.clone());
@@ -78,7 +90,7 @@ pub fn create(
         image_id: image.config_digest.clone(),
         layers: chain_ids,
         env: image.env(),
-        strategy: "classic".into(),
+        strategy: options.strategies.to_string(),
         mounted: !options.without_mount,
         mount_options: spec.option_strings(),
         created_unix: SystemTime::now()
@@ -100,6 +112,31 @@ pub fn create(
         rootfs: dirs.rootfs,
         spec,
     })
+}
+
+/// Refuses strategies the kernel (as probed on this store) cannot give.
+fn check_supported(
+    store: &Store,
+    mounter: &dyn Mounter,
+    strategies: Strategies,
+) -> Result<(), RootfsError> {
+    if strategies == Strategies::default() {
+        return Ok(());
+    }
+    let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
+    if strategies.metacopy && !probe.metacopy {
+        return Err(RootfsError::Unsupported {
+            strategy: "metacopy",
+            why: "metadata-only copy-up did not happen in the probe",
+        });
+    }
+    if strategies.volatile && !probe.volatile {
+        return Err(RootfsError::Unsupported {
+            strategy: "volatile",
+            why: "overlay refused the volatile option",
+        });
+    }
+    Ok(())
 }
 
 /// Unmounts and removes container `id`. A missing container is not an error: Garden

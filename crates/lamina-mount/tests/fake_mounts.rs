@@ -7,7 +7,7 @@ use std::fs;
 use std::path::Path;
 
 use lamina_image::{Image, ImageRef, Platform, resolve};
-use lamina_mount::{CreateOptions, Deleted, RootfsError, create, delete};
+use lamina_mount::{CreateOptions, Deleted, RootfsError, Strategies, create, delete};
 use lamina_sample::{busybox_image, write_all_formats};
 use lamina_store::Store;
 use lamina_sys::{Errno, FakeCall, FakeMounter};
@@ -85,6 +85,7 @@ fn duplicates_fail_before_import_and_without_mount_mounts_nothing() {
         "a",
         &CreateOptions {
             without_mount: true,
+            ..CreateOptions::default()
         },
     )
     .unwrap();
@@ -95,4 +96,37 @@ fn duplicates_fail_before_import_and_without_mount_mounts_nothing() {
         .to_string();
     assert_eq!(err, "container `a` already exists");
     assert_eq!(delete(&store, &fake, "a").unwrap(), Deleted::Removed);
+}
+
+#[test]
+fn a_strategy_the_probe_cannot_confirm_is_refused_before_import() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image) = setup(tmp.path());
+    // The fake mounts nothing, so the metacopy probe sees no metadata-only copy-up.
+    let fake = FakeMounter::new();
+    let options = CreateOptions {
+        strategies: Strategies::parse("metacopy").unwrap(),
+        ..CreateOptions::default()
+    };
+    let err = create(&store, &fake, &image, "m", &options).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RootfsError::Unsupported {
+                strategy: "metacopy",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("lamina probe"), "{err}");
+    assert!(!store.container_exists("m"));
+    assert!(
+        !store.has_layer(&image.chain_ids()[0]),
+        "refused before importing"
+    );
+    assert!(
+        fake.mounted().is_empty(),
+        "probe scratch mounts were unmounted"
+    );
 }
