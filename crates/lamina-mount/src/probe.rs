@@ -185,28 +185,30 @@ fn probe_metacopy(mounter: &dyn Mounter, dir: &Path) -> bool {
 
 /// The most lower layers one overlay accepts: confirm the known limit, else bisect.
 fn probe_max_lowers(mounter: &dyn Mounter, dir: &Path) -> std::io::Result<usize> {
-    let lowers: Vec<PathBuf> = (0..=PROBE_SEARCH_CEILING)
-        .map(|i| dir.join("lower").join(i.to_string()))
-        .collect();
-    for l in &lowers {
-        fs::create_dir_all(l)?;
-    }
     let merged = dir.join("merged");
-    let fits = |n: usize| {
+    let mut lowers: Vec<PathBuf> = Vec::new();
+    // Lower dirs are made only as far as a trial needs: confirming the known limit takes
+    // 501 of them, and only a kernel with another limit pays for the bisection's.
+    let mut fits = |n: usize| -> std::io::Result<bool> {
+        while lowers.len() < n {
+            let lower = dir.join("lower").join(lowers.len().to_string());
+            fs::create_dir_all(&lower)?;
+            lowers.push(lower);
+        }
         let spec = OverlaySpec {
             lowers: lowers[..n].to_vec(),
             read_only: true,
             ..OverlaySpec::default()
         };
-        with_mount(mounter, &spec, &merged, |_| ()).is_some()
+        Ok(with_mount(mounter, &spec, &merged, |_| ()).is_some())
     };
-    if fits(EXPECTED_MAX_LOWERS) && !fits(EXPECTED_MAX_LOWERS + 1) {
+    if fits(EXPECTED_MAX_LOWERS)? && !fits(EXPECTED_MAX_LOWERS + 1)? {
         return Ok(EXPECTED_MAX_LOWERS);
     }
     let (mut ok, mut bad) = (0, PROBE_SEARCH_CEILING + 1);
     while bad - ok > 1 {
         let mid = (ok + bad) / 2;
-        if fits(mid) { ok = mid } else { bad = mid }
+        if fits(mid)? { ok = mid } else { bad = mid }
     }
     Ok(ok)
 }
