@@ -67,8 +67,33 @@ impl Lamina {
 
     /// `create IMAGE ID`, returning the rootfs path from the printed JSON.
     pub fn create(&self, image: &str, id: &str) -> PathBuf {
-        let spec = self.run(&["create", image, id]).json();
+        self.create_with(&[], image, id)
+    }
+
+    /// `create FLAGS... IMAGE ID`, returning the rootfs path from the printed JSON.
+    pub fn create_with(&self, flags: &[&str], image: &str, id: &str) -> PathBuf {
+        let mut args = vec!["create"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&[image, id]);
+        let spec = self.run(&args).json();
         PathBuf::from(spec["root"]["path"].as_str().expect("root.path"))
+    }
+
+    /// `delete ID` of the store's last container, then the promise every strategy keeps:
+    /// no mount left anywhere under the store and no container directory. `context` names
+    /// the case in a failure.
+    pub fn delete_and_assert_gone(&self, id: &str, context: &str) {
+        let out = self.run(&["delete", id]);
+        assert_eq!(out.code, 0, "{context}: delete failed: {out:?}");
+        let mounts = crate::scratch::mounts_under(&self.store);
+        assert!(
+            mounts.is_empty(),
+            "{context}: mounts left behind: {mounts:?}"
+        );
+        assert!(
+            !self.store.join("images").join(id).exists(),
+            "{context}: container dir left behind"
+        );
     }
 
     pub fn rootfs(&self, id: &str) -> PathBuf {

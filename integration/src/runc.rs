@@ -35,29 +35,22 @@ impl Bundle {
             "runc spec: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let config_path = dir.path().join("config.json");
-        let mut config: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&config_path).expect("config.json"))
-                .expect("json");
-        config["root"] = serde_json::json!({ "path": rootfs, "readonly": read_only });
-        config["process"]["terminal"] = false.into();
-        std::fs::write(&config_path, serde_json::to_vec(&config).expect("json"))
-            .expect("writing config.json");
-        Self {
+        let bundle = Self {
             dir,
             ids: Default::default(),
-        }
+        };
+        bundle.edit_config(|config| {
+            config["root"] = serde_json::json!({ "path": rootfs, "readonly": read_only });
+            config["process"]["terminal"] = false.into();
+        });
+        bundle
     }
 
     /// `runc run` with `sh -c SCRIPT` as the container's process.
     pub fn run(&self, id: &str, script: &str) -> RunOutput {
-        let config_path = self.dir.path().join("config.json");
-        let mut config: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&config_path).expect("config.json"))
-                .expect("json");
-        config["process"]["args"] = serde_json::json!(["/bin/sh", "-c", script]);
-        std::fs::write(&config_path, serde_json::to_vec(&config).expect("json"))
-            .expect("writing config.json");
+        self.edit_config(|config| {
+            config["process"]["args"] = serde_json::json!(["/bin/sh", "-c", script]);
+        });
         self.ids.borrow_mut().push(id.to_string());
         let out = Command::new("timeout")
             .args(["60", "runc", "run", "--bundle"])
@@ -71,6 +64,16 @@ impl Bundle {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         }
+    }
+
+    /// Reads config.json, lets `edit` change it, writes it back.
+    fn edit_config(&self, edit: impl FnOnce(&mut serde_json::Value)) {
+        let path = self.dir.path().join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("config.json")).expect("json");
+        edit(&mut config);
+        std::fs::write(&path, serde_json::to_vec(&config).expect("json"))
+            .expect("writing config.json");
     }
 
     pub fn path(&self) -> PathBuf {

@@ -142,8 +142,7 @@ fn without_mount_prints_an_overlay_the_caller_can_mount() {
         "from the top layer\n"
     );
     assert!(!rootfs.join("old/gone.txt").exists());
-    assert_eq!(lamina.run(&["delete", "nm"]).code, 0);
-    assert!(mounts_under(&lamina.store).is_empty());
+    lamina.delete_and_assert_gone("nm", "without-mount");
 }
 
 #[test]

@@ -31,15 +31,7 @@ fn runc_boots_every_image_form_and_delete_leaves_nothing() {
             out.stderr
         );
         drop(bundle);
-        assert_eq!(lamina.run(&["delete", &id]).code, 0);
-        assert!(
-            mounts_under(&lamina.store).is_empty(),
-            "{image}: mount left behind"
-        );
-        assert!(
-            !lamina.store.join("images").join(&id).exists(),
-            "{image}: container dir left behind"
-        );
+        lamina.delete_and_assert_gone(&id, image);
     }
 
     // The plain rootfs tar is the base layer alone: nothing whited out, nothing opaque.

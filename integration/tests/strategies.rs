@@ -27,8 +27,7 @@ fn every_strategy_boots_in_runc_and_keeps_its_promises() {
 
     for (i, list) in COMBINATIONS.iter().enumerate() {
         let id = format!("s{i}");
-        let out = lamina.run(&["create", "--strategy", list, image, &id]);
-        let rootfs = std::path::PathBuf::from(out.json()["root"]["path"].as_str().unwrap());
+        let rootfs = lamina.create_with(&["--strategy", list], image, &id);
         let options =
             super_options(&rootfs).unwrap_or_else(|| panic!("{list}: rootfs not mounted"));
         assert_eq!(
@@ -74,15 +73,7 @@ fn every_strategy_boots_in_runc_and_keeps_its_promises() {
             "written\n"
         );
 
-        assert_eq!(lamina.run(&["delete", &id]).code, 0);
-        assert!(
-            mounts_under(&lamina.store).is_empty(),
-            "{list}: mount left behind"
-        );
-        assert!(
-            !lamina.store.join("images").join(&id).exists(),
-            "{list}: files left behind"
-        );
+        lamina.delete_and_assert_gone(&id, list);
     }
 }
 
@@ -94,16 +85,9 @@ fn ephemeral_means_volatile_and_unbuilt_or_unknown_strategies_are_refused() {
     let lamina = Lamina::init(&fs.path().join("store"));
     let image = &files.references()[0];
 
-    let rootfs = lamina.run(&["create", "--ephemeral", image, "eph"]).json()["root"]["path"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        super_options(Path::new(&rootfs))
-            .unwrap()
-            .contains("volatile")
-    );
-    assert_eq!(lamina.run(&["delete", "eph"]).code, 0);
+    let rootfs = lamina.create_with(&["--ephemeral"], image, "eph");
+    assert!(super_options(&rootfs).unwrap().contains("volatile"));
+    lamina.delete_and_assert_gone("eph", "ephemeral");
 
     for (list, expect) in [
         ("pooled", "not implemented yet"),
