@@ -14,6 +14,8 @@ use crate::{MountError, Mounter, OverlaySpec};
 pub enum FakeCall {
     Mount(PathBuf, OverlaySpec),
     Unmount(PathBuf),
+    BindReadOnly { source: PathBuf, target: PathBuf },
+    Sync(PathBuf),
 }
 
 #[derive(Debug, Default)]
@@ -26,6 +28,7 @@ struct State {
     mounted: BTreeMap<PathBuf, OverlaySpec>,
     calls: Vec<FakeCall>,
     fail_next_mount: Option<Errno>,
+    fail_next_sync: Option<Errno>,
 }
 
 impl FakeMounter {
@@ -36,6 +39,19 @@ impl FakeMounter {
     /// Makes the next `mount_overlay` fail with `errno`, as a kernel refusal would.
     pub fn fail_next_mount(&self, errno: Errno) {
         self.lock().fail_next_mount = Some(errno);
+    }
+
+    /// Makes the next `sync_filesystem` fail with `errno`, as a volatile overlay reports
+    /// a writeback error on its upper filesystem.
+    pub fn fail_next_sync(&self, errno: Errno) {
+        self.lock().fail_next_sync = Some(errno);
+    }
+
+    /// Whether any call so far created a mount (overlay or bind).
+    pub fn mounted_anything(&self) -> bool {
+        self.calls()
+            .iter()
+            .any(|c| matches!(c, FakeCall::Mount(..) | FakeCall::BindReadOnly { .. }))
     }
 
     pub fn calls(&self) -> Vec<FakeCall> {
@@ -84,5 +100,39 @@ impl Mounter for FakeMounter {
 
     fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError> {
         Ok(self.lock().mounted.contains_key(path))
+    }
+
+    fn bind_read_only(&self, source: &Path, target: &Path) -> Result<(), MountError> {
+        let mut state = self.lock();
+        state.calls.push(FakeCall::BindReadOnly {
+            source: source.to_path_buf(),
+            target: target.to_path_buf(),
+        });
+        if !source.is_dir() || !target.is_dir() {
+            return Err(MountError::new("attach read-only bind at", target, Errno::NOENT));
+        }
+        if state.mounted.contains_key(target) {
+            return Err(MountError::new("attach read-only bind at", target, Errno::BUSY));
+        }
+        // A bind shows what the source shows: record it as the source's overlay, or as a
+        // plain directory (no lowers) when the source is not a mount.
+        let spec = state.mounted.get(source).cloned().unwrap_or(OverlaySpec {
+            lowers: vec![source.to_path_buf()],
+            upper: None,
+            work: None,
+            options: Vec::new(),
+            read_only: true,
+        });
+        state.mounted.insert(target.to_path_buf(), OverlaySpec { read_only: true, ..spec });
+        Ok(())
+    }
+
+    fn sync_filesystem(&self, path: &Path) -> Result<(), MountError> {
+        let mut state = self.lock();
+        state.calls.push(FakeCall::Sync(path.to_path_buf()));
+        match state.fail_next_sync.take() {
+            Some(errno) => Err(MountError::new("syncfs", path, errno)),
+            None => Ok(()),
+        }
     }
 }

@@ -10,6 +10,7 @@ mod error;
 mod fake;
 mod overlay_spec;
 mod real;
+mod setattr;
 
 pub use api_probe::{MountApiSupport, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
@@ -32,4 +33,13 @@ pub trait Mounter: Send + Sync + Debug {
 
     /// Whether `path` is the root of a mount.
     fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError>;
+
+    /// Attaches a read-only bind of the mount (or directory) at `source` on `target`:
+    /// a clone of the source mount, so no new superblock is made and every bind shares
+    /// the source's page and inode caches.
+    fn bind_read_only(&self, source: &Path, target: &Path) -> Result<(), MountError>;
+
+    /// `syncfs` on the filesystem holding `path`. On a volatile overlay this is how the
+    /// upper filesystem's writeback errors are reported; elsewhere it makes writes durable.
+    fn sync_filesystem(&self, path: &Path) -> Result<(), MountError>;
 }

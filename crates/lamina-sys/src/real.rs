@@ -10,7 +10,8 @@ use std::path::Path;
 use rustix::fs::{AtFlags, CWD, OFlags, StatxFlags};
 use rustix::io::Errno;
 use rustix::mount::{
-    FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, UnmountFlags,
+    FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, OpenTreeFlags,
+    UnmountFlags,
 };
 
 use crate::{MountError, Mounter, OverlaySpec};
@@ -65,6 +66,38 @@ impl Mounter for RealMounter {
         .map_err(|e| MountError::new("statx", path, e))?;
         let mount_root = rustix::fs::StatxAttributes::MOUNT_ROOT;
         Ok(stx.stx_attributes_mask.contains(mount_root) && stx.stx_attributes.contains(mount_root))
+    }
+
+    fn bind_read_only(&self, source: &Path, target: &Path) -> Result<(), MountError> {
+        let fail = |op| move |e| MountError::new(op, target, e);
+        let tree = rustix::mount::open_tree(
+            CWD,
+            source,
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .map_err(|e| MountError::new("clone mount for bind", source, e))?;
+        crate::setattr::set_read_only(tree.as_fd()).map_err(fail("make read-only bind for"))?;
+        rustix::mount::move_mount(
+            tree.as_fd(),
+            "",
+            CWD,
+            target,
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .map_err(fail("attach read-only bind at"))?;
+        // Closed before returning, as after fsmount: an open tree fd makes umount EBUSY.
+        drop(tree);
+        Ok(())
+    }
+
+    fn sync_filesystem(&self, path: &Path) -> Result<(), MountError> {
+        let dir = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| MountError::new("open for syncfs", path, e))?;
+        rustix::fs::syncfs(&dir).map_err(|e| MountError::new("syncfs", path, e))
     }
 }
 

@@ -94,3 +94,35 @@ fn kernel_refusal_names_target_and_reason() {
             .unwrap()
     );
 }
+
+#[test]
+fn read_only_bind_shares_the_source_and_refuses_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let mut spec = layers(root, &["a", "b"]);
+    spec.upper = None;
+    spec.work = None;
+    spec.read_only = true;
+    let mounter = RealMounter::new();
+    let shared = root.join("merged");
+    mounter.mount_overlay(&spec, &shared).unwrap();
+    let _shared_guard = Unmount(&mounter, shared.clone());
+
+    let bind = root.join("bind");
+    fs::create_dir(&bind).unwrap();
+    mounter.bind_read_only(&shared, &bind).unwrap();
+    let bind_guard = Unmount(&mounter, bind.clone());
+    assert!(mounter.is_mountpoint(&bind).unwrap());
+    assert_eq!(fs::read_to_string(bind.join("shared.txt")).unwrap(), "a");
+    let err = fs::write(bind.join("new.txt"), "x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(30), "EROFS expected, got {err}");
+    // Same superblock: the bind made none of its own.
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        fs::metadata(&bind).unwrap().dev(),
+        fs::metadata(&shared).unwrap().dev()
+    );
+    drop(bind_guard);
+    assert!(!mounter.is_mountpoint(&bind).unwrap());
+    mounter.sync_filesystem(&shared).unwrap();
+}
