@@ -71,36 +71,7 @@ impl Drop for ScratchFs {
 
 /// Mount points at or below `root`, deepest first, read from /proc/self/mountinfo.
 pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut found: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(unescape)
-        .filter(|p| p.starts_with(root))
-        .collect();
-    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    found.dedup();
-    found
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(field: &str) -> PathBuf {
-    let mut out = String::new();
-    let mut chars = field.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            let code: String = chars.by_ref().take(3).collect();
-            if let Ok(n) = u8::from_str_radix(&code, 8) {
-                out.push(n as char);
-                continue;
-            }
-            out.push(c);
-            out.push_str(&code);
-        } else {
-            out.push(c);
-        }
-    }
-    PathBuf::from(out)
+    lamina_sys::mounts_under(root).expect("reading /proc/self/mountinfo")
 }
 
 fn path_str(p: &Path) -> &str {

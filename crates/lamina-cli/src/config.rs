@@ -12,6 +12,15 @@ pub struct Config {
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,
     pub create: CreateConfig,
+    pub pool: PoolConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct PoolConfig {
+    /// Ready overlays to keep per image: `pool fill`'s default size and the level the
+    /// background refill restores after a claim.
+    pub size: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -47,7 +56,7 @@ mod tests {
         let tmp = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(
             tmp.path(),
-            "store: /var/vcap/data/grootfs/store\nlog_level: debug\ncreate:\n  without_mount: true\n  with_clean: false\n  insecure_registries: []\nclean:\n  threshold_bytes: 1000\n",
+            "store: /var/vcap/data/grootfs/store\nlog_level: debug\ncreate:\n  without_mount: true\n  strategy: metacopy,deferred\n  with_clean: false\n  insecure_registries: []\nclean:\n  threshold_bytes: 1000\n",
         )
         .unwrap();
         let config = Config::load(tmp.path()).unwrap();
@@ -57,6 +66,8 @@ mod tests {
         );
         assert_eq!(config.log_level.as_deref(), Some("debug"));
         assert!(config.create.without_mount);
+        assert_eq!(config.create.strategy.as_deref(), Some("metacopy,deferred"));
+        assert_eq!(config.pool.size, None);
     }
 
     #[test]

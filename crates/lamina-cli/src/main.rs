@@ -50,9 +50,12 @@ enum Command {
         /// Mount nothing; print the overlay to mount under "mounts"
         #[arg(long)]
         without_mount: bool,
-        /// Comma-separated mount strategies: classic, metacopy, volatile [default: classic, or `create.strategy` in --config]
+        /// Comma-separated mount strategies: auto, classic, shared-ro, direct, pooled, metacopy, volatile, deferred [default: auto, or `create.strategy` in --config]
         #[arg(long)]
         strategy: Option<String>,
+        /// A read-only rootfs (printed with root.readonly, which runc enforces)
+        #[arg(long)]
+        read_only: bool,
         /// The container's writes need not survive a crash: adds the volatile strategy
         #[arg(long)]
         ephemeral: bool,
@@ -67,6 +70,23 @@ enum Command {
     },
     /// Print each container's rootfs path, one per line
     List,
+    /// Finish deferred deletes now: unmount and remove what is in the store's trash
+    Reap,
+    /// Finish work a crash left (trash, half-made containers, tmp/), release unused shared mounts and pool entries; prints a JSON report
+    Clean,
+    /// Mount a container's rootfs again (after `unmount`, or after a host restart)
+    Mount {
+        /// Container ID or <store>/images/<ID>/rootfs
+        id_or_path: String,
+    },
+    /// Unmount a container's rootfs and keep its files (a volatile upper is checked for writeback errors and synced)
+    Unmount {
+        /// Container ID or <store>/images/<ID>/rootfs
+        id_or_path: String,
+    },
+    /// Pre-mounted read-write overlays that `create` claims with no mount syscall
+    #[command(subcommand)]
+    Pool(PoolCommand),
     /// Print what this kernel's overlay supports, as JSON (probed on the store's filesystem, cached per boot)
     Probe {
         /// Probe again even if this boot's result is cached
@@ -81,6 +101,27 @@ enum Command {
         #[arg(long, default_value = lamina_sample::DEFAULT_BUSYBOX)]
         busybox: PathBuf,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum PoolCommand {
+    /// Mount overlays of IMAGE until its pool holds --size of them
+    Fill {
+        image: String,
+        /// How many ready overlays to keep [default: `pool.size` in --config]
+        #[arg(long)]
+        size: Option<usize>,
+        /// Mount flavor, as create's --strategy (auto: what create would pick) [default: auto]
+        #[arg(long)]
+        strategy: Option<String>,
+        /// Fill the pool `create --ephemeral` claims from (volatile overlays)
+        #[arg(long)]
+        ephemeral: bool,
+        #[arg(long)]
+        platform: Option<String>,
+    },
+    /// Unmount and remove every unclaimed pool entry
+    Drain,
 }
 
 fn main() -> ExitCode {

@@ -22,33 +22,58 @@ pub struct Process {
 #[derive(Debug, Serialize)]
 pub struct Root {
     pub path: String,
+    /// Only printed when true, so a read-write rootfs prints exactly what GrootFS does.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub readonly: bool,
 }
 
+/// The rootfs mount a `--without-mount` caller makes itself.
 #[derive(Debug, Serialize)]
 pub struct Mount {
     pub destination: &'static str,
     #[serde(rename = "type")]
     pub kind: &'static str,
-    pub source: &'static str,
+    pub source: String,
     pub options: Vec<String>,
+}
+
+impl Mount {
+    pub fn overlay(options: Vec<String>) -> Self {
+        Mount {
+            destination: "/",
+            kind: "overlay",
+            source: "overlay".into(),
+            options,
+        }
+    }
+
+    pub fn read_only_bind(source: String) -> Self {
+        Mount {
+            destination: "/",
+            kind: "bind",
+            source,
+            options: vec!["bind".into(), "ro".into()],
+        }
+    }
 }
 
 pub const OCI_VERSION: &str = "1.0.2";
 
 impl RuntimeSpec {
-    pub fn new(env: Vec<String>, rootfs: String, overlay_options: Option<Vec<String>>) -> Self {
+    pub fn new(
+        env: Vec<String>,
+        rootfs: String,
+        readonly: bool,
+        mounts: Option<Vec<Mount>>,
+    ) -> Self {
         RuntimeSpec {
             oci_version: OCI_VERSION,
             process: Process { env },
-            root: Root { path: rootfs },
-            mounts: overlay_options.map(|options| {
-                vec![Mount {
-                    destination: "/",
-                    kind: "overlay",
-                    source: "overlay",
-                    options,
-                }]
-            }),
+            root: Root {
+                path: rootfs,
+                readonly,
+            },
+            mounts,
         }
     }
 }
@@ -59,15 +84,35 @@ mod tests {
 
     #[test]
     fn matches_grootfs_shape() {
-        let spec = RuntimeSpec::new(vec!["PATH=/bin".into()], "/s/images/a/rootfs".into(), None);
+        let spec = RuntimeSpec::new(
+            vec!["PATH=/bin".into()],
+            "/s/images/a/rootfs".into(),
+            false,
+            None,
+        );
         assert_eq!(
             serde_json::to_string(&spec).unwrap(),
             r#"{"ociVersion":"1.0.2","process":{"env":["PATH=/bin"]},"root":{"path":"/s/images/a/rootfs"}}"#
         );
-        let spec = RuntimeSpec::new(vec![], "/r".into(), Some(vec!["lowerdir=/l".into()]));
+        let spec = RuntimeSpec::new(
+            vec![],
+            "/r".into(),
+            false,
+            Some(vec![Mount::overlay(vec!["lowerdir=/l".into()])]),
+        );
         assert_eq!(
             serde_json::to_string(&spec).unwrap(),
             r#"{"ociVersion":"1.0.2","process":{"env":[]},"root":{"path":"/r"},"mounts":[{"destination":"/","type":"overlay","source":"overlay","options":["lowerdir=/l"]}]}"#
+        );
+        let spec = RuntimeSpec::new(
+            vec![],
+            "/r".into(),
+            true,
+            Some(vec![Mount::read_only_bind("/s/shared/x/rootfs".into())]),
+        );
+        assert_eq!(
+            serde_json::to_string(&spec).unwrap(),
+            r#"{"ociVersion":"1.0.2","process":{"env":[]},"root":{"path":"/r","readonly":true},"mounts":[{"destination":"/","type":"bind","source":"/s/shared/x/rootfs","options":["bind","ro"]}]}"#
         );
     }
 }

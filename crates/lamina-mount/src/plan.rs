@@ -1,6 +1,8 @@
-//! Mount plans: which overlay a container gets. `classic` is GrootFS's fresh read-write
-//! overlay per container, the baseline every other strategy is measured against; the
-//! option strategies add overlay options to it.
+//! Mount plans: which overlay a container (or a shared image mount) gets. `classic` is
+//! GrootFS's fresh read-write overlay per container, the baseline every other strategy
+//! is measured against; the option strategies add overlay options to it.
+
+use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
 use lamina_store::{ContainerDirs, Store};
@@ -8,15 +10,19 @@ use lamina_sys::OverlaySpec;
 
 use crate::Strategies;
 
-/// The classic plan: every layer as a lower (top-most first, as overlay orders them),
-/// the container's own upper and work dirs.
+/// Layer dirs top-most first, as overlay orders lowers.
+pub fn lowers(store: &Store, chain_ids: &[Digest]) -> Vec<PathBuf> {
+    chain_ids
+        .iter()
+        .rev()
+        .map(|c| store.layout().layer_diff(c))
+        .collect()
+}
+
+/// The classic plan: every layer as a lower, the container's own upper and work dirs.
 pub fn classic(store: &Store, chain_ids: &[Digest], dirs: &ContainerDirs) -> OverlaySpec {
     OverlaySpec {
-        lowers: chain_ids
-            .iter()
-            .rev()
-            .map(|c| store.layout().layer_diff(c))
-            .collect(),
+        lowers: lowers(store, chain_ids),
         upper: Some(dirs.upper.clone()),
         work: Some(dirs.work.clone()),
         options: Vec::new(),
@@ -34,4 +40,20 @@ pub fn read_write(
     let mut spec = classic(store, chain_ids, dirs);
     spec.options = strategies.overlay_options();
     spec
+}
+
+/// A read-only overlay of the layers alone. Overlay needs two lowers when there is no
+/// upper, so a single-layer image gets `empty` (an empty directory) beneath it.
+pub fn read_only(store: &Store, chain_ids: &[Digest], empty: &Path) -> OverlaySpec {
+    let mut lowers = lowers(store, chain_ids);
+    if lowers.len() == 1 {
+        lowers.push(empty.to_path_buf());
+    }
+    OverlaySpec {
+        lowers,
+        upper: None,
+        work: None,
+        options: Vec::new(),
+        read_only: true,
+    }
 }

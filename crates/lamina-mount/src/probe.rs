@@ -4,6 +4,7 @@
 //! release invalidates it, so an upgraded host never trusts a stale answer.
 
 use std::fs;
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -27,6 +28,9 @@ pub struct Probe {
     pub metacopy: bool,
     pub volatile: bool,
     pub redirect_dir: bool,
+    /// An idmapped mount (of a user namespace's mappings) is accepted as a lower layer.
+    #[serde(default)]
+    pub idmapped_layers: bool,
     pub max_lower_layers: usize,
 }
 
@@ -56,6 +60,7 @@ pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Re
             &scratch.dir("redirect")?,
             ("redirect_dir", Some("on")),
         ),
+        idmapped_layers: probe_idmapped(&scratch.dir("idmap")?),
         max_lower_layers: probe_max_lowers(mounter, &scratch.dir("lowers")?)?,
     };
     if !result.metacopy {
@@ -181,6 +186,38 @@ fn probe_metacopy(mounter: &dyn Mounter, dir: &Path) -> bool {
     let no_data = fs::metadata(&upper)
         .is_ok_and(|m| m.len() == data.len() as u64 && m.blocks() * 512 < m.len() / 4);
     has_xattr && no_data
+}
+
+/// Builds an overlay (never attached) with an idmapped lower. The user namespace comes
+/// from util-linux's `unshare --user --map-root-user`, a child kept alive for the trial.
+fn probe_idmapped(dir: &Path) -> bool {
+    let other = dir.join("upper"); // any second directory will do as the other lower
+    let Ok(mut child) = std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user", "sleep", "30"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    let proc = PathBuf::from(format!("/proc/{}", child.id()));
+    // unshare writes the mappings before it execs sleep: wait for the exec.
+    let mut mapped = false;
+    for _ in 0..400 {
+        if fs::read_link(proc.join("exe")).is_ok_and(|exe| exe.ends_with("sleep")) {
+            mapped = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let supported = mapped
+        && fs::File::open(proc.join("ns/user")).is_ok_and(|ns| {
+            lamina_sys::probe_idmapped_layers(&dir.join("lower"), &other, ns.as_fd())
+        });
+    let _ = child.kill();
+    let _ = child.wait();
+    supported
 }
 
 /// The most lower layers one overlay accepts: confirm the known limit, else bisect.

@@ -1,44 +1,133 @@
 //! Mount strategies a caller can ask for. Each answers one documented overlay stall
-//! (docs/strategies.md); they combine, and `classic` alone is GrootFS's behaviour.
+//! (docs/strategies.md); the read-write ones combine, and `classic` alone is GrootFS's
+//! behaviour. `auto` (the default) is resolved per request by [`crate::choose`].
 
 use std::fmt;
 
-/// The strategies `--strategy` accepts, as a set: `classic` is the empty set.
+/// A set of strategies as `--strategy` takes them: `classic` is the empty set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Strategies {
+    /// Choose per request (read-only or not, pool, probe, `--ephemeral`).
+    pub auto: bool,
     /// `metacopy=on`: chown/chmod/touch copy up metadata only (stall S3).
     pub metacopy: bool,
     /// `volatile`: no sync of the upper filesystem at unmount (stall S1); the container's
     /// writes do not survive a crash, which an ephemeral container never needs.
     pub volatile: bool,
+    /// `delete` only renames the container away; a reaper unmounts, one at a time, after
+    /// discarding the data it would otherwise write back (stall S1).
+    pub deferred: bool,
+    /// Claim a pre-mounted overlay from the image's pool, no mount syscall (stall S2).
+    pub pooled: bool,
+    /// Read-only: a read-only bind of one shared read-only overlay per image (stall S4).
+    pub shared_ro: bool,
+    /// Read-only: a read-only bind of the layer itself, or of a flattened tree of
+    /// hardlinks into the layers — no overlay at all (stall S5).
+    pub direct: bool,
 }
 
-/// Names issue-tracked strategies that are not built yet, so asking for one says so
-/// instead of silently getting something else.
-const PLANNED: &[&str] = &["shared-ro", "direct", "deferred", "pooled", "auto"];
+/// Every name `--strategy` accepts, in the order `Display` prints them.
+pub const NAMES: &[&str] = &[
+    "auto",
+    "shared-ro",
+    "direct",
+    "pooled",
+    "metacopy",
+    "volatile",
+    "deferred",
+    "classic",
+];
 
 impl Strategies {
-    /// Parses a comma-separated list such as `metacopy,volatile`.
+    pub const CLASSIC: Strategies = Strategies {
+        auto: false,
+        metacopy: false,
+        volatile: false,
+        deferred: false,
+        pooled: false,
+        shared_ro: false,
+        direct: false,
+    };
+
+    pub const AUTO: Strategies = Strategies {
+        auto: true,
+        ..Strategies::CLASSIC
+    };
+
+    /// Parses a comma-separated list such as `metacopy,volatile` and refuses
+    /// combinations that cannot mean anything.
     pub fn parse(list: &str) -> Result<Self, String> {
         let mut set = Strategies::default();
         for name in list.split(',').map(str::trim) {
             match name {
                 "classic" => {}
+                "auto" => set.auto = true,
                 "metacopy" => set.metacopy = true,
                 "volatile" => set.volatile = true,
-                planned if PLANNED.contains(&planned) => {
-                    return Err(format!(
-                        "strategy `{planned}` is not implemented yet (available: classic, metacopy, volatile)"
-                    ));
-                }
+                "deferred" => set.deferred = true,
+                "pooled" => set.pooled = true,
+                "shared-ro" => set.shared_ro = true,
+                "direct" => set.direct = true,
                 other => {
                     return Err(format!(
-                        "unknown strategy `{other}` (available: classic, metacopy, volatile)"
+                        "unknown strategy `{other}` (available: {})",
+                        NAMES.join(", ")
                     ));
                 }
             }
         }
+        set.check()?;
         Ok(set)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.auto && *self != Strategies::AUTO {
+            return Err(format!(
+                "strategy `auto` chooses by itself and does not combine with `{}`",
+                Strategies {
+                    auto: false,
+                    ..*self
+                }
+            ));
+        }
+        if self.shared_ro && self.direct {
+            return Err("strategies `shared-ro` and `direct` are two ways to give a read-only rootfs: pick one".into());
+        }
+        if let Some(ro) = self.read_only_kind() {
+            for (on, name) in [
+                (self.metacopy, "metacopy"),
+                (self.volatile, "volatile"),
+                (self.pooled, "pooled"),
+            ] {
+                if on {
+                    return Err(format!(
+                        "strategy `{ro}` gives a read-only rootfs, which has no upper for `{name}` to change"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `shared-ro` or `direct` when this set gives a read-only bind.
+    pub fn read_only_kind(&self) -> Option<&'static str> {
+        if self.shared_ro {
+            Some("shared-ro")
+        } else if self.direct {
+            Some("direct")
+        } else {
+            None
+        }
+    }
+
+    /// The part of the set that decides how a read-write overlay is mounted, which is
+    /// also what a pool entry must match: metacopy and volatile.
+    pub fn mount_flavor(&self) -> Strategies {
+        Strategies {
+            metacopy: self.metacopy,
+            volatile: self.volatile,
+            ..Strategies::CLASSIC
+        }
     }
 
     /// Overlay options this set adds to a read-write mount.
@@ -58,10 +147,18 @@ impl Strategies {
 
 impl fmt::Display for Strategies {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = [(self.metacopy, "metacopy"), (self.volatile, "volatile")]
-            .into_iter()
-            .filter_map(|(on, name)| on.then_some(name))
-            .collect();
+        let names: Vec<&str> = [
+            (self.auto, "auto"),
+            (self.shared_ro, "shared-ro"),
+            (self.direct, "direct"),
+            (self.pooled, "pooled"),
+            (self.metacopy, "metacopy"),
+            (self.volatile, "volatile"),
+            (self.deferred, "deferred"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
         if names.is_empty() {
             f.write_str("classic")
         } else {
@@ -76,19 +173,35 @@ mod tests {
 
     #[test]
     fn lists_parse_combine_and_print_back() {
-        assert_eq!(Strategies::parse("classic").unwrap(), Strategies::default());
+        assert_eq!(Strategies::parse("classic").unwrap(), Strategies::CLASSIC);
         let both = Strategies::parse("volatile, metacopy").unwrap();
         assert_eq!(both.to_string(), "metacopy,volatile");
         assert_eq!(both.overlay_options().len(), 3);
-        assert!(
-            Strategies::parse("pooled")
-                .unwrap_err()
-                .contains("not implemented yet")
+        let all_rw = Strategies::parse("deferred,pooled,volatile,metacopy").unwrap();
+        assert_eq!(all_rw.to_string(), "pooled,metacopy,volatile,deferred");
+        assert_eq!(
+            Strategies::parse(&all_rw.to_string()).unwrap(),
+            all_rw,
+            "what a record stores parses back"
         );
-        assert!(
-            Strategies::parse("fast")
-                .unwrap_err()
-                .contains("unknown strategy `fast`")
+        assert_eq!(
+            Strategies::parse("shared-ro,deferred").unwrap().to_string(),
+            "shared-ro,deferred"
         );
+        assert_eq!(Strategies::parse("auto").unwrap(), Strategies::AUTO);
+    }
+
+    #[test]
+    fn meaningless_combinations_are_refused_by_name() {
+        for (list, expect) in [
+            ("fast", "unknown strategy `fast`"),
+            ("auto,metacopy", "does not combine with `metacopy`"),
+            ("shared-ro,direct", "pick one"),
+            ("direct,volatile", "no upper for `volatile`"),
+            ("shared-ro,pooled", "no upper for `pooled`"),
+        ] {
+            let err = Strategies::parse(list).unwrap_err();
+            assert!(err.contains(expect), "{list}: {err}");
+        }
     }
 }

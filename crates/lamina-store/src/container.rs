@@ -1,8 +1,14 @@
-//! Container directories and records. `mkdir images/<ID>` is the atomic claim of an ID;
-//! `container.json`, written last by rename, is what makes a container listed.
+//! Container directories and records. A container's directory is built in `tmp/` with a
+//! flocked `lock` file, then renamed into `images/<ID>` without replacing anything: that
+//! rename is the atomic claim of an ID, and the held lock tells crash recovery the create
+//! is still running. `container.json`, written last by rename, makes a container listed.
 
-use std::fs;
+use std::fs::{self, File};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::fs::{CWD, FlockOperation, RenameFlags};
 
 use lamina_image::Digest;
 use serde::{Deserialize, Serialize};
@@ -10,6 +16,9 @@ use serde::{Deserialize, Serialize};
 use crate::{Store, StoreError};
 
 const RECORD: &str = "container.json";
+/// Held (flock) by whoever is creating the container; free once it is complete or its
+/// creator died.
+const LOCK: &str = "lock";
 
 /// What the store remembers about a container.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -29,6 +38,30 @@ pub struct ContainerRecord {
     /// Overlay options the rootfs is (or is to be) mounted with.
     pub mount_options: Vec<String>,
     pub created_unix: u64,
+    /// The rootfs is a read-only mount (`--read-only`).
+    #[serde(default)]
+    pub read_only: bool,
+    /// For a rootfs that is a read-only bind (shared-ro, direct): what it binds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bind_source: Option<PathBuf>,
+    /// For a shared-ro rootfs: the lease file that keeps the image's shared mount alive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<PathBuf>,
+}
+
+/// A container directory this process is creating. Its `lock` stays held until the claim
+/// is dropped, so crash recovery never mistakes a create in progress for a dead one.
+#[derive(Debug)]
+pub struct ContainerClaim {
+    pub dirs: ContainerDirs,
+    _lock: DirLock,
+}
+
+/// A held flock on a container-shaped directory's `lock` file (released on drop). Holds
+/// nothing for a directory made before lamina kept lock files.
+#[derive(Debug)]
+pub struct DirLock {
+    _held: Option<File>,
 }
 
 /// The directories of one container.
@@ -84,20 +117,119 @@ impl Store {
 
     /// Claims `id` and makes its directories. Fails with `AlreadyExists` if the ID is
     /// taken, including by a create still in flight.
-    pub fn create_container_dirs(&self, id: &str) -> Result<ContainerDirs, StoreError> {
+    pub fn create_container_dirs(&self, id: &str) -> Result<ContainerClaim, StoreError> {
+        validate_id(id)?;
+        if self.container_exists(id) {
+            return Err(StoreError::AlreadyExists(id.into()));
+        }
+        let (staged, lock) = self.stage_container_dirs("new")?;
+        self.publish_container(&staged.base, lock, id)
+    }
+
+    /// Makes a locked container directory (rootfs, upper, work, lock) under `tmp/`.
+    pub fn stage_container_dirs(
+        &self,
+        prefix: &str,
+    ) -> Result<(ContainerDirs, DirLock), StoreError> {
+        let dirs = ContainerDirs::under(
+            self.layout
+                .tmp()
+                .join(format!("{prefix}-{}", unique_suffix())),
+        );
+        fs::create_dir(&dirs.base).map_err(StoreError::io("creating", &dirs.base))?;
+        let lock = match lock_new(&dirs.base) {
+            Ok(lock) => lock,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&dirs.base);
+                return Err(e);
+            }
+        };
+        for dir in [&dirs.rootfs, &dirs.upper, &dirs.work] {
+            if let Err(e) = fs::create_dir(dir) {
+                let _ = fs::remove_dir_all(&dirs.base);
+                return Err(StoreError::io("creating", dir)(e));
+            }
+        }
+        Ok((dirs, DirLock { _held: Some(lock) }))
+    }
+
+    /// Renames a staged (or pooled) container directory, whose `lock` the caller holds,
+    /// to `images/<id>` — never over an existing one. On `AlreadyExists` the directory is
+    /// left where it was, for the caller to dispose of.
+    pub fn publish_container(
+        &self,
+        staged: &Path,
+        lock: DirLock,
+        id: &str,
+    ) -> Result<ContainerClaim, StoreError> {
         validate_id(id)?;
         let dirs = self.container_dirs(id);
-        match fs::create_dir(&dirs.base) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(StoreError::AlreadyExists(id.into()));
+        match rustix::fs::renameat_with(CWD, staged, CWD, &dirs.base, RenameFlags::NOREPLACE) {
+            Ok(()) => Ok(ContainerClaim { dirs, _lock: lock }),
+            Err(rustix::io::Errno::EXIST) => Err(StoreError::AlreadyExists(id.into())),
+            Err(e) => Err(StoreError::errno("claiming", &dirs.base)(e)),
+        }
+    }
+
+    /// Takes the `lock` of a container-shaped directory if nobody holds it. `None` means
+    /// a live process is working on it. A directory without a lock file (made by an older
+    /// lamina) counts as unlocked.
+    pub fn try_lock_dir(&self, dir: &Path) -> Result<Option<DirLock>, StoreError> {
+        let path = dir.join(LOCK);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Some(DirLock { _held: None }));
             }
-            Err(e) => return Err(StoreError::io("creating", &dirs.base)(e)),
+            Err(e) => return Err(StoreError::io("opening", &path)(e)),
+        };
+        match rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(Some(DirLock { _held: Some(file) })),
+            Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+            Err(e) => Err(StoreError::errno("locking", &path)(e)),
         }
-        for dir in [&dirs.rootfs, &dirs.upper, &dirs.work] {
-            fs::create_dir(dir).map_err(StoreError::io("creating", dir))?;
+    }
+
+    /// Moves container `id` out of `images/` into `trash/` in one rename: from then on it
+    /// is not listed and its ID is free, and whatever tears it down finds it there even
+    /// after a crash. Returns `None` if there was no such container.
+    pub fn trash_container(&self, id: &str) -> Result<Option<PathBuf>, StoreError> {
+        validate_id(id)?;
+        let base = self.layout.container(id);
+        let doomed = self
+            .layout
+            .trash()
+            .join(format!("{id}.{}", unique_suffix()));
+        match fs::rename(&base, &doomed) {
+            Ok(()) => Ok(Some(doomed)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io("moving to trash", &base)(e)),
         }
+    }
+
+    /// Container directories waiting in `trash/`, oldest name first.
+    pub fn trash_entries(&self) -> Result<Vec<PathBuf>, StoreError> {
+        list_dirs(&self.layout.trash())
+    }
+
+    /// Every container-shaped directory a record may live in: `images/*` and `trash/*`.
+    /// Reference counts (shared mounts, flattened trees) are computed from these.
+    pub fn all_container_dirs(&self) -> Result<Vec<PathBuf>, StoreError> {
+        let mut dirs = list_dirs(&self.layout.images())?;
+        dirs.extend(self.trash_entries()?);
         Ok(dirs)
+    }
+
+    /// The record in a container directory wherever it is (`images/`, `trash/`, a pool).
+    pub fn record_in(&self, dir: &Path) -> Result<Option<ContainerRecord>, StoreError> {
+        let path = dir.join(RECORD);
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| StoreError::io("reading", &path)(e.into())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io("reading", &path)(e)),
+        }
     }
 
     /// Writes the record atomically (temp file + rename).
@@ -149,21 +281,16 @@ impl Store {
     }
 
     /// Removes a container's directory tree. The caller has unmounted it. The tree is
-    /// first renamed into `tmp/`, so a concurrent delete or list never sees it half gone.
+    /// first renamed into `trash/`, so a concurrent delete or list never sees it half
+    /// gone, and a crash mid-removal leaves it where `clean` finishes it.
     pub fn remove_container_dirs(&self, id: &str) -> Result<bool, StoreError> {
-        validate_id(id)?;
-        let base = self.layout.container(id);
-        let doomed = self
-            .layout
-            .tmp()
-            .join(format!("delete-{id}-{}", unique_suffix()));
-        match fs::rename(&base, &doomed) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(StoreError::io("removing", &base)(e)),
+        match self.trash_container(id)? {
+            Some(doomed) => {
+                fs::remove_dir_all(&doomed).map_err(StoreError::io("removing", &doomed))?;
+                Ok(true)
+            }
+            None => Ok(false),
         }
-        fs::remove_dir_all(&doomed).map_err(StoreError::io("removing", &doomed))?;
-        Ok(true)
     }
 
     pub fn rootfs_path(&self, id: &str) -> PathBuf {
@@ -175,10 +302,35 @@ impl Store {
     }
 }
 
-fn unique_suffix() -> String {
+/// Unique within the store: pid, time and a per-process counter.
+pub fn unique_suffix() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    format!("{}-{nanos}", std::process::id())
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{nanos}-{n}", std::process::id())
+}
+
+/// Creates and flocks `dir/lock`.
+fn lock_new(dir: &Path) -> Result<File, StoreError> {
+    let path = dir.join(LOCK);
+    let file = File::create(&path).map_err(StoreError::io("creating", &path))?;
+    rustix::fs::flock(file.as_fd(), FlockOperation::LockExclusive)
+        .map_err(StoreError::errno("locking", &path))?;
+    Ok(file)
+}
+
+/// Sub-directories of `dir`, sorted by name.
+pub(crate) fn list_dirs(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(StoreError::io("listing", dir))? {
+        let entry = entry.map_err(StoreError::io("listing", dir))?;
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            out.push(entry.path());
+        }
+    }
+    out.sort();
+    Ok(out)
 }

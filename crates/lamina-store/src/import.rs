@@ -22,6 +22,10 @@ pub struct LayerRecord {
     pub blob_digest: Option<Digest>,
     /// Uncompressed tar size.
     pub size: u64,
+    /// Whiteouts and opaque markers in the layer; unknown for layers imported before
+    /// lamina counted them.
+    #[serde(default)]
+    pub overlay_markers: Option<u64>,
 }
 
 /// Removes a directory when dropped unless disarmed: an unpack that fails or panics
@@ -112,7 +116,7 @@ impl Store {
         let mut stored = HashingReader::new(blob);
         let decoded = compression::decoder(&mut stored, layer.compression, &what)?;
         let mut tar = HashingReader::with_limit(decoded, self.max_layer_bytes);
-        lamina_unpack::unpack(&mut tar, dest).map_err(|e| fail(e.to_string()))?;
+        let summary = lamina_unpack::unpack(&mut tar, dest).map_err(|e| fail(e.to_string()))?;
         let (diff_id, size) = tar.finish().map_err(|e| fail(format!("reading: {e}")))?;
         let (blob_digest, blob_size) = stored
             .finish()
@@ -143,6 +147,14 @@ impl Store {
             diff_id,
             blob_digest: layer.digest.clone(),
             size,
+            overlay_markers: Some(summary.overlay_markers),
         })
+    }
+
+    /// The record written next to an imported layer.
+    pub fn layer_record(&self, chain_id: &Digest) -> Result<LayerRecord, StoreError> {
+        let path = self.layout.layer(chain_id).join("layer.json");
+        let bytes = fs::read(&path).map_err(StoreError::io("reading", &path))?;
+        serde_json::from_slice(&bytes).map_err(|e| StoreError::io("reading", &path)(e.into()))
     }
 }

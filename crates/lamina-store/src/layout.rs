@@ -55,6 +55,38 @@ impl Layout {
         self.root.join("tmp")
     }
 
+    /// Containers deleted from `images/` whose teardown (unmount, removal) is not done:
+    /// the reaper's queue, and what a crash mid-delete leaves.
+    pub fn trash(&self) -> PathBuf {
+        self.root.join("trash")
+    }
+
+    /// One read-only overlay per image, bound read-only into shared-ro containers.
+    pub fn shared(&self) -> PathBuf {
+        self.root.join("shared")
+    }
+
+    /// Flattened read-only trees (hardlinks into the layers), one per multi-layer image,
+    /// bound read-only into direct containers.
+    pub fn flat(&self) -> PathBuf {
+        self.root.join("flat")
+    }
+
+    /// Pre-mounted read-write overlays waiting to be claimed by `create`.
+    pub fn pool(&self) -> PathBuf {
+        self.root.join("pool")
+    }
+
+    /// Per-boot state, such as the probe cache.
+    pub fn run(&self) -> PathBuf {
+        self.root.join("run")
+    }
+
+    /// A named flock file under `locks/`.
+    pub fn lock(&self, name: &str) -> PathBuf {
+        self.locks().join(format!("{name}.lock"))
+    }
+
     pub fn locks(&self) -> PathBuf {
         self.root.join("locks")
     }

@@ -10,14 +10,18 @@ mod container;
 mod error;
 mod import;
 mod layout;
+mod locks;
 
 use std::fs;
 use std::path::Path;
 
-pub use container::{ContainerDirs, ContainerRecord, validate_id};
+pub use container::{
+    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, unique_suffix, validate_id,
+};
 pub use error::StoreError;
 pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};
+pub use locks::StoreLock;
 
 /// Default per-layer cap on uncompressed bytes: a decompression bomb stops here.
 pub const DEFAULT_MAX_LAYER_BYTES: u64 = 64 * 1024 * 1024 * 1024;
@@ -44,15 +48,8 @@ impl Store {
                 return Err(StoreError::NotAStore(root.to_path_buf()));
             }
         }
-        for dir in [
-            layout.root().to_path_buf(),
-            layout.layers(),
-            layout.images(),
-            layout.tmp(),
-            layout.locks(),
-        ] {
-            fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
-        }
+        fs::create_dir_all(root).map_err(StoreError::io("creating", root))?;
+        create_subdirs(&layout)?;
         if !layout.marker().exists() {
             let marker = serde_json::to_vec(&Marker {
                 version: STORE_VERSION,
@@ -81,6 +78,10 @@ impl Store {
         if marker.version != STORE_VERSION {
             return Err(StoreError::NotAStore(root.to_path_buf()));
         }
+        // Stores made by an older lamina lack the newer directories.
+        if !layout.run().is_dir() {
+            create_subdirs(&layout)?;
+        }
         Ok(Store {
             layout,
             max_layer_bytes: DEFAULT_MAX_LAYER_BYTES,
@@ -99,4 +100,22 @@ impl Store {
     pub fn root(&self) -> &Path {
         self.layout.root()
     }
+}
+
+/// `run/` is made last, so its presence says the rest exist.
+fn create_subdirs(layout: &Layout) -> Result<(), StoreError> {
+    for dir in [
+        layout.layers(),
+        layout.images(),
+        layout.tmp(),
+        layout.locks(),
+        layout.trash(),
+        layout.shared(),
+        layout.flat(),
+        layout.pool(),
+        layout.run(),
+    ] {
+        fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
+    }
+    Ok(())
 }

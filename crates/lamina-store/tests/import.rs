@@ -157,7 +157,8 @@ fn store_init_and_open_guard_against_wrong_directories() {
 fn container_ids_are_claimed_once_and_validated() {
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::init(&tmp.path().join("s")).unwrap();
-    let dirs = store.create_container_dirs("web-1").unwrap();
+    let claim = store.create_container_dirs("web-1").unwrap();
+    let dirs = &claim.dirs;
     assert!(dirs.rootfs.ends_with("images/web-1/rootfs"));
     assert!(matches!(
         store.create_container_dirs("web-1"),

@@ -29,3 +29,33 @@ pub fn probe_mount_api() -> MountApiSupport {
         lowerdir_plus,
     }
 }
+
+/// Whether overlay accepts an idmapped lower layer: `lower` is cloned with `open_tree`,
+/// idmapped with the user namespace `userns` (an open `/proc/<pid>/ns/user`), and passed
+/// as a `lowerdir+` fd above `other`. The overlay is created but never attached.
+pub fn probe_idmapped_layers(
+    lower: &std::path::Path,
+    other: &std::path::Path,
+    userns: std::os::fd::BorrowedFd<'_>,
+) -> bool {
+    use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, OpenTreeFlags};
+    let attempt = || -> Result<(), Errno> {
+        let tree = rustix::mount::open_tree(
+            rustix::fs::CWD,
+            lower,
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )?;
+        crate::setattr::set_idmap(tree.as_fd(), userns)?;
+        let fs = rustix::mount::fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)?;
+        rustix::mount::fsconfig_set_fd(fs.as_fd(), "lowerdir+", tree.as_fd())?;
+        rustix::mount::fsconfig_set_string(fs.as_fd(), "lowerdir+", other)?;
+        rustix::mount::fsconfig_create(fs.as_fd())?;
+        rustix::mount::fsmount(
+            fs.as_fd(),
+            FsMountFlags::FSMOUNT_CLOEXEC,
+            MountAttrFlags::MOUNT_ATTR_RDONLY,
+        )?;
+        Ok(())
+    };
+    attempt().is_ok()
+}

@@ -1,8 +1,13 @@
 //! An in-memory [`Mounter`] for testing mount logic without root. It checks what the
 //! kernel would check up front (target and layer directories exist, no double mount) so
 //! tests catch ordering bugs, and records every call for assertions.
+//!
+//! Like the kernel, it tracks a mount by its directory, not by the path it was mounted
+//! at: a mount follows its directory through renames (pool claims and deferred deletes
+//! rely on that), so mounts are keyed by the target's device and inode.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -23,13 +28,30 @@ pub struct FakeMounter {
     state: Mutex<State>,
 }
 
+/// A directory's identity: (device, inode).
+type DirId = (u64, u64);
+
 #[derive(Debug, Default)]
 struct State {
-    mounted: BTreeMap<PathBuf, OverlaySpec>,
+    /// Mounted directories, with the path they were mounted at and what is mounted.
+    mounted: BTreeMap<DirId, (PathBuf, OverlaySpec)>,
     calls: Vec<FakeCall>,
     fail_next_mount: Option<Errno>,
     fail_next_sync: Option<Errno>,
 }
+
+fn dir_id(path: &Path) -> Option<DirId> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.is_dir())
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// Overlay's limit on lower layers, which the kernel enforces with EINVAL.
+const MAX_LOWERS: usize = 500;
+
+/// How deep `mounts_under` looks: a container directory's mounts are one level down.
+const SEARCH_DEPTH: usize = 3;
 
 impl FakeMounter {
     pub fn new() -> Self {
@@ -58,13 +80,41 @@ impl FakeMounter {
         self.lock().calls.clone()
     }
 
+    /// Paths (as mounted) of everything still mounted.
     pub fn mounted(&self) -> Vec<PathBuf> {
-        self.lock().mounted.keys().cloned().collect()
+        self.lock()
+            .mounted
+            .values()
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+
+    /// What is mounted on directory `path`, wherever it has been renamed to.
+    pub fn spec_at(&self, path: &Path) -> Option<OverlaySpec> {
+        let id = dir_id(path)?;
+        self.lock().mounted.get(&id).map(|(_, spec)| spec.clone())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panicking test thread must not hide the state from the assertions after it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn attach(
+        &self,
+        state: &mut State,
+        target: &Path,
+        spec: OverlaySpec,
+        op: &'static str,
+    ) -> Result<(), MountError> {
+        let Some(id) = dir_id(target) else {
+            return Err(MountError::new(op, target, Errno::NOENT));
+        };
+        if state.mounted.contains_key(&id) {
+            return Err(MountError::new(op, target, Errno::BUSY));
+        }
+        state.mounted.insert(id, (target.to_path_buf(), spec));
+        Ok(())
     }
 }
 
@@ -78,28 +128,27 @@ impl Mounter for FakeMounter {
         if let Some(errno) = state.fail_next_mount.take() {
             return Err(err(errno));
         }
-        if spec.lowers.is_empty() || spec.upper.is_some() != spec.work.is_some() {
+        if spec.lowers.is_empty()
+            || spec.lowers.len() > MAX_LOWERS
+            || spec.upper.is_some() != spec.work.is_some()
+        {
             return Err(err(Errno::INVAL));
         }
         let dirs = spec.lowers.iter().chain(&spec.upper).chain(&spec.work);
-        if !target.is_dir() || dirs.into_iter().any(|d| !d.is_dir()) {
+        if dirs.into_iter().any(|d| !d.is_dir()) {
             return Err(err(Errno::NOENT));
         }
-        if state.mounted.contains_key(target) {
-            return Err(err(Errno::BUSY));
-        }
-        state.mounted.insert(target.to_path_buf(), spec.clone());
-        Ok(())
+        self.attach(&mut state, target, spec.clone(), "mount overlay at")
     }
 
     fn unmount(&self, target: &Path) -> Result<bool, MountError> {
         let mut state = self.lock();
         state.calls.push(FakeCall::Unmount(target.to_path_buf()));
-        Ok(state.mounted.remove(target).is_some())
+        Ok(dir_id(target).is_some_and(|id| state.mounted.remove(&id).is_some()))
     }
 
     fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError> {
-        Ok(self.lock().mounted.contains_key(path))
+        Ok(dir_id(path).is_some_and(|id| self.lock().mounted.contains_key(&id)))
     }
 
     fn bind_read_only(&self, source: &Path, target: &Path) -> Result<(), MountError> {
@@ -108,23 +157,27 @@ impl Mounter for FakeMounter {
             source: source.to_path_buf(),
             target: target.to_path_buf(),
         });
-        if !source.is_dir() || !target.is_dir() {
-            return Err(MountError::new("attach read-only bind at", target, Errno::NOENT));
-        }
-        if state.mounted.contains_key(target) {
-            return Err(MountError::new("attach read-only bind at", target, Errno::BUSY));
-        }
+        let Some(source_id) = dir_id(source) else {
+            return Err(MountError::new(
+                "clone mount for bind",
+                source,
+                Errno::NOENT,
+            ));
+        };
         // A bind shows what the source shows: record it as the source's overlay, or as a
-        // plain directory (no lowers) when the source is not a mount.
-        let spec = state.mounted.get(source).cloned().unwrap_or(OverlaySpec {
-            lowers: vec![source.to_path_buf()],
-            upper: None,
-            work: None,
-            options: Vec::new(),
+        // plain directory (its only "lower") when the source is not a mount.
+        let spec = match state.mounted.get(&source_id) {
+            Some((_, spec)) => spec.clone(),
+            None => OverlaySpec {
+                lowers: vec![source.to_path_buf()],
+                ..OverlaySpec::default()
+            },
+        };
+        let spec = OverlaySpec {
             read_only: true,
-        });
-        state.mounted.insert(target.to_path_buf(), OverlaySpec { read_only: true, ..spec });
-        Ok(())
+            ..spec
+        };
+        self.attach(&mut state, target, spec, "attach read-only bind at")
     }
 
     fn sync_filesystem(&self, path: &Path) -> Result<(), MountError> {
@@ -134,5 +187,27 @@ impl Mounter for FakeMounter {
             Some(errno) => Err(MountError::new("syncfs", path, errno)),
             None => Ok(()),
         }
+    }
+
+    fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError> {
+        let state = self.lock();
+        let mut found = Vec::new();
+        let mut pending = vec![(dir.to_path_buf(), 0)];
+        while let Some((path, depth)) = pending.pop() {
+            if dir_id(&path).is_some_and(|id| state.mounted.contains_key(&id)) {
+                found.push(path.clone());
+            }
+            if depth < SEARCH_DEPTH
+                && let Ok(entries) = std::fs::read_dir(&path)
+            {
+                for entry in entries.flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        pending.push((entry.path(), depth + 1));
+                    }
+                }
+            }
+        }
+        found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        Ok(found)
     }
 }

@@ -8,19 +8,21 @@
 mod api_probe;
 mod error;
 mod fake;
+mod mountinfo;
 mod overlay_spec;
 mod real;
 mod setattr;
 
-pub use api_probe::{MountApiSupport, probe_mount_api};
+pub use api_probe::{MountApiSupport, probe_idmapped_layers, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
 pub use error::{Errno, MountError};
 pub use fake::{FakeCall, FakeMounter};
+pub use mountinfo::mounts_under;
 pub use overlay_spec::OverlaySpec;
 pub use real::RealMounter;
 
 use std::fmt::Debug;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Mount operations lamina needs, small enough to fake faithfully.
 pub trait Mounter: Send + Sync + Debug {
@@ -42,4 +44,8 @@ pub trait Mounter: Send + Sync + Debug {
     /// `syncfs` on the filesystem holding `path`. On a volatile overlay this is how the
     /// upper filesystem's writeback errors are reported; elsewhere it makes writes durable.
     fn sync_filesystem(&self, path: &Path) -> Result<(), MountError>;
+
+    /// Mount points at or beneath `dir`, deepest first: what crash recovery must unmount
+    /// before it may remove `dir`.
+    fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError>;
 }

@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, CWD, OFlags, StatxFlags};
 use rustix::io::Errno;
@@ -98,6 +98,16 @@ impl Mounter for RealMounter {
         )
         .map_err(|e| MountError::new("open for syncfs", path, e))?;
         rustix::fs::syncfs(&dir).map_err(|e| MountError::new("syncfs", path, e))
+    }
+
+    fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError> {
+        crate::mounts_under(dir).map_err(|e| {
+            MountError::new(
+                "read /proc/self/mountinfo for",
+                dir,
+                Errno::from_io_error(&e).unwrap_or(Errno::IO),
+            )
+        })
     }
 }
 

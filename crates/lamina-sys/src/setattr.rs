@@ -20,18 +20,41 @@ struct MountAttr {
 /// `MOUNT_ATTR_RDONLY` from `<linux/mount.h>`.
 const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
 
+/// `MOUNT_ATTR_IDMAP` from `<linux/mount.h>`.
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
 /// Makes the (detached or attached) mount `mount_fd` refers to read-only.
 pub fn set_read_only(mount_fd: BorrowedFd<'_>) -> Result<(), Errno> {
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
+    mount_setattr(
+        mount_fd,
+        &MountAttr {
+            attr_set: MOUNT_ATTR_RDONLY,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        },
+    )
+}
+
+/// Idmaps the detached mount `mount_fd` with the mappings of user namespace `userns`.
+pub fn set_idmap(mount_fd: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> Result<(), Errno> {
+    let userns_fd = u64::try_from(userns.as_raw_fd()).map_err(|_| Errno::BADF)?;
+    mount_setattr(
+        mount_fd,
+        &MountAttr {
+            attr_set: MOUNT_ATTR_IDMAP,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd,
+        },
+    )
+}
+
+fn mount_setattr(mount_fd: BorrowedFd<'_>, attr: &MountAttr) -> Result<(), Errno> {
     let empty_path = c"";
     // SAFETY: `mount_fd` is a live descriptor for the borrow's duration; `empty_path` is a
-    // NUL-terminated static string; `attr` is a properly laid out `struct mount_attr` that
-    // outlives the call, and its exact size is passed so the kernel reads no further. The
+    // NUL-terminated static string; `attr` is a properly laid out `struct mount_attr`
+    // borrowed for the whole call, and its exact size is passed so the kernel reads no further. The
     // kernel only reads through both pointers.
     let rc = unsafe {
         libc::syscall(
@@ -39,7 +62,7 @@ pub fn set_read_only(mount_fd: BorrowedFd<'_>) -> Result<(), Errno> {
             mount_fd.as_raw_fd(),
             empty_path.as_ptr(),
             libc::AT_EMPTY_PATH as libc::c_uint,
-            &attr as *const MountAttr,
+            attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };

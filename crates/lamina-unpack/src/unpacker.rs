@@ -24,6 +24,9 @@ const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 pub struct UnpackSummary {
     pub entries: u64,
     pub file_bytes: u64,
+    /// Whiteouts and opaque markers: a layer without any can be used as a rootfs on its
+    /// own, with no overlay to interpret them.
+    pub overlay_markers: u64,
 }
 
 /// Unpacks the (already decompressed) tar stream `reader` into the existing directory
@@ -85,6 +88,7 @@ impl Unpacker {
         let parent = parent.as_fd();
 
         if name == OPAQUE_MARKER {
+            self.summary.overlay_markers += 1;
             return metadata::set_xattr_at(parent, b".", "trusted.overlay.opaque", b"y")
                 .map_err(|e| fail(format!("marking directory opaque: {e}")));
         }
@@ -95,6 +99,7 @@ impl Unpacker {
             if hidden.is_empty() || hidden == b"." || hidden == b".." {
                 return Err(fail("whiteout names no entry".into()));
             }
+            self.summary.overlay_markers += 1;
             replace_existing(parent, hidden, false).map_err(|e| fail(format!("replacing: {e}")))?;
             return rustix::fs::mknodat(
                 parent,

@@ -1,0 +1,51 @@
+//! Work the CLI leaves to a detached child: the reaper after a deferred delete (or when a
+//! start finds trash a crash left) and pool refills after a claim. The child runs this
+//! same binary in its own process group with no stdin/stdout, so the caller's command
+//! returns at once and a caller killing its process group does not kill the child. Its
+//! logs go to the configured log file, or `<store>/run/background.log`.
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use lamina_store::Store;
+
+/// Starts `lamina --store STORE ARGS...` detached. Failure to start is logged, not
+/// fatal: `lamina clean` (or the next start) finishes the work.
+pub fn spawn(store: &Store, log_file: Option<&Path>, args: &[&str]) {
+    let log = log_file
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| store.layout().run().join("background.log"));
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            tracing::warn!(error = %e, ?args, "cannot find own binary to start background work");
+            return;
+        }
+    };
+    let spawned = Command::new(exe)
+        .arg("--store")
+        .arg(store.root())
+        .arg("--log-file")
+        .arg(&log)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn();
+    match spawned {
+        // Not waited for: it outlives us and is reparented to init when we exit.
+        Ok(child) => tracing::debug!(pid = child.id(), ?args, "started background work"),
+        Err(e) => tracing::warn!(error = %e, ?args, "could not start background work"),
+    }
+}
+
+/// Every start: if a crash (or a reaper that could not finish) left containers in
+/// `trash/` and no reaper is running, start one.
+pub fn finish_crashed_deletes(store: &Store, log_file: Option<&Path>) {
+    let pending = store.trash_entries().is_ok_and(|t| !t.is_empty());
+    if pending && store.try_lock("reaper").is_ok_and(|l| l.is_some()) {
+        spawn(store, log_file, &["reap"]);
+    }
+}

@@ -1,0 +1,186 @@
+//! One function per subcommand, after flags and config are merged.
+
+mod background;
+mod create;
+mod pool;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow};
+use lamina_mount::Deleted;
+use lamina_store::Store;
+use lamina_sys::RealMounter;
+
+use crate::config::Config;
+use crate::{Cli, Command, DEFAULT_STORE};
+
+/// What every command needs: merged settings and the store path.
+pub struct Ctx {
+    pub config: Config,
+    pub store_path: PathBuf,
+    pub log_file: Option<PathBuf>,
+}
+
+impl Ctx {
+    /// Opens the store and, as every start does, hands trash a crash left to a reaper.
+    pub fn open_store(&self) -> anyhow::Result<Store> {
+        let store = Store::open(&self.store_path)?;
+        background::finish_crashed_deletes(&store, self.log_file.as_deref());
+        Ok(store)
+    }
+
+    pub fn spawn(&self, store: &Store, args: &[&str]) {
+        background::spawn(store, self.log_file.as_deref(), args);
+    }
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = match &cli.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let level = cli
+        .log_level
+        .or(config.log_level.clone())
+        .unwrap_or_else(|| "info".into());
+    let log_file = cli.log_file.or(config.log_file.clone());
+    crate::logging::init(&level, log_file.as_deref())?;
+    let store_path = absolute(
+        cli.store
+            .or(config.store.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE)),
+    )?;
+    let ctx = Ctx {
+        config,
+        store_path,
+        log_file,
+    };
+    let mounter = RealMounter::new();
+
+    match cli.command {
+        Command::InitStore => {
+            Store::init(&ctx.store_path)?;
+            println!("initialised store {}", ctx.store_path.display());
+        }
+        Command::Create {
+            image,
+            id,
+            without_mount,
+            strategy,
+            read_only,
+            ephemeral,
+            platform,
+        } => {
+            let args = create::CreateArgs {
+                image,
+                id,
+                without_mount,
+                strategy,
+                read_only,
+                ephemeral,
+                platform,
+            };
+            create::run(&ctx, &mounter, args)?;
+        }
+        Command::Delete { id_or_path } => {
+            let store = ctx.open_store()?;
+            let id = container_id(&store, &id_or_path)?;
+            match lamina_mount::delete(&store, &mounter, &id)? {
+                Deleted::Removed => println!("deleted container `{id}`"),
+                Deleted::Deferred => {
+                    ctx.spawn(&store, &["reap"]);
+                    println!("deleted container `{id}`");
+                }
+                Deleted::NotFound => println!(
+                    "container `{id}` not found in store {}: nothing to delete",
+                    ctx.store_path.display()
+                ),
+            }
+        }
+        Command::List => {
+            let store = ctx.open_store()?;
+            for record in store.containers()? {
+                println!("{}", store.rootfs_path(&record.id).display());
+            }
+        }
+        Command::Reap => {
+            let store = Store::open(&ctx.store_path)?;
+            let reaped = lamina_mount::reap(&store, &mounter)?;
+            println!("{}", serde_json::to_string(&reaped)?);
+        }
+        Command::Clean => {
+            let store = Store::open(&ctx.store_path)?;
+            let report = lamina_mount::clean(&store, &mounter)?;
+            println!("{}", serde_json::to_string(&report)?);
+        }
+        Command::Mount { id_or_path } => {
+            let store = ctx.open_store()?;
+            let id = container_id(&store, &id_or_path)?;
+            lamina_mount::mount(&store, &mounter, &id)?;
+            println!("{}", store.rootfs_path(&id).display());
+        }
+        Command::Unmount { id_or_path } => {
+            let store = ctx.open_store()?;
+            let id = container_id(&store, &id_or_path)?;
+            lamina_mount::unmount(&store, &mounter, &id)?;
+            println!("unmounted container `{id}`");
+        }
+        Command::Pool(command) => pool::run(&ctx, &mounter, command)?,
+        Command::Probe { refresh } => {
+            let store = ctx.open_store()?;
+            let probe =
+                lamina_mount::probe::probe(&store, &mounter, refresh).with_context(|| {
+                    format!("probing overlay support in {}", ctx.store_path.display())
+                })?;
+            println!("{}", serde_json::to_string(&probe)?);
+        }
+        Command::SampleImage { out_dir, busybox } => {
+            let out_dir = absolute(out_dir)?;
+            let image = lamina_sample::busybox_image(&busybox)?;
+            let files = lamina_sample::write_all_formats(&image, &out_dir)
+                .with_context(|| format!("writing sample image to {}", out_dir.display()))?;
+            let [oci, oci_archive, docker_archive, rootfs_tar] = files.references();
+            let refs = serde_json::json!({
+                "oci": oci, "oci_archive": oci_archive, "docker_archive": docker_archive, "rootfs_tar": rootfs_tar
+            });
+            println!("{refs}");
+        }
+    }
+    Ok(())
+}
+
+/// An ID, or the ID of the rootfs path given (Garden passes either).
+fn container_id(store: &Store, arg: &str) -> anyhow::Result<String> {
+    if !arg.contains('/') {
+        return Ok(arg.to_string());
+    }
+    let path = absolute(PathBuf::from(arg))?;
+    store.id_from_path(&path).ok_or_else(|| {
+        anyhow!(
+            "{} is not a container rootfs in store {}",
+            path.display(),
+            store.root().display()
+        )
+    })
+}
+
+fn absolute(path: PathBuf) -> anyhow::Result<PathBuf> {
+    if path.is_absolute() {
+        return Ok(path);
+    }
+    Ok(std::env::current_dir()
+        .context("current directory")?
+        .join(path))
+}
+
+/// Resolves an image reference for `platform` (default: this host's).
+fn resolve_image(image: &str, platform: Option<&str>) -> anyhow::Result<lamina_image::Image> {
+    let platform = platform
+        .map(lamina_image::Platform::parse)
+        .transpose()?
+        .unwrap_or_else(lamina_image::Platform::host);
+    Ok(lamina_image::resolve(
+        &lamina_image::ImageRef::parse(image)?,
+        &platform,
+    )?)
+}

@@ -1,0 +1,110 @@
+//! Crash recovery and `lamina clean`: finish what dead processes left. Everything here is
+//! recomputed from the store and the mount table, never from memory: unfinished work is
+//! found by its place (`tmp/`, `trash/`) and by locks nobody holds any more.
+
+use std::fs;
+use std::path::Path;
+
+use lamina_store::{Store, StoreError};
+use lamina_sys::Mounter;
+use serde::Serialize;
+
+use crate::{RootfsError, delete, pool, shared};
+
+/// What `clean` found and finished.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CleanReport {
+    /// Deleted containers torn down from `trash/`.
+    pub reaped: usize,
+    /// Left in `trash/` (busy or failing; logged).
+    pub reap_failed: usize,
+    /// Containers whose create died before writing their record.
+    pub crashed_creates: usize,
+    /// Unfinished work removed from `tmp/` (imports, flattenings, pool slots, probes).
+    pub tmp_removed: usize,
+    /// Shared read-only image mounts nobody uses any more.
+    pub shared_released: usize,
+    /// Pool slots unmounted and removed.
+    pub pool_released: usize,
+}
+
+/// Finishes crashed work and releases what no container uses: trash, crashed creates,
+/// `tmp/` leftovers, unused shared mounts, and the pools.
+pub fn clean(store: &Store, mounter: &dyn Mounter) -> Result<CleanReport, RootfsError> {
+    let mut report = CleanReport {
+        tmp_removed: sweep_tmp(store, mounter)?,
+        crashed_creates: sweep_crashed_creates(store, mounter)?,
+        ..CleanReport::default()
+    };
+    let reaped = delete::reap(store, mounter)?;
+    report.reaped = reaped.removed;
+    report.reap_failed = reaped.failed;
+    report.shared_released = shared::recount(store, mounter)?;
+    report.pool_released = pool::drain(store, mounter)?;
+    tracing::info!(?report, "cleaned store");
+    Ok(report)
+}
+
+/// Containers in `images/` without a record whose creator is gone.
+fn sweep_crashed_creates(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
+    let images = store.layout().images();
+    let mut removed = 0;
+    for entry in fs::read_dir(&images).map_err(StoreError::io("listing", &images))? {
+        let dir = entry.map_err(StoreError::io("listing", &images))?.path();
+        if store.record_in(&dir)?.is_some() {
+            continue;
+        }
+        let Some(_lock) = store.try_lock_dir(&dir)? else {
+            continue; // a create in progress
+        };
+        if store.record_in(&dir)?.is_some() {
+            continue; // it finished between our two looks
+        }
+        tracing::info!(dir = %dir.display(), "removing a container whose create crashed");
+        remove_unmounted(mounter, &dir)?;
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// `tmp/` entries whose owner is gone, judged by the lock each kind of work holds.
+fn sweep_tmp(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
+    let tmp = store.layout().tmp();
+    let mut removed = 0;
+    for entry in fs::read_dir(&tmp).map_err(StoreError::io("listing", &tmp))? {
+        let path = entry.map_err(StoreError::io("listing", &tmp))?.path();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let abandoned = if name.starts_with("new-") || name.starts_with("pool-") {
+            store.try_lock_dir(&path)?.is_some()
+        } else if let Some(rest) = name.strip_prefix("flat-") {
+            let hex = rest.split('-').next().unwrap_or_default();
+            store.try_lock(&format!("flat-{hex}"))?.is_some()
+        } else if let Some(hex) = name.strip_prefix("layer-") {
+            store.try_lock(&format!("layer-{hex}"))?.is_some()
+        } else if let Some(pid) = name.strip_prefix("probe-") {
+            !Path::new("/proc").join(pid).exists()
+        } else {
+            name.starts_with("delete-") // an older lamina's removals
+        };
+        if abandoned {
+            tracing::info!(path = %path.display(), "removing abandoned work");
+            remove_unmounted(mounter, &path)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+fn remove_unmounted(mounter: &dyn Mounter, dir: &Path) -> Result<(), RootfsError> {
+    for mount in mounter.mounts_under(dir)? {
+        mounter.unmount(&mount)?;
+    }
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(StoreError::io("removing", dir)(e).into()),
+    }
+}

@@ -1,0 +1,317 @@
+//! Creating a container rootfs: import the image, choose the strategies, provide the
+//! rootfs (claim a pooled overlay, mount a fresh one, or bind a shared or flattened
+//! read-only tree), record it — and undo every step if a later one fails, so a failed
+//! create leaves no directory, record, lease or mount behind.
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lamina_image::{Digest, Image};
+use lamina_store::{ContainerClaim, ContainerDirs, ContainerRecord, Store, StoreError};
+use lamina_sys::{Mounter, OverlaySpec};
+
+use crate::choose::{Choice, Request, choose};
+use crate::{RootfsError, Strategies, flatten, plan, pool, probe, shared};
+
+/// Options for one create.
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// Leave mounting to the caller (Garden's `--without-mount`): record what to mount,
+    /// mount nothing for the container.
+    pub without_mount: bool,
+    pub strategies: Strategies,
+    pub read_only: bool,
+    pub ephemeral: bool,
+}
+
+/// What `create` made.
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub record: ContainerRecord,
+    pub rootfs: PathBuf,
+    /// What the caller mounts itself with `--without-mount`.
+    pub to_mount: ToMount,
+    /// Why these strategies (for `auto`, the reasoning; otherwise "requested").
+    pub reason: String,
+}
+
+/// The mount a `--without-mount` caller makes on the rootfs path.
+#[derive(Debug, Clone)]
+pub enum ToMount {
+    Overlay(OverlaySpec),
+    /// A read-only bind of this directory.
+    Bind(PathBuf),
+}
+
+/// Creates container `id` from `image`.
+pub fn create(
+    store: &Store,
+    mounter: &dyn Mounter,
+    image: &Image,
+    id: &str,
+    options: &CreateOptions,
+) -> Result<Created, RootfsError> {
+    lamina_store::validate_id(id)?;
+    // Fail a duplicate before spending time on import; publishing the directory below is
+    // the real claim.
+    if store.container_exists(id) {
+        return Err(StoreError::AlreadyExists(id.into()).into());
+    }
+    let request = Request {
+        strategies: options.strategies,
+        read_only: options.read_only,
+        ephemeral: options.ephemeral,
+    };
+    let choice = if request.strategies == Strategies::CLASSIC && !request.ephemeral {
+        // Classic needs nothing probed: GrootFS's path stays free of the probe's cost.
+        Choice {
+            strategies: Strategies::CLASSIC,
+            read_only: request.read_only,
+            reason: "requested".into(),
+        }
+    } else {
+        let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
+        choose(&request, &probe, image.layers.len(), &|flavor| {
+            pool::ready(store, &image.chain_ids(), flavor)
+        })?
+    };
+    let chain_ids = store.import(image)?;
+
+    let made = if choice.strategies.shared_ro {
+        bind_shared(store, mounter, &chain_ids, id, options.without_mount)?
+    } else if choice.strategies.direct {
+        let source = flatten::source(store, &chain_ids)?;
+        let claim = store.create_container_dirs(id)?;
+        bind_dir(store, mounter, claim, source, None, options.without_mount)?
+    } else {
+        overlay(
+            store,
+            mounter,
+            &chain_ids,
+            id,
+            &choice,
+            options.without_mount,
+        )?
+    };
+    let Made {
+        claim,
+        mut undo,
+        to_mount,
+        mount_options,
+        bind_source,
+        lease,
+        strategies,
+        _lease_in_flight,
+    } = made;
+
+    let record = ContainerRecord {
+        id: id.to_string(),
+        image: image.source.clone(),
+        image_id: image.config_digest.clone(),
+        layers: chain_ids,
+        env: image.env(),
+        strategy: strategies.to_string(),
+        mounted: !options.without_mount,
+        mount_options,
+        created_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        read_only: choice.read_only,
+        bind_source,
+        lease,
+    };
+    store.write_record(&record)?;
+    undo.armed = false;
+    tracing::info!(
+        id,
+        strategy = %record.strategy,
+        why = %choice.reason,
+        read_only = record.read_only,
+        layers = record.layers.len(),
+        mounted = record.mounted,
+        "created rootfs"
+    );
+    Ok(Created {
+        record,
+        rootfs: claim.dirs.rootfs.clone(),
+        to_mount,
+        reason: choice.reason,
+    })
+}
+
+/// A provided rootfs, before its record is written.
+struct Made<'a> {
+    claim: ContainerClaim,
+    undo: Undo<'a>,
+    to_mount: ToMount,
+    mount_options: Vec<String>,
+    bind_source: Option<PathBuf>,
+    lease: Option<PathBuf>,
+    strategies: Strategies,
+    /// shared-ro: the lease stays flocked until the record naming it is written.
+    _lease_in_flight: Option<shared::Acquired>,
+}
+
+fn overlay<'a>(
+    store: &'a Store,
+    mounter: &'a dyn Mounter,
+    chain_ids: &[Digest],
+    id: &str,
+    choice: &Choice,
+    without_mount: bool,
+) -> Result<Made<'a>, RootfsError> {
+    let mut strategies = choice.strategies;
+    let flavor = strategies.mount_flavor();
+    if strategies.pooled && !without_mount {
+        if let Some((claim, mount_options)) = pool::claim(store, mounter, chain_ids, flavor, id)? {
+            let spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
+            let undo = Undo::new(store, mounter, &claim.dirs, true, None);
+            return Ok(Made {
+                claim,
+                undo,
+                to_mount: ToMount::Overlay(spec),
+                mount_options,
+                bind_source: None,
+                lease: None,
+                strategies,
+                _lease_in_flight: None,
+            });
+        }
+        tracing::info!(id, "pool is empty: mounting a fresh overlay");
+    }
+    strategies.pooled = false;
+    let claim = store.create_container_dirs(id)?;
+    let mut undo = Undo::new(store, mounter, &claim.dirs, false, None);
+    let spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
+    if !without_mount {
+        mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
+        undo.mounted = true;
+    }
+    Ok(Made {
+        mount_options: spec.option_strings(),
+        claim,
+        undo,
+        to_mount: ToMount::Overlay(spec),
+        bind_source: None,
+        lease: None,
+        strategies,
+        _lease_in_flight: None,
+    })
+}
+
+fn bind_shared<'a>(
+    store: &'a Store,
+    mounter: &'a dyn Mounter,
+    chain_ids: &[Digest],
+    id: &str,
+    without_mount: bool,
+) -> Result<Made<'a>, RootfsError> {
+    let acquired = shared::acquire(store, mounter, chain_ids)?;
+    let claim = match store.create_container_dirs(id) {
+        Ok(claim) => claim,
+        Err(e) => {
+            shared::release(store, mounter, &acquired.lease)?;
+            return Err(e.into());
+        }
+    };
+    let lease = acquired.lease.clone();
+    let mut made = bind_dir(
+        store,
+        mounter,
+        claim,
+        acquired.rootfs.clone(),
+        Some(lease.clone()),
+        without_mount,
+    )?;
+    made.lease = Some(lease);
+    made.strategies = Strategies {
+        shared_ro: true,
+        deferred: true,
+        ..Strategies::CLASSIC
+    };
+    made._lease_in_flight = Some(acquired);
+    Ok(made)
+}
+
+fn bind_dir<'a>(
+    store: &'a Store,
+    mounter: &'a dyn Mounter,
+    claim: ContainerClaim,
+    source: PathBuf,
+    lease: Option<PathBuf>,
+    without_mount: bool,
+) -> Result<Made<'a>, RootfsError> {
+    let mut undo = Undo::new(store, mounter, &claim.dirs, false, lease);
+    if !without_mount {
+        mounter.bind_read_only(&source, &claim.dirs.rootfs)?;
+        undo.mounted = true;
+    }
+    Ok(Made {
+        claim,
+        undo,
+        to_mount: ToMount::Bind(source.clone()),
+        mount_options: vec!["bind".into(), "ro".into()],
+        bind_source: Some(source),
+        lease: None,
+        strategies: Strategies {
+            direct: true,
+            deferred: true,
+            ..Strategies::CLASSIC
+        },
+        _lease_in_flight: None,
+    })
+}
+
+/// Rolls a failed create back: unmount what was mounted, remove what was made, drop the
+/// lease taken.
+struct Undo<'a> {
+    store: &'a Store,
+    mounter: &'a dyn Mounter,
+    dirs: ContainerDirs,
+    mounted: bool,
+    lease: Option<PathBuf>,
+    armed: bool,
+}
+
+impl<'a> Undo<'a> {
+    fn new(
+        store: &'a Store,
+        mounter: &'a dyn Mounter,
+        dirs: &ContainerDirs,
+        mounted: bool,
+        lease: Option<PathBuf>,
+    ) -> Self {
+        Undo {
+            store,
+            mounter,
+            dirs: dirs.clone(),
+            mounted,
+            lease,
+            armed: true,
+        }
+    }
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let base = self.dirs.base.display();
+        if self.mounted
+            && let Err(e) = self.mounter.unmount(&self.dirs.rootfs)
+        {
+            tracing::error!(%base, error = %e, "rolling back a failed create: unmount failed");
+            return; // never remove directories under a live mount
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.dirs.base) {
+            tracing::error!(%base, error = %e, "rolling back a failed create: removal failed");
+        }
+        if let Some(lease) = &self.lease
+            && let Err(e) = shared::release(self.store, self.mounter, lease)
+        {
+            tracing::error!(lease = %lease.display(), error = %e, "rolling back a failed create: releasing the shared mount failed");
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Deleting a container. Inline (classic): unmount, then remove, before returning.
+//! Deferred (stall S1): one rename out of `images/` into `trash/` and return; the reaper
+//! finishes — one teardown at a time per store, so parallel deletes never queue on the
+//! same upper filesystem's sync, and after unlinking the container's written files
+//! through the mount, so their dirty pages are dropped instead of written back.
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::Path;
+
+use lamina_store::{ContainerRecord, Store, StoreError};
+use lamina_sys::{Errno, MountError, Mounter};
+
+use crate::{RootfsError, Strategies, shared};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    Removed,
+    NotFound,
+    /// Gone from `images/`; the reaper unmounts and removes it.
+    Deferred,
+}
+
+/// Deletes container `id`. A missing container is not an error: Garden calls delete on
+/// every image plugin and each must succeed.
+pub fn delete(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Deleted, RootfsError> {
+    lamina_store::validate_id(id)?;
+    if !store.container_exists(id) {
+        return Ok(Deleted::NotFound);
+    }
+    let record = store.record(id).ok();
+    if record.as_ref().is_some_and(is_deferred) {
+        return Ok(match store.trash_container(id)? {
+            Some(_) => Deleted::Deferred,
+            None => Deleted::NotFound,
+        });
+    }
+    let rootfs = store.rootfs_path(id);
+    unmount_or_busy(mounter, &rootfs, id)?;
+    // Racing deletes of one ID: the loser finds nothing left to remove.
+    if !store.remove_container_dirs(id)? {
+        return Ok(Deleted::NotFound);
+    }
+    if let Some(lease) = record.and_then(|r| r.lease) {
+        shared::release(store, mounter, &lease)?;
+    }
+    Ok(Deleted::Removed)
+}
+
+fn is_deferred(record: &ContainerRecord) -> bool {
+    Strategies::parse(&record.strategy).is_ok_and(|s| s.deferred)
+}
+
+fn unmount_or_busy(mounter: &dyn Mounter, target: &Path, id: &str) -> Result<(), RootfsError> {
+    match mounter.unmount(target) {
+        Ok(_) => Ok(()),
+        Err(e) if e.errno == Errno::BUSY => Err(RootfsError::Busy {
+            id: id.into(),
+            source: e,
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What a reaper pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Reaped {
+    pub removed: usize,
+    /// Left in `trash/` for the next pass (busy, or an error that was logged).
+    pub failed: usize,
+}
+
+/// Tears down everything in `trash/`, one container at a time. Only one reaper runs per
+/// store: a second waits, then finds what is left (usually nothing).
+pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError> {
+    let _lock = store.lock("reaper")?;
+    let mut seen = HashSet::new();
+    let mut reaped = Reaped::default();
+    loop {
+        let pending: Vec<_> = store
+            .trash_entries()?
+            .into_iter()
+            .filter(|p| !seen.contains(p))
+            .collect();
+        if pending.is_empty() {
+            return Ok(reaped);
+        }
+        for dir in pending {
+            match teardown(store, mounter, &dir, true) {
+                Ok(()) => reaped.removed += 1,
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "reaper left a container in trash");
+                    reaped.failed += 1;
+                }
+            }
+            seen.insert(dir);
+        }
+    }
+}
+
+/// Unmounts whatever is mounted in container directory `dir` (wherever it is), removes
+/// it, and drops its shared-mount lease. With `discard`, a read-write overlay's written
+/// files are unlinked through the mount first, so the unmount has nothing to write back.
+pub(crate) fn teardown(
+    store: &Store,
+    mounter: &dyn Mounter,
+    dir: &Path,
+    discard: bool,
+) -> Result<(), RootfsError> {
+    let record = store.record_in(dir).unwrap_or(None);
+    let rootfs = dir.join("rootfs");
+    let mounts = mounter.mounts_under(dir)?;
+    let overlay_rw = record
+        .as_ref()
+        .is_some_and(|r| r.bind_source.is_none() && r.mounted);
+    if discard && overlay_rw && mounts.contains(&rootfs) {
+        let discarded = discard_written(&dir.join("upper"), &rootfs);
+        tracing::debug!(dir = %dir.display(), discarded, "unlinked written files before unmount");
+    }
+    for mount in mounts {
+        mounter.unmount(&mount).map_err(|e| busy_as(e, dir))?;
+    }
+    fs::remove_dir_all(dir).map_err(StoreError::io("removing", dir))?;
+    if let Some(lease) = record.and_then(|r| r.lease) {
+        shared::release(store, mounter, &lease)?;
+    }
+    Ok(())
+}
+
+fn busy_as(e: MountError, dir: &Path) -> RootfsError {
+    if e.errno == Errno::BUSY {
+        RootfsError::Busy {
+            id: dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            source: e,
+        }
+    } else {
+        e.into()
+    }
+}
+
+/// Unlinks, through the merged `rootfs`, every regular file with data in `upper`: the
+/// kernel then drops its dirty pages rather than writing them back at unmount. Errors are
+/// ignored — the unmount and removal that follow are what must succeed. Returns how many
+/// files were unlinked.
+fn discard_written(upper: &Path, rootfs: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(upper) else {
+        return 0;
+    };
+    let mut count = 0;
+    for entry in entries.flatten() {
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        let merged = rootfs.join(entry.file_name());
+        if kind.is_dir() {
+            count += discard_written(&entry.path(), &merged);
+        } else if kind.is_file()
+            && entry.metadata().is_ok_and(|m| m.len() > 0)
+            && fs::remove_file(&merged).is_ok()
+        {
+            count += 1;
+        }
+    }
+    count
+}

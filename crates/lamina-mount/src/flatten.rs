@@ -1,0 +1,163 @@
+//! direct (stall S5): a read-only rootfs with no overlay in the path. A multi-layer image
+//! is flattened once into `flat/<top-chain-id>/`: real directories (with the layers'
+//! metadata) holding hardlinks to the layers' files, whiteouts and opaque directories
+//! applied. Files are not copied: the tree costs one directory inode per directory.
+//!
+//! A hardlink is the same inode as the layer's file, so a write through it would change
+//! the layer for every container. That is why this tree is only ever bound read-only,
+//! and why a direct rootfs can never be read-write.
+
+use std::fs;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use lamina_image::Digest;
+use lamina_store::{Store, StoreError};
+use rustix::fs::{AtFlags, CWD, Timespec, Timestamps};
+
+/// The directory a direct container binds: the layer itself when the image has one
+/// layer with nothing for overlay to interpret, otherwise the image's flattened tree.
+pub(crate) fn source(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, StoreError> {
+    if let [only] = chain_ids
+        && store.layer_record(only)?.overlay_markers == Some(0)
+    {
+        return Ok(store.layout().layer_diff(only));
+    }
+    ensure(store, chain_ids)
+}
+
+/// Builds `flat/<top>` once (under a lock, in `tmp/`, renamed into place when whole).
+pub(crate) fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, StoreError> {
+    let Some(top) = chain_ids.last() else {
+        return Err(StoreError::io("flattening", store.root())(
+            io::Error::other("the image has no layers"),
+        ));
+    };
+    let flat = store.layout().flat().join(top.hex());
+    if flat.is_dir() {
+        return Ok(flat);
+    }
+    let _lock = store.lock(&format!("flat-{}", top.hex()))?;
+    if flat.is_dir() {
+        return Ok(flat);
+    }
+    let staging = store.layout().tmp().join(format!(
+        "flat-{}-{}",
+        top.hex(),
+        lamina_store::unique_suffix()
+    ));
+    let started = std::time::Instant::now();
+    let built = build(store, chain_ids, &staging).and_then(|()| {
+        let dir = fs::File::open(&staging)?;
+        rustix::fs::syncfs(dir.as_fd())?;
+        fs::rename(&staging, &flat)
+    });
+    if let Err(e) = built {
+        let _ = fs::remove_dir_all(&staging);
+        return Err(StoreError::io("flattening image into", &flat)(e));
+    }
+    tracing::info!(image = %top, layers = chain_ids.len(), ms = started.elapsed().as_millis() as u64, "flattened image for direct binds");
+    Ok(flat)
+}
+
+fn build(store: &Store, chain_ids: &[Digest], dest: &Path) -> io::Result<()> {
+    fs::create_dir(dest)?;
+    for chain_id in chain_ids {
+        let layer = store.layout().layer_diff(chain_id);
+        apply_dir(&layer, dest)?;
+        copy_dir_metadata(&layer, dest)?;
+    }
+    Ok(())
+}
+
+/// Lays the entries of layer directory `src` over the tree at `dst`.
+fn apply_dir(src: &Path, dst: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(src)? {
+        let name = entry?.file_name();
+        let (from, to) = (src.join(&name), dst.join(&name));
+        let meta = fs::symlink_metadata(&from)?;
+        let existing = fs::symlink_metadata(&to).ok();
+        if meta.file_type().is_char_device() && meta.rdev() == 0 {
+            // A whiteout: the name is gone from here down.
+            if let Some(existing) = existing {
+                remove(&to, &existing)?;
+            }
+            continue;
+        }
+        if meta.is_dir() {
+            match existing {
+                Some(e) if e.is_dir() => {
+                    if is_opaque(&from) {
+                        fs::remove_dir_all(&to)?;
+                        fs::create_dir(&to)?;
+                    }
+                }
+                Some(e) => {
+                    remove(&to, &e)?;
+                    fs::create_dir(&to)?;
+                }
+                None => fs::create_dir(&to)?,
+            }
+            apply_dir(&from, &to)?;
+            copy_dir_metadata(&from, &to)?;
+        } else {
+            if let Some(existing) = existing {
+                remove(&to, &existing)?;
+            }
+            // linkat without AT_SYMLINK_FOLLOW: a symlink is linked, not its target.
+            fs::hard_link(&from, &to)?;
+        }
+    }
+    Ok(())
+}
+
+fn remove(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
+    if meta.is_dir() {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    }
+}
+
+fn is_opaque(dir: &Path) -> bool {
+    let mut value = [0u8; 4];
+    matches!(rustix::fs::lgetxattr(dir, "trusted.overlay.opaque", &mut value), Ok(1) if value[0] == b'y')
+}
+
+/// Owner, mode (set-id and sticky bits included), xattrs other than overlay's, times.
+fn copy_dir_metadata(from: &Path, to: &Path) -> io::Result<()> {
+    let meta = fs::symlink_metadata(from)?;
+    std::os::unix::fs::lchown(to, Some(meta.uid()), Some(meta.gid()))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    copy_xattrs(from, to)?;
+    let times = Timestamps {
+        last_access: Timespec {
+            tv_sec: meta.atime(),
+            tv_nsec: meta.atime_nsec() as _,
+        },
+        last_modification: Timespec {
+            tv_sec: meta.mtime(),
+            tv_nsec: meta.mtime_nsec() as _,
+        },
+    };
+    rustix::fs::utimensat(CWD, to, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(())
+}
+
+fn copy_xattrs(from: &Path, to: &Path) -> io::Result<()> {
+    let mut names = vec![0u8; 4096];
+    let len = rustix::fs::llistxattr(from, &mut names)?;
+    for name in names[..len].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        if name.starts_with(b"trusted.overlay.") {
+            continue; // overlay's own markers mean nothing outside an overlay
+        }
+        let name = std::ffi::OsStr::from_bytes(name);
+        let mut value = vec![0u8; 65536];
+        let n = rustix::fs::lgetxattr(from, name, &mut value)?;
+        rustix::fs::lsetxattr(to, name, &value[..n], rustix::fs::XattrFlags::empty())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! pooled (stall S2): read-write overlays mounted ahead of time, one pool per image and
+//! mount flavor, at `pool/<top-chain-id>-<flavor>/<slot>/`. A slot is shaped like a
+//! container directory (rootfs with the overlay mounted on it, upper, work, lock), so
+//! `create` claims one by renaming the slot to `images/<ID>`: the mount moves with its
+//! directory and the claim makes no mount syscall, however hard the host is reclaiming.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use lamina_image::Digest;
+use lamina_store::{ContainerClaim, Store, StoreError};
+use lamina_sys::Mounter;
+use serde::{Deserialize, Serialize};
+
+use crate::{RootfsError, Strategies, plan};
+
+const SLOT_RECORD: &str = "slot.json";
+
+/// Written into each slot: the options its overlay was mounted with.
+#[derive(Debug, Serialize, Deserialize)]
+struct SlotRecord {
+    mount_options: Vec<String>,
+}
+
+/// What `fill` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Filled {
+    pub added: usize,
+    pub ready: usize,
+}
+
+fn pool_name(chain_ids: &[Digest], flavor: Strategies) -> Option<String> {
+    let top = chain_ids.last()?;
+    Some(format!(
+        "{}-{}",
+        top.hex(),
+        flavor.mount_flavor().to_string().replace(',', "+")
+    ))
+}
+
+fn pool_dir(store: &Store, name: &str) -> PathBuf {
+    store.layout().pool().join(name)
+}
+
+/// Sub-directories of `dir` (pools, or a pool's slots), sorted.
+fn slots(dir: &Path) -> Vec<PathBuf> {
+    let mut slots: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    slots.sort();
+    slots
+}
+
+/// Whether the image's pool of this flavor has a slot to claim (a cheap readdir).
+pub fn ready(store: &Store, chain_ids: &[Digest], flavor: Strategies) -> bool {
+    pool_name(chain_ids, flavor).is_some_and(|name| !slots(&pool_dir(store, &name)).is_empty())
+}
+
+/// Mounts slots until the pool holds `size` of them. Layers must be imported. `size` is
+/// remembered as the pool's target; `None` (a refill after a claim) restores it.
+pub fn fill(
+    store: &Store,
+    mounter: &dyn Mounter,
+    chain_ids: &[Digest],
+    flavor: Strategies,
+    size: Option<usize>,
+) -> Result<Filled, RootfsError> {
+    let Some(name) = pool_name(chain_ids, flavor) else {
+        return Ok(Filled { added: 0, ready: 0 });
+    };
+    let dir = pool_dir(store, &name);
+    fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
+    let _lock = store.lock(&format!("pool-{name}"))?;
+    let target = dir.with_extension("target");
+    let size = match size {
+        Some(size) => {
+            fs::write(&target, size.to_string()).map_err(StoreError::io("writing", &target))?;
+            size
+        }
+        None => fs::read_to_string(&target)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0),
+    };
+    let mut ready = slots(&dir).len();
+    let mut added = 0;
+    while ready < size {
+        let (staged, lock) = store.stage_container_dirs("pool")?;
+        let spec = plan::read_write(store, chain_ids, &staged, flavor.mount_flavor());
+        let made = mounter
+            .mount_overlay(&spec, &staged.rootfs)
+            .map_err(RootfsError::from)
+            .and_then(|()| {
+                let record = SlotRecord {
+                    mount_options: spec.option_strings(),
+                };
+                let path = staged.base.join(SLOT_RECORD);
+                let json = serde_json::to_vec(&record)
+                    .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
+                fs::write(&path, json).map_err(StoreError::io("writing", &path))?;
+                let slot = dir.join(lamina_store::unique_suffix());
+                fs::rename(&staged.base, &slot).map_err(StoreError::io("adding to pool", &slot))?;
+                Ok(())
+            });
+        if let Err(e) = made {
+            let _ = mounter.unmount(&staged.rootfs);
+            let _ = fs::remove_dir_all(&staged.base);
+            return Err(e);
+        }
+        drop(lock);
+        ready += 1;
+        added += 1;
+    }
+    tracing::info!(pool = %name, added, ready, "filled pool");
+    Ok(Filled { added, ready })
+}
+
+/// Claims a ready slot as container `id`, or `None` if the pool has none. No mount
+/// syscall: a lock, a statx to skip slots a reboot unmounted, and a rename.
+pub(crate) fn claim(
+    store: &Store,
+    mounter: &dyn Mounter,
+    chain_ids: &[Digest],
+    flavor: Strategies,
+    id: &str,
+) -> Result<Option<(ContainerClaim, Vec<String>)>, RootfsError> {
+    let Some(name) = pool_name(chain_ids, flavor) else {
+        return Ok(None);
+    };
+    for slot in slots(&pool_dir(store, &name)) {
+        let Some(lock) = store.try_lock_dir(&slot)? else {
+            continue; // another create is claiming it
+        };
+        let rootfs = slot.join("rootfs");
+        if !slot.join(SLOT_RECORD).exists() || !mounter.is_mountpoint(&rootfs).unwrap_or(false) {
+            continue; // claimed meanwhile, or unmounted by a reboot (clean removes it)
+        }
+        let record: SlotRecord = match fs::read(slot.join(SLOT_RECORD))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+        {
+            Some(record) => record,
+            None => continue,
+        };
+        match store.publish_container(&slot, lock, id) {
+            Ok(claim) => {
+                let _ = fs::remove_file(claim.dirs.base.join(SLOT_RECORD));
+                return Ok(Some((claim, record.mount_options)));
+            }
+            Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
+}
+
+/// Unmounts and removes every slot nobody is claiming. Returns how many went.
+pub fn drain(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
+    let mut released = 0;
+    for dir in slots(&store.layout().pool()) {
+        for slot in slots(&dir) {
+            let Some(_lock) = store.try_lock_dir(&slot)? else {
+                continue;
+            };
+            if !slot.exists() {
+                continue;
+            }
+            for mount in mounter.mounts_under(&slot)? {
+                mounter.unmount(&mount)?;
+            }
+            fs::remove_dir_all(&slot).map_err(StoreError::io("removing", &slot))?;
+            released += 1;
+        }
+        if fs::remove_dir(&dir).is_ok() {
+            // Emptied: forget its target, so a refill racing this drain adds nothing.
+            let _ = fs::remove_file(dir.with_extension("target"));
+        }
+    }
+    Ok(released)
+}

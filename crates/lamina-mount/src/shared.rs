@@ -1,0 +1,164 @@
+//! shared-ro (stall S4): one read-only overlay per image, mounted once under
+//! `shared/<top-chain-id>/rootfs`; each read-only container gets a read-only bind of it,
+//! so a thousand containers make one superblock and share its page and inode caches.
+//!
+//! Who uses a shared mount is on disk, never in memory: each container holds a lease
+//! file in `shared/<key>/users/`, named in its record. The last release finds `users/`
+//! empty (rmdir succeeds) and unmounts. After a crash, [`recount`] rebuilds the leases
+//! from the records in `images/` and `trash/`.
+
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::FlockOperation;
+
+use lamina_image::Digest;
+use lamina_store::{Store, StoreError};
+use lamina_sys::Mounter;
+
+use crate::{RootfsError, plan};
+
+/// Name of the empty directory overlay gets as a second lower for single-layer images.
+const EMPTY: &str = "empty";
+
+/// An acquired shared mount. The lease file stays flocked until this is dropped, which
+/// the caller does once its record (naming the lease) is written: a recount meanwhile
+/// sees a lease without a record, finds it locked, and keeps it.
+#[derive(Debug)]
+pub(crate) struct Acquired {
+    pub rootfs: PathBuf,
+    pub lease: PathBuf,
+    _in_flight: File,
+}
+
+fn lock_name(dir: &Path) -> String {
+    format!(
+        "shared-{}",
+        dir.file_name().unwrap_or_default().to_string_lossy()
+    )
+}
+
+/// Mounts the image's shared read-only overlay if it is not mounted, and takes a lease.
+pub(crate) fn acquire(
+    store: &Store,
+    mounter: &dyn Mounter,
+    chain_ids: &[Digest],
+) -> Result<Acquired, RootfsError> {
+    let top = chain_ids.last().ok_or(RootfsError::Unsupported {
+        strategy: "shared-ro",
+        why: "the image has no layers",
+    })?;
+    let dir = store.layout().shared().join(top.hex());
+    let lock = store.lock(&lock_name(&dir))?;
+    let rootfs = dir.join("rootfs");
+    let users = dir.join("users");
+    let mounted = rootfs.is_dir() && mounter.is_mountpoint(&rootfs)?;
+    if !mounted {
+        let empty = store.layout().shared().join(EMPTY);
+        for d in [&rootfs, &users, &empty] {
+            fs::create_dir_all(d).map_err(StoreError::io("creating", d))?;
+        }
+        mounter.mount_overlay(&plan::read_only(store, chain_ids, &empty), &rootfs)?;
+        tracing::info!(image = %top, "mounted shared read-only image");
+    }
+    fs::create_dir_all(&users).map_err(StoreError::io("creating", &users))?;
+    let lease = users.join(lamina_store::unique_suffix());
+    let file = File::create(&lease).map_err(StoreError::io("creating lease", &lease))?;
+    rustix::fs::flock(file.as_fd(), FlockOperation::LockExclusive)
+        .map_err(StoreError::errno("locking lease", &lease))?;
+    drop(lock);
+    Ok(Acquired {
+        rootfs,
+        lease,
+        _in_flight: file,
+    })
+}
+
+/// Drops a container's lease; unmounts the shared mount if it was the last.
+pub(crate) fn release(
+    store: &Store,
+    mounter: &dyn Mounter,
+    lease: &Path,
+) -> Result<(), RootfsError> {
+    let Some(dir) = lease.parent().and_then(Path::parent) else {
+        return Ok(());
+    };
+    if !dir.starts_with(store.layout().shared()) {
+        return Ok(()); // not ours to touch: a record can be edited by hand
+    }
+    let _lock = store.lock(&lock_name(dir))?;
+    match fs::remove_file(lease) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(StoreError::io("removing lease", lease)(e).into()),
+    }
+    release_if_unused(mounter, dir)?;
+    Ok(())
+}
+
+/// With the image's lock held: unmounts and removes `dir` when no lease remains.
+fn release_if_unused(mounter: &dyn Mounter, dir: &Path) -> Result<bool, RootfsError> {
+    let users = dir.join("users");
+    match fs::remove_dir(&users) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => return Ok(false),
+        Err(e) => return Err(StoreError::io("removing", &users)(e).into()),
+    }
+    let rootfs = dir.join("rootfs");
+    if rootfs.is_dir() {
+        mounter.unmount(&rootfs)?;
+    }
+    fs::remove_dir_all(dir).map_err(StoreError::io("removing", dir))?;
+    tracing::info!(dir = %dir.display(), "released unused shared read-only image");
+    Ok(true)
+}
+
+/// Rebuilds every shared mount's leases from the container records (a crash can leave a
+/// lease whose container is gone) and releases mounts nobody uses. Returns how many
+/// were released.
+pub(crate) fn recount(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
+    let shared = store.layout().shared();
+    let mut released = 0;
+    for entry in fs::read_dir(&shared).map_err(StoreError::io("listing", &shared))? {
+        let dir = entry.map_err(StoreError::io("listing", &shared))?.path();
+        if dir.file_name().is_some_and(|n| n == EMPTY) {
+            continue;
+        }
+        let _lock = store.lock(&lock_name(&dir))?;
+        // Read under the lock: a create holds it until its record (with the lease) exists.
+        let live = live_leases(store)?;
+        let users = dir.join("users");
+        if let Ok(leases) = fs::read_dir(&users) {
+            for lease in leases.flatten().map(|e| e.path()) {
+                if !live.contains(&lease) && !in_flight(&lease) {
+                    tracing::info!(lease = %lease.display(), "dropping a lease whose container is gone");
+                    fs::remove_file(&lease).map_err(StoreError::io("removing lease", &lease))?;
+                }
+            }
+        }
+        if release_if_unused(mounter, &dir)? {
+            released += 1;
+        }
+    }
+    Ok(released)
+}
+
+/// Whether a create still holds this lease's flock (its record is not written yet).
+fn in_flight(lease: &Path) -> bool {
+    File::open(lease).is_ok_and(|f| {
+        rustix::fs::flock(f.as_fd(), FlockOperation::NonBlockingLockExclusive).is_err()
+    })
+}
+
+fn live_leases(store: &Store) -> Result<HashSet<PathBuf>, RootfsError> {
+    let mut live = HashSet::new();
+    for dir in store.all_container_dirs()? {
+        if let Some(lease) = store.record_in(&dir)?.and_then(|r| r.lease) {
+            live.insert(lease);
+        }
+    }
+    Ok(live)
+}
