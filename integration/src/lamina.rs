@@ -79,20 +79,37 @@ impl Lamina {
         PathBuf::from(spec["root"]["path"].as_str().expect("root.path"))
     }
 
-    /// `delete ID` of the store's last container, then the promise every strategy keeps:
-    /// no mount left anywhere under the store and no container directory. `context` names
-    /// the case in a failure.
+    /// `delete ID`, then the promise every strategy keeps: once the reaper is done
+    /// (`lamina reap` waits for a background reaper, then finishes what is left), the
+    /// container has no mount and no directory left, the trash is empty, and when it was
+    /// the last container, nothing of lamina's is mounted under the store but pool slots.
+    /// `context` names the case in a failure.
     pub fn delete_and_assert_gone(&self, id: &str, context: &str) {
+        let dir = self.store.join("images").join(id);
         let out = self.run(&["delete", id]);
         assert_eq!(out.code, 0, "{context}: delete failed: {out:?}");
-        let mounts = crate::scratch::mounts_under(&self.store);
         assert!(
-            mounts.is_empty(),
-            "{context}: mounts left behind: {mounts:?}"
+            !dir.exists(),
+            "{context}: still in images/ after delete returned"
         );
+        let reaped = self.run(&["reap"]).json();
+        assert_eq!(reaped["failed"], 0, "{context}: reaper failed: {reaped}");
+        let trash = self.store.join("trash");
+        let left = std::fs::read_dir(&trash).map_or(0, |d| d.count());
+        assert_eq!(left, 0, "{context}: trash left behind");
+        let mounts = crate::scratch::mounts_under(&self.store);
+        let last =
+            std::fs::read_dir(self.store.join("images")).map_or(true, |mut d| d.next().is_none());
+        let pool = self.store.join("pool");
+        let leaked: Vec<_> = mounts
+            .iter()
+            .filter(|m| {
+                m.starts_with(&dir) || m.starts_with(&trash) || (last && !m.starts_with(&pool))
+            })
+            .collect();
         assert!(
-            !self.store.join("images").join(id).exists(),
-            "{context}: container dir left behind"
+            leaked.is_empty(),
+            "{context}: mounts left behind: {leaked:?}"
         );
     }
 

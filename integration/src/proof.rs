@@ -25,3 +25,20 @@ pub fn super_options(target: &std::path::Path) -> Option<String> {
         after.split(' ').nth(2).map(str::to_string)
     })
 }
+
+/// The filesystem type of the mount at `target` (`overlay`, `ext4`, ...).
+pub fn fstype(target: &std::path::Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let target = target.to_str()?;
+    info.lines().rev().find_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        if before.split(' ').nth(4)? != target {
+            return None;
+        }
+        after.split(' ').next().map(str::to_string)
+    })
+}
+
+/// What [`SCRIPT`] prints in the sample's base layer alone (its `rootfs.tar` form): no
+/// top layer, so no whiteout applied, `opq` keeps its base file, and no setuid tool.
+pub const BASE_EXPECTED: &str = "kept\nbase-only.txt\nlinks 2\nbusybox\n";

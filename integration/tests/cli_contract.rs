@@ -29,7 +29,7 @@ fn create_prints_grootfs_runtime_spec_and_list_shows_it() {
             .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
     }
     assert!(out.stderr.contains("created rootfs"));
-    assert_eq!(lamina.run(&["delete", "web-1"]).code, 0);
+    lamina.delete_and_assert_gone("web-1", "web-1");
 }
 
 #[test]
@@ -81,7 +81,7 @@ fn errors_are_one_line_on_stdout_with_exit_1() {
             .count(),
         1
     );
-    assert_eq!(lamina.run(&["delete", "dup"]).code, 0);
+    lamina.delete_and_assert_gone("dup", "dup");
 }
 
 #[test]
@@ -186,6 +186,7 @@ fn config_file_sets_store_and_log_file_and_flags_win() {
     ]);
     assert_eq!(out.stdout, "", "{out:?}");
     assert_eq!(run_raw(&["--config", config, "delete", "cfg"]).code, 0);
+    assert_eq!(run_raw(&["--config", config, "reap"]).code, 0);
     assert!(mounts_under(fs.path()).iter().all(|m| m == fs.path()));
 }
 

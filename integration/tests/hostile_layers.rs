@@ -132,5 +132,5 @@ fn writing_through_a_planted_symlink_fails_and_writes_nothing_outside() {
         fs::read_to_string(rootfs.join("etc/hostname")).unwrap(),
         "base\n"
     );
-    assert_eq!(lamina.run(&["delete", "good"]).code, 0);
+    lamina.delete_and_assert_gone("good", "good");
 }

@@ -1,101 +1,377 @@
-//! One conformance suite, run under every strategy combination: runc boots the merged
-//! image, writes stay in the container, delete leaves nothing, and each strategy's mount
-//! really carries what it promises.
+//! One conformance suite, run under every strategy and each combination that makes
+//! sense: runc boots the merged image (contents, whiteouts, opaque dirs, setuid,
+//! hardlinks), containers are isolated from each other, read-only ones refuse writes,
+//! delete leaves no mount and no file once the reaper is done, and `clean` recovers what
+//! a crash leaves. Each strategy's mount is also checked for what it promises.
 
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use lamina_integration::proof::{EXPECTED, SCRIPT, super_options};
+use lamina_integration::proof::{BASE_EXPECTED, EXPECTED, SCRIPT, fstype, super_options};
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root, sample_image};
 
-const COMBINATIONS: &[&str] = &["classic", "metacopy", "volatile", "metacopy,volatile"];
+/// The sample's references: [oci layout (2 layers), ..., rootfs.tar (1 layer)].
+const TWO_LAYERS: usize = 0;
+const ONE_LAYER: usize = 3;
 
-fn has_xattr(path: &Path, name: &str) -> bool {
-    rustix::fs::lgetxattr(path, name, &mut [0u8; 256]).is_ok()
+struct Case {
+    /// `--strategy` value, or "" for the default (auto).
+    strategy: &'static str,
+    flags: &'static [&'static str],
+    image: usize,
+}
+
+const fn case(strategy: &'static str, flags: &'static [&'static str], image: usize) -> Case {
+    Case {
+        strategy,
+        flags,
+        image,
+    }
+}
+
+const CASES: &[Case] = &[
+    case("classic", &[], TWO_LAYERS),
+    case("metacopy", &[], TWO_LAYERS),
+    case("volatile", &[], TWO_LAYERS),
+    case("metacopy,volatile", &[], TWO_LAYERS),
+    case("deferred", &[], TWO_LAYERS),
+    case("volatile,deferred", &[], TWO_LAYERS),
+    case("pooled", &[], TWO_LAYERS),
+    case("pooled,metacopy,volatile,deferred", &[], TWO_LAYERS),
+    case("", &[], TWO_LAYERS),
+    case("", &["--ephemeral"], TWO_LAYERS),
+    case("classic", &["--read-only"], TWO_LAYERS),
+    case("shared-ro", &[], TWO_LAYERS),
+    case("shared-ro", &[], ONE_LAYER),
+    case("direct", &[], TWO_LAYERS),
+    case("direct", &[], ONE_LAYER),
+    case("", &["--read-only"], TWO_LAYERS),
+    case("", &["--read-only"], ONE_LAYER),
+];
+
+impl Case {
+    fn name(&self) -> String {
+        let strategy = if self.strategy.is_empty() {
+            "auto"
+        } else {
+            self.strategy
+        };
+        format!("{strategy} {} image#{}", self.flags.join(" "), self.image)
+    }
+
+    fn args<'a>(&'a self, image: &'a str, id: &'a str) -> Vec<&'a str> {
+        let mut args = vec!["create"];
+        if !self.strategy.is_empty() {
+            args.extend(["--strategy", self.strategy]);
+        }
+        args.extend(self.flags);
+        args.extend([image, id]);
+        args
+    }
+}
+
+fn record(lamina: &Lamina, id: &str) -> serde_json::Value {
+    let path = lamina.store.join("images").join(id).join("container.json");
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// What `auto` must pick, given what the probe found.
+fn expected_auto(case: &Case, probe: &serde_json::Value) -> Option<String> {
+    if !case.strategy.is_empty() {
+        return None;
+    }
+    if case.flags.contains(&"--read-only") {
+        let kind = if case.image == ONE_LAYER {
+            "direct"
+        } else {
+            "shared-ro"
+        };
+        return Some(format!("{kind},deferred"));
+    }
+    let mut names = Vec::new();
+    if probe["metacopy"] == true {
+        names.push("metacopy");
+    }
+    if case.flags.contains(&"--ephemeral") {
+        names.push("volatile");
+    }
+    names.push("deferred");
+    Some(names.join(","))
+}
+
+fn assert_isolated_or_read_only(case: &str, read_only: bool, a: &Path, b: &Path) {
+    let written = std::fs::write(a.join("host-write.txt"), "a");
+    if read_only {
+        let err = written.expect_err(case);
+        assert_eq!(
+            err.raw_os_error(),
+            Some(30),
+            "{case}: EROFS expected: {err}"
+        );
+    } else {
+        written.unwrap();
+        assert!(
+            !b.join("host-write.txt").exists(),
+            "{case}: B sees A's write"
+        );
+    }
+}
+
+/// Rewrites `links N` lines with N >= 2 to `links 2`.
+fn at_least_two_links(stdout: &str) -> String {
+    stdout
+        .lines()
+        .map(
+            |line| match line.strip_prefix("links ").map(str::parse::<u64>) {
+                Some(Ok(n)) if n >= 2 => "links 2".to_string(),
+                _ => line.to_string(),
+            },
+        )
+        .map(|line| line + "\n")
+        .collect()
 }
 
 #[test]
-fn every_strategy_boots_in_runc_and_keeps_its_promises() {
+fn every_strategy_passes_the_conformance_suite_and_boots_in_runc() {
     require_root();
     let fs = ScratchFs::ext4(512);
     let files = sample_image(&fs.path().join("image"));
     let lamina = Lamina::init(&fs.path().join("store"));
-    let image = &files.references()[0];
+    let references = files.references();
+    let probe = lamina.run(&["probe"]).json();
 
-    for (i, list) in COMBINATIONS.iter().enumerate() {
-        let id = format!("s{i}");
-        let rootfs = lamina.create_with(&["--strategy", list], image, &id);
-        let options =
-            super_options(&rootfs).unwrap_or_else(|| panic!("{list}: rootfs not mounted"));
+    for (i, case) in CASES.iter().enumerate() {
+        let name = case.name();
+        let image = references[case.image].as_str();
+        if case.strategy.contains("pooled") {
+            let fill = [
+                "pool",
+                "fill",
+                image,
+                "--size",
+                "2",
+                "--strategy",
+                case.strategy,
+            ];
+            assert_eq!(lamina.run(&fill).json()["ready"], 2, "{name}");
+        }
+        let (a, b) = (format!("a{i}"), format!("b{i}"));
+        let spec = lamina.run(&case.args(image, &a)).json();
+        lamina.run(&case.args(image, &b)).json();
+        let (rootfs_a, rootfs_b) = (lamina.rootfs(&a), lamina.rootfs(&b));
+        let rec = record(&lamina, &a);
+        let strategy = rec["strategy"].as_str().unwrap().to_string();
+        let read_only = rec["read_only"] == true;
+        assert_eq!(
+            spec["root"]["readonly"] == true,
+            read_only,
+            "{name}: root.readonly printed for, and only for, read-only rootfs: {spec}"
+        );
+        if let Some(expected) = expected_auto(case, &probe) {
+            assert_eq!(strategy, expected, "{name}: auto's choice");
+        }
+
+        // What each strategy promises about its mount.
+        let options = super_options(&rootfs_a).unwrap_or_else(|| panic!("{name}: not mounted"));
+        let kind = fstype(&rootfs_a).unwrap();
         assert_eq!(
             options.contains("metacopy=on"),
-            list.contains("metacopy"),
-            "{list}: {options}"
+            strategy.contains("metacopy"),
+            "{name}: {options}"
         );
         assert_eq!(
             options.contains("volatile"),
-            list.contains("volatile"),
-            "{list}: {options}"
+            strategy.contains("volatile"),
+            "{name}: {options}"
         );
-        let record: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(lamina.store.join("images").join(&id).join("container.json")).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(record["strategy"], *list);
+        if strategy.contains("pooled") {
+            assert!(
+                options.contains("/tmp/pool-"),
+                "{name}: mounted ahead of time as a pool slot: {options}"
+            );
+        }
+        if strategy.contains("shared-ro") {
+            let dev = |p: &Path| std::fs::metadata(p).unwrap().dev();
+            assert_eq!(
+                dev(&rootfs_a),
+                dev(&rootfs_b),
+                "{name}: one shared superblock"
+            );
+            assert_eq!(kind, "overlay", "{name}");
+        }
+        if strategy.contains("direct") {
+            assert_eq!(kind, "ext4", "{name}: no overlay in the path");
+        }
 
-        let bundle = Bundle::new(&rootfs, false);
-        let run_id = format!("lamina-strategy-{i}-{}", std::process::id());
-        let out = bundle.run(
-            &run_id,
-            &format!("{SCRIPT}; /bin/busybox chmod 600 /etc/hosts && echo written > /new.txt"),
-        );
+        let bundle = Bundle::new(&rootfs_a, read_only);
+        let run_id = format!("lamina-conf-{i}-{}", std::process::id());
+        let write = if read_only {
+            "; echo x > /new.txt 2>/dev/null && echo WROTE || echo refused"
+        } else {
+            "; /bin/busybox chmod 600 /etc/hosts && echo written > /new.txt && echo wrote"
+        };
+        let out = bundle.run(&run_id, &format!("{SCRIPT}{write}"));
+        let tail = if read_only { "refused\n" } else { "wrote\n" };
+        let merged = if case.image == ONE_LAYER {
+            BASE_EXPECTED
+        } else {
+            EXPECTED
+        };
+        let expected = format!("{merged}{tail}");
+        // A flattened tree (direct) links the layers' own inodes, so once one exists in
+        // the store, every view of those layers — overlays included — shows the higher
+        // link counts (docs/strategies.md, direct). Hardlinks must still be hardlinks.
+        let stdout = at_least_two_links(&out.stdout);
         assert_eq!(
-            (out.code, out.stdout.as_str()),
-            (0, EXPECTED),
-            "{list}: {}",
+            (out.code, stdout.as_str()),
+            (0, expected.as_str()),
+            "{name}: {}",
             out.stderr
         );
+        assert!(out.stdout.ends_with(tail), "{name}: {out:?}");
         drop(bundle);
+        assert_isolated_or_read_only(&name, read_only, &rootfs_a, &rootfs_b);
+        if !read_only {
+            assert!(
+                !rootfs_b.join("new.txt").exists(),
+                "{name}: B sees A's write"
+            );
+        }
 
-        // chmod copied /etc/hosts up: with metacopy, metadata only; without, data too.
-        let upper = lamina.store.join("images").join(&id).join("upper");
-        let copied = upper.join("etc/hosts");
-        assert_eq!(
-            has_xattr(&copied, "trusted.overlay.metacopy"),
-            list.contains("metacopy"),
-            "{list}"
+        lamina.delete_and_assert_gone(&a, &name);
+        if case.strategy.contains("pooled") {
+            // Wait for the background refill the claims started, then release the pool.
+            lamina
+                .run(&["pool", "fill", image, "--strategy", case.strategy])
+                .json();
+            lamina.run(&["pool", "drain"]).json();
+        }
+        lamina.delete_and_assert_gone(&b, &name);
+        let leftovers = std::fs::read_dir(lamina.store.join("shared"))
+            .unwrap()
+            .count();
+        assert!(
+            leftovers <= 1,
+            "{name}: shared mounts left (only `empty` may stay)"
         );
-        assert_eq!(
-            std::fs::read_to_string(upper.join("new.txt")).unwrap(),
-            "written\n"
-        );
-
-        lamina.delete_and_assert_gone(&id, list);
     }
 }
 
 #[test]
-fn ephemeral_means_volatile_and_unbuilt_or_unknown_strategies_are_refused() {
+fn clean_recovers_crash_leftovers_under_every_kind_of_rootfs() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = &files.references()[TWO_LAYERS];
+
+    for (i, strategy) in [
+        "classic",
+        "metacopy,volatile",
+        "deferred",
+        "shared-ro",
+        "direct",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (doomed, half) = (format!("d{i}"), format!("h{i}"));
+        lamina.create_with(&["--strategy", strategy], image, &doomed);
+        lamina.create_with(&["--strategy", strategy], image, &half);
+        // A create that crashed after mounting, before writing its record.
+        let half_record = lamina
+            .store
+            .join("images")
+            .join(&half)
+            .join("container.json");
+        std::fs::remove_file(half_record).unwrap();
+        // A delete that crashed after moving the container to trash, before teardown.
+        let trash = lamina.store.join("trash").join(format!("{doomed}.crashed"));
+        std::fs::rename(lamina.store.join("images").join(&doomed), &trash).unwrap();
+
+        let report = lamina.run(&["clean"]).json();
+        assert_eq!(report["reaped"], 1, "{strategy}: {report}");
+        assert_eq!(report["crashed_creates"], 1, "{strategy}: {report}");
+        assert!(
+            mounts_under(&lamina.store).is_empty(),
+            "{strategy}: {:?}",
+            mounts_under(&lamina.store)
+        );
+        for dir in ["images", "trash"] {
+            let left = std::fs::read_dir(lamina.store.join(dir)).unwrap().count();
+            assert_eq!(left, 0, "{strategy}: {dir}/ not empty");
+        }
+    }
+}
+
+#[test]
+fn the_background_reaper_finishes_a_deferred_delete_on_its_own() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let rootfs = lamina.create_with(
+        &["--strategy", "volatile,deferred"],
+        &files.references()[0],
+        "r",
+    );
+    std::fs::write(rootfs.join("big.bin"), vec![7u8; 8 << 20]).unwrap();
+    let out = lamina.run(&["delete", "r"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        !rootfs.exists(),
+        "gone from its public path when delete returns"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::read_dir(lamina.store.join("trash"))
+        .unwrap()
+        .count()
+        > 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reaper did not finish in 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(mounts_under(&lamina.store).is_empty());
+    let log = std::fs::read_to_string(lamina.store.join("run/background.log")).unwrap_or_default();
+    assert!(!log.contains("\"ERROR\""), "{log}");
+}
+
+#[test]
+fn unbuildable_requests_are_refused_with_the_reason() {
     require_root();
     let fs = ScratchFs::tmpfs();
     let files = sample_image(&fs.path().join("image"));
     let lamina = Lamina::init(&fs.path().join("store"));
     let image = &files.references()[0];
 
-    let rootfs = lamina.create_with(&["--ephemeral"], image, "eph");
+    let rootfs = lamina.create_with(&["--ephemeral", "--strategy", "classic"], image, "eph");
     assert!(super_options(&rootfs).unwrap().contains("volatile"));
     lamina.delete_and_assert_gone("eph", "ephemeral");
 
     for (list, expect) in [
-        ("pooled", "not implemented yet"),
         ("fast", "unknown strategy `fast`"),
+        ("direct,volatile", "no upper for `volatile`"),
+        ("auto,deferred", "does not combine"),
     ] {
         let out = lamina.run(&["create", "--strategy", list, image, "x"]);
         assert_eq!(out.code, 1, "{out:?}");
         assert!(out.stdout.contains(expect), "{out:?}");
+    }
+    // tmpfs has no trusted xattrs for metacopy's copy-up check.
+    let probe = lamina.run(&["probe"]).json();
+    if probe["metacopy"] == false {
+        let out = lamina.run(&["create", "--strategy", "metacopy", image, "x"]);
+        assert!(
+            out.stdout.contains("strategy metacopy is not available"),
+            "{out:?}"
+        );
     }
     assert!(!lamina.store.join("images/x").exists());
     assert!(mounts_under(&lamina.store).is_empty());

@@ -163,7 +163,8 @@ fn overlay<'a>(
 ) -> Result<Made<'a>, RootfsError> {
     let mut strategies = choice.strategies;
     let flavor = strategies.mount_flavor();
-    if strategies.pooled && !without_mount {
+    // Pool slots are read-write; a read-only overlay is mounted fresh.
+    if strategies.pooled && !without_mount && !choice.read_only {
         if let Some((claim, mount_options)) = pool::claim(store, mounter, chain_ids, flavor, id)? {
             let spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
             let undo = Undo::new(store, mounter, &claim.dirs, true, None);
@@ -183,7 +184,9 @@ fn overlay<'a>(
     strategies.pooled = false;
     let claim = store.create_container_dirs(id)?;
     let mut undo = Undo::new(store, mounter, &claim.dirs, false, None);
-    let spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
+    let mut spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
+    // `--read-only` with an overlay strategy: the same overlay, mounted read-only.
+    spec.read_only = choice.read_only;
     if !without_mount {
         mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
         undo.mounted = true;
