@@ -376,3 +376,56 @@ fn unbuildable_requests_are_refused_with_the_reason() {
     assert!(!lamina.store.join("images/x").exists());
     assert!(mounts_under(&lamina.store).is_empty());
 }
+
+#[test]
+fn the_daemon_reaps_deletes_and_refills_pools_as_tasks() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = &files.references()[0];
+    let fill = ["pool", "fill", image, "--size", "1", "--strategy", "pooled"];
+    assert_eq!(lamina.run(&fill).json()["ready"], 1);
+
+    let mut daemon = std::process::Command::new(lamina_integration::lamina::binary())
+        .args([
+            "--store",
+            lamina.store.to_str().unwrap(),
+            "--log-level",
+            "warn",
+            "daemon",
+        ])
+        .arg("--interval-ms=50")
+        .spawn()
+        .unwrap();
+    // Two claims from a pool of one: the daemon (or the CLI's own refill) restores it.
+    let slots = |l: &Lamina| -> usize {
+        std::fs::read_dir(l.store.join("pool"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| std::fs::read_dir(e.path()).unwrap().count())
+            .sum()
+    };
+    lamina.create_with(&["--strategy", "pooled,deferred"], image, "p");
+    lamina.run(&["delete", "p"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::read_dir(lamina.store.join("trash"))
+        .unwrap()
+        .count()
+        > 0
+        || slots(&lamina) < 1
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "daemon did not catch up in 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    assert!(!lamina.store.join("images/p").exists());
+    let report = lamina.run(&["clean"]).json();
+    assert_eq!(report["pool_released"], 1, "{report}");
+    assert!(mounts_under(&lamina.store).is_empty());
+}

@@ -87,6 +87,12 @@ enum Command {
     /// Pre-mounted read-write overlays that `create` claims with no mount syscall
     #[command(subcommand)]
     Pool(PoolCommand),
+    /// Run the store's background work as tasks: reap deferred deletes as they arrive and keep pools filled (stateless: safe to kill at any time)
+    Daemon {
+        /// How often to look for work, in milliseconds
+        #[arg(long, default_value_t = 200)]
+        interval_ms: u64,
+    },
     /// Print what this kernel's overlay supports, as JSON (probed on the store's filesystem, cached per boot)
     Probe {
         /// Probe again even if this boot's result is cached
@@ -120,6 +126,8 @@ enum PoolCommand {
         #[arg(long)]
         platform: Option<String>,
     },
+    /// Refill every pool to the size its last `fill` set (what runs in the background after a claim)
+    Refill,
     /// Unmount and remove every unclaimed pool entry
     Drain,
 }

@@ -22,6 +22,15 @@ struct SlotRecord {
     mount_options: Vec<String>,
 }
 
+/// A pool's wanted size and what it is a pool of, next to it as `<pool>.target`: enough
+/// for a refill (background after a claim, or by `lamina daemon`) without the image.
+#[derive(Debug, Serialize, Deserialize)]
+struct Target {
+    size: usize,
+    layers: Vec<Digest>,
+    flavor: String,
+}
+
 /// What `fill` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Filled {
@@ -80,13 +89,16 @@ pub fn fill(
     let target = dir.with_extension("target");
     let size = match size {
         Some(size) => {
-            fs::write(&target, size.to_string()).map_err(StoreError::io("writing", &target))?;
+            let json = serde_json::to_vec(&Target {
+                size,
+                layers: chain_ids.to_vec(),
+                flavor: flavor.mount_flavor().to_string(),
+            })
+            .map_err(|e| StoreError::io("encoding", &target)(e.into()))?;
+            fs::write(&target, json).map_err(StoreError::io("writing", &target))?;
             size
         }
-        None => fs::read_to_string(&target)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0),
+        None => read_target(&target).map_or(0, |t| t.size),
     };
     let mut ready = slots(&dir).len();
     let mut added = 0;
@@ -119,6 +131,34 @@ pub fn fill(
     }
     tracing::info!(pool = %name, added, ready, "filled pool");
     Ok(Filled { added, ready })
+}
+
+fn read_target(path: &Path) -> Option<Target> {
+    serde_json::from_slice(&fs::read(path).ok()?).ok()
+}
+
+/// Refills every pool that has a target back to its size. Returns slots added.
+pub fn refill_all(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
+    let mut added = 0;
+    let pools = store.layout().pool();
+    let Ok(entries) = fs::read_dir(&pools) else {
+        return Ok(0);
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().is_none_or(|e| e != "target") {
+            continue;
+        }
+        let Some(target) = read_target(&path) else {
+            continue;
+        };
+        let Ok(flavor) = Strategies::parse(&target.flavor) else {
+            continue;
+        };
+        if target.layers.iter().all(|l| store.has_layer(l)) {
+            added += fill(store, mounter, &target.layers, flavor, None)?.added;
+        }
+    }
+    Ok(added)
 }
 
 /// Claims a ready slot as container `id`, or `None` if the pool has none. No mount

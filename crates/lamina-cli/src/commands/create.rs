@@ -34,14 +34,8 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
     };
     let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)?;
 
-    let used = Strategies::parse(&created.record.strategy).unwrap_or_default();
-    if used.pooled {
-        let flavor = used.mount_flavor().to_string();
-        let mut refill = vec!["pool", "fill", args.image.as_str(), "--strategy", &flavor];
-        if let Some(platform) = &args.platform {
-            refill.extend(["--platform", platform]);
-        }
-        ctx.spawn(&store, &refill);
+    if Strategies::parse(&created.record.strategy).is_ok_and(|s| s.pooled) {
+        ctx.spawn(&store, &["pool", "refill"]);
     }
 
     let mounts = options.without_mount.then(|| {

@@ -2,6 +2,7 @@
 
 mod background;
 mod create;
+mod daemon;
 mod pool;
 
 use std::path::PathBuf;
@@ -126,6 +127,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             println!("unmounted container `{id}`");
         }
         Command::Pool(command) => pool::run(&ctx, &mounter, command)?,
+        Command::Daemon { interval_ms } => {
+            let store = Store::open(&ctx.store_path)?;
+            daemon::run(
+                &store,
+                &mounter,
+                std::time::Duration::from_millis(interval_ms),
+            )?;
+        }
         Command::Probe { refresh } => {
             let store = ctx.open_store()?;
             let probe =

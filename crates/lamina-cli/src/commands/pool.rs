@@ -41,6 +41,10 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
             let filled = lamina_mount::pool::fill(&store, mounter, &chain_ids, flavor, size)?;
             println!("{}", serde_json::to_string(&filled)?);
         }
+        PoolCommand::Refill => {
+            let added = lamina_mount::pool::refill_all(&store, mounter)?;
+            println!("{}", serde_json::json!({ "added": added }));
+        }
         PoolCommand::Drain => {
             let released = lamina_mount::pool::drain(&store, mounter)?;
             println!("{}", serde_json::json!({ "released": released }));
