@@ -15,19 +15,16 @@ pub const EXPECTED: &str =
 
 /// The superblock options of the mount at `target`, from /proc/self/mountinfo.
 pub fn super_options(target: &std::path::Path) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let target = target.to_str()?;
-    info.lines().rev().find_map(|line| {
-        let (before, after) = line.split_once(" - ")?;
-        if before.split(' ').nth(4)? != target {
-            return None;
-        }
-        after.split(' ').nth(2).map(str::to_string)
-    })
+    mount_field(target, 2)
 }
 
 /// The filesystem type of the mount at `target` (`overlay`, `ext4`, ...).
 pub fn fstype(target: &std::path::Path) -> Option<String> {
+    mount_field(target, 0)
+}
+
+/// Field `n` after the ` - ` separator of the top-most mount at `target`.
+fn mount_field(target: &std::path::Path, n: usize) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let target = target.to_str()?;
     info.lines().rev().find_map(|line| {
@@ -35,7 +32,7 @@ pub fn fstype(target: &std::path::Path) -> Option<String> {
         if before.split(' ').nth(4)? != target {
             return None;
         }
-        after.split(' ').next().map(str::to_string)
+        after.split(' ').nth(n).map(str::to_string)
     })
 }
 

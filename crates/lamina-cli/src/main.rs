@@ -42,27 +42,7 @@ enum Command {
     /// Create the store's directories
     InitStore,
     /// Create a container rootfs from IMAGE and print its runtime-spec JSON
-    Create {
-        /// oci:///layout[:REF], oci-archive:///image.tar[:REF], docker-archive:///saved.tar[:REPO:TAG], or /rootfs.tar
-        image: String,
-        /// Container ID (becomes <store>/images/<ID>/rootfs)
-        id: String,
-        /// Mount nothing; print the overlay to mount under "mounts"
-        #[arg(long)]
-        without_mount: bool,
-        /// Comma-separated mount strategies: auto, classic, shared-ro, direct, pooled, metacopy, volatile, deferred [default: auto, or `create.strategy` in --config]
-        #[arg(long)]
-        strategy: Option<String>,
-        /// A read-only rootfs (printed with root.readonly, which runc enforces)
-        #[arg(long)]
-        read_only: bool,
-        /// The container's writes need not survive a crash: adds the volatile strategy
-        #[arg(long)]
-        ephemeral: bool,
-        /// Platform to pick from a multi-platform image, os/arch[/variant] [default: linux/<host arch>]
-        #[arg(long)]
-        platform: Option<String>,
-    },
+    Create(CreateArgs),
     /// Unmount and remove a container (by ID or rootfs path); a missing one is not an error
     Delete {
         /// Container ID or <store>/images/<ID>/rootfs
@@ -107,6 +87,29 @@ enum Command {
         #[arg(long, default_value = lamina_sample::DEFAULT_BUSYBOX)]
         busybox: PathBuf,
     },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    /// oci:///layout[:REF], oci-archive:///image.tar[:REF], docker-archive:///saved.tar[:REPO:TAG], or /rootfs.tar
+    pub image: String,
+    /// Container ID (becomes <store>/images/<ID>/rootfs)
+    pub id: String,
+    /// Mount nothing; print the overlay to mount under "mounts"
+    #[arg(long)]
+    pub without_mount: bool,
+    /// Comma-separated mount strategies: auto, classic, shared-ro, direct, pooled, metacopy, volatile, deferred [default: auto, or `create.strategy` in --config]
+    #[arg(long)]
+    pub strategy: Option<String>,
+    /// A read-only rootfs (printed with root.readonly, which runc enforces)
+    #[arg(long)]
+    pub read_only: bool,
+    /// The container's writes need not survive a crash: adds the volatile strategy
+    #[arg(long)]
+    pub ephemeral: bool,
+    /// Platform to pick from a multi-platform image, os/arch[/variant] [default: linux/<host arch>]
+    #[arg(long)]
+    pub platform: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -5,26 +5,14 @@
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::setup;
+
 use std::fs;
-use std::path::Path;
 
-use lamina_image::{Image, ImageRef, Platform, resolve};
 use lamina_mount::{CreateOptions, Deleted, RootfsError, Strategies, clean, create, delete, reap};
-use lamina_sample::{busybox_image, write_all_formats};
-use lamina_store::Store;
 use lamina_sys::{Errno, FakeCall, FakeMounter, Mounter};
-
-fn setup(tmp: &Path) -> (Store, Image) {
-    let busybox = tmp.join("fake-busybox");
-    fs::write(&busybox, b"#!/bin/true\n").unwrap();
-    let files = write_all_formats(&busybox_image(&busybox).unwrap(), &tmp.join("image")).unwrap();
-    let image = resolve(
-        &ImageRef::parse(&files.references()[0]).unwrap(),
-        &Platform::host(),
-    )
-    .unwrap();
-    (Store::init(&tmp.join("store")).unwrap(), image)
-}
 
 fn with(list: &str) -> CreateOptions {
     CreateOptions {

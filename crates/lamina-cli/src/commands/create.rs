@@ -6,17 +6,8 @@ use lamina_mount::{CreateOptions, Strategies, ToMount};
 use lamina_sys::Mounter;
 
 use super::{Ctx, resolve_image};
+use crate::CreateArgs;
 use crate::output::{Mount, RuntimeSpec};
-
-pub struct CreateArgs {
-    pub image: String,
-    pub id: String,
-    pub without_mount: bool,
-    pub strategy: Option<String>,
-    pub read_only: bool,
-    pub ephemeral: bool,
-    pub platform: Option<String>,
-}
 
 pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result<()> {
     let list = args

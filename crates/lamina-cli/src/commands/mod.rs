@@ -63,26 +63,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Store::init(&ctx.store_path)?;
             println!("initialised store {}", ctx.store_path.display());
         }
-        Command::Create {
-            image,
-            id,
-            without_mount,
-            strategy,
-            read_only,
-            ephemeral,
-            platform,
-        } => {
-            let args = create::CreateArgs {
-                image,
-                id,
-                without_mount,
-                strategy,
-                read_only,
-                ephemeral,
-                platform,
-            };
-            create::run(&ctx, &mounter, args)?;
-        }
+        Command::Create(args) => create::run(&ctx, &mounter, args)?,
         Command::Delete { id_or_path } => {
             let store = ctx.open_store()?;
             let id = container_id(&store, &id_or_path)?;
