@@ -20,7 +20,7 @@ fn probe_finds_what_this_kernel_supports_and_caches_it_per_kernel() {
     // Linux 6.18 (docs: shared kernel facts): every feature present, overlay's 500-layer limit.
     assert!(first.new_mount_api && first.lowerdir_plus, "{first:?}");
     assert!(
-        first.metacopy && first.volatile && first.redirect_dir,
+        first.metacopy && first.volatile && first.redirect_dir && first.idmapped_layers,
         "{first:?}"
     );
     assert_eq!(first.max_lower_layers, 500);
