@@ -95,11 +95,9 @@ impl Lamina {
         let reaped = self.run(&["reap"]).json();
         assert_eq!(reaped["failed"], 0, "{context}: reaper failed: {reaped}");
         let trash = self.store.join("trash");
-        let left = std::fs::read_dir(&trash).map_or(0, |d| d.count());
-        assert_eq!(left, 0, "{context}: trash left behind");
+        assert_eq!(self.entries("trash"), 0, "{context}: trash left behind");
         let mounts = crate::scratch::mounts_under(&self.store);
-        let last =
-            std::fs::read_dir(self.store.join("images")).map_or(true, |mut d| d.next().is_none());
+        let last = self.entries("images") == 0;
         let pool = self.store.join("pool");
         let leaked: Vec<_> = mounts
             .iter()
@@ -111,6 +109,11 @@ impl Lamina {
             leaked.is_empty(),
             "{context}: mounts left behind: {leaked:?}"
         );
+    }
+
+    /// How many entries the store's `sub` directory holds (0 if it does not exist).
+    pub fn entries(&self, sub: &str) -> usize {
+        std::fs::read_dir(self.store.join(sub)).map_or(0, |d| d.count())
     }
 
     pub fn rootfs(&self, id: &str) -> PathBuf {

@@ -19,6 +19,19 @@ pub fn require_root() {
     );
 }
 
+/// Polls `done` every 50 ms until it holds; fails the test after 30 s, naming `what` is
+/// late. For work lamina finishes in the background (reaper, pool refills).
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not finish in 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Writes the busybox sample image in every format under `dir`.
 pub fn sample_image(dir: &std::path::Path) -> lamina_sample::SampleFiles {
     let busybox = std::path::Path::new(lamina_sample::DEFAULT_BUSYBOX);

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use lamina_integration::proof::{BASE_EXPECTED, EXPECTED, SCRIPT, fstype, super_options};
 use lamina_integration::scratch::mounts_under;
-use lamina_integration::{Bundle, Lamina, ScratchFs, require_root, sample_image};
+use lamina_integration::{Bundle, Lamina, ScratchFs, require_root, sample_image, wait_until};
 
 /// The sample's references: [oci layout (2 layers), ..., rootfs.tar (1 layer)].
 const TWO_LAYERS: usize = 0;
@@ -251,11 +251,8 @@ fn every_strategy_passes_the_conformance_suite_and_boots_in_runc() {
             lamina.run(&["pool", "drain"]).json();
         }
         lamina.delete_and_assert_gone(&b, &name);
-        let leftovers = std::fs::read_dir(lamina.store.join("shared"))
-            .unwrap()
-            .count();
         assert!(
-            leftovers <= 1,
+            lamina.entries("shared") <= 1,
             "{name}: shared mounts left (only `empty` may stay)"
         );
     }
@@ -302,8 +299,7 @@ fn clean_recovers_crash_leftovers_under_every_kind_of_rootfs() {
             mounts_under(&lamina.store)
         );
         for dir in ["images", "trash"] {
-            let left = std::fs::read_dir(lamina.store.join(dir)).unwrap().count();
-            assert_eq!(left, 0, "{strategy}: {dir}/ not empty");
+            assert_eq!(lamina.entries(dir), 0, "{strategy}: {dir}/ not empty");
         }
     }
 }
@@ -326,18 +322,7 @@ fn the_background_reaper_finishes_a_deferred_delete_on_its_own() {
         !rootfs.exists(),
         "gone from its public path when delete returns"
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::fs::read_dir(lamina.store.join("trash"))
-        .unwrap()
-        .count()
-        > 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the reaper did not finish in 30 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_until("the reaper", || lamina.entries("trash") == 0);
     assert!(mounts_under(&lamina.store).is_empty());
     let log = std::fs::read_to_string(lamina.store.join("run/background.log")).unwrap_or_default();
     assert!(!log.contains("\"ERROR\""), "{log}");
@@ -409,19 +394,9 @@ fn the_daemon_reaps_deletes_and_refills_pools_as_tasks() {
     };
     lamina.create_with(&["--strategy", "pooled,deferred"], image, "p");
     lamina.run(&["delete", "p"]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::fs::read_dir(lamina.store.join("trash"))
-        .unwrap()
-        .count()
-        > 0
-        || slots(&lamina) < 1
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "daemon did not catch up in 30 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_until("the daemon's reaping and refill", || {
+        lamina.entries("trash") == 0 && slots(&lamina) >= 1
+    });
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     assert!(!lamina.store.join("images/p").exists());

@@ -98,7 +98,8 @@ fn sweep_tmp(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError>
     Ok(removed)
 }
 
-fn remove_unmounted(mounter: &dyn Mounter, dir: &Path) -> Result<(), RootfsError> {
+/// Unmounts everything beneath `dir` (deepest first), then removes it.
+pub(crate) fn remove_unmounted(mounter: &dyn Mounter, dir: &Path) -> Result<(), RootfsError> {
     for mount in mounter.mounts_under(dir)? {
         mounter.unmount(&mount)?;
     }

@@ -218,16 +218,14 @@ fn bind_shared<'a>(
             return Err(e.into());
         }
     };
-    let lease = acquired.lease.clone();
     let mut made = bind_dir(
         store,
         mounter,
         claim,
         acquired.rootfs.clone(),
-        Some(lease.clone()),
+        Some(acquired.lease.clone()),
         without_mount,
     )?;
-    made.lease = Some(lease);
     made.strategies = Strategies {
         shared_ro: true,
         deferred: true,
@@ -245,7 +243,7 @@ fn bind_dir<'a>(
     lease: Option<PathBuf>,
     without_mount: bool,
 ) -> Result<Made<'a>, RootfsError> {
-    let mut undo = Undo::new(store, mounter, &claim.dirs, false, lease);
+    let mut undo = Undo::new(store, mounter, &claim.dirs, false, lease.clone());
     if !without_mount {
         mounter.bind_read_only(&source, &claim.dirs.rootfs)?;
         undo.mounted = true;
@@ -256,7 +254,7 @@ fn bind_dir<'a>(
         to_mount: ToMount::Bind(source.clone()),
         mount_options: vec!["bind".into(), "ro".into()],
         bind_source: Some(source),
-        lease: None,
+        lease,
         strategies: Strategies {
             direct: true,
             deferred: true,

@@ -9,7 +9,7 @@ use std::fs;
 use std::path::Path;
 
 use lamina_store::{ContainerRecord, Store, StoreError};
-use lamina_sys::{Errno, MountError, Mounter};
+use lamina_sys::Mounter;
 
 use crate::{RootfsError, Strategies, shared};
 
@@ -35,8 +35,9 @@ pub fn delete(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Deleted,
             None => Deleted::NotFound,
         });
     }
-    let rootfs = store.rootfs_path(id);
-    unmount_or_busy(mounter, &rootfs, id)?;
+    mounter
+        .unmount(&store.rootfs_path(id))
+        .map_err(|e| RootfsError::unmounting(id, e))?;
     // Racing deletes of one ID: the loser finds nothing left to remove.
     if !store.remove_container_dirs(id)? {
         return Ok(Deleted::NotFound);
@@ -49,17 +50,6 @@ pub fn delete(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Deleted,
 
 fn is_deferred(record: &ContainerRecord) -> bool {
     Strategies::parse(&record.strategy).is_ok_and(|s| s.deferred)
-}
-
-fn unmount_or_busy(mounter: &dyn Mounter, target: &Path, id: &str) -> Result<(), RootfsError> {
-    match mounter.unmount(target) {
-        Ok(_) => Ok(()),
-        Err(e) if e.errno == Errno::BUSY => Err(RootfsError::Busy {
-            id: id.into(),
-            source: e,
-        }),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// What a reaper pass did.
@@ -117,28 +107,17 @@ pub(crate) fn teardown(
         let discarded = discard_written(&dir.join("upper"), &rootfs);
         tracing::debug!(dir = %dir.display(), discarded, "unlinked written files before unmount");
     }
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
     for mount in mounts {
-        mounter.unmount(&mount).map_err(|e| busy_as(e, dir))?;
+        mounter
+            .unmount(&mount)
+            .map_err(|e| RootfsError::unmounting(&name, e))?;
     }
     fs::remove_dir_all(dir).map_err(StoreError::io("removing", dir))?;
     if let Some(lease) = record.and_then(|r| r.lease) {
         shared::release(store, mounter, &lease)?;
     }
     Ok(())
-}
-
-fn busy_as(e: MountError, dir: &Path) -> RootfsError {
-    if e.errno == Errno::BUSY {
-        RootfsError::Busy {
-            id: dir
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            source: e,
-        }
-    } else {
-        e.into()
-    }
 }
 
 /// Unlinks, through the merged `rootfs`, every regular file with data in `upper`: the

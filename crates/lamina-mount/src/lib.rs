@@ -52,6 +52,21 @@ pub enum RootfsError {
     VolatileWriteback { id: String, source: MountError },
 }
 
+impl RootfsError {
+    /// An unmount failure of container `id`: EBUSY means a process still uses the rootfs,
+    /// which callers report differently from other mount errors.
+    pub(crate) fn unmounting(id: &str, e: MountError) -> Self {
+        if e.errno == lamina_sys::Errno::BUSY {
+            RootfsError::Busy {
+                id: id.into(),
+                source: e,
+            }
+        } else {
+            RootfsError::Mount(e)
+        }
+    }
+}
+
 /// Where overlay marks a volatile mount's work dir; its presence refuses a remount.
 pub(crate) fn volatile_marker(work: &std::path::Path) -> std::path::PathBuf {
     work.join("work").join("incompat").join("volatile")

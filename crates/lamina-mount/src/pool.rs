@@ -177,17 +177,16 @@ pub(crate) fn claim(
         let Some(lock) = store.try_lock_dir(&slot)? else {
             continue; // another create is claiming it
         };
-        let rootfs = slot.join("rootfs");
-        if !slot.join(SLOT_RECORD).exists() || !mounter.is_mountpoint(&rootfs).unwrap_or(false) {
-            continue; // claimed meanwhile, or unmounted by a reboot (clean removes it)
-        }
-        let record: SlotRecord = match fs::read(slot.join(SLOT_RECORD))
+        // No record: claimed meanwhile. Not mounted: a reboot unmounted it (clean removes it).
+        let Some(record) = fs::read(slot.join(SLOT_RECORD))
             .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-        {
-            Some(record) => record,
-            None => continue,
+            .and_then(|b| serde_json::from_slice::<SlotRecord>(&b).ok())
+        else {
+            continue;
         };
+        if !mounter.is_mountpoint(&slot.join("rootfs")).unwrap_or(false) {
+            continue;
+        }
         match store.publish_container(&slot, lock, id) {
             Ok(claim) => {
                 let _ = fs::remove_file(claim.dirs.base.join(SLOT_RECORD));
@@ -213,10 +212,7 @@ pub fn drain(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError>
             if !slot.exists() {
                 continue;
             }
-            for mount in mounter.mounts_under(&slot)? {
-                mounter.unmount(&mount)?;
-            }
-            fs::remove_dir_all(&slot).map_err(StoreError::io("removing", &slot))?;
+            crate::clean::remove_unmounted(mounter, &slot)?;
             released += 1;
         }
         if fs::remove_dir(&dir).is_ok() {

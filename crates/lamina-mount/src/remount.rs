@@ -23,13 +23,9 @@ pub fn unmount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Roo
         if volatile && let Err(e) = mounter.sync_filesystem(&dirs.rootfs) {
             writeback = Some(e);
         }
-        mounter.unmount(&dirs.rootfs).map_err(|e| match e.errno {
-            lamina_sys::Errno::BUSY => RootfsError::Busy {
-                id: id.into(),
-                source: e,
-            },
-            _ => e.into(),
-        })?;
+        mounter
+            .unmount(&dirs.rootfs)
+            .map_err(|e| RootfsError::unmounting(id, e))?;
     }
     record.mounted = false;
     store.write_record(&record)?;

@@ -57,7 +57,7 @@ pub(crate) fn acquire(
     let mounted = rootfs.is_dir() && mounter.is_mountpoint(&rootfs)?;
     if !mounted {
         let empty = store.layout().shared().join(EMPTY);
-        for d in [&rootfs, &users, &empty] {
+        for d in [&rootfs, &empty] {
             fs::create_dir_all(d).map_err(StoreError::io("creating", d))?;
         }
         mounter.mount_overlay(&plan::read_only(store, chain_ids, &empty), &rootfs)?;

@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::setup;
+use common::{setup, with};
 
-use lamina_mount::{CreateOptions, Deleted, RootfsError, Strategies, create, delete};
+use lamina_mount::{CreateOptions, Deleted, RootfsError, create, delete};
 use lamina_sys::{Errno, FakeCall, FakeMounter};
 
 #[test]
@@ -90,11 +90,7 @@ fn a_strategy_the_probe_cannot_confirm_is_refused_before_import() {
     let (store, image) = setup(tmp.path());
     // The fake mounts nothing, so the metacopy probe sees no metadata-only copy-up.
     let fake = FakeMounter::new();
-    let options = CreateOptions {
-        strategies: Strategies::parse("metacopy").unwrap(),
-        ..CreateOptions::default()
-    };
-    let err = create(&store, &fake, &image, "m", &options).unwrap_err();
+    let err = create(&store, &fake, &image, "m", &with("metacopy")).unwrap_err();
     assert!(
         matches!(
             err,

@@ -7,19 +7,12 @@
 
 mod common;
 
-use common::setup;
+use common::{setup, with};
 
 use std::fs;
 
-use lamina_mount::{CreateOptions, Deleted, RootfsError, Strategies, clean, create, delete, reap};
+use lamina_mount::{Deleted, RootfsError, Strategies, clean, create, delete, reap};
 use lamina_sys::{Errno, FakeCall, FakeMounter, Mounter};
-
-fn with(list: &str) -> CreateOptions {
-    CreateOptions {
-        strategies: Strategies::parse(list).unwrap(),
-        ..CreateOptions::default()
-    }
-}
 
 /// Mounts and binds made for containers, shared images and pools (not the probe's).
 fn mounts_made(fake: &FakeMounter) -> Vec<FakeCall> {
@@ -82,10 +75,7 @@ fn shared_ro_mounts_once_and_releases_after_the_last_container() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, image) = setup(tmp.path());
     let fake = FakeMounter::new();
-    let options = CreateOptions {
-        strategies: Strategies::parse("shared-ro").unwrap(),
-        ..CreateOptions::default()
-    };
+    let options = with("shared-ro");
     let a = create(&store, &fake, &image, "a", &options).unwrap();
     let b = create(&store, &fake, &image, "b", &options).unwrap();
     assert!(a.record.read_only && a.record.lease.is_some());

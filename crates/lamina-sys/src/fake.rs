@@ -69,13 +69,6 @@ impl FakeMounter {
         self.lock().fail_next_sync = Some(errno);
     }
 
-    /// Whether any call so far created a mount (overlay or bind).
-    pub fn mounted_anything(&self) -> bool {
-        self.calls()
-            .iter()
-            .any(|c| matches!(c, FakeCall::Mount(..) | FakeCall::BindReadOnly { .. }))
-    }
-
     pub fn calls(&self) -> Vec<FakeCall> {
         self.lock().calls.clone()
     }

@@ -5,6 +5,7 @@ use std::fs;
 use std::path::Path;
 
 use lamina_image::{Image, ImageRef, Platform, resolve};
+use lamina_mount::{CreateOptions, Strategies};
 use lamina_sample::{busybox_image, write_all_formats};
 use lamina_store::Store;
 
@@ -18,4 +19,12 @@ pub fn setup(tmp: &Path) -> (Store, Image) {
     )
     .unwrap();
     (Store::init(&tmp.join("store")).unwrap(), image)
+}
+
+/// Create options asking for the strategy list `list`.
+pub fn with(list: &str) -> CreateOptions {
+    CreateOptions {
+        strategies: Strategies::parse(list).unwrap(),
+        ..CreateOptions::default()
+    }
 }
