@@ -9,7 +9,7 @@ pub mod scratch;
 
 pub use lamina::{Lamina, Output};
 pub use runc::Bundle;
-pub use scratch::ScratchFs;
+pub use scratch::{FsKind, ScratchFs};
 
 /// End-to-end tests need root; say so plainly instead of failing obscurely.
 pub fn require_root() {

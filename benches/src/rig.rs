@@ -1,0 +1,115 @@
+//! One benchmark store on a filesystem of its own: a loop-backed ext4 or xfs with direct
+//! I/O (so a sync costs what it costs on a disk), created for a scenario and removed —
+//! every mount beneath it included — when the rig is dropped, even on panic.
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use lamina_image::{Image, ImageRef, Platform, resolve};
+use lamina_integration::{FsKind, ScratchFs};
+use lamina_mount::{CreateOptions, Created, Deleted, Strategies};
+use lamina_store::Store;
+use lamina_sys::RealMounter;
+
+#[derive(Debug)]
+pub struct Rig {
+    pub kind: FsKind,
+    pub store: Store,
+    pub mounter: RealMounter,
+    // Dropped last: unmounts everything the scenario left and frees the loop device.
+    pub fs: ScratchFs,
+}
+
+impl Rig {
+    pub fn new(kind: FsKind, size_mb: u64) -> Self {
+        // xfs refuses filesystems under 300 MB.
+        let fs = ScratchFs::loop_backed(kind, size_mb.max(512), true);
+        let store = Store::init(&fs.path().join("store")).expect("initialising the store");
+        let mounter = RealMounter::new();
+        // The probe runs once per store and boot, then is read from run/probe.json; do it
+        // now so no scenario's first create pays it.
+        lamina_mount::probe::probe(&store, &mounter, false).expect("probing overlay support");
+        Self {
+            kind,
+            store,
+            mounter,
+            fs,
+        }
+    }
+
+    /// A directory on the rig's filesystem, outside the store, for images and scratch.
+    pub fn scratch(&self, name: &str) -> std::path::PathBuf {
+        let dir = self.fs.path().join(name);
+        fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    /// Resolves `reference` and imports its layers, so creates measure a warm image.
+    pub fn warm(&self, reference: &str) -> Image {
+        let image = resolve(
+            &ImageRef::parse(reference).expect("image reference"),
+            &Platform::host(),
+        )
+        .expect("resolving a benchmark image");
+        self.store.import(&image).expect("importing a benchmark image");
+        image
+    }
+
+    pub fn create(&self, image: &Image, id: &str, strategies: &str, read_only: bool) -> Created {
+        let options = CreateOptions {
+            strategies: Strategies::parse(strategies).expect("strategy list"),
+            read_only,
+            ..CreateOptions::default()
+        };
+        lamina_mount::create(&self.store, &self.mounter, image, id, &options)
+            .unwrap_or_else(|e| panic!("create {id} ({strategies}): {e}"))
+    }
+
+    /// Times one create.
+    pub fn timed_create(&self, image: &Image, id: &str, strategies: &str, ro: bool) -> Duration {
+        let start = Instant::now();
+        self.create(image, id, strategies, ro);
+        start.elapsed()
+    }
+
+    pub fn delete(&self, id: &str) -> Deleted {
+        lamina_mount::delete(&self.store, &self.mounter, id)
+            .unwrap_or_else(|e| panic!("delete {id}: {e}"))
+    }
+
+    /// Times one delete as its caller sees it (a deferred delete returns before the
+    /// reaper has done the work).
+    pub fn timed_delete(&self, id: &str) -> Duration {
+        let start = Instant::now();
+        self.delete(id);
+        start.elapsed()
+    }
+
+    /// Runs the reaper until `trash/` is empty.
+    pub fn reap_all(&self) {
+        loop {
+            lamina_mount::reap(&self.store, &self.mounter).expect("reaping");
+            if self.store.trash_entries().expect("listing trash").is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Deletes every container and reaps, leaving the store as it was after `warm`.
+    pub fn delete_all(&self) {
+        for record in self.store.containers().expect("listing containers") {
+            self.delete(&record.id);
+        }
+        self.reap_all();
+    }
+
+    /// Whether nothing of any container is left: no container, nothing in trash.
+    pub fn no_trace(&self) -> bool {
+        self.store.containers().is_ok_and(|c| c.is_empty())
+            && self.store.trash_entries().is_ok_and(|t| t.is_empty())
+    }
+
+    pub fn fs_name(&self) -> &'static str {
+        self.kind.name()
+    }
+}

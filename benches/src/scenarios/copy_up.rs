@@ -1,0 +1,167 @@
+//! S3 copy-up storm: 20 containers at once touch files of their image. `chown`/`touch`
+//! of a lower file copies the whole file up unless `metacopy=on`; creating
+//! `__pycache__` entries copies up the directory, and every copy-up on one upper
+//! filesystem takes its single rename lock. Reports per-container time and the storm's.
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use lamina_image::Image;
+use rustix::fs::{AtFlags, CWD, Timespec, Timestamps, UTIME_NOW};
+
+use super::{Ctx, progress};
+use crate::report::Table;
+use crate::rig::Rig;
+use crate::stats::{Samples, Summary, human, ratio};
+
+const STRATEGIES: &[&str] = &["classic", "metacopy", "volatile", "metacopy,volatile"];
+
+#[derive(Debug, Clone, Copy)]
+enum Load {
+    /// chown then touch every lower file.
+    ChownTouch,
+    /// Per directory: mkdir `__pycache__`, then per module a temp file renamed into
+    /// place, as CPython writes bytecode.
+    Pycache,
+}
+
+impl Load {
+    fn name(self) -> &'static str {
+        match self {
+            Load::ChownTouch => "chown + touch every file",
+            Load::Pycache => "write __pycache__",
+        }
+    }
+
+    fn apply(self, rootfs: &Path, dirs: usize, files: usize) {
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_NOW,
+        };
+        let times = Timestamps {
+            last_access: now,
+            last_modification: now,
+        };
+        let pyc = vec![0x42u8; 1500];
+        for d in 0..dirs {
+            let dir = rootfs.join(format!("pkg{d}"));
+            match self {
+                Load::ChownTouch => {
+                    for f in 0..files {
+                        let path = dir.join(format!("mod{f}.py"));
+                        std::os::unix::fs::chown(&path, Some(1000), Some(1000)).unwrap();
+                        rustix::fs::utimensat(CWD, &path, &times, AtFlags::empty()).unwrap();
+                    }
+                }
+                Load::Pycache => {
+                    let cache = dir.join("__pycache__");
+                    fs::create_dir(&cache).unwrap();
+                    for f in 0..files {
+                        let done = cache.join(format!("mod{f}.cpython-313.pyc"));
+                        let temp = cache.join(format!("mod{f}.cpython-313.pyc.{f}"));
+                        fs::write(&temp, &pyc).unwrap();
+                        fs::rename(&temp, &done).unwrap();
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub fn run(ctx: &Ctx) -> Vec<Table> {
+    let containers = ctx.mode.pick(20, 3);
+    let (dirs, files) = ctx.mode.pick((60, 50), (3, 5));
+    let size = 8 << 10;
+    let rounds = ctx.mode.pick(2, 1);
+    let mut table = Table::new(
+        "s3-copy-up",
+        &[
+            "fs",
+            "load per container",
+            "strategy",
+            "per container p50",
+            "p99",
+            "p50 vs classic",
+            "whole storm",
+            "vs classic",
+        ],
+    );
+    for &kind in &ctx.filesystems {
+        let rig = Rig::new(kind, 4096);
+        let image = rig.warm(&crate::images::many_files(
+            &rig.scratch("image"),
+            dirs,
+            files,
+            size,
+        ));
+        for load in [Load::ChownTouch, Load::Pycache] {
+            let mut baseline: Option<(Summary, Duration)> = None;
+            for strategy in STRATEGIES {
+                progress(&format!(
+                    "S3 {} {} {strategy} ({containers} containers × {} files)",
+                    rig.fs_name(),
+                    load.name(),
+                    dirs * files
+                ));
+                let mut each = Samples::new();
+                let mut storms = Samples::new();
+                for round in 0..rounds {
+                    let (e, wall) = storm(&rig, &image, strategy, load, containers, round, (dirs, files));
+                    each.extend(e);
+                    storms.push(wall);
+                }
+                let (e, w) = (each.summary(), storms.summary().p50);
+                let (base_e, base_w) = *baseline.get_or_insert((e, w));
+                table.row(vec![
+                    rig.fs_name().into(),
+                    format!("{} ({} files)", load.name(), dirs * files),
+                    format!("`{strategy}`"),
+                    human(e.p50),
+                    human(e.p99),
+                    e.ratio_to(&base_e),
+                    human(w),
+                    ratio(w, base_w),
+                ]);
+            }
+        }
+    }
+    vec![table]
+}
+
+/// One storm: `n` containers apply `load` at once. Returns each one's time and the
+/// storm's wall time.
+fn storm(
+    rig: &Rig,
+    image: &Image,
+    strategy: &str,
+    load: Load,
+    n: usize,
+    round: usize,
+    (dirs, files): (usize, usize),
+) -> (Samples, Duration) {
+    rustix::fs::sync();
+    let rootfs: Vec<_> = (0..n)
+        .map(|i| rig.create(image, &format!("s3-{round}-{i}"), strategy, false).rootfs)
+        .collect();
+    let barrier = std::sync::Barrier::new(n);
+    let start = Instant::now();
+    let each: Samples = std::thread::scope(|s| {
+        let handles: Vec<_> = rootfs
+            .iter()
+            .map(|r| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    let t = Instant::now();
+                    load.apply(r, dirs, files);
+                    t.elapsed()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let wall = start.elapsed();
+    rig.delete_all();
+    (each, wall)
+}

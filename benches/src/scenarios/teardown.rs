@@ -1,0 +1,157 @@
+//! S1 teardown storm: containers that just wrote data are deleted all at once (and one
+//! after another). On the classic path each unmount syncs the whole upper filesystem
+//! under its superblock lock, so deletes queue behind each other's writeback. Reports
+//! what the caller of `delete` waits (p50/p99) and how long until nothing is left,
+//! reaper included.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use lamina_image::Image;
+
+use super::{Ctx, progress};
+use crate::report::Table;
+use crate::rig::Rig;
+use crate::stats::{Samples, Summary, human, ratio};
+
+const STRATEGIES: &[&str] = &["classic", "volatile", "deferred", "volatile,deferred"];
+
+#[derive(Debug, Clone, Copy)]
+enum Load {
+    /// One file of this many MiB.
+    OneFile(usize),
+    /// This many 4 KiB files.
+    SmallFiles(usize),
+}
+
+impl Load {
+    fn name(self) -> String {
+        match self {
+            Load::OneFile(mb) => format!("1 × {mb} MB file"),
+            Load::SmallFiles(n) => format!("{n} × 4 KiB files"),
+        }
+    }
+
+    fn write(self, rootfs: &Path) {
+        match self {
+            Load::OneFile(mb) => {
+                let mut f = fs::File::create(rootfs.join("data.bin")).unwrap();
+                let chunk = vec![0x5a; 1 << 20];
+                for _ in 0..mb {
+                    f.write_all(&chunk).unwrap();
+                }
+            }
+            Load::SmallFiles(n) => {
+                let dir = rootfs.join("small");
+                fs::create_dir(&dir).unwrap();
+                let data = vec![0x5a; 4096];
+                for i in 0..n {
+                    fs::write(dir.join(format!("f{i}")), &data).unwrap();
+                }
+            }
+        }
+    }
+}
+
+pub fn run(ctx: &Ctx) -> Vec<Table> {
+    let containers = ctx.mode.pick(10, 2);
+    let mb = ctx.mode.pick(100, 2);
+    let small = ctx.mode.pick(1000, 20);
+    let rounds = ctx.mode.pick(3, 1);
+    let mut table = Table::new(
+        "s1-teardown",
+        &[
+            "fs",
+            "load per container",
+            "deletes",
+            "strategy",
+            "delete p50",
+            "delete p99",
+            "p50 vs classic",
+            "until no trace",
+            "vs classic",
+        ],
+    );
+    for &kind in &ctx.filesystems {
+        let rig = Rig::new(kind, (containers * mb * 2 + 1024) as u64);
+        let image = rig.warm(&crate::images::sample(&rig.scratch("image")));
+        for load in [Load::OneFile(mb), Load::SmallFiles(small)] {
+            for parallel in [true, false] {
+                let mut baseline: Option<(Summary, Duration)> = None;
+                for strategy in STRATEGIES {
+                    progress(&format!(
+                        "S1 {} {} {} {strategy}",
+                        rig.fs_name(),
+                        load.name(),
+                        if parallel { "parallel" } else { "serial" }
+                    ));
+                    let mut deletes = Samples::new();
+                    let mut walls = Samples::new();
+                    for round in 0..rounds {
+                        let (d, wall) =
+                            storm(&rig, &image, strategy, load, containers, parallel, round);
+                        deletes.extend(d);
+                        walls.push(wall);
+                    }
+                    let (d, w) = (deletes.summary(), walls.summary().p50);
+                    let (base_d, base_w) = *baseline.get_or_insert((d, w));
+                    table.row(vec![
+                        rig.fs_name().into(),
+                        load.name(),
+                        format!(
+                            "{containers} {}",
+                            if parallel { "in parallel" } else { "serially" }
+                        ),
+                        format!("`{strategy}`"),
+                        human(d.p50),
+                        human(d.p99),
+                        d.ratio_to(&base_d),
+                        human(w),
+                        ratio(w, base_w),
+                    ]);
+                }
+            }
+        }
+    }
+    vec![table]
+}
+
+/// One round: `n` containers write `load`, then all are deleted (in parallel or one by
+/// one). Returns each caller's delete latency and the time until no trace is left.
+fn storm(
+    rig: &Rig,
+    image: &Image,
+    strategy: &str,
+    load: Load,
+    n: usize,
+    parallel: bool,
+    round: usize,
+) -> (Samples, Duration) {
+    // Start every round from a clean page cache so rounds do not inherit writeback.
+    rustix::fs::sync();
+    let ids: Vec<String> = (0..n).map(|i| format!("s1-{round}-{i}")).collect();
+    for id in &ids {
+        let created = rig.create(image, id, strategy, false);
+        load.write(&created.rootfs);
+    }
+    let start = Instant::now();
+    let deletes: Samples = if parallel {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = ids
+                .iter()
+                .map(|id| s.spawn(move || rig.timed_delete(id)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    } else {
+        ids.iter().map(|id| rig.timed_delete(id)).collect()
+    };
+    // A deferred delete hands the work to the reaper (in production a detached
+    // `lamina reap` the first delete starts); the storm ends when it is done.
+    rig.reap_all();
+    let wall = start.elapsed();
+    assert!(rig.no_trace(), "S1 left containers behind ({strategy})");
+    (deletes, wall)
+}
