@@ -51,8 +51,7 @@ fn create_delete(c: &mut Criterion) {
             b.iter_custom(|n| {
                 if strategies == "pooled" {
                     let flavor = Strategies::CLASSIC;
-                    pool::fill(&rig.store, &rig.mounter, &chain, flavor, Some(n as usize))
-                        .unwrap();
+                    pool::fill(&rig.store, &rig.mounter, &chain, flavor, Some(n as usize)).unwrap();
                 }
                 let start = Instant::now();
                 for i in 0..n {

@@ -45,8 +45,7 @@ fn parse_args() -> Result<Args, String> {
             "--bench" => args.mode = Mode::Full,
             "--smoke" => smoke = true,
             "--only" => {
-                let names: Vec<String> =
-                    value("--only")?.split(',').map(str::to_string).collect();
+                let names: Vec<String> = value("--only")?.split(',').map(str::to_string).collect();
                 if let Some(bad) = names.iter().find(|n| !ALL.iter().any(|(s, _)| s == n)) {
                     let known: Vec<_> = ALL.iter().map(|(s, _)| *s).collect();
                     return Err(format!("no scenario `{bad}` (known: {})", known.join(", ")));
@@ -94,7 +93,11 @@ fn main() -> ExitCode {
     let mut tables = Vec::new();
     let (mut passed, mut failed) = (0, 0);
     for (name, scenario) in ALL {
-        if args.only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name)) {
+        if args
+            .only
+            .as_ref()
+            .is_some_and(|o| !o.iter().any(|n| n == name))
+        {
             continue;
         }
         progress(&format!("== {name}"));
@@ -122,9 +125,8 @@ fn main() -> ExitCode {
         }
     }
     let report = Report {
-        command: std::env::var("LAMINA_BENCH_COMMAND").unwrap_or_else(|_| {
-            "cargo bench -p lamina-benches --bench scenarios".into()
-        }),
+        command: std::env::var("LAMINA_BENCH_COMMAND")
+            .unwrap_or_else(|_| "cargo bench -p lamina-benches --bench scenarios".into()),
         kernel: host::kernel_release(),
         machine: format!(
             "{}; stores on loop-backed filesystems with direct I/O",

@@ -44,7 +44,11 @@ pub fn create_delete(dir: &Path) -> Result<Table, String> {
     Ok(table)
 }
 
-type Estimate = (std::time::Duration, std::time::Duration, std::time::Duration);
+type Estimate = (
+    std::time::Duration,
+    std::time::Duration,
+    std::time::Duration,
+);
 
 fn median(dir: &Path, id: &str) -> Result<Estimate, String> {
     let path = dir.join(GROUP).join(id).join("new/estimates.json");

@@ -72,7 +72,9 @@ pub fn large_layer(total: usize) -> Vec<u8> {
     }
     for i in 0..small_count {
         if i % 200 == 0 {
-            layer = layer.dir(&format!("d{}", i / 200), 0o755).expect("layer dir");
+            layer = layer
+                .dir(&format!("d{}", i / 200), 0o755)
+                .expect("layer dir");
         }
         let data = text.bytes(SMALL);
         layer = layer
@@ -97,9 +99,36 @@ struct Text {
 }
 
 const WORDS: &[&str] = &[
-    "import ", "def ", "return ", "self", ".value", " = ", "None", "\n    ", "if ", "for ",
-    " in ", "range(", ")", ":\n", "class ", "lamina", "layer", "mount", "overlay", "0x",
-    "error", "path", "#include ", "static ", "int ", "{\n", "}\n", ";\n", "const ", "char",
+    "import ",
+    "def ",
+    "return ",
+    "self",
+    ".value",
+    " = ",
+    "None",
+    "\n    ",
+    "if ",
+    "for ",
+    " in ",
+    "range(",
+    ")",
+    ":\n",
+    "class ",
+    "lamina",
+    "layer",
+    "mount",
+    "overlay",
+    "0x",
+    "error",
+    "path",
+    "#include ",
+    "static ",
+    "int ",
+    "{\n",
+    "}\n",
+    ";\n",
+    "const ",
+    "char",
 ];
 
 impl Text {

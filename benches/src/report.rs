@@ -76,11 +76,9 @@ fn replace_block(doc: &str, name: &str, body: &str) -> String {
     let open = format!("<!-- {name} -->");
     let close = format!("<!-- /{name} -->");
     match (doc.find(&open), doc.find(&close)) {
-        (Some(start), Some(end)) if start < end => format!(
-            "{}{open}\n{body}{}",
-            &doc[..start],
-            &doc[end..]
-        ),
+        (Some(start), Some(end)) if start < end => {
+            format!("{}{open}\n{body}{}", &doc[..start], &doc[end..])
+        }
         _ => format!("{doc}\n## {name}\n\n{open}\n{body}{close}\n"),
     }
 }

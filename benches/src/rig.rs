@@ -51,7 +51,9 @@ impl Rig {
             &Platform::host(),
         )
         .expect("resolving a benchmark image");
-        self.store.import(&image).expect("importing a benchmark image");
+        self.store
+            .import(&image)
+            .expect("importing a benchmark image");
         image
     }
 
@@ -89,7 +91,12 @@ impl Rig {
     pub fn reap_all(&self) {
         loop {
             lamina_mount::reap(&self.store, &self.mounter).expect("reaping");
-            if self.store.trash_entries().expect("listing trash").is_empty() {
+            if self
+                .store
+                .trash_entries()
+                .expect("listing trash")
+                .is_empty()
+            {
                 return;
             }
         }

@@ -77,8 +77,13 @@ pub fn ratio(value: Duration, baseline: Duration) -> String {
         format!("{r:.0}×")
     } else if r >= 0.1 {
         format!("{r:.2}×")
-    } else {
+    } else if r >= 0.01 {
         format!("{r:.3}×")
+    } else {
+        // "1/18000": a caller waiting microseconds instead of half a second.
+        let inverse = 1.0 / r;
+        let magnitude = 10f64.powi(inverse.log10().floor() as i32 - 1).max(1.0);
+        format!("1/{:.0}", (inverse / magnitude).round() * magnitude)
     }
 }
 
@@ -133,6 +138,13 @@ mod tests {
         assert_eq!(human(Duration::from_micros(2500)), "2.50 ms");
         assert_eq!(human(Duration::from_millis(460)), "460 ms");
         assert_eq!(human(Duration::from_secs(3)), "3.00 s");
-        assert_eq!(ratio(Duration::from_millis(8), Duration::from_millis(460)), "0.017×");
+        assert_eq!(
+            ratio(Duration::from_millis(8), Duration::from_millis(460)),
+            "0.017×"
+        );
+        assert_eq!(
+            ratio(Duration::from_micros(28), Duration::from_millis(510)),
+            "1/18000"
+        );
     }
 }

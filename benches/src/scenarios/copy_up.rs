@@ -107,7 +107,15 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 let mut each = Samples::new();
                 let mut storms = Samples::new();
                 for round in 0..rounds {
-                    let (e, wall) = storm(&rig, &image, strategy, load, containers, round, (dirs, files));
+                    let (e, wall) = storm(
+                        &rig,
+                        &image,
+                        strategy,
+                        load,
+                        containers,
+                        round,
+                        (dirs, files),
+                    );
                     each.extend(e);
                     storms.push(wall);
                 }
@@ -142,7 +150,10 @@ fn storm(
 ) -> (Samples, Duration) {
     rustix::fs::sync();
     let rootfs: Vec<_> = (0..n)
-        .map(|i| rig.create(image, &format!("s3-{round}-{i}"), strategy, false).rootfs)
+        .map(|i| {
+            rig.create(image, &format!("s3-{round}-{i}"), strategy, false)
+                .rootfs
+        })
         .collect();
     let barrier = std::sync::Barrier::new(n);
     let start = Instant::now();

@@ -24,14 +24,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
     let tar = images::large_layer(total);
     let mut table = Table::new(
         "import",
-        &[
-            "fs",
-            "layer",
-            "tool",
-            "p50",
-            "max",
-            "vs GNU tar",
-        ],
+        &["fs", "layer", "tool", "p50", "max", "vs GNU tar"],
     );
     for &kind in &ctx.filesystems {
         let rig = Rig::new(kind, (total as u64 >> 20) * 4 + 1024);
@@ -44,7 +37,10 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             let image = images::image(vec![tar.clone()], compression);
             let blob_digest = &image.layers[0].0;
             let reference = images::write_layout(&layout.join(name), &image);
-            let blob = layout.join(name).join("blobs/sha256").join(blob_digest.hex());
+            let blob = layout
+                .join(name)
+                .join("blobs/sha256")
+                .join(blob_digest.hex());
             let blob_mb = fs::metadata(&blob).unwrap().len() >> 20;
             let out = rig.scratch("out");
             let tools: [(&str, Extractor); 4] = [
@@ -158,9 +154,11 @@ fn umoci(layout: &Path, dest: &Path) -> bool {
     if !out.status.success() {
         progress(&format!(
             "umoci unpack failed: {}",
-            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
         ));
     }
     out.status.success()
 }
-

@@ -14,7 +14,9 @@ use crate::stats::{Samples, human};
 const STRATEGIES: &[&str] = &["classic", "shared-ro", "direct"];
 
 pub fn run(ctx: &Ctx) -> Vec<Table> {
-    let duration = ctx.mode.pick(Duration::from_secs(3), Duration::from_millis(50));
+    let duration = ctx
+        .mode
+        .pick(Duration::from_secs(3), Duration::from_millis(50));
     let rounds = ctx.mode.pick(3, 1);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut table = Table::new(
@@ -35,7 +37,10 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         for threads in [1, cpus] {
             let mut classic_rate = None;
             for strategy in STRATEGIES {
-                progress(&format!("S5 {} {strategy} {threads} threads", rig.fs_name()));
+                progress(&format!(
+                    "S5 {} {strategy} {threads} threads",
+                    rig.fs_name()
+                ));
                 let rootfs = rig.create(&image, "s5", strategy, true).rootfs;
                 let files = regular_files(&rootfs);
                 let mut ops = Samples::new();

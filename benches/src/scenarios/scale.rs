@@ -47,7 +47,10 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             let mut first = None;
             let mut live = 0;
             for &count in &live_counts {
-                progress(&format!("scale {} {strategy} with {count} live", rig.fs_name()));
+                progress(&format!(
+                    "scale {} {strategy} with {count} live",
+                    rig.fs_name()
+                ));
                 while live < count {
                     rig.create(&image, &format!("live-{live}"), strategy, false);
                     live += 1;

@@ -66,9 +66,22 @@ fn slots(dir: &Path) -> Vec<PathBuf> {
     slots
 }
 
-/// Whether the image's pool of this flavor has a slot to claim (a cheap readdir).
+/// Sub-directories of `dir` in directory order, read lazily: the create path stops at
+/// the first usable slot instead of listing and sorting a large pool.
+fn unsorted_slots(dir: &Path) -> impl Iterator<Item = PathBuf> {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+}
+
+/// Whether the image's pool of this flavor has a slot to claim (one readdir, stopping
+/// at the first slot).
 pub fn ready(store: &Store, chain_ids: &[Digest], flavor: Strategies) -> bool {
-    pool_name(chain_ids, flavor).is_some_and(|name| !slots(&pool_dir(store, &name)).is_empty())
+    pool_name(chain_ids, flavor)
+        .is_some_and(|name| unsorted_slots(&pool_dir(store, &name)).next().is_some())
 }
 
 /// Mounts slots until the pool holds `size` of them. Layers must be imported. `size` is
@@ -173,7 +186,7 @@ pub(crate) fn claim(
     let Some(name) = pool_name(chain_ids, flavor) else {
         return Ok(None);
     };
-    for slot in slots(&pool_dir(store, &name)) {
+    for slot in unsorted_slots(&pool_dir(store, &name)) {
         let Some(lock) = store.try_lock_dir(&slot)? else {
             continue; // another create is claiming it
         };
