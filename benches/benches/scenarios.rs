@@ -6,7 +6,7 @@
 //!   --only NAME[,NAME]   scenarios to run (default all: s1-teardown, s2-reclaim, ...)
 //!   --fs ext4[,xfs]      store filesystems (default both)
 //!   --smoke              tiny sizes even under `cargo bench`
-//!   --json PATH          where the results go (default target/lamina-bench/<mode>.json)
+//!   --json PATH          where the results go (default <workspace>/target/lamina-bench/<mode>.json)
 //!   --docs PATH          rewrite the tables in this markdown file (docs/benchmarks.md)
 //!   --criterion DIR      also tabulate criterion's create_delete results from DIR
 
@@ -139,7 +139,9 @@ fn main() -> ExitCode {
             Mode::Full => "full",
             Mode::Smoke => "smoke",
         };
-        PathBuf::from(format!("target/lamina-bench/{mode}.json"))
+        // cargo runs benches from the package directory; results go beside criterion's.
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../target/lamina-bench/{mode}.json"))
     });
     if let Err(e) = report.save_json(&json) {
         progress(&format!("writing {}: {e}", json.display()));

@@ -25,8 +25,8 @@ pub struct MemoryPressure {
 impl MemoryPressure {
     /// Leaves `headroom` bytes of memory available, then cycles a sparse file of
     /// `file_bytes` in `dir` through the page cache. Returns once reclaim is visible in
-    /// /proc/vmstat (or after 10 s, which the caller's pgscan delta will then show).
-    pub fn start(dir: &Path, headroom: u64, file_bytes: u64) -> Self {
+    /// /proc/vmstat or after `settle` (the caller's pgscan delta shows which).
+    pub fn start(dir: &Path, headroom: u64, file_bytes: u64, settle: Duration) -> Self {
         let hog_bytes = host::mem_available().saturating_sub(headroom) as usize;
         let mut hog = vec![0u8; hog_bytes];
         // Touch every page so the allocation is resident, not just reserved.
@@ -44,7 +44,7 @@ impl MemoryPressure {
             std::thread::spawn(move || stream(&file, &stop))
         };
         let before = host::pgscan();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + settle;
         while host::pgscan() == before && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
