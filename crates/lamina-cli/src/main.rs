@@ -50,6 +50,8 @@ enum Command {
     },
     /// Print each container's rootfs path, one per line
     List,
+    /// Unmount everything in the store (containers, pools, shared mounts) and remove it; refuses a directory that is not a lamina store
+    DeleteStore,
     /// Finish deferred deletes now: unmount and remove what is in the store's trash
     Reap,
     /// Finish work a crash left (trash, half-made containers, tmp/), release unused shared mounts and pool entries; prints a JSON report

@@ -9,6 +9,7 @@ mod choose;
 mod clean;
 mod create;
 mod delete;
+mod delete_store;
 mod flatten;
 pub mod plan;
 pub mod pool;
@@ -21,6 +22,7 @@ pub use choose::{Choice, Request, choose};
 pub use clean::{CleanReport, clean};
 pub use create::{CreateOptions, Created, ToMount, create};
 pub use delete::{Deleted, Reaped, delete, reap};
+pub use delete_store::delete_store;
 pub use remount::{mount, unmount};
 pub use strategy::Strategies;
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, anyhow};
 use lamina_mount::Deleted;
-use lamina_store::Store;
+use lamina_store::{Store, StoreError};
 use lamina_sys::RealMounter;
 
 use crate::config::Config;
@@ -33,6 +33,30 @@ impl Ctx {
     pub fn spawn(&self, store: &Store, args: &[&str]) {
         background::spawn(store, self.log_file.as_deref(), args);
     }
+}
+
+/// A missing store is already deleted (Garden calls this on every teardown); anything
+/// that is not a lamina store is refused untouched.
+fn delete_store(ctx: &Ctx, mounter: &RealMounter) -> anyhow::Result<()> {
+    let path = &ctx.store_path;
+    if !path.exists() {
+        println!("store {} does not exist: nothing to delete", path.display());
+        return Ok(());
+    }
+    let store = match Store::open(path) {
+        Ok(store) => store,
+        Err(StoreError::NotInitialised(_) | StoreError::NotAStore(_)) => anyhow::bail!(
+            "refusing to delete {}: it is not a lamina store (no valid store marker)",
+            path.display()
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    let unmounted = lamina_mount::delete_store(&store, mounter)?;
+    println!(
+        "deleted store {} ({unmounted} mounts released)",
+        path.display()
+    );
+    Ok(())
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -85,6 +109,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", store.rootfs_path(&record.id).display());
             }
         }
+        Command::DeleteStore => delete_store(&ctx, &mounter)?,
         Command::Reap => {
             let store = Store::open(&ctx.store_path)?;
             let reaped = lamina_mount::reap(&store, &mounter)?;

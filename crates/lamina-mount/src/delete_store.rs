@@ -1,0 +1,33 @@
+//! `delete-store` (Garden's teardown of a whole store): unmount everything lamina mounted
+//! beneath the store — containers, trash, pool slots, shared image mounts — then remove
+//! the directory. No file is removed until every unmount has succeeded: a busy rootfs
+//! fails the command with every directory and record still in place, and a retry once
+//! the process is gone finishes the job.
+
+use std::fs;
+
+use lamina_store::{Store, StoreError};
+use lamina_sys::Mounter;
+
+use crate::RootfsError;
+
+/// Unmounts everything under the store and removes it. Returns how many mounts went.
+pub fn delete_store(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
+    let root = store.root();
+    // A running reaper finishes its pass first, and no new one starts meanwhile.
+    let _reaper = store.lock("reaper")?;
+    let mounts = mounter.mounts_under(root)?;
+    for mount in &mounts {
+        let name = mount
+            .strip_prefix(root)
+            .unwrap_or(mount)
+            .display()
+            .to_string();
+        mounter
+            .unmount(mount)
+            .map_err(|e| RootfsError::unmounting(&name, e))?;
+    }
+    fs::remove_dir_all(root).map_err(StoreError::io("removing", root))?;
+    tracing::info!(store = %root.display(), unmounted = mounts.len(), "deleted store");
+    Ok(mounts.len())
+}
