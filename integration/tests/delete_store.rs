@@ -1,18 +1,24 @@
 //! `lamina delete-store`: everything lamina mounted goes, then the directory; a directory
 //! that is not a store is refused untouched; a busy rootfs fails it and a retry finishes.
 
+use std::path::PathBuf;
 use std::process::Command;
 
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::{Lamina, ScratchFs, require_root, sample_image};
 
+/// A store and the sample image's reference, both on `fs`.
+fn store_with_sample(fs: &ScratchFs) -> (Lamina, PathBuf, String) {
+    let image = sample_image(&fs.path().join("image")).references()[0].clone();
+    let store = fs.path().join("store");
+    (Lamina::init(&store), store, image)
+}
+
 #[test]
 fn delete_store_unmounts_every_kind_of_mount_and_removes_the_store() {
     require_root();
     let fs = ScratchFs::tmpfs();
-    let image = sample_image(&fs.path().join("image")).references()[0].clone();
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
+    let (lamina, store, image) = store_with_sample(&fs);
     let rw = lamina.create_with(&["--strategy", "classic"], &image, "rw");
     std::fs::write(rw.join("written"), b"data").unwrap();
     lamina.create_with(
@@ -65,9 +71,7 @@ fn delete_store_refuses_a_directory_that_is_not_a_store() {
 fn delete_store_with_a_busy_rootfs_fails_and_a_retry_finishes() {
     require_root();
     let fs = ScratchFs::tmpfs();
-    let image = sample_image(&fs.path().join("image")).references()[0].clone();
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
+    let (lamina, store, image) = store_with_sample(&fs);
     let rootfs = lamina.create_with(&["--strategy", "classic"], &image, "busy");
     let mut squatter = Command::new("sleep")
         .arg("60")
