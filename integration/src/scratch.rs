@@ -112,25 +112,27 @@ impl FsKind {
 
 /// `run`, detaching loop `device` first if the command fails.
 fn run_or_detach(device: &str, cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output();
-    match out {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
-        other => {
-            let _ = Command::new("losetup").args(["--detach", device]).status();
-            panic!("{cmd} {args:?} failed: {other:?}");
-        }
-    }
+    try_run(cmd, args).unwrap_or_else(|e| {
+        let _ = Command::new("losetup").args(["--detach", device]).status();
+        panic!("{e}")
+    })
 }
 
+/// Runs `cmd`, returning its stdout; panics with its stderr if it fails.
 fn run(cmd: &str, args: &[&str]) -> String {
+    try_run(cmd, args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn try_run(cmd: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new(cmd)
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("running {cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+        .map_err(|e| format!("running {cmd}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd} {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -75,19 +75,30 @@ pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError>
         if pending.is_empty() {
             return Ok(reaped);
         }
-        // Discard every pending container's written data before the first unmount:
-        // each unmount syncs the whole upper filesystem, so one container's unmount
-        // would otherwise write back the data of every container still waiting here.
-        for dir in &pending {
-            discard(store, mounter, dir);
-        }
         // One read of the mount table per pass, not one per container: with a thousand
         // binds mounted, each read costs about a millisecond. Listed after `pending`, so
         // it includes every pending container's mounts (renames carry mounts along).
         let mounted = mounter.mounts_under(&store.layout().trash())?;
-        for dir in pending {
-            let mounts = mounted.iter().filter(|m| m.starts_with(&dir)).cloned();
-            match teardown(store, mounter, &dir, mounts.collect()) {
+        let pending: Vec<_> = pending
+            .into_iter()
+            .map(|dir| {
+                let record = store.record_in(&dir).unwrap_or(None);
+                let mounts: Vec<PathBuf> = mounted
+                    .iter()
+                    .filter(|m| m.starts_with(&dir))
+                    .cloned()
+                    .collect();
+                (dir, record, mounts)
+            })
+            .collect();
+        // Discard every pending container's written data before the first unmount:
+        // each unmount syncs the whole upper filesystem, so one container's unmount
+        // would otherwise write back the data of every container still waiting here.
+        for (dir, record, mounts) in &pending {
+            discard(dir, record.as_ref(), mounts);
+        }
+        for (dir, record, mounts) in pending {
+            match teardown(store, mounter, &dir, record, mounts) {
                 Ok(()) => reaped.removed += 1,
                 Err(e) => {
                     tracing::warn!(dir = %dir.display(), error = %e, "reaper left a container in trash");
@@ -102,27 +113,24 @@ pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError>
 /// Unlinks a trashed read-write overlay's written files through its mount, so its
 /// unmount — and every other unmount on the same upper filesystem — has nothing of it
 /// to write back. Anything else (read-only binds, unmounted dirs) is left alone.
-fn discard(store: &Store, mounter: &dyn Mounter, dir: &Path) {
-    let record = store.record_in(dir).unwrap_or(None);
-    let overlay_rw = record
-        .as_ref()
-        .is_some_and(|r| r.bind_source.is_none() && r.mounted);
+fn discard(dir: &Path, record: Option<&ContainerRecord>, mounts: &[PathBuf]) {
+    let overlay_rw = record.is_some_and(|r| r.bind_source.is_none() && r.mounted);
     let rootfs = dir.join("rootfs");
-    if overlay_rw && mounter.is_mountpoint(&rootfs).unwrap_or(false) {
+    if overlay_rw && mounts.contains(&rootfs) {
         let discarded = discard_written(&dir.join("upper"), &rootfs);
         tracing::debug!(dir = %dir.display(), discarded, "unlinked written files before unmount");
     }
 }
 
 /// Unmounts `mounts` (what is mounted in container directory `dir`, deepest first),
-/// removes the directory, and drops its shared-mount lease.
+/// removes the directory, and drops the shared-mount lease its `record` names.
 fn teardown(
     store: &Store,
     mounter: &dyn Mounter,
     dir: &Path,
+    record: Option<ContainerRecord>,
     mounts: Vec<PathBuf>,
 ) -> Result<(), RootfsError> {
-    let record = store.record_in(dir).unwrap_or(None);
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
     for mount in mounts {
         mounter

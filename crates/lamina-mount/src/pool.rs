@@ -53,15 +53,7 @@ fn pool_dir(store: &Store, name: &str) -> PathBuf {
 
 /// Sub-directories of `dir` (pools, or a pool's slots), sorted.
 fn slots(dir: &Path) -> Vec<PathBuf> {
-    let mut slots: Vec<PathBuf> = fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut slots: Vec<PathBuf> = unsorted_slots(dir).collect();
     slots.sort();
     slots
 }
