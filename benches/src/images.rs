@@ -9,6 +9,15 @@ use lamina_sample::{BuiltImage, Layer, LayerBuilder, build_image, write_oci_layo
 
 const TAG: &str = "bench";
 
+/// Resolves a benchmark image reference for this host's platform.
+pub fn resolve(reference: &str) -> lamina_image::Image {
+    lamina_image::resolve(
+        &lamina_image::ImageRef::parse(reference).expect("image reference"),
+        &Platform::host(),
+    )
+    .expect("resolving a benchmark image")
+}
+
 /// The busybox sample image as an `oci://` reference under `dir`.
 pub fn sample(dir: &Path) -> String {
     lamina_integration::sample_image(dir).references()[0].clone()

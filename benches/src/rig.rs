@@ -5,7 +5,7 @@
 use std::fs;
 use std::time::{Duration, Instant};
 
-use lamina_image::{Image, ImageRef, Platform, resolve};
+use lamina_image::Image;
 use lamina_integration::{FsKind, ScratchFs};
 use lamina_mount::{CreateOptions, Created, Deleted, Strategies};
 use lamina_store::Store;
@@ -46,11 +46,7 @@ impl Rig {
 
     /// Resolves `reference` and imports its layers, so creates measure a warm image.
     pub fn warm(&self, reference: &str) -> Image {
-        let image = resolve(
-            &ImageRef::parse(reference).expect("image reference"),
-            &Platform::host(),
-        )
-        .expect("resolving a benchmark image");
+        let image = crate::images::resolve(reference);
         self.store
             .import(&image)
             .expect("importing a benchmark image");
@@ -68,9 +64,15 @@ impl Rig {
     }
 
     /// Times one create.
-    pub fn timed_create(&self, image: &Image, id: &str, strategies: &str, ro: bool) -> Duration {
+    pub fn timed_create(
+        &self,
+        image: &Image,
+        id: &str,
+        strategies: &str,
+        read_only: bool,
+    ) -> Duration {
         let start = Instant::now();
-        self.create(image, id, strategies, ro);
+        self.create(image, id, strategies, read_only);
         start.elapsed()
     }
 

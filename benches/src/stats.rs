@@ -67,6 +67,48 @@ impl Summary {
     }
 }
 
+/// The rounds of a storm: every operation's latency and each round's wall time.
+#[derive(Debug, Clone, Default)]
+pub struct Rounds {
+    ops: Samples,
+    walls: Samples,
+}
+
+impl Rounds {
+    /// Adds one round's operations and its wall time.
+    pub fn add(&mut self, (ops, wall): (Samples, Duration)) {
+        self.ops.extend(ops);
+        self.walls.push(wall);
+    }
+
+    pub fn result(&self) -> StormResult {
+        StormResult {
+            ops: self.ops.summary(),
+            wall: self.walls.summary().p50,
+        }
+    }
+}
+
+/// What a storm's table row reports: per-operation percentiles and the median round.
+#[derive(Debug, Clone, Copy)]
+pub struct StormResult {
+    pub ops: Summary,
+    pub wall: Duration,
+}
+
+impl StormResult {
+    /// Operation p50, p99, p50 vs `base`, median wall time, wall time vs `base`.
+    pub fn cells(&self, base: &StormResult) -> Vec<String> {
+        vec![
+            human(self.ops.p50),
+            human(self.ops.p99),
+            self.ops.ratio_to(&base.ops),
+            human(self.wall),
+            ratio(self.wall, base.wall),
+        ]
+    }
+}
+
 /// `value / baseline` as a table cell.
 pub fn ratio(value: Duration, baseline: Duration) -> String {
     if baseline.is_zero() {

@@ -13,7 +13,7 @@ use rustix::fs::{AtFlags, CWD, Timespec, Timestamps, UTIME_NOW};
 use super::{Ctx, progress};
 use crate::report::Table;
 use crate::rig::Rig;
-use crate::stats::{Samples, Summary, human, ratio};
+use crate::stats::{Rounds, Samples};
 
 const STRATEGIES: &[&str] = &["classic", "metacopy", "volatile", "metacopy,volatile"];
 
@@ -96,7 +96,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             size,
         ));
         for load in [Load::ChownTouch, Load::Pycache] {
-            let mut baseline: Option<(Summary, Duration)> = None;
+            let mut baseline = None;
             for strategy in STRATEGIES {
                 progress(&format!(
                     "S3 {} {} {strategy} ({containers} containers × {} files)",
@@ -104,10 +104,9 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                     load.name(),
                     dirs * files
                 ));
-                let mut each = Samples::new();
-                let mut storms = Samples::new();
+                let mut storms = Rounds::default();
                 for round in 0..rounds {
-                    let (e, wall) = storm(
+                    storms.add(storm(
                         &rig,
                         &image,
                         strategy,
@@ -115,22 +114,17 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                         containers,
                         round,
                         (dirs, files),
-                    );
-                    each.extend(e);
-                    storms.push(wall);
+                    ));
                 }
-                let (e, w) = (each.summary(), storms.summary().p50);
-                let (base_e, base_w) = *baseline.get_or_insert((e, w));
-                table.row(vec![
+                let result = storms.result();
+                let base = *baseline.get_or_insert(result);
+                let mut row = vec![
                     rig.fs_name().into(),
                     format!("{} ({} files)", load.name(), dirs * files),
                     format!("`{strategy}`"),
-                    human(e.p50),
-                    human(e.p99),
-                    e.ratio_to(&base_e),
-                    human(w),
-                    ratio(w, base_w),
-                ]);
+                ];
+                row.extend(result.cells(&base));
+                table.row(row);
             }
         }
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use lamina_image::{Compression, ImageRef, Platform, resolve};
+use lamina_image::Compression;
 use lamina_store::Store;
 
 use super::{Ctx, progress};
@@ -136,7 +136,7 @@ fn gnu_tar(blob: &Path, compression: Compression, dest: &Path) -> bool {
 /// unpacking, syncfs, publish.
 fn store_import(reference: &str, dest: &Path) -> bool {
     let store = Store::init(&dest.join("store")).unwrap();
-    let image = resolve(&ImageRef::parse(reference).unwrap(), &Platform::host()).unwrap();
+    let image = images::resolve(reference);
     store.import(&image).unwrap();
     true
 }

@@ -71,11 +71,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
 
         progress(&format!("scale {} {layers}-layer image", rig.fs_name()));
         let reference = crate::images::many_layers(&rig.scratch("layers"), layers);
-        let image = lamina_image::resolve(
-            &lamina_image::ImageRef::parse(&reference).unwrap(),
-            &lamina_image::Platform::host(),
-        )
-        .unwrap();
+        let image = crate::images::resolve(&reference);
         let t = Instant::now();
         rig.store.import(&image).unwrap();
         let import = t.elapsed();

@@ -14,7 +14,7 @@ use lamina_image::Image;
 use super::{Ctx, progress};
 use crate::report::Table;
 use crate::rig::Rig;
-use crate::stats::{Samples, Summary, human, ratio};
+use crate::stats::{Rounds, Samples};
 
 const STRATEGIES: &[&str] = &["classic", "volatile", "deferred", "volatile,deferred"];
 
@@ -79,7 +79,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         let image = rig.warm(&crate::images::sample(&rig.scratch("image")));
         for load in [Load::OneFile(mb), Load::SmallFiles(small)] {
             for parallel in [true, false] {
-                let mut baseline: Option<(Summary, Duration)> = None;
+                let mut baseline = None;
                 for strategy in STRATEGIES {
                     progress(&format!(
                         "S1 {} {} {} {strategy}",
@@ -87,17 +87,15 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                         load.name(),
                         if parallel { "parallel" } else { "serial" }
                     ));
-                    let mut deletes = Samples::new();
-                    let mut walls = Samples::new();
+                    let mut storms = Rounds::default();
                     for round in 0..rounds {
-                        let (d, wall) =
-                            storm(&rig, &image, strategy, load, containers, parallel, round);
-                        deletes.extend(d);
-                        walls.push(wall);
+                        storms.add(storm(
+                            &rig, &image, strategy, load, containers, parallel, round,
+                        ));
                     }
-                    let (d, w) = (deletes.summary(), walls.summary().p50);
-                    let (base_d, base_w) = *baseline.get_or_insert((d, w));
-                    table.row(vec![
+                    let result = storms.result();
+                    let base = *baseline.get_or_insert(result);
+                    let mut row = vec![
                         rig.fs_name().into(),
                         load.name(),
                         format!(
@@ -105,12 +103,9 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                             if parallel { "in parallel" } else { "serially" }
                         ),
                         format!("`{strategy}`"),
-                        human(d.p50),
-                        human(d.p99),
-                        d.ratio_to(&base_d),
-                        human(w),
-                        ratio(w, base_w),
-                    ]);
+                    ];
+                    row.extend(result.cells(&base));
+                    table.row(row);
                 }
             }
         }
