@@ -14,7 +14,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use lamina_benches::criterion_table::{CASES, GROUP, KERNEL_FLOOR};
 use lamina_benches::rig::Rig;
 use lamina_integration::{FsKind, require_root};
-use lamina_mount::{Strategies, pool};
+use lamina_mount::pool::{self, PoolKind};
+use lamina_mount::Strategies;
 use lamina_sys::Mounter;
 
 fn create_delete(c: &mut Criterion) {
@@ -50,8 +51,8 @@ fn create_delete(c: &mut Criterion) {
         group.bench_function(id, |b| {
             b.iter_custom(|n| {
                 if strategies == "pooled" {
-                    let flavor = Strategies::CLASSIC;
-                    pool::fill(&rig.store, &rig.mounter, &chain, flavor, Some(n as usize)).unwrap();
+                    let kind = PoolKind::overlays(&chain, Strategies::CLASSIC, None);
+                    pool::fill(&rig.store, &rig.mounter, &kind, Some(n as usize)).unwrap();
                 }
                 let start = Instant::now();
                 for i in 0..n {

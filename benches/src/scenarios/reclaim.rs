@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use lamina_image::Image;
-use lamina_mount::{Strategies, pool};
+use lamina_mount::pool::{self, PoolKind};
+use lamina_mount::Strategies;
 
 use super::{Ctx, progress};
 use crate::host;
@@ -52,14 +53,8 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                     if under_pressure { "reclaiming" } else { "idle" }
                 ));
                 if strategy == "pooled" {
-                    pool::fill(
-                        &rig.store,
-                        &rig.mounter,
-                        &image.chain_ids(),
-                        Strategies::CLASSIC,
-                        Some(creates),
-                    )
-                    .unwrap();
+                    let kind = PoolKind::overlays(&image.chain_ids(), Strategies::CLASSIC, None);
+                    pool::fill(&rig.store, &rig.mounter, &kind, Some(creates)).unwrap();
                 }
                 let scanned_before = host::pgscan();
                 let latencies = batch(&rig, &image, strategy, creates);

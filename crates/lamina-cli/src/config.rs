@@ -29,6 +29,33 @@ pub struct CreateConfig {
     pub without_mount: bool,
     /// Comma-separated strategies, as `--strategy`.
     pub strategy: Option<String>,
+    /// As `--disk-limit-size-bytes`.
+    pub disk_limit_size_bytes: Option<u64>,
+    /// As `--exclude-image-from-quota`.
+    pub exclude_image_from_quota: bool,
+    /// What isolated uppers on disk are formatted with: `ext4` (default) or `xfs`.
+    pub isolated_filesystem: Option<String>,
+}
+
+impl CreateConfig {
+    /// The disk limit flags ask for, falling back to this config.
+    pub fn disk_limit(&self, bytes: Option<u64>, exclude: bool) -> Option<lamina_mount::DiskLimit> {
+        bytes
+            .or(self.disk_limit_size_bytes)
+            .filter(|b| *b > 0)
+            .map(|bytes| lamina_mount::DiskLimit {
+                bytes,
+                exclude_image: exclude || self.exclude_image_from_quota,
+            })
+    }
+
+    pub fn disk_fs(&self) -> anyhow::Result<lamina_sys::DiskFs> {
+        match &self.isolated_filesystem {
+            None => Ok(lamina_sys::DiskFs::default()),
+            Some(name) => lamina_mount::isolated::disk_fs(name)
+                .map_err(|e| anyhow::anyhow!("config create.isolated_filesystem: {e}")),
+        }
+    }
 }
 
 impl Config {

@@ -100,9 +100,15 @@ pub struct CreateArgs {
     /// Mount nothing; print the overlay to mount under "mounts"
     #[arg(long)]
     pub without_mount: bool,
-    /// Comma-separated mount strategies: auto, classic, shared-ro, direct, pooled, metacopy, volatile, deferred [default: auto, or `create.strategy` in --config]
+    /// Comma-separated mount strategies: auto, classic, shared-ro, direct, isolated, isolated-memory, pooled, metacopy, volatile, deferred [default: auto, or `create.strategy` in --config]
     #[arg(long)]
     pub strategy: Option<String>,
+    /// The most the container may use, image included unless --exclude-image-from-quota: its upper gets a filesystem of its own of that size (strategy isolated) [default: `create.disk_limit_size_bytes` in --config]
+    #[arg(long)]
+    pub disk_limit_size_bytes: Option<u64>,
+    /// The disk limit counts only what the container writes, not the image
+    #[arg(long)]
+    pub exclude_image_from_quota: bool,
     /// A read-only rootfs (printed with root.readonly, which runc enforces)
     #[arg(long)]
     pub read_only: bool,
@@ -116,9 +122,9 @@ pub struct CreateArgs {
 
 #[derive(Debug, Subcommand)]
 enum PoolCommand {
-    /// Mount overlays of IMAGE until its pool holds --size of them
+    /// Mount overlays of IMAGE until its pool holds --size of them; with no IMAGE and an isolated strategy, make bare upper filesystems any image's isolated create claims
     Fill {
-        image: String,
+        image: Option<String>,
         /// How many ready overlays to keep [default: `pool.size` in --config]
         #[arg(long)]
         size: Option<usize>,
@@ -128,6 +134,11 @@ enum PoolCommand {
         /// Fill the pool `create --ephemeral` claims from (volatile overlays)
         #[arg(long)]
         ephemeral: bool,
+        /// Upper filesystems sized for creates with this disk limit (as create's flag)
+        #[arg(long)]
+        disk_limit_size_bytes: Option<u64>,
+        #[arg(long)]
+        exclude_image_from_quota: bool,
         #[arg(long)]
         platform: Option<String>,
     },
@@ -142,10 +153,28 @@ fn main() -> ExitCode {
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let message = format!("{e:#}");
+            let message = one_line(&e);
             tracing::error!(error = %message, "command failed");
             println!("{}", message.replace('\n', " "));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line. Our errors already name their cause in their
+/// own text (`removing X: Directory not empty`), so a cause that the line already
+/// ends with is not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }

@@ -3,7 +3,7 @@
 //! the fastest safe combination, with the reason, which `create` logs.
 
 use crate::probe::Probe;
-use crate::{RootfsError, Strategies};
+use crate::{RootfsError, Strategies, UpperBackend};
 
 /// What the caller asked for.
 #[derive(Debug, Clone, Copy, Default)]
@@ -13,6 +13,30 @@ pub struct Request {
     pub read_only: bool,
     /// The container's writes need not survive a crash (`--ephemeral`).
     pub ephemeral: bool,
+    /// The caller set a disk limit, which only an isolated upper enforces here.
+    pub disk_limit: bool,
+}
+
+/// What the pools hold for this create, asked lazily (each question is one readdir).
+pub struct Pools<'a> {
+    /// Whether the image's pool of this mount flavor has a slot.
+    pub overlay_ready: &'a dyn Fn(Strategies) -> bool,
+    /// Whether bare upper filesystems of this backend wait in a pool.
+    pub upper_ready: &'a dyn Fn(UpperBackend) -> bool,
+}
+
+impl std::fmt::Debug for Pools<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pools").finish_non_exhaustive()
+    }
+}
+
+impl Pools<'_> {
+    /// Pools that hold nothing.
+    pub const EMPTY: Pools<'static> = Pools {
+        overlay_ready: &|_| false,
+        upper_ready: &|_| false,
+    };
 }
 
 /// What one create will do.
@@ -25,21 +49,30 @@ pub struct Choice {
     pub reason: String,
 }
 
-/// Resolves `request`. `layers` is the image's layer count; `pool_ready` says whether
-/// the image's pool holds an entry of the given mount flavor.
+/// Resolves `request`. `layers` is the image's layer count.
 pub fn choose(
     request: &Request,
     probe: &Probe,
     layers: usize,
-    pool_ready: &dyn Fn(Strategies) -> bool,
+    pools: &Pools<'_>,
 ) -> Result<Choice, RootfsError> {
     if request.strategies.auto {
-        return Ok(choose_auto(request, probe, layers, pool_ready));
+        return Ok(choose_auto(request, probe, layers, pools));
     }
     let mut strategies = request.strategies;
     let read_only = request.read_only || strategies.read_only_kind().is_some();
     if request.ephemeral && strategies.read_only_kind().is_none() {
         strategies.volatile = true;
+    }
+    if request.disk_limit && strategies.isolated.is_none() && !read_only {
+        return Err(RootfsError::DiskLimitNeedsIsolated {
+            strategies: strategies.to_string(),
+        });
+    }
+    if strategies.isolated.is_some() {
+        // Deleting an isolated container detaches a loop device and removes an image
+        // file: the reaper's work, never the caller's wait.
+        strategies.deferred = true;
     }
     let unsupported = |strategy, why| Err(RootfsError::Unsupported { strategy, why });
     if strategies.metacopy && !probe.metacopy {
@@ -66,12 +99,7 @@ pub fn choose(
     })
 }
 
-fn choose_auto(
-    request: &Request,
-    probe: &Probe,
-    layers: usize,
-    pool_ready: &dyn Fn(Strategies) -> bool,
-) -> Choice {
+fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_>) -> Choice {
     let mut s = Strategies {
         deferred: true,
         ..Strategies::CLASSIC
@@ -107,7 +135,8 @@ fn choose_auto(
             why.push("ephemeral, but overlay refused volatile");
         }
     }
-    if pool_ready(s.mount_flavor()) {
+    s.isolated = choose_upper(request, &s, pools, &mut why);
+    if (pools.overlay_ready)(s.mount_flavor()) {
         s.pooled = true;
         why.push("a pre-mounted overlay is ready in the pool");
     }
@@ -116,6 +145,38 @@ fn choose_auto(
         read_only: false,
         reason: why.join("; "),
     }
+}
+
+/// Whether an auto create gets its own upper filesystem. It always wins at delete and
+/// under copy-up storms (docs/benchmarks.md), but making one costs a mkfs and a loop
+/// attach that a classic create does not pay — so auto takes one only when one is ready
+/// in a pool, or when a disk limit needs it. An ephemeral container prefers a memory
+/// upper when the operator pooled some.
+fn choose_upper(
+    request: &Request,
+    s: &Strategies,
+    pools: &Pools<'_>,
+    why: &mut Vec<&'static str>,
+) -> Option<UpperBackend> {
+    let mut backends = vec![UpperBackend::Disk];
+    if request.ephemeral {
+        backends.insert(0, UpperBackend::Memory);
+    }
+    for backend in backends {
+        let flavor = Strategies {
+            isolated: Some(backend),
+            ..s.mount_flavor()
+        };
+        if (pools.overlay_ready)(flavor) || (pools.upper_ready)(backend) {
+            why.push("an isolated upper filesystem is ready in a pool: no neighbour sync, own rename lock");
+            return Some(backend);
+        }
+    }
+    if request.disk_limit {
+        why.push("disk limit: an isolated upper filesystem of that size");
+        return Some(UpperBackend::Disk);
+    }
+    None
 }
 
 #[cfg(test)]
@@ -141,11 +202,16 @@ mod tests {
             strategies: Strategies::AUTO,
             read_only,
             ephemeral,
+            disk_limit: false,
         }
     }
 
     fn chosen(request: Request, probe: &Probe, layers: usize, pool: bool) -> String {
-        choose(&request, probe, layers, &|_| pool)
+        let pools = Pools {
+            overlay_ready: &|flavor| pool && flavor.isolated.is_none(),
+            upper_ready: &|_| false,
+        };
+        choose(&request, probe, layers, &pools)
             .unwrap()
             .strategies
             .to_string()
@@ -176,12 +242,90 @@ mod tests {
     #[test]
     fn the_pool_is_asked_for_the_flavor_auto_would_mount() {
         let asked = std::cell::RefCell::new(Vec::new());
-        choose(&auto(false, true), &probe(true), 2, &|f| {
-            asked.borrow_mut().push(f.to_string());
-            false
-        })
-        .unwrap();
-        assert_eq!(asked.into_inner(), vec!["metacopy,volatile"]);
+        let pools = Pools {
+            overlay_ready: &|f| {
+                asked.borrow_mut().push(f.to_string());
+                false
+            },
+            upper_ready: &|_| false,
+        };
+        choose(&auto(false, true), &probe(true), 2, &pools).unwrap();
+        assert_eq!(
+            asked.into_inner(),
+            vec![
+                "isolated-memory,metacopy,volatile",
+                "isolated,metacopy,volatile",
+                "metacopy,volatile"
+            ]
+        );
+    }
+
+    #[test]
+    fn auto_isolates_when_an_upper_is_ready_or_a_disk_limit_needs_one() {
+        let good = probe(true);
+        let uppers = |backend: UpperBackend| Pools {
+            overlay_ready: &|_| false,
+            upper_ready: match backend {
+                UpperBackend::Disk => &|b| b == UpperBackend::Disk,
+                UpperBackend::Memory => &|_| true,
+            },
+        };
+        let pick = |request: Request, pools: &Pools<'_>| {
+            choose(&request, &good, 2, pools).unwrap().strategies.to_string()
+        };
+        assert_eq!(
+            pick(auto(false, false), &uppers(UpperBackend::Disk)),
+            "isolated,metacopy,deferred"
+        );
+        assert_eq!(
+            pick(auto(false, true), &uppers(UpperBackend::Memory)),
+            "isolated-memory,metacopy,volatile,deferred",
+            "ephemeral prefers a memory upper when one is pooled"
+        );
+        assert_eq!(
+            pick(auto(false, true), &uppers(UpperBackend::Disk)),
+            "isolated,metacopy,volatile,deferred"
+        );
+        let limited = Request {
+            disk_limit: true,
+            ..auto(false, false)
+        };
+        assert_eq!(pick(limited, &Pools::EMPTY), "isolated,metacopy,deferred");
+        assert_eq!(pick(auto(false, false), &Pools::EMPTY), "metacopy,deferred");
+        assert_eq!(
+            pick(
+                Request {
+                    read_only: true,
+                    ..limited
+                },
+                &Pools::EMPTY
+            ),
+            "shared-ro,deferred",
+            "a read-only rootfs writes nothing to limit"
+        );
+    }
+
+    #[test]
+    fn a_disk_limit_needs_an_isolated_upper() {
+        let request = Request {
+            strategies: Strategies::parse("metacopy").unwrap(),
+            disk_limit: true,
+            ..Request::default()
+        };
+        let err = choose(&request, &probe(true), 2, &Pools::EMPTY).unwrap_err();
+        assert!(err.to_string().contains("needs strategy `isolated`"), "{err}");
+        let isolated = Request {
+            strategies: Strategies::parse("isolated").unwrap(),
+            ..request
+        };
+        assert_eq!(
+            choose(&isolated, &probe(true), 2, &Pools::EMPTY)
+                .unwrap()
+                .strategies
+                .to_string(),
+            "isolated,deferred",
+            "an isolated container's delete is always deferred"
+        );
     }
 
     #[test]
@@ -190,7 +334,7 @@ mod tests {
             strategies: Strategies::parse("metacopy").unwrap(),
             ..Request::default()
         };
-        let err = choose(&request, &probe(false), 2, &|_| false).unwrap_err();
+        let err = choose(&request, &probe(false), 2, &Pools::EMPTY).unwrap_err();
         assert!(
             err.to_string()
                 .contains("strategy metacopy is not available")
@@ -205,7 +349,7 @@ mod tests {
             ..Request::default()
         };
         assert!(
-            choose(&direct, &probe(false), 2, &|_| false)
+            choose(&direct, &probe(false), 2, &Pools::EMPTY)
                 .unwrap()
                 .read_only,
             "a read-only strategy makes the rootfs read-only"

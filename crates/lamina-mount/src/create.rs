@@ -7,11 +7,14 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lamina_image::{Digest, Image};
-use lamina_store::{ContainerClaim, ContainerDirs, ContainerRecord, Store, StoreError};
-use lamina_sys::{Mounter, OverlaySpec};
+use lamina_store::{
+    ContainerClaim, ContainerDirs, ContainerRecord, Store, StoreError, UpperFsRecord,
+};
+use lamina_sys::{DiskFs, Mounter, OverlaySpec};
 
-use crate::choose::{Choice, Request, choose};
-use crate::{RootfsError, Strategies, flatten, plan, pool, probe, shared};
+use crate::choose::{Choice, Pools, Request, choose};
+use crate::pool::PoolKind;
+use crate::{DiskLimit, RootfsError, Strategies, UpperPlan, flatten, isolated, plan, pool, probe, shared};
 
 /// Options for one create.
 #[derive(Debug, Clone, Default)]
@@ -22,7 +25,13 @@ pub struct CreateOptions {
     pub strategies: Strategies,
     pub read_only: bool,
     pub ephemeral: bool,
+    /// Garden's `--disk-limit-size-bytes`: the most the container may use.
+    pub disk_limit: Option<DiskLimit>,
+    /// What isolated uppers on disk are formatted with.
+    pub disk_fs: DiskFs,
 }
+
+
 
 /// What `create` made.
 #[derive(Debug, Clone)]
@@ -61,8 +70,13 @@ pub fn create(
         strategies: options.strategies,
         read_only: options.read_only,
         ephemeral: options.ephemeral,
+        disk_limit: options.disk_limit.is_some(),
     };
-    let choice = if request.strategies == Strategies::CLASSIC && !request.ephemeral {
+    let default_upper = |backend| UpperPlan::new(backend, None, options.disk_fs);
+    let choice = if request.strategies == Strategies::CLASSIC
+        && !request.ephemeral
+        && !request.disk_limit
+    {
         // Classic needs nothing probed: GrootFS's path stays free of the probe's cost.
         Choice {
             strategies: Strategies::CLASSIC,
@@ -71,11 +85,27 @@ pub fn create(
         }
     } else {
         let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
-        choose(&request, &probe, image.layers.len(), &|flavor| {
-            pool::ready(store, &image.chain_ids(), flavor)
-        })?
+        let chain_ids = image.chain_ids();
+        let pools = Pools {
+            overlay_ready: &|flavor| {
+                let upper = flavor.isolated.map(default_upper);
+                pool::ready(store, &PoolKind::overlays(&chain_ids, flavor, upper))
+            },
+            upper_ready: &|backend| pool::ready(store, &PoolKind::uppers(default_upper(backend))),
+        };
+        choose(&request, &probe, image.layers.len(), &pools)?
     };
     let chain_ids = store.import(image)?;
+    let upper = match choice.strategies.isolated {
+        Some(backend) => Some(isolated::plan_for(
+            store,
+            &chain_ids,
+            backend,
+            options.disk_limit,
+            options.disk_fs,
+        )?),
+        None => None,
+    };
 
     let made = if choice.strategies.shared_ro {
         bind_shared(store, mounter, &chain_ids, id, options.without_mount)?
@@ -90,6 +120,7 @@ pub fn create(
             &chain_ids,
             id,
             &choice,
+            upper,
             options.without_mount,
         )?
     };
@@ -101,6 +132,7 @@ pub fn create(
         bind_source,
         lease,
         strategies,
+        upper_fs,
         _lease_in_flight,
     } = made;
 
@@ -120,6 +152,7 @@ pub fn create(
         read_only: choice.read_only,
         bind_source,
         lease,
+        upper_fs,
     };
     store.write_record(&record)?;
     undo.armed = false;
@@ -149,6 +182,8 @@ struct Made<'a> {
     bind_source: Option<PathBuf>,
     lease: Option<PathBuf>,
     strategies: Strategies,
+    /// isolated: the container's own upper filesystem.
+    upper_fs: Option<UpperFsRecord>,
     /// shared-ro: the lease stays flocked until the record naming it is written.
     _lease_in_flight: Option<shared::Acquired>,
 }
@@ -159,15 +194,18 @@ fn overlay<'a>(
     chain_ids: &[Digest],
     id: &str,
     choice: &Choice,
+    upper: Option<UpperPlan>,
     without_mount: bool,
 ) -> Result<Made<'a>, RootfsError> {
     let mut strategies = choice.strategies;
     let flavor = strategies.mount_flavor();
+    let upper_fs = upper.map(|u| u.record());
     // Pool slots are read-write; a read-only overlay is mounted fresh.
     if strategies.pooled && !without_mount && !choice.read_only {
-        if let Some((claim, mount_options)) = pool::claim(store, mounter, chain_ids, flavor, id)? {
+        let kind = PoolKind::overlays(chain_ids, flavor, upper);
+        if let Some((claim, mount_options)) = pool::claim(store, mounter, &kind, id)? {
             let spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
-            let undo = Undo::new(store, mounter, &claim.dirs, true, None);
+            let undo = Undo::new(store, mounter, &claim.dirs, None);
             return Ok(Made {
                 claim,
                 undo,
@@ -176,20 +214,26 @@ fn overlay<'a>(
                 bind_source: None,
                 lease: None,
                 strategies,
+                upper_fs,
                 _lease_in_flight: None,
             });
         }
         tracing::info!(id, "pool is empty: mounting a fresh overlay");
     }
     strategies.pooled = false;
-    let claim = store.create_container_dirs(id)?;
-    let mut undo = Undo::new(store, mounter, &claim.dirs, false, None);
+    let (claim, undo) = match &upper {
+        Some(plan) => isolated_dirs(store, mounter, id, plan)?,
+        None => {
+            let claim = store.create_container_dirs(id)?;
+            let undo = Undo::new(store, mounter, &claim.dirs, None);
+            (claim, undo)
+        }
+    };
     let mut spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
     // `--read-only` with an overlay strategy: the same overlay, mounted read-only.
     spec.read_only = choice.read_only;
     if !without_mount {
         mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
-        undo.mounted = true;
     }
     Ok(Made {
         mount_options: spec.option_strings(),
@@ -199,8 +243,27 @@ fn overlay<'a>(
         bind_source: None,
         lease: None,
         strategies,
+        upper_fs,
         _lease_in_flight: None,
     })
+}
+
+/// An isolated container's directories with its own upper filesystem mounted: a ready
+/// one claimed from the pool of bare uppers, or a new one (mkfs, loop attach, mount).
+fn isolated_dirs<'a>(
+    store: &'a Store,
+    mounter: &'a dyn Mounter,
+    id: &str,
+    plan: &UpperPlan,
+) -> Result<(ContainerClaim, Undo<'a>), RootfsError> {
+    if let Some((claim, _)) = pool::claim(store, mounter, &PoolKind::uppers(*plan), id)? {
+        let undo = Undo::new(store, mounter, &claim.dirs, None);
+        return Ok((claim, undo));
+    }
+    let mut claim = store.create_container_dirs(id)?;
+    let undo = Undo::new(store, mounter, &claim.dirs, None);
+    claim.dirs = isolated::make(mounter, &claim.dirs.base, plan)?;
+    Ok((claim, undo))
 }
 
 fn bind_shared<'a>(
@@ -243,10 +306,9 @@ fn bind_dir<'a>(
     lease: Option<PathBuf>,
     without_mount: bool,
 ) -> Result<Made<'a>, RootfsError> {
-    let mut undo = Undo::new(store, mounter, &claim.dirs, false, lease.clone());
+    let undo = Undo::new(store, mounter, &claim.dirs, lease.clone());
     if !without_mount {
         mounter.bind_read_only(&source, &claim.dirs.rootfs)?;
-        undo.mounted = true;
     }
     Ok(Made {
         claim,
@@ -260,17 +322,18 @@ fn bind_dir<'a>(
             deferred: true,
             ..Strategies::CLASSIC
         },
+        upper_fs: None,
         _lease_in_flight: None,
     })
 }
 
-/// Rolls a failed create back: unmount what was mounted, remove what was made, drop the
+/// Rolls a failed create back: unmount whatever was mounted in the container's
+/// directory (its overlay, its own upper filesystem), remove the directory, drop the
 /// lease taken.
 struct Undo<'a> {
     store: &'a Store,
     mounter: &'a dyn Mounter,
-    dirs: ContainerDirs,
-    mounted: bool,
+    base: PathBuf,
     lease: Option<PathBuf>,
     armed: bool,
 }
@@ -280,14 +343,12 @@ impl<'a> Undo<'a> {
         store: &'a Store,
         mounter: &'a dyn Mounter,
         dirs: &ContainerDirs,
-        mounted: bool,
         lease: Option<PathBuf>,
     ) -> Self {
         Undo {
             store,
             mounter,
-            dirs: dirs.clone(),
-            mounted,
+            base: dirs.base.clone(),
             lease,
             armed: true,
         }
@@ -299,15 +360,11 @@ impl Drop for Undo<'_> {
         if !self.armed {
             return;
         }
-        let base = self.dirs.base.display();
-        if self.mounted
-            && let Err(e) = self.mounter.unmount(&self.dirs.rootfs)
-        {
-            tracing::error!(%base, error = %e, "rolling back a failed create: unmount failed");
-            return; // never remove directories under a live mount
-        }
-        if let Err(e) = std::fs::remove_dir_all(&self.dirs.base) {
-            tracing::error!(%base, error = %e, "rolling back a failed create: removal failed");
+        // Unmounts before removing, and removes nothing if an unmount fails.
+        if let Err(e) = crate::clean::remove_unmounted(self.mounter, &self.base) {
+            let base = self.base.display();
+            tracing::error!(%base, error = %e, "rolling back a failed create failed");
+            return;
         }
         if let Some(lease) = &self.lease
             && let Err(e) = shared::release(self.store, self.mounter, lease)

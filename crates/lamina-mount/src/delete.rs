@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use lamina_store::{ContainerRecord, Store, StoreError};
+use lamina_store::{ContainerDirs, ContainerRecord, Store, StoreError};
 use lamina_sys::Mounter;
 
 use crate::{RootfsError, Strategies, shared};
@@ -114,10 +114,17 @@ pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError>
 /// unmount — and every other unmount on the same upper filesystem — has nothing of it
 /// to write back. Anything else (read-only binds, unmounted dirs) is left alone.
 fn discard(dir: &Path, record: Option<&ContainerRecord>, mounts: &[PathBuf]) {
-    let overlay_rw = record.is_some_and(|r| r.bind_source.is_none() && r.mounted);
-    let rootfs = dir.join("rootfs");
-    if overlay_rw && mounts.contains(&rootfs) {
-        let discarded = discard_written(&dir.join("upper"), &rootfs);
+    let Some(record) = record.filter(|r| r.bind_source.is_none() && r.mounted) else {
+        return;
+    };
+    let dirs = match &record.upper_fs {
+        // A tmpfs upper is never written back: nothing to save by unlinking.
+        Some(upper) if upper.filesystem == "tmpfs" => return,
+        Some(_) => ContainerDirs::isolated(dir.to_path_buf()),
+        None => ContainerDirs::under(dir.to_path_buf()),
+    };
+    if mounts.contains(&dirs.rootfs) {
+        let discarded = discard_written(&dirs.upper, &dirs.rootfs);
         tracing::debug!(dir = %dir.display(), discarded, "unlinked written files before unmount");
     }
 }

@@ -11,6 +11,7 @@ mod create;
 mod delete;
 mod delete_store;
 mod flatten;
+pub mod isolated;
 pub mod plan;
 pub mod pool;
 pub mod probe;
@@ -18,13 +19,14 @@ mod remount;
 mod shared;
 mod strategy;
 
-pub use choose::{Choice, Request, choose};
+pub use choose::{Choice, Pools, Request, choose};
 pub use clean::{CleanReport, clean};
 pub use create::{CreateOptions, Created, ToMount, create};
 pub use delete::{Deleted, Reaped, delete, reap};
 pub use delete_store::delete_store;
 pub use remount::{mount, unmount};
-pub use strategy::Strategies;
+pub use isolated::{DiskLimit, UpperPlan};
+pub use strategy::{Strategies, UpperBackend};
 
 use lamina_store::StoreError;
 use lamina_sys::MountError;
@@ -42,6 +44,18 @@ pub enum RootfsError {
     },
     #[error("probing overlay support: {0}")]
     Probe(std::io::Error),
+    #[error(
+        "container `{id}`: its upper filesystem was a tmpfs and is gone (host restart), and its writes with it; delete and re-create it"
+    )]
+    MemoryUpperLost { id: String },
+    #[error(
+        "disk limit of {limit} bytes leaves no room to write: the image alone takes {image} bytes (raise the limit, or pass --exclude-image-from-quota)"
+    )]
+    DiskLimitTooSmall { limit: u64, image: u64 },
+    #[error(
+        "a disk limit needs strategy `isolated` or `isolated-memory` (this host has no filesystem quotas); `{strategies}` cannot enforce one"
+    )]
+    DiskLimitNeedsIsolated { strategies: String },
     #[error("rootfs of container `{id}` is busy (a process may still use it): {source}")]
     Busy { id: String, source: MountError },
     #[error(

@@ -3,16 +3,21 @@
 //! container directory (rootfs with the overlay mounted on it, upper, work, lock), so
 //! `create` claims one by renaming the slot to `images/<ID>`: the mount moves with its
 //! directory and the claim makes no mount syscall, however hard the host is reclaiming.
+//!
+//! isolated containers take their own upper filesystem from here too: an isolated
+//! flavor's slots carry theirs under the overlay, and `pool/upper-<fs>-<size>/` holds
+//! bare upper filesystems (formatted, attached, mounted; no overlay) that a create of
+//! any image claims, so mkfs and the loop attach stay off the create path.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
-use lamina_store::{ContainerClaim, Store, StoreError};
+use lamina_store::{ContainerClaim, ContainerDirs, Store, StoreError, UpperFsRecord};
 use lamina_sys::Mounter;
 use serde::{Deserialize, Serialize};
 
-use crate::{RootfsError, Strategies, plan};
+use crate::{RootfsError, Strategies, UpperPlan, isolated, plan};
 
 const SLOT_RECORD: &str = "slot.json";
 
@@ -29,6 +34,76 @@ struct Target {
     size: usize,
     layers: Vec<Digest>,
     flavor: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    upper_fs: Option<UpperFsRecord>,
+}
+
+/// What a pool holds: read-write overlays of an image's layers in one mount flavor, or
+/// (no layers) bare isolated upper filesystems.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolKind {
+    pub layers: Vec<Digest>,
+    pub flavor: Strategies,
+    /// The upper filesystem each slot has of its own: set exactly for isolated flavors.
+    pub upper: Option<UpperPlan>,
+}
+
+impl PoolKind {
+    /// Overlays of `layers` mounted as `flavor` says; `upper` is used when the flavor is
+    /// isolated.
+    pub fn overlays(layers: &[Digest], flavor: Strategies, upper: Option<UpperPlan>) -> Self {
+        let flavor = flavor.mount_flavor();
+        PoolKind {
+            layers: layers.to_vec(),
+            flavor,
+            upper: flavor.isolated.and(upper),
+        }
+    }
+
+    /// Bare upper filesystems made as `plan` says, for an isolated create of any image.
+    pub fn uppers(plan: UpperPlan) -> Self {
+        PoolKind {
+            layers: Vec::new(),
+            flavor: Strategies {
+                isolated: Some(plan.backend),
+                ..Strategies::CLASSIC
+            },
+            upper: Some(plan),
+        }
+    }
+
+    fn name(&self) -> Option<String> {
+        let suffix = self.upper.map(|u| u.pool_suffix());
+        match (self.layers.last(), suffix) {
+            (None, Some(suffix)) => Some(format!("upper-{suffix}")),
+            (None, None) => None,
+            (Some(top), suffix) => {
+                let flavor = self.flavor.to_string().replace(',', "+");
+                Some(match suffix {
+                    Some(suffix) => format!("{}-{flavor}-{suffix}", top.hex()),
+                    None => format!("{}-{flavor}", top.hex()),
+                })
+            }
+        }
+    }
+
+    /// Where a slot's mount that `claim` checks lives: the overlay, or a bare upper's
+    /// filesystem.
+    fn slot_mount(&self, slot: &Path) -> PathBuf {
+        if self.layers.is_empty() {
+            ContainerDirs::isolated(slot.to_path_buf()).upper_fs_mount()
+        } else {
+            slot.join("rootfs")
+        }
+    }
+
+    fn dirs(&self, base: &Path) -> ContainerDirs {
+        if self.upper.is_some() {
+            ContainerDirs::isolated(base.to_path_buf())
+        } else {
+            ContainerDirs::under(base.to_path_buf())
+        }
+    }
 }
 
 /// What `fill` did.
@@ -36,15 +111,6 @@ struct Target {
 pub struct Filled {
     pub added: usize,
     pub ready: usize,
-}
-
-fn pool_name(chain_ids: &[Digest], flavor: Strategies) -> Option<String> {
-    let top = chain_ids.last()?;
-    Some(format!(
-        "{}-{}",
-        top.hex(),
-        flavor.mount_flavor().to_string().replace(',', "+")
-    ))
 }
 
 fn pool_dir(store: &Store, name: &str) -> PathBuf {
@@ -69,10 +135,10 @@ fn unsorted_slots(dir: &Path) -> impl Iterator<Item = PathBuf> {
         .map(|e| e.path())
 }
 
-/// Whether the image's pool of this flavor has a slot to claim (one readdir, stopping
-/// at the first slot).
-pub fn ready(store: &Store, chain_ids: &[Digest], flavor: Strategies) -> bool {
-    pool_name(chain_ids, flavor)
+/// Whether the pool of this kind has a slot to claim (one readdir, stopping at the
+/// first slot).
+pub fn ready(store: &Store, kind: &PoolKind) -> bool {
+    kind.name()
         .is_some_and(|name| unsorted_slots(&pool_dir(store, &name)).next().is_some())
 }
 
@@ -81,11 +147,10 @@ pub fn ready(store: &Store, chain_ids: &[Digest], flavor: Strategies) -> bool {
 pub fn fill(
     store: &Store,
     mounter: &dyn Mounter,
-    chain_ids: &[Digest],
-    flavor: Strategies,
+    kind: &PoolKind,
     size: Option<usize>,
 ) -> Result<Filled, RootfsError> {
-    let Some(name) = pool_name(chain_ids, flavor) else {
+    let Some(name) = kind.name() else {
         return Ok(Filled { added: 0, ready: 0 });
     };
     let dir = pool_dir(store, &name);
@@ -96,8 +161,9 @@ pub fn fill(
         Some(size) => {
             let json = serde_json::to_vec(&Target {
                 size,
-                layers: chain_ids.to_vec(),
-                flavor: flavor.mount_flavor().to_string(),
+                layers: kind.layers.clone(),
+                flavor: kind.flavor.to_string(),
+                upper_fs: kind.upper.map(|u| u.record()),
             })
             .map_err(|e| StoreError::io("encoding", &target)(e.into()))?;
             fs::write(&target, json).map_err(StoreError::io("writing", &target))?;
@@ -109,14 +175,8 @@ pub fn fill(
     let mut added = 0;
     while ready < size {
         let (staged, lock) = store.stage_container_dirs("pool")?;
-        let spec = plan::read_write(store, chain_ids, &staged, flavor.mount_flavor());
-        let made = mounter
-            .mount_overlay(&spec, &staged.rootfs)
-            .map_err(RootfsError::from)
-            .and_then(|()| {
-                let record = SlotRecord {
-                    mount_options: spec.option_strings(),
-                };
+        let made = make_slot(store, mounter, kind, &staged.base).and_then(|mount_options| {
+                let record = SlotRecord { mount_options };
                 let path = staged.base.join(SLOT_RECORD);
                 let json = serde_json::to_vec(&record)
                     .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
@@ -126,8 +186,7 @@ pub fn fill(
                 Ok(())
             });
         if let Err(e) = made {
-            let _ = mounter.unmount(&staged.rootfs);
-            let _ = fs::remove_dir_all(&staged.base);
+            let _ = crate::clean::remove_unmounted(mounter, &staged.base);
             return Err(e);
         }
         drop(lock);
@@ -136,6 +195,27 @@ pub fn fill(
     }
     tracing::info!(pool = %name, added, ready, "filled pool");
     Ok(Filled { added, ready })
+}
+
+/// Mounts what a slot of `kind` holds in the staged directory `base`: its own upper
+/// filesystem if isolated, then the overlay if the pool is an image's. Returns the
+/// overlay's options (none for a bare upper).
+fn make_slot(
+    store: &Store,
+    mounter: &dyn Mounter,
+    kind: &PoolKind,
+    base: &Path,
+) -> Result<Vec<String>, RootfsError> {
+    let dirs = match &kind.upper {
+        Some(upper) => isolated::make(mounter, base, upper)?,
+        None => ContainerDirs::under(base.to_path_buf()),
+    };
+    if kind.layers.is_empty() {
+        return Ok(Vec::new());
+    }
+    let spec = plan::read_write(store, &kind.layers, &dirs, kind.flavor);
+    mounter.mount_overlay(&spec, &dirs.rootfs)?;
+    Ok(spec.option_strings())
 }
 
 fn read_target(path: &Path) -> Option<Target> {
@@ -159,23 +239,35 @@ pub fn refill_all(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsE
         let Ok(flavor) = Strategies::parse(&target.flavor) else {
             continue;
         };
-        if target.layers.iter().all(|l| store.has_layer(l)) {
-            added += fill(store, mounter, &target.layers, flavor, None)?.added;
+        let upper = match &target.upper_fs {
+            Some(record) => match UpperPlan::from_record(record) {
+                Ok(plan) => Some(plan),
+                Err(_) => continue,
+            },
+            None => None,
+        };
+        let kind = PoolKind {
+            layers: target.layers,
+            flavor,
+            upper,
+        };
+        if kind.layers.iter().all(|l| store.has_layer(l)) {
+            added += fill(store, mounter, &kind, None)?.added;
         }
     }
     Ok(added)
 }
 
 /// Claims a ready slot as container `id`, or `None` if the pool has none. No mount
-/// syscall: a lock, a statx to skip slots a reboot unmounted, and a rename.
+/// syscall: a lock, a statx to skip slots a reboot unmounted, and a rename. The claim's
+/// directories are in the slot's shape (isolated or not).
 pub(crate) fn claim(
     store: &Store,
     mounter: &dyn Mounter,
-    chain_ids: &[Digest],
-    flavor: Strategies,
+    kind: &PoolKind,
     id: &str,
 ) -> Result<Option<(ContainerClaim, Vec<String>)>, RootfsError> {
-    let Some(name) = pool_name(chain_ids, flavor) else {
+    let Some(name) = kind.name() else {
         return Ok(None);
     };
     for slot in unsorted_slots(&pool_dir(store, &name)) {
@@ -189,11 +281,12 @@ pub(crate) fn claim(
         else {
             continue;
         };
-        if !mounter.is_mountpoint(&slot.join("rootfs")).unwrap_or(false) {
+        if !mounter.is_mountpoint(&kind.slot_mount(&slot)).unwrap_or(false) {
             continue;
         }
         match store.publish_container(&slot, lock, id) {
-            Ok(claim) => {
+            Ok(mut claim) => {
+                claim.dirs = kind.dirs(&claim.dirs.base);
                 let _ = fs::remove_file(claim.dirs.base.join(SLOT_RECORD));
                 return Ok(Some((claim, record.mount_options)));
             }

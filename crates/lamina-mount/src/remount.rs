@@ -4,18 +4,22 @@
 //! because after a crash the upper may have lost writes. lamina removes that marker only
 //! after a clean unmount where `syncfs` on the overlay reported no writeback error and
 //! the upper filesystem was then synced; otherwise it refuses to remount.
+//!
+//! An isolated container's own upper filesystem stays mounted across `unmount` (a
+//! memory upper would otherwise lose the writes `unmount` promises to keep); `mount`
+//! mounts it again only if a host restart took it away.
 
 use std::fs;
 
-use lamina_store::{ContainerRecord, Store, StoreError};
+use lamina_store::{ContainerDirs, ContainerRecord, Store, StoreError};
 use lamina_sys::Mounter;
 
-use crate::{RootfsError, Strategies, plan, shared, volatile_marker};
+use crate::{RootfsError, Strategies, UpperPlan, isolated, plan, shared, volatile_marker};
 
 /// Unmounts container `id`'s rootfs and keeps everything else.
 pub fn unmount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
     let mut record = store.record(id)?;
-    let dirs = store.container_dirs(id);
+    let dirs = dirs_of(store, &record);
     let volatile = strategies(&record).volatile;
     let mounted = mounter.is_mountpoint(&dirs.rootfs)?;
     let mut writeback = None;
@@ -39,7 +43,8 @@ pub fn unmount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Roo
     if mounted && volatile && marker.exists() {
         // No error was reported while mounted: make the writes durable, then allow reuse.
         mounter.sync_filesystem(&dirs.upper)?;
-        fs::remove_dir(&marker).map_err(StoreError::io("removing", &marker))?;
+        // The marker is a directory holding a `dirty` file.
+        fs::remove_dir_all(&marker).map_err(StoreError::io("removing", &marker))?;
     }
     Ok(())
 }
@@ -47,11 +52,19 @@ pub fn unmount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Roo
 /// Mounts container `id`'s rootfs again as its record describes. Already mounted: no-op.
 pub fn mount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
     let mut record = store.record(id)?;
-    let dirs = store.container_dirs(id);
+    let dirs = dirs_of(store, &record);
     if mounter.is_mountpoint(&dirs.rootfs)? {
         return Ok(());
     }
     let s = strategies(&record);
+    if let Some(upper) = &record.upper_fs {
+        let plan = UpperPlan::from_record(upper).map_err(|why| {
+            StoreError::io("reading the record of", &store.layout().container(id))(
+                std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+            )
+        })?;
+        isolated::remount(mounter, id, &dirs, &plan)?;
+    }
     if s.volatile && volatile_marker(&dirs.work).exists() {
         return Err(RootfsError::VolatileUnclean { id: id.into() });
     }
@@ -84,6 +97,16 @@ fn finish(store: &Store, record: &mut ContainerRecord) -> Result<(), RootfsError
     record.mounted = true;
     store.write_record(record)?;
     Ok(())
+}
+
+/// A container's directories in the shape its strategy gave them.
+fn dirs_of(store: &Store, record: &ContainerRecord) -> ContainerDirs {
+    let base = store.layout().container(&record.id);
+    if record.upper_fs.is_some() {
+        ContainerDirs::isolated(base)
+    } else {
+        ContainerDirs::under(base)
+    }
 }
 
 fn strategies(record: &ContainerRecord) -> Strategies {

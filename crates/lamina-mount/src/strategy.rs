@@ -24,6 +24,19 @@ pub struct Strategies {
     /// Read-only: a read-only bind of the layer itself, or of a flattened tree of
     /// hardlinks into the layers — no overlay at all (stall S5).
     pub direct: bool,
+    /// The upper on a filesystem of the container's own (stall S1's neighbour sync and
+    /// S3's shared rename lock), and a hard disk limit: a loop-mounted image file, or
+    /// a tmpfs for `isolated-memory`.
+    pub isolated: Option<UpperBackend>,
+}
+
+/// What an isolated container's own upper filesystem is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpperBackend {
+    /// A sparse image file in the container's directory, formatted and loop-mounted.
+    Disk,
+    /// A tmpfs: nothing is ever written back; for ephemeral containers that write little.
+    Memory,
 }
 
 /// Every name `--strategy` accepts, in the order `Display` prints them.
@@ -31,6 +44,8 @@ pub const NAMES: &[&str] = &[
     "auto",
     "shared-ro",
     "direct",
+    "isolated",
+    "isolated-memory",
     "pooled",
     "metacopy",
     "volatile",
@@ -47,6 +62,7 @@ impl Strategies {
         pooled: false,
         shared_ro: false,
         direct: false,
+        isolated: None,
     };
 
     pub const AUTO: Strategies = Strategies {
@@ -68,6 +84,17 @@ impl Strategies {
                 "pooled" => set.pooled = true,
                 "shared-ro" => set.shared_ro = true,
                 "direct" => set.direct = true,
+                "isolated" | "isolated-memory" => {
+                    let backend = if name == "isolated" {
+                        UpperBackend::Disk
+                    } else {
+                        UpperBackend::Memory
+                    };
+                    if set.isolated.is_some_and(|b| b != backend) {
+                        return Err("strategies `isolated` and `isolated-memory` are two backends for one upper: pick one".into());
+                    }
+                    set.isolated = Some(backend);
+                }
                 other => {
                     return Err(format!(
                         "unknown strategy `{other}` (available: {})",
@@ -98,6 +125,7 @@ impl Strategies {
                 (self.metacopy, "metacopy"),
                 (self.volatile, "volatile"),
                 (self.pooled, "pooled"),
+                (self.isolated.is_some(), "isolated"),
             ] {
                 if on {
                     return Err(format!(
@@ -121,11 +149,12 @@ impl Strategies {
     }
 
     /// The part of the set that decides how a read-write overlay is mounted, which is
-    /// also what a pool entry must match: metacopy and volatile.
+    /// also what a pool entry must match: metacopy, volatile and the upper's backend.
     pub fn mount_flavor(&self) -> Strategies {
         Strategies {
             metacopy: self.metacopy,
             volatile: self.volatile,
+            isolated: self.isolated,
             ..Strategies::CLASSIC
         }
     }
@@ -151,6 +180,14 @@ impl fmt::Display for Strategies {
             (self.auto, "auto"),
             (self.shared_ro, "shared-ro"),
             (self.direct, "direct"),
+            (
+                self.isolated == Some(UpperBackend::Disk),
+                "isolated",
+            ),
+            (
+                self.isolated == Some(UpperBackend::Memory),
+                "isolated-memory",
+            ),
             (self.pooled, "pooled"),
             (self.metacopy, "metacopy"),
             (self.volatile, "volatile"),
@@ -177,6 +214,10 @@ mod tests {
         let both = Strategies::parse("volatile, metacopy").unwrap();
         assert_eq!(both.to_string(), "metacopy,volatile");
         assert_eq!(both.overlay_options().len(), 3);
+        let isolated = Strategies::parse("isolated-memory,volatile").unwrap();
+        assert_eq!(isolated.isolated, Some(UpperBackend::Memory));
+        assert_eq!(isolated.to_string(), "isolated-memory,volatile");
+        assert_eq!(isolated.mount_flavor(), isolated);
         let all_rw = Strategies::parse("deferred,pooled,volatile,metacopy").unwrap();
         assert_eq!(all_rw.to_string(), "pooled,metacopy,volatile,deferred");
         assert_eq!(
@@ -199,6 +240,8 @@ mod tests {
             ("shared-ro,direct", "pick one"),
             ("direct,volatile", "no upper for `volatile`"),
             ("shared-ro,pooled", "no upper for `pooled`"),
+            ("direct,isolated", "no upper for `isolated`"),
+            ("isolated,isolated-memory", "pick one"),
         ] {
             let err = Strategies::parse(list).unwrap_err();
             assert!(err.contains(expect), "{list}: {err}");

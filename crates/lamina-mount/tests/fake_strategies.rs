@@ -11,6 +11,7 @@ use common::{setup, with};
 
 use std::fs;
 
+use lamina_mount::pool::PoolKind;
 use lamina_mount::{Deleted, RootfsError, Strategies, clean, create, delete, reap};
 use lamina_sys::{Errno, FakeCall, FakeMounter, Mounter};
 
@@ -32,8 +33,8 @@ fn a_pooled_create_claims_a_premounted_overlay_without_mounting() {
     let (store, image) = setup(tmp.path());
     let fake = FakeMounter::new();
     let chain_ids = store.import(&image).unwrap();
-    let filled =
-        lamina_mount::pool::fill(&store, &fake, &chain_ids, Strategies::CLASSIC, Some(2)).unwrap();
+    let kind = PoolKind::overlays(&chain_ids, Strategies::CLASSIC, None);
+    let filled = lamina_mount::pool::fill(&store, &fake, &kind, Some(2)).unwrap();
     assert_eq!((filled.added, filled.ready), (2, 2));
     let before = mounts_made(&fake).len();
 
@@ -52,8 +53,7 @@ fn a_pooled_create_claims_a_premounted_overlay_without_mounting() {
     assert_eq!(spec.lowers.len(), 2);
 
     // One slot left; the refill restores the remembered size.
-    let refill =
-        lamina_mount::pool::fill(&store, &fake, &chain_ids, Strategies::CLASSIC, None).unwrap();
+    let refill = lamina_mount::pool::fill(&store, &fake, &kind, None).unwrap();
     assert_eq!((refill.added, refill.ready), (1, 2));
 
     // An empty pool (of the metacopy flavor here) falls back to a fresh mount.
@@ -200,15 +200,19 @@ fn a_volatile_upper_is_remounted_only_after_a_clean_unmount() {
     let marker = dirs.work.join("work/incompat/volatile");
 
     create(&store, &fake, &image, "v", &with("volatile")).unwrap();
-    // What the kernel does on a volatile mount.
-    fs::create_dir_all(&marker).unwrap();
+    // What the kernel does on a volatile mount: a marker directory with a file in it.
+    let mark_dirty = || {
+        fs::create_dir_all(&marker).unwrap();
+        fs::write(marker.join("dirty"), "").unwrap();
+    };
+    mark_dirty();
     lamina_mount::unmount(&store, &fake, "v").unwrap();
     assert!(!marker.exists(), "clean unmount: synced, marker removed");
     lamina_mount::mount(&store, &fake, "v").unwrap();
     assert!(fake.is_mountpoint(&dirs.rootfs).unwrap());
 
     // Writeback error reported while mounted: refuse, now and on every remount.
-    fs::create_dir_all(&marker).unwrap();
+    mark_dirty();
     fake.fail_next_sync(Errno::IO);
     let err = lamina_mount::unmount(&store, &fake, "v").unwrap_err();
     assert!(

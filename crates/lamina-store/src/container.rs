@@ -47,6 +47,18 @@ pub struct ContainerRecord {
     /// For a shared-ro rootfs: the lease file that keeps the image's shared mount alive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<PathBuf>,
+    /// For an isolated rootfs: its own upper filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper_fs: Option<UpperFsRecord>,
+}
+
+/// An isolated container's own upper filesystem, as its record remembers it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UpperFsRecord {
+    /// `ext4` or `xfs` (an image file, loop-mounted), or `tmpfs`.
+    pub filesystem: String,
+    /// Its size: the most the container can write.
+    pub size_bytes: u64,
 }
 
 /// A container directory this process is creating. Its `lock` stays held until the claim
@@ -82,7 +94,32 @@ impl ContainerDirs {
             base,
         }
     }
+
+    /// Strategy `isolated`: upper and work live on the container's own filesystem,
+    /// mounted at `upperfs/`.
+    pub fn isolated(base: PathBuf) -> Self {
+        let upper_fs = base.join(UPPER_FS);
+        Self {
+            rootfs: base.join("rootfs"),
+            upper: upper_fs.join("upper"),
+            work: upper_fs.join("work"),
+            base,
+        }
+    }
+
+    /// Where an isolated container's own upper filesystem is mounted.
+    pub fn upper_fs_mount(&self) -> PathBuf {
+        self.base.join(UPPER_FS)
+    }
+
+    /// The image file of an isolated container's disk-backed upper filesystem.
+    pub fn upper_image(&self) -> PathBuf {
+        self.base.join("upper.img")
+    }
 }
+
+/// The mount point of an isolated container's upper filesystem, in its directory.
+const UPPER_FS: &str = "upperfs";
 
 /// IDs become directory names and appear in Garden's paths.
 pub fn validate_id(id: &str) -> Result<(), StoreError> {

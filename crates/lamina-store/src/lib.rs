@@ -16,7 +16,8 @@ use std::fs;
 use std::path::Path;
 
 pub use container::{
-    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, unique_suffix, validate_id,
+    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, UpperFsRecord, unique_suffix,
+    validate_id,
 };
 pub use error::StoreError;
 pub use import::LayerRecord;

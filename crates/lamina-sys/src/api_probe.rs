@@ -45,7 +45,7 @@ pub fn probe_idmapped_layers(
             lower,
             OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
         )?;
-        crate::setattr::set_idmap(tree.as_fd(), userns)?;
+        crate::raw::setattr::set_idmap(tree.as_fd(), userns)?;
         let fs = rustix::mount::fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)?;
         rustix::mount::fsconfig_set_fd(fs.as_fd(), "lowerdir+", tree.as_fd())?;
         rustix::mount::fsconfig_set_string(fs.as_fd(), "lowerdir+", other)?;

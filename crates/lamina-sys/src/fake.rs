@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use rustix::io::Errno;
 
-use crate::{MountError, Mounter, OverlaySpec};
+use crate::{MountError, Mounter, OverlaySpec, UpperFs};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FakeCall {
@@ -21,6 +21,14 @@ pub enum FakeCall {
     Unmount(PathBuf),
     BindReadOnly { source: PathBuf, target: PathBuf },
     Sync(PathBuf),
+    MountUpperFs(PathBuf, UpperFs),
+}
+
+/// What the fake has mounted on a directory.
+#[derive(Debug, Clone)]
+enum Mounted {
+    Overlay(OverlaySpec),
+    UpperFs(UpperFs),
 }
 
 #[derive(Debug, Default)]
@@ -33,10 +41,13 @@ type DirId = (u64, u64);
 
 #[derive(Debug, Default)]
 struct State {
-    /// Mounted directories, with the path they were mounted at and what is mounted.
-    mounted: BTreeMap<DirId, (PathBuf, OverlaySpec)>,
+    /// Mounted directories, with the path they were mounted at, what is mounted, and
+    /// when (a sequence number: siblings unmount latest first, as from the kernel).
+    mounted: BTreeMap<DirId, (PathBuf, Mounted, u64)>,
+    mounts_made: u64,
     calls: Vec<FakeCall>,
     fail_next_mount: Option<Errno>,
+    fail_next_overlay: Option<Errno>,
     fail_next_sync: Option<Errno>,
 }
 
@@ -63,6 +74,12 @@ impl FakeMounter {
         self.lock().fail_next_mount = Some(errno);
     }
 
+    /// Makes the next `mount_overlay` fail with `errno` while other mounts succeed: a
+    /// failure after an isolated container's own upper filesystem is mounted.
+    pub fn fail_next_overlay_mount(&self, errno: Errno) {
+        self.lock().fail_next_overlay = Some(errno);
+    }
+
     /// Makes the next `sync_filesystem` fail with `errno`, as a volatile overlay reports
     /// a writeback error on its upper filesystem.
     pub fn fail_next_sync(&self, errno: Errno) {
@@ -78,14 +95,26 @@ impl FakeMounter {
         self.lock()
             .mounted
             .values()
-            .map(|(p, _)| p.clone())
+            .map(|(p, _, _)| p.clone())
             .collect()
     }
 
     /// What is mounted on directory `path`, wherever it has been renamed to.
     pub fn spec_at(&self, path: &Path) -> Option<OverlaySpec> {
         let id = dir_id(path)?;
-        self.lock().mounted.get(&id).map(|(_, spec)| spec.clone())
+        match self.lock().mounted.get(&id) {
+            Some((_, Mounted::Overlay(spec), _)) => Some(spec.clone()),
+            _ => None,
+        }
+    }
+
+    /// The upper filesystem mounted on directory `path`, wherever it has been renamed to.
+    pub fn upper_fs_at(&self, path: &Path) -> Option<UpperFs> {
+        let id = dir_id(path)?;
+        match self.lock().mounted.get(&id) {
+            Some((_, Mounted::UpperFs(fs), _)) => Some(fs.clone()),
+            _ => None,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -97,7 +126,7 @@ impl FakeMounter {
         &self,
         state: &mut State,
         target: &Path,
-        spec: OverlaySpec,
+        what: Mounted,
         op: &'static str,
     ) -> Result<(), MountError> {
         let Some(id) = dir_id(target) else {
@@ -106,7 +135,9 @@ impl FakeMounter {
         if state.mounted.contains_key(&id) {
             return Err(MountError::new(op, target, Errno::BUSY));
         }
-        state.mounted.insert(id, (target.to_path_buf(), spec));
+        state.mounts_made += 1;
+        let order = state.mounts_made;
+        state.mounted.insert(id, (target.to_path_buf(), what, order));
         Ok(())
     }
 }
@@ -118,7 +149,11 @@ impl Mounter for FakeMounter {
             .calls
             .push(FakeCall::Mount(target.to_path_buf(), spec.clone()));
         let err = |errno| MountError::new("mount overlay at", target, errno);
-        if let Some(errno) = state.fail_next_mount.take() {
+        if let Some(errno) = state
+            .fail_next_mount
+            .take()
+            .or_else(|| state.fail_next_overlay.take())
+        {
             return Err(err(errno));
         }
         if spec.lowers.is_empty()
@@ -131,7 +166,12 @@ impl Mounter for FakeMounter {
         if dirs.into_iter().any(|d| !d.is_dir()) {
             return Err(err(Errno::NOENT));
         }
-        self.attach(&mut state, target, spec.clone(), "mount overlay at")
+        self.attach(
+            &mut state,
+            target,
+            Mounted::Overlay(spec.clone()),
+            "mount overlay at",
+        )
     }
 
     fn unmount(&self, target: &Path) -> Result<bool, MountError> {
@@ -160,8 +200,8 @@ impl Mounter for FakeMounter {
         // A bind shows what the source shows: record it as the source's overlay, or as a
         // plain directory (its only "lower") when the source is not a mount.
         let spec = match state.mounted.get(&source_id) {
-            Some((_, spec)) => spec.clone(),
-            None => OverlaySpec {
+            Some((_, Mounted::Overlay(spec), _)) => spec.clone(),
+            _ => OverlaySpec {
                 lowers: vec![source.to_path_buf()],
                 ..OverlaySpec::default()
             },
@@ -170,7 +210,12 @@ impl Mounter for FakeMounter {
             read_only: true,
             ..spec
         };
-        self.attach(&mut state, target, spec, "attach read-only bind at")
+        self.attach(
+            &mut state,
+            target,
+            Mounted::Overlay(spec),
+            "attach read-only bind at",
+        )
     }
 
     fn sync_filesystem(&self, path: &Path) -> Result<(), MountError> {
@@ -182,13 +227,41 @@ impl Mounter for FakeMounter {
         }
     }
 
+    fn mount_upper_fs(&self, fs: &UpperFs, target: &Path) -> Result<(), MountError> {
+        let mut state = self.lock();
+        state
+            .calls
+            .push(FakeCall::MountUpperFs(target.to_path_buf(), fs.clone()));
+        if let Some(errno) = state.fail_next_mount.take() {
+            return Err(MountError::new("mount upper filesystem at", target, errno));
+        }
+        // The image file is real, so removal and crash-recovery code see what they would.
+        if let UpperFs::Disk { image, format, .. } = fs {
+            let made = if *format {
+                std::fs::File::create_new(image).map(drop)
+            } else {
+                std::fs::metadata(image).map(drop)
+            };
+            made.map_err(|e| {
+                let errno = Errno::from_io_error(&e).unwrap_or(Errno::IO);
+                MountError::new("create upper image", image, errno)
+            })?;
+        }
+        self.attach(
+            &mut state,
+            target,
+            Mounted::UpperFs(fs.clone()),
+            "mount upper filesystem at",
+        )
+    }
+
     fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError> {
         let state = self.lock();
         let mut found = Vec::new();
         let mut pending = vec![(dir.to_path_buf(), 0)];
         while let Some((path, depth)) = pending.pop() {
-            if dir_id(&path).is_some_and(|id| state.mounted.contains_key(&id)) {
-                found.push(path.clone());
+            if let Some((_, _, order)) = dir_id(&path).and_then(|id| state.mounted.get(&id)) {
+                found.push((*order, path.clone()));
             }
             if depth < SEARCH_DEPTH
                 && let Ok(entries) = std::fs::read_dir(&path)
@@ -200,7 +273,7 @@ impl Mounter for FakeMounter {
                 }
             }
         }
-        found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        Ok(found)
+        found.sort_by_key(|(order, p)| std::cmp::Reverse((p.components().count(), *order)));
+        Ok(found.into_iter().map(|(_, p)| p).collect())
     }
 }

@@ -10,8 +10,9 @@ mod error;
 mod fake;
 mod mountinfo;
 mod overlay_spec;
+mod raw;
 mod real;
-mod setattr;
+mod upper_fs;
 
 pub use api_probe::{MountApiSupport, probe_idmapped_layers, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
@@ -20,6 +21,7 @@ pub use fake::{FakeCall, FakeMounter};
 pub use mountinfo::mounts_under;
 pub use overlay_spec::OverlaySpec;
 pub use real::RealMounter;
+pub use upper_fs::{DiskFs, UpperFs, loop_backing_files};
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
@@ -44,6 +46,11 @@ pub trait Mounter: Send + Sync + Debug {
     /// `syncfs` on the filesystem holding `path`. On a volatile overlay this is how the
     /// upper filesystem's writeback errors are reported; elsewhere it makes writes durable.
     fn sync_filesystem(&self, path: &Path) -> Result<(), MountError>;
+
+    /// Mounts a container's own upper filesystem (strategy `isolated`) on the existing
+    /// directory `target`: a tmpfs, or an image file formatted and attached to a loop
+    /// device that detaches itself when the filesystem is unmounted.
+    fn mount_upper_fs(&self, fs: &UpperFs, target: &Path) -> Result<(), MountError>;
 
     /// Mount points at or beneath `dir`, deepest first: what crash recovery must unmount
     /// before it may remove `dir`.

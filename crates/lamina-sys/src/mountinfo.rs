@@ -12,15 +12,23 @@ pub fn mounts_under(root: &Path) -> std::io::Result<Vec<PathBuf>> {
 }
 
 fn mounts_under_in(info: &[u8], root: &Path) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = info
+    // mountinfo lists mounts in the order they were made. Deepest first, and among
+    // siblings the latest first: an overlay is unmounted before the upper filesystem it
+    // was mounted on top of (strategy `isolated`).
+    let mut found: Vec<(usize, PathBuf)> = info
         .split(|&b| b == b'\n')
         .filter_map(|line| line.split(|&b| b == b' ').nth(4))
         .map(unescape)
         .filter(|p| p.starts_with(root))
+        .enumerate()
         .collect();
-    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    found.dedup();
+    found.sort_by_key(|(order, p)| std::cmp::Reverse((p.components().count(), *order)));
+    let mut seen = std::collections::HashSet::new();
     found
+        .into_iter()
+        .map(|(_, p)| p)
+        .filter(|p| seen.insert(p.clone()))
+        .collect()
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
@@ -57,11 +65,15 @@ mod tests {
             30 22 0:40 / /s/images/a\\040b/rootfs rw - overlay overlay rw\n\
             31 22 0:41 / /s/shared/x rw - overlay overlay ro\n\
             32 31 0:41 / /s/shared/x/rootfs/inner rw - overlay overlay ro\n\
-            33 22 0:42 / /sx rw - tmpfs tmpfs rw\n";
+            33 22 0:42 / /sx rw - tmpfs tmpfs rw\n\
+            34 22 0:43 / /s/images/c/upperfs rw - ext4 /dev/loop3 rw\n\
+            35 22 0:44 / /s/images/c/rootfs rw - overlay overlay rw\n";
         assert_eq!(
             mounts_under_in(info, Path::new("/s")),
             vec![
                 PathBuf::from("/s/shared/x/rootfs/inner"),
+                PathBuf::from("/s/images/c/rootfs"),
+                PathBuf::from("/s/images/c/upperfs"),
                 PathBuf::from("/s/images/a b/rootfs"),
                 PathBuf::from("/s/shared/x"),
             ]

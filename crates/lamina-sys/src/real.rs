@@ -14,7 +14,7 @@ use rustix::mount::{
     UnmountFlags,
 };
 
-use crate::{MountError, Mounter, OverlaySpec};
+use crate::{MountError, Mounter, OverlaySpec, UpperFs};
 
 /// fsconfig string values longer than this are rejected by the kernel; such layer paths
 /// are passed as O_PATH file descriptors instead.
@@ -76,7 +76,7 @@ impl Mounter for RealMounter {
             OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
         )
         .map_err(|e| MountError::new("clone mount for bind", source, e))?;
-        crate::setattr::set_read_only(tree.as_fd()).map_err(fail("make read-only bind for"))?;
+        crate::raw::setattr::set_read_only(tree.as_fd()).map_err(fail("make read-only bind for"))?;
         rustix::mount::move_mount(
             tree.as_fd(),
             "",
@@ -98,6 +98,10 @@ impl Mounter for RealMounter {
         )
         .map_err(|e| MountError::new("open for syncfs", path, e))?;
         rustix::fs::syncfs(&dir).map_err(|e| MountError::new("syncfs", path, e))
+    }
+
+    fn mount_upper_fs(&self, fs: &UpperFs, target: &Path) -> Result<(), MountError> {
+        crate::upper_fs::mount(fs, target)
     }
 
     fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError> {

@@ -22,10 +22,16 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
         strategies,
         read_only: args.read_only,
         ephemeral: args.ephemeral,
+        disk_limit: ctx
+            .config
+            .create
+            .disk_limit(args.disk_limit_size_bytes, args.exclude_image_from_quota),
+        disk_fs: ctx.config.create.disk_fs()?,
     };
     let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)?;
 
-    if Strategies::parse(&created.record.strategy).is_ok_and(|s| s.pooled) {
+    // A claim (of an overlay or of a bare isolated upper) leaves its pool one short.
+    if Strategies::parse(&created.record.strategy).is_ok_and(|s| s.pooled || s.isolated.is_some()) {
         ctx.spawn(&store, &["pool", "refill"]);
     }
 

@@ -1,7 +1,9 @@
-//! `lamina pool fill|drain`: keep pre-mounted overlays ready for `create` to claim.
+//! `lamina pool fill|refill|drain`: keep pre-mounted overlays (and bare isolated upper
+//! filesystems) ready for `create` to claim.
 
 use anyhow::{Context, anyhow};
-use lamina_mount::{Request, Strategies};
+use lamina_mount::pool::PoolKind;
+use lamina_mount::{Pools, Request, Strategies};
 use lamina_sys::Mounter;
 
 use super::{Ctx, resolve_image};
@@ -16,6 +18,8 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
             strategy,
             ephemeral,
             platform,
+            disk_limit_size_bytes,
+            exclude_image_from_quota,
         } => {
             let list = strategy.unwrap_or_else(|| "auto".into());
             let requested = Strategies::parse(&list).map_err(|e| anyhow!(e))?;
@@ -24,21 +28,56 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
                     "pools hold read-write overlays; strategy `{kind}` is read-only"
                 ));
             }
-            let resolved = resolve_image(&image, platform.as_deref())?;
-            let probe = lamina_mount::probe::probe(&store, mounter, false)
-                .context("probing overlay support")?;
-            // The flavor create would mount for this request, so its claims find these.
-            let request = Request {
-                strategies: requested,
-                read_only: false,
-                ephemeral,
-            };
-            let flavor = lamina_mount::choose(&request, &probe, resolved.layers.len(), &|_| false)?
-                .strategies
-                .mount_flavor();
-            let chain_ids = store.import(&resolved)?;
+            let limit = ctx
+                .config
+                .create
+                .disk_limit(disk_limit_size_bytes, exclude_image_from_quota);
+            let disk_fs = ctx.config.create.disk_fs()?;
             let size = size.or(ctx.config.pool.size);
-            let filled = lamina_mount::pool::fill(&store, mounter, &chain_ids, flavor, size)?;
+            let kind = match image {
+                Some(image) => {
+                    let resolved = resolve_image(&image, platform.as_deref())?;
+                    let probe = lamina_mount::probe::probe(&store, mounter, false)
+                        .context("probing overlay support")?;
+                    // The flavor create would mount for this request, so its claims find these.
+                    let request = Request {
+                        strategies: requested,
+                        read_only: false,
+                        ephemeral,
+                        disk_limit: limit.is_some(),
+                    };
+                    let choice = lamina_mount::choose(
+                        &request,
+                        &probe,
+                        resolved.layers.len(),
+                        &Pools::EMPTY,
+                    )?;
+                    let flavor = choice.strategies.mount_flavor();
+                    let chain_ids = store.import(&resolved)?;
+                    let upper = match flavor.isolated {
+                        Some(backend) => Some(lamina_mount::isolated::plan_for(
+                            &store, &chain_ids, backend, limit, disk_fs,
+                        )?),
+                        None => None,
+                    };
+                    PoolKind::overlays(&chain_ids, flavor, upper)
+                }
+                None => {
+                    let backend = requested.isolated.ok_or_else(|| {
+                        anyhow!(
+                            "pool fill without an IMAGE makes bare upper filesystems: pass --strategy isolated or isolated-memory"
+                        )
+                    })?;
+                    let exclusive = limit.map(|l| lamina_mount::DiskLimit {
+                        exclude_image: true,
+                        ..l
+                    });
+                    PoolKind::uppers(lamina_mount::isolated::plan_for(
+                        &store, &[], backend, exclusive, disk_fs,
+                    )?)
+                }
+            };
+            let filled = lamina_mount::pool::fill(&store, mounter, &kind, size)?;
             println!("{}", serde_json::to_string(&filled)?);
         }
         PoolCommand::Refill => {

@@ -1,8 +1,5 @@
-//! `mount_setattr(2)`, the one syscall lamina needs that rustix does not wrap. This is the
-//! only module in the workspace allowed `unsafe`; it exposes a safe function taking a
-//! borrowed mount fd.
-
-#![allow(unsafe_code)]
+//! `mount_setattr(2)`, which rustix does not wrap: safe functions taking a borrowed
+//! mount fd.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 

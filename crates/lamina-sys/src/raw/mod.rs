@@ -1,0 +1,9 @@
+//! The kernel calls rustix does not wrap: `mount_setattr(2)` and the loop device ioctls.
+//! This is the only module in the workspace allowed `unsafe`; each submodule exposes safe
+//! functions over borrowed or owned file descriptors, and every `unsafe` block says why
+//! it is sound.
+
+#![allow(unsafe_code)]
+
+pub mod loop_dev;
+pub mod setattr;
