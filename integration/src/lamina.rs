@@ -109,6 +109,22 @@ impl Lamina {
             leaked.is_empty(),
             "{context}: mounts left behind: {leaked:?}"
         );
+        if last {
+            // Autoclear detaches a loop device shortly after its filesystem's unmount.
+            crate::wait_until(&format!("{context}: loop devices released"), || {
+                self.loop_devices_outside_pool().is_empty()
+            });
+        }
+    }
+
+    /// Loop devices attached to image files in the store, except ready pool slots'.
+    pub fn loop_devices_outside_pool(&self) -> Vec<PathBuf> {
+        let pool = self.store.join("pool");
+        lamina_sys::loop_backing_files()
+            .into_iter()
+            .filter(|(_, backing)| backing.starts_with(&self.store) && !backing.starts_with(&pool))
+            .map(|(device, _)| device)
+            .collect()
     }
 
     /// How many entries the store's `sub` directory holds (0 if it does not exist).

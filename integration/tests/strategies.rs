@@ -42,8 +42,13 @@ const CASES: &[Case] = &[
     case("volatile,deferred", &[], TWO_LAYERS),
     case("pooled", &[], TWO_LAYERS),
     case("pooled,metacopy,volatile,deferred", &[], TWO_LAYERS),
+    case("isolated", &[], TWO_LAYERS),
+    case("isolated-memory", &[], TWO_LAYERS),
+    case("isolated,metacopy,volatile", &[], TWO_LAYERS),
+    case("pooled,isolated", &[], TWO_LAYERS),
     case("", &[], TWO_LAYERS),
     case("", &["--ephemeral"], TWO_LAYERS),
+    case("", &["--disk-limit-size-bytes", "67108864"], TWO_LAYERS),
     case("classic", &["--read-only"], TWO_LAYERS),
     case("shared-ro", &[], TWO_LAYERS),
     case("shared-ro", &[], ONE_LAYER),
@@ -93,6 +98,9 @@ fn expected_auto(case: &Case, probe: &serde_json::Value) -> Option<String> {
         return Some(format!("{kind},deferred"));
     }
     let mut names = Vec::new();
+    if case.flags.contains(&"--disk-limit-size-bytes") {
+        names.push("isolated");
+    }
     if probe["metacopy"] == true {
         names.push("metacopy");
     }
@@ -206,6 +214,25 @@ fn every_strategy_passes_the_conformance_suite_and_boots_in_runc() {
         if strategy.contains("direct") {
             assert_eq!(kind, "ext4", "{name}: no overlay in the path");
         }
+        if strategy.contains("isolated") {
+            let upper_fs = |id: &str| lamina.store.join("images").join(id).join("upperfs");
+            let want = if strategy.contains("isolated-memory") {
+                "tmpfs"
+            } else {
+                "ext4"
+            };
+            assert_eq!(fstype(&upper_fs(&a)).as_deref(), Some(want), "{name}");
+            assert!(
+                options.contains("/upperfs/upper,"),
+                "{name}: upper on its own filesystem: {options}"
+            );
+            let dev = |p: &Path| std::fs::metadata(p).unwrap().dev();
+            assert_ne!(
+                dev(&upper_fs(&a)),
+                dev(&upper_fs(&b)),
+                "{name}: a superblock per container"
+            );
+        }
 
         let bundle = Bundle::new(&rootfs_a, read_only);
         let run_id = format!("lamina-conf-{i}-{}", std::process::id());
@@ -272,6 +299,8 @@ fn clean_recovers_crash_leftovers_under_every_kind_of_rootfs() {
         "deferred",
         "shared-ro",
         "direct",
+        "isolated",
+        "isolated-memory,volatile",
     ]
     .iter()
     .enumerate()
@@ -301,6 +330,9 @@ fn clean_recovers_crash_leftovers_under_every_kind_of_rootfs() {
         for dir in ["images", "trash"] {
             assert_eq!(lamina.entries(dir), 0, "{strategy}: {dir}/ not empty");
         }
+        wait_until(&format!("{strategy}: loop devices released"), || {
+            lamina.loop_devices_outside_pool().is_empty()
+        });
     }
 }
 

@@ -42,6 +42,9 @@ pub struct Created {
     pub to_mount: ToMount,
     /// Why these strategies (for `auto`, the reasoning; otherwise "requested").
     pub reason: String,
+    /// Something was claimed from a pool (an overlay, or an isolated upper), which a
+    /// refill should replace.
+    pub claimed_from_pool: bool,
 }
 
 /// The mount a `--without-mount` caller makes on the rootfs path.
@@ -133,6 +136,7 @@ pub fn create(
         lease,
         strategies,
         upper_fs,
+        claimed_from_pool,
         _lease_in_flight,
     } = made;
 
@@ -170,6 +174,7 @@ pub fn create(
         rootfs: claim.dirs.rootfs.clone(),
         to_mount,
         reason: choice.reason,
+        claimed_from_pool,
     })
 }
 
@@ -186,6 +191,7 @@ struct Made<'a> {
     upper_fs: Option<UpperFsRecord>,
     /// shared-ro: the lease stays flocked until the record naming it is written.
     _lease_in_flight: Option<shared::Acquired>,
+    claimed_from_pool: bool,
 }
 
 fn overlay<'a>(
@@ -216,17 +222,18 @@ fn overlay<'a>(
                 strategies,
                 upper_fs,
                 _lease_in_flight: None,
+                claimed_from_pool: true,
             });
         }
         tracing::info!(id, "pool is empty: mounting a fresh overlay");
     }
     strategies.pooled = false;
-    let (claim, undo) = match &upper {
+    let (claim, undo, claimed_from_pool) = match &upper {
         Some(plan) => isolated_dirs(store, mounter, id, plan)?,
         None => {
             let claim = store.create_container_dirs(id)?;
             let undo = Undo::new(store, mounter, &claim.dirs, None);
-            (claim, undo)
+            (claim, undo, false)
         }
     };
     let mut spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
@@ -245,25 +252,27 @@ fn overlay<'a>(
         strategies,
         upper_fs,
         _lease_in_flight: None,
+        claimed_from_pool,
     })
 }
 
 /// An isolated container's directories with its own upper filesystem mounted: a ready
-/// one claimed from the pool of bare uppers, or a new one (mkfs, loop attach, mount).
+/// one claimed from the pool of bare uppers (then `true`), or a new one (mkfs, loop
+/// attach, mount).
 fn isolated_dirs<'a>(
     store: &'a Store,
     mounter: &'a dyn Mounter,
     id: &str,
     plan: &UpperPlan,
-) -> Result<(ContainerClaim, Undo<'a>), RootfsError> {
+) -> Result<(ContainerClaim, Undo<'a>, bool), RootfsError> {
     if let Some((claim, _)) = pool::claim(store, mounter, &PoolKind::uppers(*plan), id)? {
         let undo = Undo::new(store, mounter, &claim.dirs, None);
-        return Ok((claim, undo));
+        return Ok((claim, undo, true));
     }
     let mut claim = store.create_container_dirs(id)?;
     let undo = Undo::new(store, mounter, &claim.dirs, None);
     claim.dirs = isolated::make(mounter, &claim.dirs.base, plan)?;
-    Ok((claim, undo))
+    Ok((claim, undo, false))
 }
 
 fn bind_shared<'a>(
@@ -324,6 +333,7 @@ fn bind_dir<'a>(
         },
         upper_fs: None,
         _lease_in_flight: None,
+        claimed_from_pool: false,
     })
 }
 

@@ -14,7 +14,7 @@ use lamina_mount::{
     CreateOptions, Deleted, DiskLimit, RootfsError, UpperBackend, UpperPlan, create, delete, reap,
 };
 use lamina_store::ContainerDirs;
-use lamina_sys::{DiskFs, Errno, FakeCall, FakeMounter, Mounter, UpperFs};
+use lamina_sys::{DiskFs, Errno, FakeCall, FakeMounter, UpperFs};
 
 fn upper_mounts(fake: &FakeMounter) -> usize {
     fake.calls()

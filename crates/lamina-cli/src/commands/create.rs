@@ -31,7 +31,7 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
     let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)?;
 
     // A claim (of an overlay or of a bare isolated upper) leaves its pool one short.
-    if Strategies::parse(&created.record.strategy).is_ok_and(|s| s.pooled || s.isolated.is_some()) {
+    if created.claimed_from_pool {
         ctx.spawn(&store, &["pool", "refill"]);
     }
 
