@@ -1,0 +1,160 @@
+//! Strategy `isolated` on real filesystems: a container writing past its disk limit gets
+//! ENOSPC inside runc while its neighbour keeps writing; a create claims a ready upper
+//! from the pool instead of formatting one; writes survive `unmount` + `mount` and a
+//! simulated host restart (disk), or are refused as lost (memory). The conformance suite
+//! (strategies.rs) covers booting, isolation and teardown under both backends.
+
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use lamina_integration::proof::fstype;
+use lamina_integration::{Bundle, Lamina, ScratchFs, require_root, sample_image};
+
+/// A store and the sample image's reference on a fresh loop-backed ext4.
+fn store_with_sample(fs: &ScratchFs) -> (Lamina, String) {
+    let image = sample_image(&fs.path().join("image")).references()[0].clone();
+    (Lamina::init(&fs.path().join("store")), image)
+}
+
+fn upper_fs(lamina: &Lamina, id: &str) -> PathBuf {
+    lamina.store.join("images").join(id).join("upperfs")
+}
+
+fn unmount(path: &Path) {
+    let status = std::process::Command::new("umount").arg(path).status().unwrap();
+    assert!(status.success(), "umount {}", path.display());
+}
+
+#[test]
+fn writing_past_the_disk_limit_fails_with_enospc_and_the_neighbour_keeps_writing() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let (lamina, image) = store_with_sample(&fs);
+    let limit = ["--disk-limit-size-bytes", "33554432", "--exclude-image-from-quota"];
+    let full = lamina.create_with(&limit, &image, "full");
+    let neighbour = lamina.create_with(&limit, &image, "neighbour");
+    let record: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(lamina.store.join("images/full/container.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["upper_fs"]["size_bytes"], 33554432, "{record}");
+    assert!(record["strategy"].as_str().unwrap().contains("isolated"));
+
+    let bundle = Bundle::new(&full, false);
+    let run_id = format!("lamina-limit-{}", std::process::id());
+    let out = bundle.run(
+        &run_id,
+        "dd if=/dev/zero of=/fill bs=1M count=64 2>&1; echo status=$?; ls -l /fill",
+    );
+    assert!(
+        out.stdout.contains("No space left on device"),
+        "ENOSPC at the limit: {out:?}"
+    );
+    assert!(!out.stdout.contains("status=0"), "{out:?}");
+    drop(bundle);
+
+    let bundle = Bundle::new(&neighbour, false);
+    let out = bundle.run(
+        &format!("{run_id}-n"),
+        "dd if=/dev/zero of=/data bs=1M count=16 2>&1 && echo neighbour-wrote",
+    );
+    assert!(out.stdout.contains("neighbour-wrote"), "{out:?}");
+    drop(bundle);
+
+    lamina.delete_and_assert_gone("full", "full");
+    lamina.delete_and_assert_gone("neighbour", "neighbour");
+}
+
+#[test]
+fn a_create_claims_a_ready_upper_filesystem_from_the_pool() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let (lamina, image) = store_with_sample(&fs);
+    let filled = lamina
+        .run(&["pool", "fill", "--strategy", "isolated", "--size", "2"])
+        .json();
+    assert_eq!(filled["ready"], 2, "{filled}");
+    let pooled_images: Vec<u64> = walk_images(&lamina.store.join("pool"));
+    assert_eq!(pooled_images.len(), 2);
+
+    let out = lamina.run(&["create", "--strategy", "isolated", &image, "c"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let claimed = std::fs::metadata(lamina.store.join("images/c/upper.img"))
+        .unwrap()
+        .ino();
+    assert!(
+        pooled_images.contains(&claimed),
+        "the container's upper image is one the pool made"
+    );
+    assert_eq!(fstype(&upper_fs(&lamina, "c")).as_deref(), Some("ext4"));
+
+    // auto takes a pooled upper too, and says why.
+    let out = lamina.run(&["--log-level", "info", "create", &image, "auto"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("isolated upper filesystem is ready in a pool"),
+        "{}",
+        out.stderr
+    );
+
+    lamina.delete_and_assert_gone("c", "c");
+    lamina.delete_and_assert_gone("auto", "auto");
+    // Wait for the refills the claims started, then release the pool.
+    lamina
+        .run(&["pool", "fill", "--strategy", "isolated"])
+        .json();
+    assert!(lamina.run(&["pool", "drain"]).json()["released"].as_u64() >= Some(2));
+    assert!(lamina.loop_devices_outside_pool().is_empty());
+    assert!(
+        lamina_sys::loop_backing_files()
+            .iter()
+            .all(|(_, backing)| !backing.starts_with(&lamina.store)),
+        "drain released the pool's loop devices"
+    );
+}
+
+/// Inode numbers of every `upper.img` under `dir`.
+fn walk_images(dir: &Path) -> Vec<u64> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(walk_images(&path));
+        } else if path.file_name().is_some_and(|n| n == "upper.img") {
+            found.push(entry.metadata().unwrap().ino());
+        }
+    }
+    found
+}
+
+#[test]
+fn writes_survive_unmount_and_a_restart_on_disk_and_are_refused_as_lost_in_memory() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let (lamina, image) = store_with_sample(&fs);
+    for strategy in ["isolated", "isolated-memory"] {
+        let rootfs = lamina.create_with(&["--strategy", strategy], &image, strategy);
+        std::fs::write(rootfs.join("kept"), strategy).unwrap();
+        assert_eq!(lamina.run(&["unmount", strategy]).code, 0, "{strategy}");
+        assert!(!rootfs.join("kept").exists());
+        let out = lamina.run(&["mount", strategy]);
+        assert_eq!(out.code, 0, "{strategy}: {out:?}");
+        assert_eq!(std::fs::read_to_string(rootfs.join("kept")).unwrap(), strategy);
+
+        // A host restart takes every mount away.
+        unmount(&rootfs);
+        unmount(&upper_fs(&lamina, strategy));
+        let out = lamina.run(&["mount", strategy]);
+        if strategy == "isolated" {
+            assert_eq!(out.code, 0, "{strategy}: {out:?}");
+            assert_eq!(std::fs::read_to_string(rootfs.join("kept")).unwrap(), strategy);
+        } else {
+            assert_eq!(out.code, 1, "{out:?}");
+            assert!(out.stdout.contains("tmpfs and is gone"), "{out:?}");
+        }
+        lamina.delete_and_assert_gone(strategy, strategy);
+    }
+}
