@@ -53,6 +53,11 @@ pub fn mem_available() -> u64 {
     meminfo("MemAvailable:")
 }
 
+/// `Slab` from /proc/meminfo (every slab cache), in bytes.
+pub fn slab_total() -> u64 {
+    meminfo("Slab:")
+}
+
 fn meminfo(key: &str) -> u64 {
     fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()

@@ -54,13 +54,13 @@ impl Rig {
     }
 
     pub fn create(&self, image: &Image, id: &str, strategies: &str, read_only: bool) -> Created {
-        let options = CreateOptions {
-            strategies: Strategies::parse(strategies).expect("strategy list"),
-            read_only,
-            ..CreateOptions::default()
-        };
-        lamina_mount::create(&self.store, &self.mounter, image, id, &options)
-            .unwrap_or_else(|e| panic!("create {id} ({strategies}): {e}"))
+        self.create_with(image, id, &options(strategies, read_only))
+    }
+
+    /// Creates with options beyond a strategy list (disk limits, overlay options).
+    pub fn create_with(&self, image: &Image, id: &str, options: &CreateOptions) -> Created {
+        lamina_mount::create(&self.store, &self.mounter, image, id, options)
+            .unwrap_or_else(|e| panic!("create {id} ({}): {e}", options.strategies))
     }
 
     /// Times one create.
@@ -120,5 +120,14 @@ impl Rig {
 
     pub fn fs_name(&self) -> &'static str {
         self.kind.name()
+    }
+}
+
+/// Create options for the strategy list `strategies`.
+pub fn options(strategies: &str, read_only: bool) -> CreateOptions {
+    CreateOptions {
+        strategies: Strategies::parse(strategies).expect("strategy list"),
+        read_only,
+        ..CreateOptions::default()
     }
 }

@@ -12,6 +12,7 @@ use crate::report::Table;
 mod copy_up;
 mod density;
 mod import;
+mod isolated;
 mod permission;
 mod process;
 mod reclaim;
@@ -53,6 +54,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("import", import::run),
     ("process", process::run),
     ("scale", scale::run),
+    ("isolated", isolated::run),
 ];
 
 /// Prints a progress line with the time since the run started, so a long run is never

@@ -2,7 +2,9 @@
 //! after another). On the classic path each unmount syncs the whole upper filesystem
 //! under its superblock lock, so deletes queue behind each other's writeback. Reports
 //! what the caller of `delete` waits (p50/p99) and how long until nothing is left,
-//! reaper included.
+//! reaper included. The noisy-neighbour table deletes one container that wrote nothing
+//! while nine neighbours on the same upper filesystem are dirty: on a shared upper its
+//! unmount writes their data back; on an isolated upper it syncs only its own.
 
 use std::fs;
 use std::io::Write;
@@ -16,7 +18,23 @@ use crate::report::Table;
 use crate::rig::Rig;
 use crate::stats::{Rounds, Samples};
 
-const STRATEGIES: &[&str] = &["classic", "volatile", "deferred", "volatile,deferred"];
+const STRATEGIES: &[&str] = &[
+    "classic",
+    "volatile",
+    "deferred",
+    "volatile,deferred",
+    "isolated",
+    "isolated-memory",
+];
+
+/// The neighbour table: a shared upper's options, against the container's own upper.
+const NEIGHBOUR_STRATEGIES: &[&str] = &[
+    "classic",
+    "volatile",
+    "deferred",
+    "isolated",
+    "isolated-memory",
+];
 
 #[derive(Debug, Clone, Copy)]
 enum Load {
@@ -110,7 +128,76 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             }
         }
     }
-    vec![table]
+    let neighbours = neighbour_table(ctx);
+    vec![table, neighbours]
+}
+
+fn neighbour_table(ctx: &Ctx) -> Table {
+    let neighbours = ctx.mode.pick(9, 2);
+    let mb = ctx.mode.pick(100, 2);
+    let rounds = ctx.mode.pick(5, 1);
+    let mut table = Table::new(
+        "s1-neighbour",
+        &[
+            "fs",
+            "dirty neighbours",
+            "strategy",
+            "clean container gone p50",
+            "p99",
+            "p50 vs classic",
+        ],
+    );
+    for &kind in &ctx.filesystems {
+        let rig = Rig::new(kind, (neighbours * mb * 2 + 1024) as u64);
+        let image = rig.warm(&crate::images::sample(&rig.scratch("image")));
+        let mut baseline = None;
+        for strategy in NEIGHBOUR_STRATEGIES {
+            progress(&format!(
+                "S1 neighbour {} {neighbours} × {mb} MB {strategy}",
+                rig.fs_name()
+            ));
+            let gone: Samples = (0..rounds)
+                .map(|round| clean_among_dirty(&rig, &image, strategy, neighbours, mb, round))
+                .collect();
+            let s = gone.summary();
+            let base = *baseline.get_or_insert(s.p50);
+            table.row(vec![
+                rig.fs_name().into(),
+                format!("{neighbours} × {mb} MB written"),
+                format!("`{strategy}`"),
+                crate::stats::human(s.p50),
+                crate::stats::human(s.p99),
+                crate::stats::ratio(s.p50, base),
+            ]);
+        }
+    }
+    table
+}
+
+/// One round: `n` neighbours (same strategy, same store) write `mb` each and stay; a
+/// container that wrote nothing is deleted. Returns the time until it is gone — its
+/// delete plus, for a deferred strategy, the reaper's teardown of it.
+fn clean_among_dirty(
+    rig: &Rig,
+    image: &Image,
+    strategy: &str,
+    n: usize,
+    mb: usize,
+    round: usize,
+) -> Duration {
+    rustix::fs::sync();
+    for i in 0..n {
+        let created = rig.create(image, &format!("n-{round}-{i}"), strategy, false);
+        Load::OneFile(mb).write(&created.rootfs);
+    }
+    let clean = format!("clean-{round}");
+    rig.create(image, &clean, strategy, false);
+    let start = Instant::now();
+    rig.delete(&clean);
+    rig.reap_all();
+    let gone = start.elapsed();
+    rig.delete_all();
+    gone
 }
 
 /// One round: `n` containers write `load`, then all are deleted (in parallel or one by

@@ -29,6 +29,9 @@ pub struct CreateOptions {
     pub disk_limit: Option<DiskLimit>,
     /// What isolated uppers on disk are formatted with.
     pub disk_fs: DiskFs,
+    /// Overlay options appended to a freshly mounted read-write overlay: how benchmarks
+    /// reproduce other kernels' behaviour here (`fsync=strict` is 6.12–6.14's).
+    pub extra_overlay_options: Vec<(String, Option<String>)>,
 }
 
 
@@ -124,7 +127,7 @@ pub fn create(
             id,
             &choice,
             upper,
-            options.without_mount,
+            options,
         )?
     };
     let Made {
@@ -201,8 +204,9 @@ fn overlay<'a>(
     id: &str,
     choice: &Choice,
     upper: Option<UpperPlan>,
-    without_mount: bool,
+    options: &CreateOptions,
 ) -> Result<Made<'a>, RootfsError> {
+    let without_mount = options.without_mount;
     let mut strategies = choice.strategies;
     let flavor = strategies.mount_flavor();
     let upper_fs = upper.map(|u| u.record());
@@ -237,6 +241,7 @@ fn overlay<'a>(
         }
     };
     let mut spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
+    spec.options.extend(options.extra_overlay_options.iter().cloned());
     // `--read-only` with an overlay strategy: the same overlay, mounted read-only.
     spec.read_only = choice.read_only;
     if !without_mount {

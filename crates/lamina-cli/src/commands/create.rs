@@ -27,6 +27,7 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
             .create
             .disk_limit(args.disk_limit_size_bytes, args.exclude_image_from_quota),
         disk_fs: ctx.config.create.disk_fs()?,
+        extra_overlay_options: Vec::new(),
     };
     let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)?;
 
