@@ -14,8 +14,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use lamina_benches::criterion_table::{CASES, GROUP, KERNEL_FLOOR};
 use lamina_benches::rig::Rig;
 use lamina_integration::{FsKind, require_root};
-use lamina_mount::pool::{self, PoolKind};
 use lamina_mount::Strategies;
+use lamina_mount::pool::{self, PoolKind};
 use lamina_sys::Mounter;
 
 fn create_delete(c: &mut Criterion) {

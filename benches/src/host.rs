@@ -58,6 +58,16 @@ pub fn slab_total() -> u64 {
     meminfo("Slab:")
 }
 
+/// Kernel memory nothing can reclaim, in bytes: unreclaimable slab, kernel stacks,
+/// per-CPU allocations and page tables. Unlike `MemAvailable`, which moves by megabytes
+/// on its own, this holds still enough to divide by a container count.
+pub fn kernel_unreclaimable() -> u64 {
+    ["SUnreclaim:", "KernelStack:", "Percpu:", "PageTables:"]
+        .into_iter()
+        .map(meminfo)
+        .sum()
+}
+
 fn meminfo(key: &str) -> u64 {
     fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()

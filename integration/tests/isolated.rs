@@ -24,7 +24,10 @@ fn upper_fs(lamina: &Lamina, id: &str) -> PathBuf {
 }
 
 fn unmount(path: &Path) {
-    let status = std::process::Command::new("umount").arg(path).status().unwrap();
+    let status = std::process::Command::new("umount")
+        .arg(path)
+        .status()
+        .unwrap();
     assert!(status.success(), "umount {}", path.display());
 }
 
@@ -33,7 +36,11 @@ fn writing_past_the_disk_limit_fails_with_enospc_and_the_neighbour_keeps_writing
     require_root();
     let fs = ScratchFs::ext4(512);
     let (lamina, image) = store_with_sample(&fs);
-    let limit = ["--disk-limit-size-bytes", "33554432", "--exclude-image-from-quota"];
+    let limit = [
+        "--disk-limit-size-bytes",
+        "33554432",
+        "--exclude-image-from-quota",
+    ];
     let full = lamina.create_with(&limit, &image, "full");
     let neighbour = lamina.create_with(&limit, &image, "neighbour");
     let record: serde_json::Value = serde_json::from_slice(
@@ -95,7 +102,8 @@ fn a_create_claims_a_ready_upper_filesystem_from_the_pool() {
     let out = lamina.run(&["--log-level", "info", "create", &image, "auto"]);
     assert_eq!(out.code, 0, "{out:?}");
     assert!(
-        out.stderr.contains("isolated upper filesystem is ready in a pool"),
+        out.stderr
+            .contains("isolated upper filesystem is ready in a pool"),
         "{}",
         out.stderr
     );
@@ -142,7 +150,10 @@ fn writes_survive_unmount_and_a_restart_on_disk_and_are_refused_as_lost_in_memor
         assert!(!rootfs.join("kept").exists());
         let out = lamina.run(&["mount", strategy]);
         assert_eq!(out.code, 0, "{strategy}: {out:?}");
-        assert_eq!(std::fs::read_to_string(rootfs.join("kept")).unwrap(), strategy);
+        assert_eq!(
+            std::fs::read_to_string(rootfs.join("kept")).unwrap(),
+            strategy
+        );
 
         // A host restart takes every mount away.
         unmount(&rootfs);
@@ -150,7 +161,10 @@ fn writes_survive_unmount_and_a_restart_on_disk_and_are_refused_as_lost_in_memor
         let out = lamina.run(&["mount", strategy]);
         if strategy == "isolated" {
             assert_eq!(out.code, 0, "{strategy}: {out:?}");
-            assert_eq!(std::fs::read_to_string(rootfs.join("kept")).unwrap(), strategy);
+            assert_eq!(
+                std::fs::read_to_string(rootfs.join("kept")).unwrap(),
+                strategy
+            );
         } else {
             assert_eq!(out.code, 1, "{out:?}");
             assert!(out.stdout.contains("tmpfs and is gone"), "{out:?}");

@@ -1,7 +1,8 @@
 //! isolated's price: what a create costs with a container's own upper filesystem made
 //! on the spot (mkfs, loop attach, mount), claimed ready from a pool, or on tmpfs — all
 //! against classic in the same run — and what each live isolated container costs the
-//! host (memory, slab, loop devices, kernel threads, disk) at 100 and 1000 containers.
+//! host (unreclaimable kernel memory, slab, loop devices, kernel threads, disk) at 100
+//! and 1000 containers.
 //! Its gains are in the S1 and S3 tables.
 
 use std::time::Duration;
@@ -63,7 +64,13 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
     let live_counts = ctx.mode.pick(vec![100, 1000], vec![3, 6]);
     let mut creates = Table::new(
         "isolated-create",
-        &["fs", "rootfs from", "create p50", "create p99", "p50 vs classic"],
+        &[
+            "fs",
+            "rootfs from",
+            "create p50",
+            "create p99",
+            "p50 vs classic",
+        ],
     );
     let mut cost = Table::new(
         "isolated-cost",
@@ -71,7 +78,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             "fs",
             "strategy",
             "live containers",
-            "memory / container",
+            "kernel memory / container",
             "slab / container",
             "loop devices",
             "kernel threads / container",
@@ -83,7 +90,11 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         let image = rig.warm(&crate::images::sample(&rig.scratch("image")));
         let mut classic = None;
         for &source in CREATES {
-            progress(&format!("isolated {} create: {}", rig.fs_name(), source.label()));
+            progress(&format!(
+                "isolated {} create: {}",
+                rig.fs_name(),
+                source.label()
+            ));
             let s = timed_creates(&rig, &image, source, samples).summary();
             let base = *classic.get_or_insert(s.p50);
             creates.row(vec![
@@ -96,7 +107,10 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         }
         for strategy in COST {
             for &count in &live_counts {
-                progress(&format!("isolated {} cost: {count} × {strategy}", rig.fs_name()));
+                progress(&format!(
+                    "isolated {} cost: {count} × {strategy}",
+                    rig.fs_name()
+                ));
                 let per = per_container_cost(&rig, &image, strategy, count);
                 cost.row(vec![
                     rig.fs_name().into(),
@@ -175,7 +189,7 @@ fn per_container_cost(rig: &Rig, image: &Image, strategy: &str, n: usize) -> Cos
     rig.delete_all();
     let per = |a: u64, b: u64| (a as f64 - b as f64) / n as f64;
     Cost {
-        memory: per(before.mem_available, after.mem_available),
+        memory: per(after.kernel_memory, before.kernel_memory),
         slab: per(after.slab, before.slab),
         loops: after.loops.saturating_sub(before.loops),
         threads: per(after.threads, before.threads),
@@ -184,7 +198,7 @@ fn per_container_cost(rig: &Rig, image: &Image, strategy: &str, n: usize) -> Cos
 }
 
 struct Snapshot {
-    mem_available: u64,
+    kernel_memory: u64,
     slab: u64,
     loops: usize,
     threads: u64,
@@ -198,7 +212,7 @@ impl Snapshot {
         std::thread::sleep(Duration::from_millis(200));
         let stat = rustix::fs::statvfs(rig.fs.path()).expect("statvfs");
         Snapshot {
-            mem_available: host::mem_available(),
+            kernel_memory: host::kernel_unreclaimable(),
             slab: host::slab_total(),
             loops: lamina_sys::loop_backing_files().len(),
             threads: kernel_threads(),

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use lamina_image::Image;
-use lamina_mount::pool::{self, PoolKind};
 use lamina_mount::Strategies;
+use lamina_mount::pool::{self, PoolKind};
 
 use super::{Ctx, progress};
 use crate::host;

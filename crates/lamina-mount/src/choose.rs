@@ -147,17 +147,24 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
     }
 }
 
-/// Whether an auto create gets its own upper filesystem. It always wins at delete and
-/// under copy-up storms (docs/benchmarks.md), but making one costs a mkfs and a loop
-/// attach that a classic create does not pay — so auto takes one only when one is ready
-/// in a pool, or when a disk limit needs it. An ephemeral container prefers a memory
-/// upper when the operator pooled some.
+/// Whether an auto create gets its own upper filesystem (docs/benchmarks.md, S1, S3 and
+/// isolated). It wins at delete (a clean container among dirty neighbours is gone in
+/// 1/110 of classic's time) and under `__pycache__` storms, but making one costs a mkfs
+/// and a loop attach (~11 ms against ~0.2 ms), and whole-file copy-ups through its loop
+/// device cost 2–7× classic's: so auto takes one only when one is ready in a pool and
+/// metacopy keeps copy-ups to metadata — or when a disk limit needs one. An ephemeral
+/// container prefers a memory upper when the operator pooled some.
 fn choose_upper(
     request: &Request,
     s: &Strategies,
     pools: &Pools<'_>,
     why: &mut Vec<&'static str>,
 ) -> Option<UpperBackend> {
+    if request.disk_limit {
+        why.push("disk limit: an isolated upper filesystem of that size");
+    } else if !s.metacopy {
+        return None;
+    }
     let mut backends = vec![UpperBackend::Disk];
     if request.ephemeral {
         backends.insert(0, UpperBackend::Memory);
@@ -172,11 +179,7 @@ fn choose_upper(
             return Some(backend);
         }
     }
-    if request.disk_limit {
-        why.push("disk limit: an isolated upper filesystem of that size");
-        return Some(UpperBackend::Disk);
-    }
-    None
+    request.disk_limit.then_some(UpperBackend::Disk)
 }
 
 #[cfg(test)]
@@ -271,7 +274,10 @@ mod tests {
             },
         };
         let pick = |request: Request, pools: &Pools<'_>| {
-            choose(&request, &good, 2, pools).unwrap().strategies.to_string()
+            choose(&request, &good, 2, pools)
+                .unwrap()
+                .strategies
+                .to_string()
         };
         assert_eq!(
             pick(auto(false, false), &uppers(UpperBackend::Disk)),
@@ -291,6 +297,28 @@ mod tests {
             ..auto(false, false)
         };
         assert_eq!(pick(limited, &Pools::EMPTY), "isolated,metacopy,deferred");
+        let no_metacopy = probe(false);
+        assert_eq!(
+            choose(
+                &auto(false, false),
+                &no_metacopy,
+                2,
+                &uppers(UpperBackend::Disk)
+            )
+            .unwrap()
+            .strategies
+            .to_string(),
+            "deferred",
+            "without metacopy, whole-file copy-ups through a loop device cost more"
+        );
+        assert_eq!(
+            choose(&limited, &no_metacopy, 2, &Pools::EMPTY)
+                .unwrap()
+                .strategies
+                .to_string(),
+            "isolated,deferred",
+            "a limit still needs one"
+        );
         assert_eq!(pick(auto(false, false), &Pools::EMPTY), "metacopy,deferred");
         assert_eq!(
             pick(
@@ -313,7 +341,10 @@ mod tests {
             ..Request::default()
         };
         let err = choose(&request, &probe(true), 2, &Pools::EMPTY).unwrap_err();
-        assert!(err.to_string().contains("needs strategy `isolated`"), "{err}");
+        assert!(
+            err.to_string().contains("needs strategy `isolated`"),
+            "{err}"
+        );
         let isolated = Request {
             strategies: Strategies::parse("isolated").unwrap(),
             ..request

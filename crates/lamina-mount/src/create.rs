@@ -14,7 +14,9 @@ use lamina_sys::{DiskFs, Mounter, OverlaySpec};
 
 use crate::choose::{Choice, Pools, Request, choose};
 use crate::pool::PoolKind;
-use crate::{DiskLimit, RootfsError, Strategies, UpperPlan, flatten, isolated, plan, pool, probe, shared};
+use crate::{
+    DiskLimit, RootfsError, Strategies, UpperPlan, flatten, isolated, plan, pool, probe, shared,
+};
 
 /// Options for one create.
 #[derive(Debug, Clone, Default)]
@@ -33,8 +35,6 @@ pub struct CreateOptions {
     /// reproduce other kernels' behaviour here (`fsync=strict` is 6.12–6.14's).
     pub extra_overlay_options: Vec<(String, Option<String>)>,
 }
-
-
 
 /// What `create` made.
 #[derive(Debug, Clone)]
@@ -120,15 +120,7 @@ pub fn create(
         let claim = store.create_container_dirs(id)?;
         bind_dir(store, mounter, claim, source, None, options.without_mount)?
     } else {
-        overlay(
-            store,
-            mounter,
-            &chain_ids,
-            id,
-            &choice,
-            upper,
-            options,
-        )?
+        overlay(store, mounter, &chain_ids, id, &choice, upper, options)?
     };
     let Made {
         claim,
@@ -241,7 +233,8 @@ fn overlay<'a>(
         }
     };
     let mut spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
-    spec.options.extend(options.extra_overlay_options.iter().cloned());
+    spec.options
+        .extend(options.extra_overlay_options.iter().cloned());
     // `--read-only` with an overlay strategy: the same overlay, mounted read-only.
     spec.read_only = choice.read_only;
     if !without_mount {

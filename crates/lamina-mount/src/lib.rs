@@ -24,8 +24,8 @@ pub use clean::{CleanReport, clean};
 pub use create::{CreateOptions, Created, ToMount, create};
 pub use delete::{Deleted, Reaped, delete, reap};
 pub use delete_store::delete_store;
-pub use remount::{mount, unmount};
 pub use isolated::{DiskLimit, UpperPlan};
+pub use remount::{mount, unmount};
 pub use strategy::{Strategies, UpperBackend};
 
 use lamina_store::StoreError;

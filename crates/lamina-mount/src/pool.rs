@@ -176,15 +176,15 @@ pub fn fill(
     while ready < size {
         let (staged, lock) = store.stage_container_dirs("pool")?;
         let made = make_slot(store, mounter, kind, &staged.base).and_then(|mount_options| {
-                let record = SlotRecord { mount_options };
-                let path = staged.base.join(SLOT_RECORD);
-                let json = serde_json::to_vec(&record)
-                    .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
-                fs::write(&path, json).map_err(StoreError::io("writing", &path))?;
-                let slot = dir.join(lamina_store::unique_suffix());
-                fs::rename(&staged.base, &slot).map_err(StoreError::io("adding to pool", &slot))?;
-                Ok(())
-            });
+            let record = SlotRecord { mount_options };
+            let path = staged.base.join(SLOT_RECORD);
+            let json = serde_json::to_vec(&record)
+                .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
+            fs::write(&path, json).map_err(StoreError::io("writing", &path))?;
+            let slot = dir.join(lamina_store::unique_suffix());
+            fs::rename(&staged.base, &slot).map_err(StoreError::io("adding to pool", &slot))?;
+            Ok(())
+        });
         if let Err(e) = made {
             let _ = crate::clean::remove_unmounted(mounter, &staged.base);
             return Err(e);
@@ -281,7 +281,10 @@ pub(crate) fn claim(
         else {
             continue;
         };
-        if !mounter.is_mountpoint(&kind.slot_mount(&slot)).unwrap_or(false) {
+        if !mounter
+            .is_mountpoint(&kind.slot_mount(&slot))
+            .unwrap_or(false)
+        {
             continue;
         }
         match store.publish_container(&slot, lock, id) {

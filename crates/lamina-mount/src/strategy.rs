@@ -180,10 +180,7 @@ impl fmt::Display for Strategies {
             (self.auto, "auto"),
             (self.shared_ro, "shared-ro"),
             (self.direct, "direct"),
-            (
-                self.isolated == Some(UpperBackend::Disk),
-                "isolated",
-            ),
+            (self.isolated == Some(UpperBackend::Disk), "isolated"),
             (
                 self.isolated == Some(UpperBackend::Memory),
                 "isolated-memory",

@@ -93,9 +93,16 @@ fn a_create_claims_a_ready_upper_from_the_pool_instead_of_making_one() {
         "{}",
         created.record.strategy
     );
-    assert!(created.reason.contains("ready in a pool"), "{}", created.reason);
+    assert!(
+        created.reason.contains("ready in a pool"),
+        "{}",
+        created.reason
+    );
     assert_eq!(upper_mounts(&fake), 2, "claimed, not made");
-    assert!(fake.spec_at(&created.rootfs).is_some(), "overlay mounted on it");
+    assert!(
+        fake.spec_at(&created.rootfs).is_some(),
+        "overlay mounted on it"
+    );
 
     let refill = lamina_mount::pool::refill_all(&store, &fake).unwrap();
     assert_eq!(refill, 1, "the pool's target is restored");
@@ -133,7 +140,10 @@ fn a_disk_limit_sizes_the_upper_with_grootfs_meaning() {
     assert_eq!(created.record.upper_fs.unwrap().size_bytes, 64 << 20);
 
     let err = create(&store, &fake, &image, "tiny", &limited(image_bytes, false)).unwrap_err();
-    assert!(matches!(err, RootfsError::DiskLimitTooSmall { .. }), "{err}");
+    assert!(
+        matches!(err, RootfsError::DiskLimitTooSmall { .. }),
+        "{err}"
+    );
     assert!(!store.container_exists("tiny"));
 }
 
@@ -161,5 +171,8 @@ fn a_failed_mount_leaves_no_upper_filesystem_and_no_container() {
         "the upper filesystem was unmounted: {:?}",
         fake.mounted()
     );
-    assert_eq!(std::fs::read_dir(store.layout().images()).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(store.layout().images()).unwrap().count(),
+        0
+    );
 }

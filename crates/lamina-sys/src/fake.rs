@@ -137,7 +137,9 @@ impl FakeMounter {
         }
         state.mounts_made += 1;
         let order = state.mounts_made;
-        state.mounted.insert(id, (target.to_path_buf(), what, order));
+        state
+            .mounted
+            .insert(id, (target.to_path_buf(), what, order));
         Ok(())
     }
 }

@@ -76,7 +76,8 @@ impl Mounter for RealMounter {
             OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
         )
         .map_err(|e| MountError::new("clone mount for bind", source, e))?;
-        crate::raw::setattr::set_read_only(tree.as_fd()).map_err(fail("make read-only bind for"))?;
+        crate::raw::setattr::set_read_only(tree.as_fd())
+            .map_err(fail("make read-only bind for"))?;
         rustix::mount::move_mount(
             tree.as_fd(),
             "",

@@ -176,8 +176,8 @@ fn create_image(image: &Path, size_bytes: u64, fs: DiskFs) -> Result<(), MountEr
 /// returning, so from then on the mount alone keeps it attached.
 fn mount_image(image: &Path, fs: DiskFs, target: &Path) -> Result<(), MountError> {
     let backing = open_backing(image)?;
-    let device = loop_dev::attach(&backing)
-        .map_err(|(op, path, errno)| MountError::new(op, path, errno))?;
+    let device =
+        loop_dev::attach(&backing).map_err(|(op, path, errno)| MountError::new(op, path, errno))?;
     drop(backing);
     rustix::mount::mount(
         &device.path,
@@ -187,8 +187,11 @@ fn mount_image(image: &Path, fs: DiskFs, target: &Path) -> Result<(), MountError
         Some(fs.mount_data()),
     )
     .map_err(|e| {
-        MountError::new("mount upper filesystem at", target, e)
-            .with_detail(format!("{} on {}", fs.name(), device.path.display()))
+        MountError::new("mount upper filesystem at", target, e).with_detail(format!(
+            "{} on {}",
+            fs.name(),
+            device.path.display()
+        ))
     })
 }
 

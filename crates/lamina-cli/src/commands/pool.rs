@@ -73,7 +73,11 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
                         ..l
                     });
                     PoolKind::uppers(lamina_mount::isolated::plan_for(
-                        &store, &[], backend, exclusive, disk_fs,
+                        &store,
+                        &[],
+                        backend,
+                        exclusive,
+                        disk_fs,
                     )?)
                 }
             };
