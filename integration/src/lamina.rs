@@ -110,11 +110,16 @@ impl Lamina {
             "{context}: mounts left behind: {leaked:?}"
         );
         if last {
-            // Autoclear detaches a loop device shortly after its filesystem's unmount.
-            crate::wait_until(&format!("{context}: loop devices released"), || {
-                self.loop_devices_outside_pool().is_empty()
-            });
+            self.wait_loop_devices_released(context);
         }
+    }
+
+    /// Waits until no loop device outside the pool is attached to the store's image
+    /// files: autoclear detaches one shortly after its filesystem's unmount.
+    pub fn wait_loop_devices_released(&self, context: &str) {
+        crate::wait_until(&format!("{context}: loop devices released"), || {
+            self.loop_devices_outside_pool().is_empty()
+        });
     }
 
     /// Loop devices attached to image files in the store, except ready pool slots'.

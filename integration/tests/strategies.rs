@@ -330,9 +330,7 @@ fn clean_recovers_crash_leftovers_under_every_kind_of_rootfs() {
         for dir in ["images", "trash"] {
             assert_eq!(lamina.entries(dir), 0, "{strategy}: {dir}/ not empty");
         }
-        wait_until(&format!("{strategy}: loop devices released"), || {
-            lamina.loop_devices_outside_pool().is_empty()
-        });
+        lamina.wait_loop_devices_released(strategy);
     }
 }
 

@@ -165,11 +165,12 @@ fn choose_upper(
     } else if !s.metacopy {
         return None;
     }
-    let mut backends = vec![UpperBackend::Disk];
-    if request.ephemeral {
-        backends.insert(0, UpperBackend::Memory);
-    }
-    for backend in backends {
+    let backends: &[UpperBackend] = if request.ephemeral {
+        &[UpperBackend::Memory, UpperBackend::Disk]
+    } else {
+        &[UpperBackend::Disk]
+    };
+    for &backend in backends {
         let flavor = Strategies {
             isolated: Some(backend),
             ..s.mount_flavor()

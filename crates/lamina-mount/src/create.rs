@@ -102,16 +102,19 @@ pub fn create(
         choose(&request, &probe, image.layers.len(), &pools)?
     };
     let chain_ids = store.import(image)?;
-    let upper = match choice.strategies.isolated {
-        Some(backend) => Some(isolated::plan_for(
-            store,
-            &chain_ids,
-            backend,
-            options.disk_limit,
-            options.disk_fs,
-        )?),
-        None => None,
-    };
+    let upper = choice
+        .strategies
+        .isolated
+        .map(|backend| {
+            isolated::plan_for(
+                store,
+                &chain_ids,
+                backend,
+                options.disk_limit,
+                options.disk_fs,
+            )
+        })
+        .transpose()?;
 
     let made = if choice.strategies.shared_ro {
         bind_shared(store, mounter, &chain_ids, id, options.without_mount)?

@@ -117,12 +117,10 @@ fn discard(dir: &Path, record: Option<&ContainerRecord>, mounts: &[PathBuf]) {
     let Some(record) = record.filter(|r| r.bind_source.is_none() && r.mounted) else {
         return;
     };
-    let dirs = match &record.upper_fs {
-        // A tmpfs upper is never written back: nothing to save by unlinking.
-        Some(upper) if upper.filesystem == "tmpfs" => return,
-        Some(_) => ContainerDirs::isolated(dir.to_path_buf()),
-        None => ContainerDirs::under(dir.to_path_buf()),
-    };
+    if record.upper_fs.as_ref().is_some_and(|u| u.in_memory()) {
+        return; // a tmpfs upper is never written back: nothing to save by unlinking
+    }
+    let dirs = ContainerDirs::shaped(dir.to_path_buf(), record.upper_fs.is_some());
     if mounts.contains(&dirs.rootfs) {
         let discarded = discard_written(&dirs.upper, &dirs.rootfs);
         tracing::debug!(dir = %dir.display(), discarded, "unlinked written files before unmount");

@@ -63,7 +63,7 @@ impl UpperPlan {
     pub fn record(&self) -> UpperFsRecord {
         UpperFsRecord {
             filesystem: match self.backend {
-                UpperBackend::Memory => "tmpfs".into(),
+                UpperBackend::Memory => UpperFsRecord::TMPFS.into(),
                 UpperBackend::Disk => self.disk_fs.name().into(),
             },
             size_bytes: self.size_bytes,
@@ -72,9 +72,10 @@ impl UpperPlan {
 
     /// The plan a record describes.
     pub fn from_record(record: &UpperFsRecord) -> Result<Self, String> {
-        let (backend, disk_fs) = match record.filesystem.as_str() {
-            "tmpfs" => (UpperBackend::Memory, DiskFs::default()),
-            name => (UpperBackend::Disk, disk_fs(name)?),
+        let (backend, disk_fs) = if record.in_memory() {
+            (UpperBackend::Memory, DiskFs::default())
+        } else {
+            (UpperBackend::Disk, disk_fs(&record.filesystem)?)
         };
         Ok(UpperPlan {
             backend,

@@ -96,14 +96,6 @@ impl PoolKind {
             slot.join("rootfs")
         }
     }
-
-    fn dirs(&self, base: &Path) -> ContainerDirs {
-        if self.upper.is_some() {
-            ContainerDirs::isolated(base.to_path_buf())
-        } else {
-            ContainerDirs::under(base.to_path_buf())
-        }
-    }
 }
 
 /// What `fill` did.
@@ -289,7 +281,7 @@ pub(crate) fn claim(
         }
         match store.publish_container(&slot, lock, id) {
             Ok(mut claim) => {
-                claim.dirs = kind.dirs(&claim.dirs.base);
+                claim.dirs = ContainerDirs::shaped(claim.dirs.base, kind.upper.is_some());
                 let _ = fs::remove_file(claim.dirs.base.join(SLOT_RECORD));
                 return Ok(Some((claim, record.mount_options)));
             }

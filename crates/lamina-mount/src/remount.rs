@@ -102,11 +102,7 @@ fn finish(store: &Store, record: &mut ContainerRecord) -> Result<(), RootfsError
 /// A container's directories in the shape its strategy gave them.
 fn dirs_of(store: &Store, record: &ContainerRecord) -> ContainerDirs {
     let base = store.layout().container(&record.id);
-    if record.upper_fs.is_some() {
-        ContainerDirs::isolated(base)
-    } else {
-        ContainerDirs::under(base)
-    }
+    ContainerDirs::shaped(base, record.upper_fs.is_some())
 }
 
 fn strategies(record: &ContainerRecord) -> Strategies {

@@ -55,10 +55,20 @@ pub struct ContainerRecord {
 /// An isolated container's own upper filesystem, as its record remembers it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct UpperFsRecord {
-    /// `ext4` or `xfs` (an image file, loop-mounted), or `tmpfs`.
+    /// `ext4` or `xfs` (an image file, loop-mounted), or [`UpperFsRecord::TMPFS`].
     pub filesystem: String,
     /// Its size: the most the container can write.
     pub size_bytes: u64,
+}
+
+impl UpperFsRecord {
+    /// The `filesystem` of a memory-backed upper.
+    pub const TMPFS: &str = "tmpfs";
+
+    /// A tmpfs: nothing of it is ever written back, and a host restart loses it.
+    pub fn in_memory(&self) -> bool {
+        self.filesystem == Self::TMPFS
+    }
 }
 
 /// A container directory this process is creating. Its `lock` stays held until the claim
@@ -104,6 +114,16 @@ impl ContainerDirs {
             upper: upper_fs.join("upper"),
             work: upper_fs.join("work"),
             base,
+        }
+    }
+
+    /// The isolated shape when the container has its own upper filesystem, else the
+    /// plain one: how code that reads a record (or a pool's kind) finds the dirs.
+    pub fn shaped(base: PathBuf, own_upper_fs: bool) -> Self {
+        if own_upper_fs {
+            Self::isolated(base)
+        } else {
+            Self::under(base)
         }
     }
 

@@ -54,12 +54,14 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
                     )?;
                     let flavor = choice.strategies.mount_flavor();
                     let chain_ids = store.import(&resolved)?;
-                    let upper = match flavor.isolated {
-                        Some(backend) => Some(lamina_mount::isolated::plan_for(
-                            &store, &chain_ids, backend, limit, disk_fs,
-                        )?),
-                        None => None,
-                    };
+                    let upper = flavor
+                        .isolated
+                        .map(|backend| {
+                            lamina_mount::isolated::plan_for(
+                                &store, &chain_ids, backend, limit, disk_fs,
+                            )
+                        })
+                        .transpose()?;
                     PoolKind::overlays(&chain_ids, flavor, upper)
                 }
                 None => {
@@ -68,15 +70,12 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
                             "pool fill without an IMAGE makes bare upper filesystems: pass --strategy isolated or isolated-memory"
                         )
                     })?;
-                    let exclusive = limit.map(|l| lamina_mount::DiskLimit {
-                        exclude_image: true,
-                        ..l
-                    });
+                    // No image, no layers to count: the upper is the limit as given.
                     PoolKind::uppers(lamina_mount::isolated::plan_for(
                         &store,
                         &[],
                         backend,
-                        exclusive,
+                        limit,
                         disk_fs,
                     )?)
                 }
