@@ -12,7 +12,26 @@ pub struct Config {
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,
     pub create: CreateConfig,
+    pub clean: CleanConfig,
+    pub init: InitConfig,
     pub pool: PoolConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CleanConfig {
+    /// As `clean --threshold-bytes`; also what `create --with-clean` passes.
+    pub threshold_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct InitConfig {
+    /// As `init-store --store-size-bytes`; what `capacity` reports.
+    pub store_size_bytes: Option<u64>,
+    /// As `init-store --uid-mapping` / `--gid-mapping` (`NS:HOST:SIZE` strings).
+    pub uid_mappings: Vec<String>,
+    pub gid_mappings: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -35,6 +54,8 @@ pub struct CreateConfig {
     pub exclude_image_from_quota: bool,
     /// What isolated uppers on disk are formatted with: `ext4` (default) or `xfs`.
     pub isolated_filesystem: Option<String>,
+    /// As `--with-clean`: after each create, clean in the background.
+    pub with_clean: bool,
 }
 
 impl CreateConfig {
@@ -95,6 +116,8 @@ mod tests {
         assert!(config.create.without_mount);
         assert_eq!(config.create.strategy.as_deref(), Some("metacopy,deferred"));
         assert_eq!(config.pool.size, None);
+        assert_eq!(config.clean.threshold_bytes, Some(1000));
+        assert!(!config.create.with_clean);
     }
 
     #[test]

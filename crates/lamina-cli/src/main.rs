@@ -39,8 +39,18 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Create the store's directories
-    InitStore,
+    /// Create the store's directories (again: fine with the same properties)
+    InitStore {
+        /// The store's size, which `capacity` reports [default: `init.store_size_bytes` in --config]
+        #[arg(long)]
+        store_size_bytes: Option<u64>,
+        /// NS_ID:HOST_ID:SIZE, repeatable: containers run in a user namespace with these uid mappings, and their rootfs appears owned by the mapped root [default: `init.uid_mappings` in --config]
+        #[arg(long = "uid-mapping", value_name = "NS:HOST:SIZE")]
+        uid_mappings: Vec<String>,
+        /// NS_ID:HOST_ID:SIZE, repeatable, as --uid-mapping for groups
+        #[arg(long = "gid-mapping", value_name = "NS:HOST:SIZE")]
+        gid_mappings: Vec<String>,
+    },
     /// Create a container rootfs from IMAGE and print its runtime-spec JSON
     Create(CreateArgs),
     /// Unmount and remove a container (by ID or rootfs path); a missing one is not an error
@@ -54,8 +64,19 @@ enum Command {
     DeleteStore,
     /// Finish deferred deletes now: unmount and remove what is in the store's trash
     Reap,
-    /// Finish work a crash left (trash, half-made containers, tmp/), release unused shared mounts and pool entries; prints a JSON report
-    Clean,
+    /// Finish work a crash left (trash, half-made containers, tmp/); then, unless the store uses no more than the threshold, release unused shared mounts and pool entries and remove layers no container uses. Prints a JSON report
+    Clean {
+        /// Remove unused layers only when the store uses more than this many bytes (0: always) [default: `clean.threshold_bytes` in --config]
+        #[arg(long)]
+        threshold_bytes: Option<u64>,
+    },
+    /// Print a container's disk usage as JSON: {"disk_usage":{"total_bytes_used":N,"exclusive_bytes_used":N}}, plus "quota_size_bytes" when it has a disk limit
+    Stats {
+        /// Container ID or <store>/images/<ID>/rootfs
+        id_or_path: String,
+    },
+    /// Print the store's capacity as JSON: {"capacity":N} (`init.store_size_bytes`, else what init-store recorded, else the size of the store's filesystem)
+    Capacity,
     /// Mount a container's rootfs again (after `unmount`, or after a host restart)
     Mount {
         /// Container ID or <store>/images/<ID>/rootfs
@@ -118,6 +139,12 @@ pub struct CreateArgs {
     /// Platform to pick from a multi-platform image, os/arch[/variant] [default: linux/<host arch>]
     #[arg(long)]
     pub platform: Option<String>,
+    /// After the create returns, clean the store in the background (with `clean.threshold_bytes`) [default: `create.with_clean` in --config]
+    #[arg(long, conflicts_with = "without_clean")]
+    pub with_clean: bool,
+    /// Do not clean after this create, whatever the config says
+    #[arg(long)]
+    pub without_clean: bool,
 }
 
 #[derive(Debug, Subcommand)]

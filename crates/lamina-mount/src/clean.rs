@@ -9,10 +9,10 @@ use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 use serde::Serialize;
 
-use crate::{RootfsError, delete, pool, shared};
+use crate::{RootfsError, collect, delete, pool, shared};
 
-/// What `clean` found and finished.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+/// What `clean` found, finished and removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct CleanReport {
     /// Deleted containers torn down from `trash/`.
     pub reaped: usize,
@@ -24,29 +24,78 @@ pub struct CleanReport {
     pub tmp_removed: usize,
     /// Shared read-only image mounts nobody uses any more.
     pub shared_released: usize,
-    /// Pool slots unmounted and removed.
+    /// Pool slots with nothing mounted any more (a host restart), removed. Ready slots
+    /// stay: `pool drain` releases those.
     pub pool_released: usize,
+    /// Layers no container (and no pool target) references, removed.
+    pub layers_removed: usize,
+    /// Flattened trees no container binds, removed.
+    pub flattened_removed: usize,
+    /// What the removed layers and trees held on disk.
+    pub bytes_freed: u64,
+    /// With a threshold: the store's usage before cleaning, and the threshold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threshold_bytes: Option<u64>,
+    /// The store used no more than the threshold, so nothing but crashed work was touched
+    /// (crashed work was still finished).
+    pub skipped: bool,
+    /// One line for an operator: what happened.
+    pub message: String,
 }
 
-/// Finishes crashed work and releases what no container uses: trash, crashed creates,
-/// `tmp/` leftovers, unused shared mounts, and the pools.
-pub fn clean(store: &Store, mounter: &dyn Mounter) -> Result<CleanReport, RootfsError> {
+/// Finishes crashed work (trash, crashed creates, `tmp/` leftovers), then — unless the
+/// store uses no more than `threshold_bytes` — releases what nothing uses: shared mounts,
+/// stale pool slots, flattened trees and layers. A pool's ready slots, and its layers,
+/// stay: a pool is an operator's standing order. Cleans run one at a time; creates run
+/// alongside and keep their layers.
+pub fn clean(
+    store: &Store,
+    mounter: &dyn Mounter,
+    threshold_bytes: Option<u64>,
+) -> Result<CleanReport, RootfsError> {
+    let _one_clean = store.lock("clean")?;
     let mut report = CleanReport {
         tmp_removed: sweep_tmp(store, mounter)?,
         crashed_creates: sweep_crashed_creates(store, mounter)?,
+        threshold_bytes,
         ..CleanReport::default()
     };
     let reaped = delete::reap(store, mounter)?;
     report.reaped = reaped.removed;
     report.reap_failed = reaped.failed;
+    if let Some(threshold) = threshold_bytes.filter(|t| *t > 0) {
+        let used = store.usage()?;
+        report.store_bytes = Some(used);
+        if used <= threshold {
+            report.skipped = true;
+            report.message = format!(
+                "threshold not reached: the store uses {used} bytes, threshold is {threshold}: no layers removed"
+            );
+            tracing::info!(?report, "cleaned store");
+            return Ok(report);
+        }
+    }
     report.shared_released = shared::recount(store, mounter)?;
-    report.pool_released = pool::drain(store, mounter)?;
+    report.pool_released = pool::release_stale(store, mounter)?;
+    let collected = collect::collect_unused(store, mounter)?;
+    report.layers_removed = collected.layers;
+    report.flattened_removed = collected.flattened;
+    report.bytes_freed = collected.bytes;
+    report.message = format!(
+        "removed {} unused layers and {} flattened trees ({} bytes)",
+        collected.layers, collected.flattened, collected.bytes
+    );
     tracing::info!(?report, "cleaned store");
     Ok(report)
 }
 
 /// Containers in `images/` without a record whose creator is gone.
-fn sweep_crashed_creates(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
+pub(crate) fn sweep_crashed_creates(
+    store: &Store,
+    mounter: &dyn Mounter,
+) -> Result<usize, RootfsError> {
     let images = store.layout().images();
     let mut removed = 0;
     for entry in fs::read_dir(&images).map_err(StoreError::io("listing", &images))? {
@@ -84,6 +133,8 @@ fn sweep_tmp(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError>
             store.try_lock(&format!("flat-{hex}"))?.is_some()
         } else if let Some(hex) = name.strip_prefix("layer-") {
             store.try_lock(&format!("layer-{hex}"))?.is_some()
+        } else if name.starts_with(collect::DOOMED_PREFIX) {
+            true // collected; we hold the clean lock, so no other clean is removing it
         } else if let Some(pid) = name.strip_prefix("probe-") {
             !Path::new("/proc").join(pid).exists()
         } else {

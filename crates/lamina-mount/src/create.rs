@@ -8,7 +8,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use lamina_image::{Digest, Image};
 use lamina_store::{
-    ContainerClaim, ContainerDirs, ContainerRecord, Store, StoreError, UpperFsRecord,
+    ContainerClaim, ContainerDirs, ContainerRecord, DiskLimitRecord, Store, StoreError,
+    UpperFsRecord,
 };
 use lamina_sys::{DiskFs, Mounter, OverlaySpec};
 
@@ -101,6 +102,9 @@ pub fn create(
         };
         choose(&request, &probe, image.layers.len(), &pools)?
     };
+    // Held until this function returns, after the record names the layers: layer
+    // collection never takes a layer from under a create.
+    let _layers_in_use = store.use_layers()?;
     let chain_ids = store.import(image)?;
     let upper = choice
         .strategies
@@ -155,6 +159,10 @@ pub fn create(
         bind_source,
         lease,
         upper_fs,
+        disk_limit: options.disk_limit.map(|limit| DiskLimitRecord {
+            bytes: limit.bytes,
+            exclude_image: limit.exclude_image,
+        }),
     };
     store.write_record(&record)?;
     undo.armed = false;

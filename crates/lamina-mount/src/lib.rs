@@ -7,6 +7,7 @@
 
 mod choose;
 mod clean;
+mod collect;
 mod create;
 mod delete;
 mod delete_store;

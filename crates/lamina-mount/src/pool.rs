@@ -148,6 +148,10 @@ pub fn fill(
     let dir = pool_dir(store, &name);
     fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
     let _lock = store.lock(&format!("pool-{name}"))?;
+    let _layers_in_use = store.use_layers()?;
+    if let Some(missing) = kind.layers.iter().find(|l| !store.has_layer(l)) {
+        return Err(StoreError::LayerMissing(missing.to_string()).into());
+    }
     let target = dir.with_extension("target");
     let size = match size {
         Some(size) => {
@@ -214,6 +218,21 @@ fn read_target(path: &Path) -> Option<Target> {
     serde_json::from_slice(&fs::read(path).ok()?).ok()
 }
 
+/// The layers of every pool's target: a pool is an operator's standing order for an
+/// image, so layer collection keeps them.
+pub(crate) fn target_layers(store: &Store) -> Vec<Vec<Digest>> {
+    let Ok(entries) = fs::read_dir(store.layout().pool()) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "target"))
+        .filter_map(|p| read_target(&p))
+        .map(|t| t.layers)
+        .collect()
+}
+
 /// Refills every pool that has a target back to its size. Returns slots added.
 pub fn refill_all(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
     let mut added = 0;
@@ -243,8 +262,11 @@ pub fn refill_all(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsE
             flavor,
             upper,
         };
-        if kind.layers.iter().all(|l| store.has_layer(l)) {
-            added += fill(store, mounter, &kind, None)?.added;
+        match fill(store, mounter, &kind, None) {
+            Ok(filled) => added += filled.added,
+            // Collected since: nothing to refill from until the image is used again.
+            Err(RootfsError::Store(StoreError::LayerMissing(_))) => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(added)
@@ -296,13 +318,32 @@ pub(crate) fn claim(
 
 /// Unmounts and removes every slot nobody is claiming. Returns how many went.
 pub fn drain(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
+    release(store, mounter, |_| true)
+}
+
+/// Removes the slots a host restart (or a stray unmount) left with nothing mounted:
+/// `clean` does this, and leaves ready slots to the operator's `pool drain`.
+pub(crate) fn release_stale(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
+    release(store, mounter, |slot| {
+        !["rootfs", "upperfs"]
+            .iter()
+            .any(|dir| mounter.is_mountpoint(&slot.join(dir)).unwrap_or(false))
+    })
+}
+
+/// Unmounts and removes the unclaimed slots `doomed` picks.
+fn release(
+    store: &Store,
+    mounter: &dyn Mounter,
+    doomed: impl Fn(&Path) -> bool,
+) -> Result<usize, RootfsError> {
     let mut released = 0;
     for dir in slots(&store.layout().pool()) {
         for slot in slots(&dir) {
             let Some(_lock) = store.try_lock_dir(&slot)? else {
                 continue;
             };
-            if !slot.exists() {
+            if !slot.exists() || !doomed(&slot) {
                 continue;
             }
             crate::clean::remove_unmounted(mounter, &slot)?;

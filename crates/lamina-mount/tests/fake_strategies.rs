@@ -176,7 +176,7 @@ fn clean_recovers_what_crashes_leave() {
     // A create in progress (lock held) must survive.
     let busy = store.create_container_dirs("busy").unwrap();
 
-    let report = clean(&store, &fake).unwrap();
+    let report = clean(&store, &fake, None).unwrap();
     assert_eq!(report.reaped, 1);
     assert_eq!(report.crashed_creates, 1);
     assert_eq!(report.tmp_removed, 1);

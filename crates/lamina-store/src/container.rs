@@ -50,6 +50,17 @@ pub struct ContainerRecord {
     /// For an isolated rootfs: its own upper filesystem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upper_fs: Option<UpperFsRecord>,
+    /// Garden's disk limit, as asked for (`stats` reports it as `quota_size_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_limit: Option<DiskLimitRecord>,
+}
+
+/// A container's disk limit as the caller gave it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiskLimitRecord {
+    pub bytes: u64,
+    /// The limit counts only what the container writes (`--exclude-image-from-quota`).
+    pub exclude_image: bool,
 }
 
 /// An isolated container's own upper filesystem, as its record remembers it.

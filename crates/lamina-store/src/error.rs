@@ -8,6 +8,10 @@ pub enum StoreError {
     NotInitialised(PathBuf),
     #[error("{0} exists and is not a lamina store")]
     NotAStore(PathBuf),
+    #[error("store {}: {why}", store.display())]
+    Properties { store: PathBuf, why: String },
+    #[error("layer {0} is not in the store (collected by `clean`?); import the image again")]
+    LayerMissing(String),
     #[error("container `{0}` already exists")]
     AlreadyExists(String),
     #[error("container `{0}` does not exist")]

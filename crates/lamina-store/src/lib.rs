@@ -11,18 +11,22 @@ mod error;
 mod import;
 mod layout;
 mod locks;
+mod properties;
+mod usage;
 
 use std::fs;
 use std::path::Path;
 
 pub use container::{
-    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, UpperFsRecord, unique_suffix,
-    validate_id,
+    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, UpperFsRecord,
+    unique_suffix, validate_id,
 };
 pub use error::StoreError;
 pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};
 pub use locks::StoreLock;
+pub use properties::{IdMap, IdMapping, OVERFLOW_ID, StoreProperties};
+pub use usage::{ContainerUsage, disk_usage};
 
 /// Default per-layer cap on uncompressed bytes: a decompression bomb stops here.
 pub const DEFAULT_MAX_LAYER_BYTES: u64 = 64 * 1024 * 1024 * 1024;
@@ -31,18 +35,48 @@ pub const DEFAULT_MAX_LAYER_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 pub struct Store {
     layout: Layout,
     max_layer_bytes: u64,
+    properties: StoreProperties,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Marker {
     version: u32,
+    #[serde(flatten)]
+    properties: StoreProperties,
 }
 
 impl Store {
     /// Creates the store's directories (idempotent). Refuses a non-empty directory that
     /// is not already a lamina store, so a typo never scribbles into someone's data.
     pub fn init(root: &Path) -> Result<Store, StoreError> {
+        Store::init_with(root, &StoreProperties::default())
+    }
+
+    /// [`Store::init`] with properties the store keeps for life. Initialising an existing
+    /// store again is fine with the same properties and refused with others: its layers
+    /// were made for the recorded ones.
+    pub fn init_with(root: &Path, properties: &StoreProperties) -> Result<Store, StoreError> {
+        properties
+            .validate()
+            .map_err(|why| StoreError::Properties {
+                store: root.to_path_buf(),
+                why,
+            })?;
         let layout = Layout::new(root);
+        if layout.marker().exists() {
+            let store = Store::open(root)?;
+            if store.properties != *properties {
+                return Err(StoreError::Properties {
+                    store: root.to_path_buf(),
+                    why: format!(
+                        "it was initialised with {}; asked for {}",
+                        describe(&store.properties),
+                        describe(properties)
+                    ),
+                });
+            }
+            return Ok(store);
+        }
         if !layout.marker().exists() && root.is_dir() {
             let mut entries = fs::read_dir(root).map_err(StoreError::io("reading", root))?;
             if entries.next().is_some() {
@@ -54,6 +88,7 @@ impl Store {
         if !layout.marker().exists() {
             let marker = serde_json::to_vec(&Marker {
                 version: STORE_VERSION,
+                properties: properties.clone(),
             })
             .map_err(|e| StoreError::io("encoding", root)(e.into()))?;
             let tmp = root.join(format!(".{MARKER}.tmp"));
@@ -86,6 +121,7 @@ impl Store {
         Ok(Store {
             layout,
             max_layer_bytes: DEFAULT_MAX_LAYER_BYTES,
+            properties: marker.properties,
         })
     }
 
@@ -100,6 +136,38 @@ impl Store {
 
     pub fn root(&self) -> &Path {
         self.layout.root()
+    }
+
+    pub fn properties(&self) -> &StoreProperties {
+        &self.properties
+    }
+
+    /// The store's uid/gid maps; empty for a store whose containers run as host root.
+    pub fn id_map(&self) -> &IdMap {
+        &self.properties.id_map
+    }
+}
+
+/// Properties as an operator typed them, for an error message.
+fn describe(p: &StoreProperties) -> String {
+    let list = |m: &[IdMapping]| {
+        m.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut parts = Vec::new();
+    if !p.id_map.is_empty() {
+        parts.push(format!("uid mappings [{}]", list(&p.id_map.uids)));
+        parts.push(format!("gid mappings [{}]", list(&p.id_map.gids)));
+    }
+    if let Some(size) = p.store_size_bytes {
+        parts.push(format!("store size {size} bytes"));
+    }
+    if parts.is_empty() {
+        "no mappings and no size".into()
+    } else {
+        parts.join(", ")
     }
 }
 

@@ -39,3 +39,24 @@ impl Store {
         }
     }
 }
+
+/// Held shared by every process that needs layers to stay (a create from import until its
+/// record names them, a pool fill, a refill) and exclusively by layer collection, which
+/// therefore never removes a layer a create in flight is about to use.
+const LAYERS_IN_USE: &str = "layers-in-use";
+
+impl Store {
+    /// Waits until no collection runs, then keeps layers from being collected until the
+    /// returned lock drops.
+    pub fn use_layers(&self) -> Result<StoreLock, StoreError> {
+        let path = self.layout.lock(LAYERS_IN_USE);
+        self.take_lock(LAYERS_IN_USE, FlockOperation::LockShared)?
+            .ok_or_else(|| StoreError::errno("locking", &path)(rustix::io::Errno::WOULDBLOCK))
+    }
+
+    /// Waits for every holder of [`Store::use_layers`] to finish; while held, nobody
+    /// starts to use layers.
+    pub fn collect_layers_lock(&self) -> Result<StoreLock, StoreError> {
+        self.lock(LAYERS_IN_USE)
+    }
+}

@@ -35,6 +35,13 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
     if created.claimed_from_pool {
         ctx.spawn(&store, &["pool", "refill"]);
     }
+    // GrootFS's --with-clean, after the create rather than before it: the caller gets
+    // its rootfs without waiting, and the new container's layers are already in use.
+    let with_clean = args.with_clean || (ctx.config.create.with_clean && !args.without_clean);
+    if with_clean {
+        let threshold = ctx.config.clean.threshold_bytes.unwrap_or(0).to_string();
+        ctx.spawn(&store, &["clean", "--threshold-bytes", &threshold]);
+    }
 
     let mounts = options.without_mount.then(|| {
         vec![match created.to_mount {

@@ -4,12 +4,13 @@ mod background;
 mod create;
 mod daemon;
 mod pool;
+mod stats;
 
 use std::path::PathBuf;
 
 use anyhow::{Context, anyhow};
 use lamina_mount::Deleted;
-use lamina_store::{Store, StoreError};
+use lamina_store::{IdMap, IdMapping, Store, StoreError, StoreProperties};
 use lamina_sys::RealMounter;
 
 use crate::config::Config;
@@ -33,6 +34,37 @@ impl Ctx {
     pub fn spawn(&self, store: &Store, args: &[&str]) {
         background::spawn(store, self.log_file.as_deref(), args);
     }
+}
+
+/// Flags win over the config; mappings are a store property, recorded once.
+fn init_store(
+    ctx: &Ctx,
+    store_size_bytes: Option<u64>,
+    uid_mappings: Vec<String>,
+    gid_mappings: Vec<String>,
+) -> anyhow::Result<()> {
+    let init = &ctx.config.init;
+    let parse = |flags: Vec<String>, config: &[String]| -> anyhow::Result<Vec<IdMapping>> {
+        let texts = if flags.is_empty() {
+            config.to_vec()
+        } else {
+            flags
+        };
+        texts
+            .iter()
+            .map(|t| IdMapping::parse(t).map_err(|e| anyhow!(e)))
+            .collect()
+    };
+    let properties = StoreProperties {
+        id_map: IdMap {
+            uids: parse(uid_mappings, &init.uid_mappings)?,
+            gids: parse(gid_mappings, &init.gid_mappings)?,
+        },
+        store_size_bytes: store_size_bytes.or(init.store_size_bytes),
+    };
+    Store::init_with(&ctx.store_path, &properties)?;
+    println!("initialised store {}", ctx.store_path.display());
+    Ok(())
 }
 
 /// A missing store is already deleted (Garden calls this on every teardown); anything
@@ -83,10 +115,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     let mounter = RealMounter::new();
 
     match cli.command {
-        Command::InitStore => {
-            Store::init(&ctx.store_path)?;
-            println!("initialised store {}", ctx.store_path.display());
-        }
+        Command::InitStore {
+            store_size_bytes,
+            uid_mappings,
+            gid_mappings,
+        } => init_store(&ctx, store_size_bytes, uid_mappings, gid_mappings)?,
         Command::Create(args) => create::run(&ctx, &mounter, args)?,
         Command::Delete { id_or_path } => {
             let store = ctx.open_store()?;
@@ -115,10 +148,21 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let reaped = lamina_mount::reap(&store, &mounter)?;
             println!("{}", serde_json::to_string(&reaped)?);
         }
-        Command::Clean => {
+        Command::Clean { threshold_bytes } => {
             let store = Store::open(&ctx.store_path)?;
-            let report = lamina_mount::clean(&store, &mounter)?;
+            let threshold = threshold_bytes.or(ctx.config.clean.threshold_bytes);
+            let report = lamina_mount::clean(&store, &mounter, threshold)?;
             println!("{}", serde_json::to_string(&report)?);
+        }
+        Command::Stats { id_or_path } => {
+            let store = ctx.open_store()?;
+            let id = container_id(&store, &id_or_path)?;
+            println!("{}", serde_json::to_string(&stats::of(&store, &id)?)?);
+        }
+        Command::Capacity => {
+            let store = ctx.open_store()?;
+            let capacity = stats::capacity(&store, ctx.config.init.store_size_bytes)?;
+            println!("{}", serde_json::json!({ "capacity": capacity }));
         }
         Command::Mount { id_or_path } => {
             let store = ctx.open_store()?;

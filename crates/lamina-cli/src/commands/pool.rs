@@ -34,6 +34,8 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
                 .disk_limit(disk_limit_size_bytes, exclude_image_from_quota);
             let disk_fs = ctx.config.create.disk_fs()?;
             let size = size.or(ctx.config.pool.size);
+            // From import until the slots are mounted, `clean` must not take the layers.
+            let _layers_in_use = store.use_layers()?;
             let kind = match image {
                 Some(image) => {
                     let resolved = resolve_image(&image, platform.as_deref())?;

@@ -1,0 +1,131 @@
+//! Layer collection (GrootFS's `clean`): remove the layers and flattened trees no
+//! container references. Runs under the exclusive layers-in-use lock, which every create
+//! holds shared from before its import until its record names its layers, so a layer a
+//! create in flight is about to mount is never taken. Doomed layers are renamed into
+//! `tmp/gc-*` under the lock (one rename each) and removed after it is released, so
+//! creates wait only for the renames; a crash mid-removal leaves `tmp/gc-*` for the next
+//! clean.
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use lamina_image::Digest;
+use lamina_store::{Store, StoreError};
+use lamina_sys::Mounter;
+
+use crate::{RootfsError, clean, pool};
+
+/// Name prefix of a collected layer or tree waiting in `tmp/` to be removed.
+pub(crate) const DOOMED_PREFIX: &str = "gc-";
+
+/// What collection removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Collected {
+    pub layers: usize,
+    pub flattened: usize,
+    /// Bytes the removed trees held (du -x).
+    pub bytes: u64,
+}
+
+/// Removes every layer no container record (in `images/` or still in `trash/`) and no
+/// pool target names, and every flattened tree no container binds.
+pub(crate) fn collect_unused(
+    store: &Store,
+    mounter: &dyn Mounter,
+) -> Result<Collected, RootfsError> {
+    let lock = store.collect_layers_lock()?;
+    // With the lock held no create is in flight, so a container directory without a
+    // record is a dead create's; it may still have an overlay of our layers mounted.
+    clean::sweep_crashed_creates(store, mounter)?;
+    let Some((keep, bound)) = referenced(store)? else {
+        tracing::warn!("a container directory without a record is locked: layers left alone");
+        return Ok(Collected::default());
+    };
+
+    let mut doomed = Vec::new();
+    let mut collected = Collected::default();
+    for layer in list(&store.layout().layers())? {
+        let name = file_name(&layer);
+        if keep.contains(&name) {
+            continue;
+        }
+        doomed.push(set_aside(store, &layer, "layer", &name)?);
+        collected.layers += 1;
+    }
+    for tree in list(&store.layout().flat())? {
+        if bound.iter().any(|source| source.starts_with(&tree)) {
+            continue;
+        }
+        let name = file_name(&tree);
+        doomed.push(set_aside(store, &tree, "flat", &name)?);
+        collected.flattened += 1;
+    }
+    drop(lock);
+
+    for path in doomed {
+        collected.bytes += lamina_store::disk_usage(&path)?;
+        fs::remove_dir_all(&path).map_err(StoreError::io("removing", &path))?;
+    }
+    tracing::info!(
+        layers = collected.layers,
+        flattened = collected.flattened,
+        bytes = collected.bytes,
+        "collected unused layers"
+    );
+    Ok(collected)
+}
+
+/// Layer names (chain ID hex) that records and pool targets name, and the trees
+/// containers bind; `None` if a live process holds a container directory that has no
+/// record yet (it did not take the layers lock, so what it uses is unknown).
+fn referenced(store: &Store) -> Result<Option<References>, RootfsError> {
+    let mut keep = HashSet::new();
+    let mut bound = HashSet::new();
+    let mut name = |layers: &[Digest]| keep.extend(layers.iter().map(|l| l.hex().to_string()));
+    for dir in store.all_container_dirs()? {
+        match store.record_in(&dir)? {
+            Some(record) => {
+                name(&record.layers);
+                bound.extend(record.bind_source);
+            }
+            None if store.try_lock_dir(&dir)?.is_none() => return Ok(None),
+            None => {}
+        }
+    }
+    for layers in pool::target_layers(store) {
+        name(&layers);
+    }
+    Ok(Some((keep, bound)))
+}
+
+/// Layer names to keep, and the directories containers bind.
+type References = (HashSet<String>, HashSet<PathBuf>);
+
+/// Renames `path` to `tmp/gc-<kind>-<name>-<unique>`.
+fn set_aside(store: &Store, path: &Path, kind: &str, name: &str) -> Result<PathBuf, StoreError> {
+    let doomed = store.layout().tmp().join(format!(
+        "{DOOMED_PREFIX}{kind}-{name}-{}",
+        lamina_store::unique_suffix()
+    ));
+    fs::rename(path, &doomed).map_err(StoreError::io("collecting", path))?;
+    tracing::debug!(path = %path.display(), "collecting");
+    Ok(doomed)
+}
+
+fn list(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(StoreError::io("listing", dir))? {
+        let entry = entry.map_err(StoreError::io("listing", dir))?;
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            out.push(entry.path());
+        }
+    }
+    Ok(out)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}

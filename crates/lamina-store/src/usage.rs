@@ -1,0 +1,107 @@
+//! Disk usage, as `du -x` counts it: allocated blocks, each inode once, never crossing
+//! into another filesystem. `stats` reports a container's, `clean --threshold-bytes`
+//! compares the store's with the operator's threshold.
+
+use std::collections::HashSet;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::{ContainerDirs, Store, StoreError};
+
+/// Bytes allocated under `dir` on `dir`'s own filesystem (a mount beneath it is not
+/// entered), each hardlinked inode counted once. A missing `dir` uses nothing; entries
+/// that vanish mid-walk (a concurrent delete) are skipped.
+pub fn disk_usage(dir: &Path) -> Result<u64, StoreError> {
+    let root = match fs::symlink_metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(StoreError::io("measuring", dir)(e)),
+    };
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    seen.insert(root.ino());
+    total += root.blocks() * 512;
+    while let Some(path) = stack.pop() {
+        let entries = match fs::read_dir(&path) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(StoreError::io("measuring", &path)(e)),
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            if meta.dev() != root.dev() || !seen.insert(meta.ino()) {
+                continue;
+            }
+            total += meta.blocks() * 512;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Garden's `stats`: what a container uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ContainerUsage {
+    /// The image's layers (their uncompressed size) plus `exclusive_bytes_used`.
+    pub total_bytes_used: u64,
+    /// What the container wrote: its upper directory.
+    pub exclusive_bytes_used: u64,
+}
+
+impl Store {
+    /// What container `id` uses. Layer sizes are the uncompressed sizes `import`
+    /// recorded, the same numbers an inclusive disk limit subtracts.
+    pub fn container_usage(&self, id: &str) -> Result<ContainerUsage, StoreError> {
+        let record = self.record(id)?;
+        let dirs = ContainerDirs::shaped(self.layout.container(id), record.upper_fs.is_some());
+        let exclusive = disk_usage(&dirs.upper)?;
+        let mut image = 0;
+        for layer in &record.layers {
+            image += self.layer_record(layer)?.size;
+        }
+        Ok(ContainerUsage {
+            total_bytes_used: image + exclusive,
+            exclusive_bytes_used: exclusive,
+        })
+    }
+
+    /// Everything the store holds on its own filesystem (layers, containers' uppers,
+    /// isolated upper images as allocated, trash, tmp), as `du -x` counts it.
+    pub fn usage(&self) -> Result<u64, StoreError> {
+        disk_usage(self.root())
+    }
+
+    /// The size of the filesystem the store is on.
+    pub fn filesystem_size(&self) -> Result<u64, StoreError> {
+        let fs = rustix::fs::statvfs(self.root())
+            .map_err(StoreError::errno("measuring", self.root()))?;
+        Ok(fs.f_blocks * fs.f_frsize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hardlinks_count_once_and_missing_dirs_use_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("d");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("a"), vec![7u8; 64 * 1024]).unwrap();
+        let one = disk_usage(&dir).unwrap();
+        fs::hard_link(dir.join("a"), dir.join("b")).unwrap();
+        assert_eq!(disk_usage(&dir).unwrap(), one);
+        fs::write(dir.join("c"), vec![7u8; 64 * 1024]).unwrap();
+        assert!(disk_usage(&dir).unwrap() >= one + 64 * 1024);
+        assert_eq!(disk_usage(&tmp.path().join("missing")).unwrap(), 0);
+    }
+}
