@@ -50,6 +50,9 @@ enum Command {
         /// NS_ID:HOST_ID:SIZE, repeatable, as --uid-mapping for groups
         #[arg(long = "gid-mapping", value_name = "NS:HOST:SIZE")]
         gid_mappings: Vec<String>,
+        /// With mappings: chown layers to the mapped ids at import instead of idmapping them at mount (the default where the kernel can; needed for --without-mount)
+        #[arg(long)]
+        chown_layers: bool,
     },
     /// Create a container rootfs from IMAGE and print its runtime-spec JSON
     Create(CreateArgs),

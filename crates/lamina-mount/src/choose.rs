@@ -15,6 +15,9 @@ pub struct Request {
     pub ephemeral: bool,
     /// The caller set a disk limit, which only an isolated upper enforces here.
     pub disk_limit: bool,
+    /// The store idmaps its layers at mount time (a uid-mapped store): a plain bind of a
+    /// layer, or of a tree of hardlinks to one, would show host ids.
+    pub idmapped_layers: bool,
 }
 
 /// What the pools hold for this create, asked lazily (each question is one readdir).
@@ -84,6 +87,12 @@ pub fn choose(
     if strategies.volatile && !probe.volatile {
         return unsupported("volatile", "overlay refused the volatile option");
     }
+    if strategies.direct && request.idmapped_layers {
+        return unsupported(
+            "direct",
+            "this uid-mapped store idmaps its layers when it mounts an overlay, and a bind of the layers would show them owned by host root (use shared-ro, or a store made with --chown-layers)",
+        );
+    }
     if let Some(kind) = strategies.read_only_kind()
         && !probe.new_mount_api
     {
@@ -108,7 +117,7 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
     if request.read_only {
         if !probe.new_mount_api {
             why.push("read-only, but no new mount API for binds: a classic overlay");
-        } else if layers == 1 {
+        } else if layers == 1 && !request.idmapped_layers {
             s.direct = true;
             why.push("read-only single-layer image: bind the layer, no overlay");
         } else {
@@ -206,8 +215,26 @@ mod tests {
             strategies: Strategies::AUTO,
             read_only,
             ephemeral,
-            disk_limit: false,
+            ..Request::default()
         }
+    }
+
+    #[test]
+    fn an_idmapped_store_never_binds_layers_directly() {
+        let idmapped = Request {
+            idmapped_layers: true,
+            ..auto(true, false)
+        };
+        assert_eq!(
+            chosen(idmapped, &probe(true), 1, false),
+            "shared-ro,deferred"
+        );
+        let direct = Request {
+            strategies: Strategies::parse("direct").unwrap(),
+            ..idmapped
+        };
+        let err = choose(&direct, &probe(true), 1, &Pools::EMPTY).unwrap_err();
+        assert!(err.to_string().contains("--chown-layers"), "{err}");
     }
 
     fn chosen(request: Request, probe: &Probe, layers: usize, pool: bool) -> String {

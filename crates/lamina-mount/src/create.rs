@@ -78,7 +78,11 @@ pub fn create(
         read_only: options.read_only,
         ephemeral: options.ephemeral,
         disk_limit: options.disk_limit.is_some(),
+        idmapped_layers: store.properties().idmaps_layers(),
     };
+    if options.without_mount && request.idmapped_layers {
+        return Err(RootfsError::WithoutMountIdmapped);
+    }
     let default_upper = |backend| UpperPlan::new(backend, None, options.disk_fs);
     let choice = if request.strategies == Strategies::CLASSIC
         && !request.ephemeral

@@ -57,6 +57,10 @@ pub enum RootfsError {
         "a disk limit needs strategy `isolated` or `isolated-memory` (this host has no filesystem quotas); `{strategies}` cannot enforce one"
     )]
     DiskLimitNeedsIsolated { strategies: String },
+    #[error(
+        "--without-mount cannot be served by this uid-mapped store: it idmaps layers when it mounts them, which mount options cannot express (initialise the store with --chown-layers)"
+    )]
+    WithoutMountIdmapped,
     #[error("rootfs of container `{id}` is busy (a process may still use it): {source}")]
     Busy { id: String, source: MountError },
     #[error(

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
 use lamina_store::{ContainerDirs, Store};
-use lamina_sys::OverlaySpec;
+use lamina_sys::{OverlaySpec, UserNsMaps};
 
 use crate::Strategies;
 
@@ -21,13 +21,27 @@ pub fn lowers(store: &Store, chain_ids: &[Digest]) -> Vec<PathBuf> {
 
 /// The classic plan: every layer as a lower, the container's own upper and work dirs.
 pub fn classic(store: &Store, chain_ids: &[Digest], dirs: &ContainerDirs) -> OverlaySpec {
+    let properties = store.properties();
     OverlaySpec {
         lowers: lowers(store, chain_ids),
         upper: Some(dirs.upper.clone()),
         work: Some(dirs.work.clone()),
-        options: Vec::new(),
-        read_only: false,
+        lower_idmap: lower_idmap(store),
+        upper_owner: properties.mapped().then(|| {
+            let map = &properties.id_map;
+            (map.host_uid(0), map.host_gid(0))
+        }),
+        ..OverlaySpec::default()
     }
+}
+
+/// In a store that idmaps its layers, the user namespace maps to mount them with.
+pub fn lower_idmap(store: &Store) -> Option<UserNsMaps> {
+    let properties = store.properties();
+    properties.idmaps_layers().then(|| UserNsMaps {
+        uid_map: properties.id_map.uid_map_text(),
+        gid_map: properties.id_map.gid_map_text(),
+    })
 }
 
 /// The classic plan with the options `strategies` add.
@@ -51,9 +65,8 @@ pub fn read_only(store: &Store, chain_ids: &[Digest], empty: &Path) -> OverlaySp
     }
     OverlaySpec {
         lowers,
-        upper: None,
-        work: None,
-        options: Vec::new(),
         read_only: true,
+        lower_idmap: lower_idmap(store),
+        ..OverlaySpec::default()
     }
 }

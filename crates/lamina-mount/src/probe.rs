@@ -132,7 +132,7 @@ fn rw_spec(dir: &Path, option: Option<(&str, Option<&str>)>) -> OverlaySpec {
             .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
             .into_iter()
             .collect(),
-        read_only: false,
+        ..OverlaySpec::default()
     }
 }
 
@@ -217,6 +217,21 @@ fn probe_idmapped(dir: &Path) -> bool {
         });
     let _ = child.kill();
     let _ = child.wait();
+    supported
+}
+
+/// Whether overlay on the filesystem of `parent` accepts layers idmapped with `maps`:
+/// what `init-store` asks before it records a uid-mapped store that idmaps its layers
+/// (else it chowns them at import). Works in a scratch directory it removes.
+pub fn idmapped_layers_on(parent: &Path, maps: &lamina_sys::UserNsMaps) -> bool {
+    let dir = parent.join(format!(".lamina-idmap-probe-{}", std::process::id()));
+    let made =
+        fs::create_dir_all(dir.join("lower")).and_then(|()| fs::create_dir(dir.join("other")));
+    let supported = made.is_ok()
+        && lamina_sys::user_namespace(maps).is_ok_and(|ns| {
+            lamina_sys::probe_idmapped_layers(&dir.join("lower"), &dir.join("other"), ns.as_fd())
+        });
+    let _ = fs::remove_dir_all(&dir);
     supported
 }
 

@@ -81,6 +81,14 @@ impl Store {
 
         let started = std::time::Instant::now();
         let record = self.unpack_verified(layer, chain_id, &diff)?;
+        if self.properties.chowns_layers() {
+            crate::shift::shift_ownership(&diff, &self.properties.id_map).map_err(|e| {
+                StoreError::Layer {
+                    layer: layer.describe(),
+                    message: format!("chowning to the store's id mappings: {e}"),
+                }
+            })?;
+        }
         let record_path = staging.join("layer.json");
         let json = serde_json::to_vec_pretty(&record)
             .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;

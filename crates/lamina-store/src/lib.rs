@@ -12,6 +12,7 @@ mod import;
 mod layout;
 mod locks;
 mod properties;
+mod shift;
 mod usage;
 
 use std::fs;
@@ -160,6 +161,9 @@ fn describe(p: &StoreProperties) -> String {
     if !p.id_map.is_empty() {
         parts.push(format!("uid mappings [{}]", list(&p.id_map.uids)));
         parts.push(format!("gid mappings [{}]", list(&p.id_map.gids)));
+    }
+    if p.chowns_layers() {
+        parts.push("chowned layers".into());
     }
     if let Some(size) = p.store_size_bytes {
         parts.push(format!("store size {size} bytes"));

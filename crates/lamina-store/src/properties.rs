@@ -114,12 +114,33 @@ pub struct StoreProperties {
     /// with these maps, so their rootfs must look owned by the mapped root.
     #[serde(default, skip_serializing_if = "IdMap::is_empty")]
     pub id_map: IdMap,
+    /// How a uid-mapped store gives the mapped root its files: `false` (the default, where
+    /// the kernel can) idmaps each layer at mount time and keeps layers as the image has
+    /// them; `true` chowns every file at import instead (kernels without idmapped layers,
+    /// and callers that mount the rootfs themselves with `--without-mount`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chowned_layers: bool,
     /// `init.store_size_bytes`: what `capacity` reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_size_bytes: Option<u64>,
 }
 
 impl StoreProperties {
+    /// Containers of this store run in a user namespace.
+    pub fn mapped(&self) -> bool {
+        !self.id_map.is_empty()
+    }
+
+    /// Layers are idmapped at mount time.
+    pub fn idmaps_layers(&self) -> bool {
+        self.mapped() && !self.chowned_layers
+    }
+
+    /// Layers are chowned to the mapped ids at import.
+    pub fn chowns_layers(&self) -> bool {
+        self.mapped() && self.chowned_layers
+    }
+
     /// A uid map without a gid map (or the reverse) is a typo: a container's root would be
     /// mapped for one and not the other.
     pub fn validate(&self) -> Result<(), String> {
@@ -177,7 +198,7 @@ mod tests {
                 uids: vec![IdMapping::parse("0:1000:1").unwrap()],
                 gids: vec![],
             },
-            store_size_bytes: None,
+            ..StoreProperties::default()
         };
         assert!(only_uids.validate().unwrap_err().contains("--gid-mapping"));
     }

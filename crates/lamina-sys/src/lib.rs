@@ -13,6 +13,7 @@ mod overlay_spec;
 mod raw;
 mod real;
 mod upper_fs;
+mod userns;
 
 pub use api_probe::{MountApiSupport, probe_idmapped_layers, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
@@ -22,6 +23,7 @@ pub use mountinfo::mounts_under;
 pub use overlay_spec::OverlaySpec;
 pub use real::RealMounter;
 pub use upper_fs::{DiskFs, UpperFs, loop_backing_files};
+pub use userns::{UserNsMaps, user_namespace};
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};

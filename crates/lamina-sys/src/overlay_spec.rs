@@ -1,5 +1,7 @@
 use std::path::PathBuf;
 
+use crate::UserNsMaps;
+
 /// Everything needed to mount one overlay. Built by the mount planner, consumed by a
 /// [`crate::Mounter`], and rendered as classic option strings for callers (Garden's
 /// `--without-mount`) that mount it themselves.
@@ -14,6 +16,13 @@ pub struct OverlaySpec {
     pub options: Vec<(String, Option<String>)>,
     /// Mount the overlay read-only (MOUNT_ATTR_RDONLY).
     pub read_only: bool,
+    /// A uid-mapped store: each lower is passed as an idmapped mount of a user namespace
+    /// with these maps, so files owned by 0 on disk are the mapped root's. Mount options
+    /// cannot say this: [`OverlaySpec::option_strings`] omits it.
+    pub lower_idmap: Option<UserNsMaps>,
+    /// Who owns the upper directory's root (the merged root dir shows its owner): the
+    /// mapped root in a uid-mapped store. Set before mounting.
+    pub upper_owner: Option<(u32, u32)>,
 }
 
 impl OverlaySpec {
@@ -67,6 +76,7 @@ mod tests {
                 ("volatile".into(), None),
             ],
             read_only: false,
+            ..OverlaySpec::default()
         };
         assert_eq!(
             spec.option_strings(),

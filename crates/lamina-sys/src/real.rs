@@ -37,6 +37,16 @@ impl RealMounter {
 
 impl Mounter for RealMounter {
     fn mount_overlay(&self, spec: &OverlaySpec, target: &Path) -> Result<(), MountError> {
+        if let (Some(upper), Some((uid, gid))) = (&spec.upper, spec.upper_owner) {
+            rustix::fs::chownat(
+                CWD,
+                upper,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| MountError::new("chown upper dir", upper, e))?;
+        }
         if !self.force_legacy {
             match mount_with_fsopen(spec, target) {
                 Err(NewApi::Unsupported) => {}
@@ -141,8 +151,28 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
         ))
     };
 
+    // Each idmapped lower is a detached clone, held until the superblock is created.
+    let userns = match &spec.lower_idmap {
+        Some(maps) => Some(crate::user_namespace(maps).map_err(|e| {
+            NewApi::Failed(MountError::new(
+                "make a user namespace to idmap the layers of",
+                target,
+                Errno::from_io_error(&e).unwrap_or(Errno::INVAL),
+            ))
+        })?),
+        None => None,
+    };
+    let mut idmapped = Vec::new();
     for (i, lower) in spec.lowers.iter().enumerate() {
-        match set_path(fs.as_fd(), "lowerdir+", lower) {
+        let set = match &userns {
+            Some(ns) => idmapped_tree(lower, ns.as_fd()).and_then(|tree| {
+                let set = rustix::mount::fsconfig_set_fd(fs.as_fd(), "lowerdir+", tree.as_fd());
+                idmapped.push(tree);
+                set
+            }),
+            None => set_path(fs.as_fd(), "lowerdir+", lower),
+        };
+        match set {
             // Kernels before 6.8 do not know `lowerdir+`; only the first call can tell us.
             Err(Errno::INVAL) if i == 0 && kernel_log(&fs).contains("lowerdir+") => {
                 return Err(NewApi::Unsupported);
@@ -165,6 +195,7 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
         .map_err(fail)?;
     }
     rustix::mount::fsconfig_create(fs.as_fd()).map_err(fail)?;
+    drop(idmapped);
     let attrs = if spec.read_only {
         MountAttrFlags::MOUNT_ATTR_RDONLY
     } else {
@@ -183,6 +214,17 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
     // The mount fd is closed here, on return: a later umount fails with EBUSY while it is open.
     drop(mnt);
     Ok(())
+}
+
+/// A detached clone of `dir`'s mount, idmapped with the user namespace `userns`.
+fn idmapped_tree(dir: &Path, userns: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    let tree = rustix::mount::open_tree(
+        CWD,
+        dir,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )?;
+    crate::raw::setattr::set_idmap(tree.as_fd(), userns)?;
+    Ok(tree)
 }
 
 /// Sets a path-valued overlay parameter, as a string when the kernel's 255-byte limit
@@ -222,6 +264,14 @@ fn with_kernel_log(fs: &OwnedFd, err: MountError) -> MountError {
 }
 
 fn mount_legacy(spec: &OverlaySpec, target: &Path) -> Result<(), MountError> {
+    if spec.lower_idmap.is_some() {
+        return Err(
+            MountError::new("mount overlay at", target, Errno::OPNOTSUPP).with_detail(
+                "idmapped layers need the new mount API with `lowerdir+`, which this kernel lacks"
+                    .to_string(),
+            ),
+        );
+    }
     let data = spec
         .option_strings()
         .into_iter()

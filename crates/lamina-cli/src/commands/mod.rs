@@ -42,6 +42,7 @@ fn init_store(
     store_size_bytes: Option<u64>,
     uid_mappings: Vec<String>,
     gid_mappings: Vec<String>,
+    chown_layers: bool,
 ) -> anyhow::Result<()> {
     let init = &ctx.config.init;
     let parse = |flags: Vec<String>, config: &[String]| -> anyhow::Result<Vec<IdMapping>> {
@@ -55,15 +56,44 @@ fn init_store(
             .map(|t| IdMapping::parse(t).map_err(|e| anyhow!(e)))
             .collect()
     };
-    let properties = StoreProperties {
+    let mut properties = StoreProperties {
         id_map: IdMap {
             uids: parse(uid_mappings, &init.uid_mappings)?,
             gids: parse(gid_mappings, &init.gid_mappings)?,
         },
         store_size_bytes: store_size_bytes.or(init.store_size_bytes),
+        chowned_layers: chown_layers,
     };
-    Store::init_with(&ctx.store_path, &properties)?;
-    println!("initialised store {}", ctx.store_path.display());
+    let path = &ctx.store_path;
+    if properties.mapped() && !chown_layers {
+        // How an existing store's layers were made is part of it; a new one idmaps its
+        // layers where this kernel and filesystem can, and chowns them at import if not.
+        properties.chowned_layers = match Store::open(path) {
+            Ok(existing) => existing.properties().chowned_layers,
+            Err(_) => {
+                std::fs::create_dir_all(path)
+                    .with_context(|| format!("creating store {}", path.display()))?;
+                let maps = lamina_sys::UserNsMaps {
+                    uid_map: properties.id_map.uid_map_text(),
+                    gid_map: properties.id_map.gid_map_text(),
+                };
+                let idmaps = lamina_mount::probe::idmapped_layers_on(path, &maps);
+                if !idmaps {
+                    tracing::warn!("overlay cannot idmap layers here: chowning layers at import");
+                }
+                !idmaps
+            }
+        };
+    }
+    Store::init_with(path, &properties)?;
+    let how = if properties.idmaps_layers() {
+        " (layers idmapped at mount)"
+    } else if properties.chowns_layers() {
+        " (layers chowned at import)"
+    } else {
+        ""
+    };
+    println!("initialised store {}{how}", path.display());
     Ok(())
 }
 
@@ -119,7 +149,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             store_size_bytes,
             uid_mappings,
             gid_mappings,
-        } => init_store(&ctx, store_size_bytes, uid_mappings, gid_mappings)?,
+            chown_layers,
+        } => init_store(
+            &ctx,
+            store_size_bytes,
+            uid_mappings,
+            gid_mappings,
+            chown_layers,
+        )?,
         Command::Create(args) => create::run(&ctx, &mounter, args)?,
         Command::Delete { id_or_path } => {
             let store = ctx.open_store()?;

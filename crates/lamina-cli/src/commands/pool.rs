@@ -47,6 +47,7 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
                         read_only: false,
                         ephemeral,
                         disk_limit: limit.is_some(),
+                        idmapped_layers: store.properties().idmaps_layers(),
                     };
                     let choice = lamina_mount::choose(
                         &request,
