@@ -46,6 +46,21 @@ impl Bundle {
         bundle
     }
 
+    /// Runs the container in a user namespace mapping `size` ids from 0 to `host` (uids
+    /// and gids alike), as Garden runs unprivileged containers.
+    pub fn in_user_namespace(&self, host: u32, size: u32) {
+        self.edit_config(|config| {
+            let linux = &mut config["linux"];
+            linux["namespaces"]
+                .as_array_mut()
+                .expect("namespaces")
+                .push(serde_json::json!({ "type": "user" }));
+            let map = serde_json::json!([{ "containerID": 0, "hostID": host, "size": size }]);
+            linux["uidMappings"] = map.clone();
+            linux["gidMappings"] = map;
+        });
+    }
+
     /// `runc run` with `sh -c SCRIPT` as the container's process.
     pub fn run(&self, id: &str, script: &str) -> RunOutput {
         self.edit_config(|config| {

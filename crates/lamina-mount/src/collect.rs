@@ -61,6 +61,7 @@ pub(crate) fn collect_unused(
         doomed.push(set_aside(store, &tree, "flat", &name)?);
         collected.flattened += 1;
     }
+    store.pause_point("collect-locked");
     drop(lock);
 
     for path in doomed {

@@ -110,6 +110,7 @@ pub fn create(
     // collection never takes a layer from under a create.
     let _layers_in_use = store.use_layers()?;
     let chain_ids = store.import(image)?;
+    store.pause_point("create-imported");
     let upper = choice
         .strategies
         .isolated

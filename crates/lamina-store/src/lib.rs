@@ -11,6 +11,7 @@ mod error;
 mod import;
 mod layout;
 mod locks;
+mod pause;
 mod properties;
 mod shift;
 mod usage;
