@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
-use lamina_store::{ContainerDirs, Store};
+use lamina_store::{ContainerDirs, IdMap, Store};
 use lamina_sys::{OverlaySpec, UserNsMaps};
 
 use crate::Strategies;
@@ -38,10 +38,17 @@ pub fn classic(store: &Store, chain_ids: &[Digest], dirs: &ContainerDirs) -> Ove
 /// In a store that idmaps its layers, the user namespace maps to mount them with.
 pub fn lower_idmap(store: &Store) -> Option<UserNsMaps> {
     let properties = store.properties();
-    properties.idmaps_layers().then(|| UserNsMaps {
-        uid_map: properties.id_map.uid_map_text(),
-        gid_map: properties.id_map.gid_map_text(),
-    })
+    properties
+        .idmaps_layers()
+        .then(|| userns_maps(&properties.id_map))
+}
+
+/// A store's mappings in the form a user namespace is given them.
+pub fn userns_maps(map: &IdMap) -> UserNsMaps {
+    UserNsMaps {
+        uid_map: map.uid_map_text(),
+        gid_map: map.gid_map_text(),
+    }
 }
 
 /// The classic plan with the options `strategies` add.

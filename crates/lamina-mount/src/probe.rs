@@ -188,36 +188,17 @@ fn probe_metacopy(mounter: &dyn Mounter, dir: &Path) -> bool {
     has_xattr && no_data
 }
 
-/// Builds an overlay (never attached) with an idmapped lower. The user namespace comes
-/// from util-linux's `unshare --user --map-root-user`, a child kept alive for the trial.
+/// Builds an overlay (never attached) with an idmapped lower, for a typical Garden
+/// mapping of 65536 ids.
 fn probe_idmapped(dir: &Path) -> bool {
-    let other = dir.join("upper"); // any second directory will do as the other lower
-    let Ok(mut child) = std::process::Command::new("unshare")
-        .args(["--user", "--map-root-user", "sleep", "30"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-    else {
-        return false;
-    };
-    let proc = PathBuf::from(format!("/proc/{}", child.id()));
-    // unshare writes the mappings before it execs sleep: wait for the exec.
-    let mut mapped = false;
-    for _ in 0..400 {
-        if fs::read_link(proc.join("exe")).is_ok_and(|exe| exe.ends_with("sleep")) {
-            mapped = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let supported = mapped
-        && fs::File::open(proc.join("ns/user")).is_ok_and(|ns| {
-            lamina_sys::probe_idmapped_layers(&dir.join("lower"), &other, ns.as_fd())
-        });
-    let _ = child.kill();
-    let _ = child.wait();
-    supported
+    let map = "0 100000 65536\n".to_string();
+    idmapped_layers_on(
+        dir,
+        &lamina_sys::UserNsMaps {
+            uid_map: map.clone(),
+            gid_map: map,
+        },
+    )
 }
 
 /// Whether overlay on the filesystem of `parent` accepts layers idmapped with `maps`:

@@ -73,10 +73,7 @@ fn init_store(
             Err(_) => {
                 std::fs::create_dir_all(path)
                     .with_context(|| format!("creating store {}", path.display()))?;
-                let maps = lamina_sys::UserNsMaps {
-                    uid_map: properties.id_map.uid_map_text(),
-                    gid_map: properties.id_map.gid_map_text(),
-                };
+                let maps = lamina_mount::plan::userns_maps(&properties.id_map);
                 let idmaps = lamina_mount::probe::idmapped_layers_on(path, &maps);
                 if !idmaps {
                     tracing::warn!("overlay cannot idmap layers here: chowning layers at import");
