@@ -83,6 +83,7 @@ pub fn clean(
     report.layers_removed = collected.layers;
     report.flattened_removed = collected.flattened;
     report.bytes_freed = collected.bytes;
+    report.crashed_creates += collected.crashed_creates;
     report.message = format!(
         "removed {} unused layers and {} flattened trees ({} bytes)",
         collected.layers, collected.flattened, collected.bytes

@@ -11,7 +11,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
-use lamina_store::{Store, StoreError};
+use lamina_store::{Store, StoreError, list_dirs};
 use lamina_sys::Mounter;
 
 use crate::{RootfsError, clean, pool};
@@ -24,6 +24,8 @@ pub(crate) const DOOMED_PREFIX: &str = "gc-";
 pub struct Collected {
     pub layers: usize,
     pub flattened: usize,
+    /// Dead creates found under the lock (after clean's own sweep).
+    pub crashed_creates: usize,
     /// Bytes the removed trees held (du -x).
     pub bytes: u64,
 }
@@ -37,15 +39,17 @@ pub(crate) fn collect_unused(
     let lock = store.collect_layers_lock()?;
     // With the lock held no create is in flight, so a container directory without a
     // record is a dead create's; it may still have an overlay of our layers mounted.
-    clean::sweep_crashed_creates(store, mounter)?;
+    let mut collected = Collected {
+        crashed_creates: clean::sweep_crashed_creates(store, mounter)?,
+        ..Collected::default()
+    };
     let Some((keep, bound)) = referenced(store)? else {
         tracing::warn!("a container directory without a record is locked: layers left alone");
-        return Ok(Collected::default());
+        return Ok(collected);
     };
 
     let mut doomed = Vec::new();
-    let mut collected = Collected::default();
-    for layer in list(&store.layout().layers())? {
+    for layer in list_dirs(&store.layout().layers())? {
         let name = file_name(&layer);
         if keep.contains(&name) {
             continue;
@@ -53,7 +57,7 @@ pub(crate) fn collect_unused(
         doomed.push(set_aside(store, &layer, "layer", &name)?);
         collected.layers += 1;
     }
-    for tree in list(&store.layout().flat())? {
+    for tree in list_dirs(&store.layout().flat())? {
         if bound.iter().any(|source| source.starts_with(&tree)) {
             continue;
         }
@@ -112,17 +116,6 @@ fn set_aside(store: &Store, path: &Path, kind: &str, name: &str) -> Result<PathB
     fs::rename(path, &doomed).map_err(StoreError::io("collecting", path))?;
     tracing::debug!(path = %path.display(), "collecting");
     Ok(doomed)
-}
-
-fn list(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
-    let mut out = Vec::new();
-    for entry in fs::read_dir(dir).map_err(StoreError::io("listing", dir))? {
-        let entry = entry.map_err(StoreError::io("listing", dir))?;
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            out.push(entry.path());
-        }
-    }
-    Ok(out)
 }
 
 fn file_name(path: &Path) -> String {

@@ -391,7 +391,7 @@ fn lock_new(dir: &Path) -> Result<File, StoreError> {
 }
 
 /// Sub-directories of `dir`, sorted by name.
-pub(crate) fn list_dirs(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+pub fn list_dirs(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
     let mut out = Vec::new();
     for entry in fs::read_dir(dir).map_err(StoreError::io("listing", dir))? {
         let entry = entry.map_err(StoreError::io("listing", dir))?;

@@ -19,6 +19,7 @@ mod usage;
 use std::fs;
 use std::path::Path;
 
+pub use container::list_dirs;
 pub use container::{
     ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, UpperFsRecord,
     unique_suffix, validate_id,
@@ -27,7 +28,7 @@ pub use error::StoreError;
 pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};
 pub use locks::StoreLock;
-pub use properties::{IdMap, IdMapping, OVERFLOW_ID, StoreProperties};
+pub use properties::{IdMap, IdMapping, StoreProperties};
 pub use usage::{ContainerUsage, disk_usage};
 
 /// Default per-layer cap on uncompressed bytes: a decompression bomb stops here.
@@ -142,11 +143,6 @@ impl Store {
 
     pub fn properties(&self) -> &StoreProperties {
         &self.properties
-    }
-
-    /// The store's uid/gid maps; empty for a store whose containers run as host root.
-    pub fn id_map(&self) -> &IdMap {
-        &self.properties.id_map
     }
 }
 

@@ -18,9 +18,14 @@ pub struct StoreLock {
 impl Store {
     /// Waits for and takes the lock called `name`.
     pub fn lock(&self, name: &str) -> Result<StoreLock, StoreError> {
+        self.wait_for_lock(name, FlockOperation::LockExclusive)
+    }
+
+    /// Takes the lock called `name` in blocking mode `op` (shared or exclusive).
+    fn wait_for_lock(&self, name: &str, op: FlockOperation) -> Result<StoreLock, StoreError> {
         let path = self.layout.lock(name);
         // A blocking flock never reports EWOULDBLOCK; if it did, say so.
-        self.take_lock(name, FlockOperation::LockExclusive)?
+        self.take_lock(name, op)?
             .ok_or_else(|| StoreError::errno("locking", &path)(rustix::io::Errno::WOULDBLOCK))
     }
 
@@ -49,9 +54,7 @@ impl Store {
     /// Waits until no collection runs, then keeps layers from being collected until the
     /// returned lock drops.
     pub fn use_layers(&self) -> Result<StoreLock, StoreError> {
-        let path = self.layout.lock(LAYERS_IN_USE);
-        self.take_lock(LAYERS_IN_USE, FlockOperation::LockShared)?
-            .ok_or_else(|| StoreError::errno("locking", &path)(rustix::io::Errno::WOULDBLOCK))
+        self.wait_for_lock(LAYERS_IN_USE, FlockOperation::LockShared)
     }
 
     /// Waits for every holder of [`Store::use_layers`] to finish; while held, nobody

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::{ContainerDirs, Store, StoreError};
+use crate::{ContainerDirs, ContainerRecord, Store, StoreError};
 
 /// Bytes allocated under `dir` on `dir`'s own filesystem (a mount beneath it is not
 /// entered), each hardlinked inode counted once. A missing `dir` uses nothing; entries
@@ -57,11 +57,11 @@ pub struct ContainerUsage {
 }
 
 impl Store {
-    /// What container `id` uses. Layer sizes are the uncompressed sizes `import`
+    /// What the container of `record` uses. Layer sizes are the uncompressed sizes `import`
     /// recorded, the same numbers an inclusive disk limit subtracts.
-    pub fn container_usage(&self, id: &str) -> Result<ContainerUsage, StoreError> {
-        let record = self.record(id)?;
-        let dirs = ContainerDirs::shaped(self.layout.container(id), record.upper_fs.is_some());
+    pub fn container_usage(&self, record: &ContainerRecord) -> Result<ContainerUsage, StoreError> {
+        let dirs =
+            ContainerDirs::shaped(self.layout.container(&record.id), record.upper_fs.is_some());
         let exclusive = disk_usage(&dirs.upper)?;
         let mut image = 0;
         for layer in &record.layers {

@@ -14,7 +14,7 @@ pub struct Stats {
 pub fn of(store: &Store, id: &str) -> anyhow::Result<Stats> {
     let record = store.record(id)?;
     Ok(Stats {
-        disk_usage: store.container_usage(id)?,
+        disk_usage: store.container_usage(&record)?,
         quota_size_bytes: record.disk_limit.map(|limit| limit.bytes),
     })
 }
