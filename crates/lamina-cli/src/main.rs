@@ -93,11 +93,17 @@ enum Command {
     /// Pre-mounted read-write overlays that `create` claims with no mount syscall
     #[command(subcommand)]
     Pool(PoolCommand),
-    /// Run the store's background work as tasks: reap deferred deletes as they arrive and keep pools filled (stateless: safe to kill at any time)
+    /// Run the store's background work as tasks: reap deferred deletes as they arrive and keep pools filled (stateless: safe to kill at any time); with --containerd-socket, also serve containerd's snapshots API (docs/containerd.md)
     Daemon {
         /// How often to look for work, in milliseconds
         #[arg(long, default_value_t = 200)]
         interval_ms: u64,
+        /// Serve containerd's snapshots gRPC service on this unix socket (a proxy snapshotter)
+        #[arg(long, value_name = "PATH")]
+        containerd_socket: Option<PathBuf>,
+        /// Strategies for snapshots without a containerd.io/snapshot/lamina.strategy label
+        #[arg(long, default_value = "auto")]
+        snapshot_strategy: String,
     },
     /// Print what this kernel's overlay supports, as JSON (probed on the store's filesystem, cached per boot)
     Probe {

@@ -30,8 +30,8 @@ pub struct Collected {
     pub bytes: u64,
 }
 
-/// Removes every layer no container record (in `images/` or still in `trash/`) and no
-/// pool target names, and every flattened tree no container binds.
+/// Removes every layer no container record (in `images/` or still in `trash/`), no pool
+/// target and no containerd snapshot names, and every flattened tree no container binds.
 pub(crate) fn collect_unused(
     store: &Store,
     mounter: &dyn Mounter,
@@ -101,6 +101,14 @@ fn referenced(store: &Store) -> Result<Option<References>, RootfsError> {
     for layers in pool::target_layers(store) {
         name(&layers);
     }
+    // containerd's committed snapshots, and commits in flight.
+    name(
+        &store
+            .load_snapshots()?
+            .layers()
+            .into_iter()
+            .collect::<Vec<_>>(),
+    );
     Ok(Some((keep, bound)))
 }
 

@@ -59,11 +59,62 @@ pub enum ToMount {
     Bind(PathBuf),
 }
 
+/// What a container's rootfs is built from.
+#[derive(Debug, Clone, Copy)]
+pub enum Layers<'a> {
+    /// An image: the layers the store lacks are imported first.
+    Image(&'a Image),
+    /// Layers already in the store, such as a containerd snapshot's parents.
+    Stored(&'a StoredLayers),
+}
+
+/// Layers already in the store, and what the container record says they came from.
+#[derive(Debug, Clone)]
+pub struct StoredLayers {
+    /// Recorded as the container's image.
+    pub source: String,
+    /// Chain IDs (layer names), bottom-most first; at least one.
+    pub chain_ids: Vec<Digest>,
+}
+
+impl Layers<'_> {
+    fn chain_ids(&self) -> Vec<Digest> {
+        match self {
+            Layers::Image(image) => image.chain_ids(),
+            Layers::Stored(stored) => stored.chain_ids.clone(),
+        }
+    }
+
+    /// Makes sure every layer is in the store; the caller holds the layers-in-use lock.
+    fn ensure(&self, store: &Store) -> Result<Vec<Digest>, StoreError> {
+        match self {
+            Layers::Image(image) => store.import(image),
+            Layers::Stored(stored) => {
+                if let Some(missing) = stored.chain_ids.iter().find(|c| !store.has_layer(c)) {
+                    return Err(StoreError::LayerMissing(missing.to_string()));
+                }
+                Ok(stored.chain_ids.clone())
+            }
+        }
+    }
+}
+
 /// Creates container `id` from `image`.
 pub fn create(
     store: &Store,
     mounter: &dyn Mounter,
     image: &Image,
+    id: &str,
+    options: &CreateOptions,
+) -> Result<Created, RootfsError> {
+    create_from(store, mounter, Layers::Image(image), id, options)
+}
+
+/// Creates container `id` from `layers`.
+pub fn create_from(
+    store: &Store,
+    mounter: &dyn Mounter,
+    layers: Layers<'_>,
     id: &str,
     options: &CreateOptions,
 ) -> Result<Created, RootfsError> {
@@ -96,7 +147,7 @@ pub fn create(
         }
     } else {
         let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
-        let chain_ids = image.chain_ids();
+        let chain_ids = layers.chain_ids();
         let pools = Pools {
             overlay_ready: &|flavor| {
                 let upper = flavor.isolated.map(default_upper);
@@ -104,12 +155,12 @@ pub fn create(
             },
             upper_ready: &|backend| pool::ready(store, &PoolKind::uppers(default_upper(backend))),
         };
-        choose(&request, &probe, image.layers.len(), &pools)?
+        choose(&request, &probe, chain_ids.len(), &pools)?
     };
     // Held until this function returns, after the record names the layers: layer
     // collection never takes a layer from under a create.
     let _layers_in_use = store.use_layers()?;
-    let chain_ids = store.import(image)?;
+    let chain_ids = layers.ensure(store)?;
     store.pause_point("create-imported");
     let upper = choice
         .strategies
@@ -149,10 +200,20 @@ pub fn create(
 
     let record = ContainerRecord {
         id: id.to_string(),
-        image: image.source.clone(),
-        image_id: image.config_digest.clone(),
+        image: match layers {
+            Layers::Image(image) => image.source.clone(),
+            Layers::Stored(stored) => stored.source.clone(),
+        },
+        // A snapshot's layers have no image config: its top layer stands in.
+        image_id: match layers {
+            Layers::Image(image) => image.config_digest.clone(),
+            Layers::Stored(_) => chain_ids.last().cloned().unwrap_or_else(|| Digest::of(&[])),
+        },
         layers: chain_ids,
-        env: image.env(),
+        env: match layers {
+            Layers::Image(image) => image.env(),
+            Layers::Stored(_) => Vec::new(),
+        },
         strategy: strategies.to_string(),
         mounted: !options.without_mount,
         mount_options,

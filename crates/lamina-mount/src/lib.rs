@@ -22,7 +22,7 @@ mod strategy;
 
 pub use choose::{Choice, Pools, Request, choose};
 pub use clean::{CleanReport, clean};
-pub use create::{CreateOptions, Created, ToMount, create};
+pub use create::{CreateOptions, Created, Layers, StoredLayers, ToMount, create, create_from};
 pub use delete::{Deleted, Reaped, delete, reap};
 pub use delete_store::delete_store;
 pub use isolated::{DiskLimit, UpperPlan};

@@ -17,7 +17,10 @@ use crate::{Store, StoreError};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LayerRecord {
     pub chain_id: Digest,
-    pub diff_id: Digest,
+    /// Digest of the uncompressed tar; unknown for a layer a containerd snapshot commit
+    /// made (containerd verified it before writing the files).
+    #[serde(default)]
+    pub diff_id: Option<Digest>,
     /// Digest of the blob as it came, where the source declared one.
     pub blob_digest: Option<Digest>,
     /// Uncompressed tar size.
@@ -106,6 +109,59 @@ impl Store {
         Ok(())
     }
 
+    /// Makes directory `diff` (on the store's filesystem: a committed containerd
+    /// snapshot's upper) the layer `chain_id` by moving it, not copying it. Returns false,
+    /// leaving `diff` where it was, if the store already has that layer.
+    ///
+    /// The same lock and staging as an import: `diff` goes to `tmp/layer-<hex>/diff`, its
+    /// record beside it, everything is synced, then one rename publishes it. If anything
+    /// fails before that rename, `diff` is moved back.
+    pub fn publish_layer_dir(&self, chain_id: &Digest, diff: &Path) -> Result<bool, StoreError> {
+        let final_dir = self.layout.layer(chain_id);
+        let lock_path = self.layout.layer_lock(chain_id);
+        let lock = File::create(&lock_path).map_err(StoreError::io("creating lock", &lock_path))?;
+        rustix::fs::flock(lock.as_fd(), FlockOperation::LockExclusive)
+            .map_err(StoreError::errno("locking", &lock_path))?;
+        if final_dir.is_dir() {
+            return Ok(false);
+        }
+        let staging = self.layout.tmp().join(format!("layer-{}", chain_id.hex()));
+        if staging.exists() {
+            fs::remove_dir_all(&staging).map_err(StoreError::io("removing", &staging))?;
+        }
+        fs::create_dir(&staging).map_err(StoreError::io("creating", &staging))?;
+        let mut guard = RemoveOnDrop(Some(staging.clone()));
+        let record = LayerRecord {
+            chain_id: chain_id.clone(),
+            diff_id: None,
+            blob_digest: None,
+            size: crate::disk_usage(diff)?,
+            overlay_markers: None,
+        };
+        let record_path = staging.join("layer.json");
+        let json = serde_json::to_vec_pretty(&record)
+            .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
+        fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
+        let staged_diff = staging.join("diff");
+        fs::rename(diff, &staged_diff).map_err(StoreError::io("moving", diff))?;
+        let published = File::open(&staging)
+            .map_err(StoreError::io("opening", &staging))
+            .and_then(|dir| {
+                rustix::fs::syncfs(dir.as_fd()).map_err(StoreError::errno("syncing", &staging))
+            })
+            .and_then(|()| {
+                fs::rename(&staging, &final_dir)
+                    .map_err(StoreError::io("publishing layer", &final_dir))
+            });
+        if let Err(e) = published {
+            let _ = fs::rename(&staged_diff, diff);
+            return Err(e);
+        }
+        guard.0 = None;
+        tracing::info!(chain_id = %chain_id, bytes = record.size, "published committed snapshot as a layer");
+        Ok(true)
+    }
+
     fn unpack_verified(
         &self,
         layer: &LayerBlob,
@@ -152,7 +208,7 @@ impl Store {
         }
         Ok(LayerRecord {
             chain_id: chain_id.clone(),
-            diff_id,
+            diff_id: Some(diff_id),
             blob_digest: layer.digest.clone(),
             size,
             overlay_markers: Some(summary.overlay_markers),

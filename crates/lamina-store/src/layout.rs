@@ -77,6 +77,15 @@ impl Layout {
         self.root.join("pool")
     }
 
+    /// containerd snapshots' metadata (see `snapshots.rs`).
+    pub fn snapshots(&self) -> PathBuf {
+        self.root.join("snapshots")
+    }
+
+    pub fn snapshot_metadata(&self) -> PathBuf {
+        self.snapshots().join("metadata.json")
+    }
+
     /// Per-boot state, such as the probe cache.
     pub fn run(&self) -> PathBuf {
         self.root.join("run")

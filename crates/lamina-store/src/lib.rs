@@ -14,6 +14,7 @@ mod locks;
 mod pause;
 mod properties;
 mod shift;
+mod snapshots;
 mod usage;
 
 use std::fs;
@@ -29,7 +30,8 @@ pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};
 pub use locks::StoreLock;
 pub use properties::{IdMap, IdMapping, StoreProperties};
-pub use usage::{ContainerUsage, disk_usage};
+pub use snapshots::{Committing, SnapshotDb, SnapshotKind, SnapshotRecord};
+pub use usage::{ContainerUsage, disk_usage, disk_usage_and_inodes};
 
 /// Default per-layer cap on uncompressed bytes: a decompression bomb stops here.
 pub const DEFAULT_MAX_LAYER_BYTES: u64 = 64 * 1024 * 1024 * 1024;

@@ -15,9 +15,14 @@ use crate::{ContainerDirs, ContainerRecord, Store, StoreError};
 /// entered), each hardlinked inode counted once. A missing `dir` uses nothing; entries
 /// that vanish mid-walk (a concurrent delete) are skipped.
 pub fn disk_usage(dir: &Path) -> Result<u64, StoreError> {
+    Ok(disk_usage_and_inodes(dir)?.0)
+}
+
+/// [`disk_usage`] and the number of inodes counted (containerd's snapshot `Usage`).
+pub fn disk_usage_and_inodes(dir: &Path) -> Result<(u64, u64), StoreError> {
     let root = match fs::symlink_metadata(dir) {
         Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
         Err(e) => return Err(StoreError::io("measuring", dir)(e)),
     };
     let mut seen = HashSet::new();
@@ -44,7 +49,7 @@ pub fn disk_usage(dir: &Path) -> Result<u64, StoreError> {
             }
         }
     }
-    Ok(total)
+    Ok((total, seen.len() as u64))
 }
 
 /// Garden's `stats`: what a container uses.

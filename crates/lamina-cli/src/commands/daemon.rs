@@ -1,30 +1,65 @@
 //! `lamina daemon`: the store's background work as tasks in one long-lived process
-//! instead of a detached child per command. It keeps no state of its own — all of it is
-//! in the store — so killing it at any point is safe; the next start (of the daemon or
-//! any command) picks the work up where it was.
+//! instead of a detached child per command, and — with `--containerd-socket` — containerd's
+//! snapshots service. It keeps no state of its own — all of it is in the store — so
+//! killing it at any point is safe; the next start (of the daemon or any command) picks
+//! the work up where it was.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use lamina_mount::Strategies;
+use lamina_snapshotter::Snapshotter;
 use lamina_store::Store;
 use lamina_sys::Mounter;
 
-/// Reaps deferred deletes as they arrive and refills pools, every `interval`, forever.
-pub fn run(store: &Store, mounter: &dyn Mounter, interval: Duration) -> anyhow::Result<()> {
+/// Serving containerd, as the daemon's flags ask.
+#[derive(Debug)]
+pub struct Containerd {
+    pub socket: PathBuf,
+    /// For snapshots without a `containerd.io/snapshot/lamina.strategy` label.
+    pub strategies: Strategies,
+}
+
+/// Reaps deferred deletes as they arrive and refills pools, every `interval`; with
+/// `containerd`, also serves snapshots until SIGTERM or SIGINT.
+pub fn run(
+    store: &Store,
+    mounter: Arc<dyn Mounter>,
+    interval: Duration,
+    containerd: Option<Containerd>,
+) -> anyhow::Result<()> {
     tracing::info!(store = %store.root().display(), "daemon started");
-    loop {
-        if store.trash_entries().is_ok_and(|t| !t.is_empty()) {
-            match lamina_mount::reap(store, mounter) {
-                Ok(reaped) => {
-                    tracing::info!(removed = reaped.removed, failed = reaped.failed, "reaped")
-                }
-                Err(e) => tracing::warn!(error = %e, "reaping failed; retrying"),
+    let Some(containerd) = containerd else {
+        loop {
+            work_once(store, mounter.as_ref());
+            std::thread::sleep(interval);
+        }
+    };
+    let snapshotter = Snapshotter::open(store.clone(), mounter.clone(), containerd.strategies)?;
+    let background_store = store.clone();
+    std::thread::spawn(move || {
+        loop {
+            work_once(&background_store, mounter.as_ref());
+            std::thread::sleep(interval);
+        }
+    });
+    lamina_snapshotter::serve_until_signalled(snapshotter, &containerd.socket)?;
+    Ok(())
+}
+
+fn work_once(store: &Store, mounter: &dyn Mounter) {
+    if store.trash_entries().is_ok_and(|t| !t.is_empty()) {
+        match lamina_mount::reap(store, mounter) {
+            Ok(reaped) => {
+                tracing::info!(removed = reaped.removed, failed = reaped.failed, "reaped")
             }
+            Err(e) => tracing::warn!(error = %e, "reaping failed; retrying"),
         }
-        match lamina_mount::pool::refill_all(store, mounter) {
-            Ok(0) => {}
-            Ok(added) => tracing::info!(added, "refilled pools"),
-            Err(e) => tracing::warn!(error = %e, "refilling pools failed; retrying"),
-        }
-        std::thread::sleep(interval);
+    }
+    match lamina_mount::pool::refill_all(store, mounter) {
+        Ok(0) => {}
+        Ok(added) => tracing::info!(added, "refilled pools"),
+        Err(e) => tracing::warn!(error = %e, "refilling pools failed; retrying"),
     }
 }

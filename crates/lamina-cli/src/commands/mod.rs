@@ -211,12 +211,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             println!("unmounted container `{id}`");
         }
         Command::Pool(command) => pool::run(&ctx, &mounter, command)?,
-        Command::Daemon { interval_ms } => {
-            let store = Store::open(&ctx.store_path)?;
+        Command::Daemon {
+            interval_ms,
+            containerd_socket,
+            snapshot_strategy,
+        } => {
+            let strategies = lamina_mount::Strategies::parse(&snapshot_strategy)
+                .map_err(|why| anyhow::anyhow!("--snapshot-strategy: {why}"))?;
+            let containerd =
+                containerd_socket.map(|socket| daemon::Containerd { socket, strategies });
+            // Serving containerd makes the store if there is none yet, as create does.
+            let store = if containerd.is_some() {
+                Store::init(&ctx.store_path)?
+            } else {
+                Store::open(&ctx.store_path)?
+            };
             daemon::run(
                 &store,
-                &mounter,
+                std::sync::Arc::new(mounter),
                 std::time::Duration::from_millis(interval_ms),
+                containerd,
             )?;
         }
         Command::Probe { refresh } => {

@@ -1,0 +1,229 @@
+//! Commit, remove, cleanup, and the recovery that makes them crash-safe.
+//!
+//! A commit moves the active snapshot's upper directory into `layers/` (one rename; no
+//! copy) and swaps the active record for a committed one. It first records its intent in
+//! the metadata (`committing`), so whichever step a crash interrupts, the next start
+//! either finishes the commit (the layer got published) or puts the upper back.
+
+use std::collections::BTreeMap;
+use std::fs;
+
+use lamina_image::Digest;
+use lamina_store::{Committing, SnapshotDb, SnapshotKind, SnapshotRecord, StoreError};
+
+use crate::snapshotter::{CONTAINER_PREFIX, extraction_target, now_ns};
+use crate::{SnapshotError, Snapshotter};
+
+impl Snapshotter {
+    pub fn commit(
+        &self,
+        name: &str,
+        key: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<(), SnapshotError> {
+        let _lock = self.store.lock_snapshots()?;
+        let _layers_in_use = self.store.use_layers()?;
+        let mut db = self.store.load_snapshots()?;
+        if name.is_empty() {
+            return Err(SnapshotError::InvalidArgument(
+                "a committed snapshot needs a name".into(),
+            ));
+        }
+        if db.snapshots.contains_key(name) {
+            return Err(SnapshotError::AlreadyExists(name.into()));
+        }
+        let active = db
+            .snapshots
+            .get(key)
+            .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
+        if active.kind != SnapshotKind::Active {
+            return Err(SnapshotError::FailedPrecondition(format!(
+                "snapshot `{key}` is {}: only an active snapshot can be committed",
+                active.kind.as_str()
+            )));
+        }
+        let id = active.container.clone().unwrap_or_default();
+        let record = self.store.record(&id)?;
+        if let Some(option) = record
+            .mount_options
+            .iter()
+            .find(|o| o.starts_with("metacopy=on"))
+        {
+            return Err(SnapshotError::FailedPrecondition(format!(
+                "snapshot `{key}` was mounted with {option} (strategy {}): its upper holds metadata-only copies, which are not a layer; prepare snapshots you will commit with label containerd.io/snapshot/lamina.strategy=classic",
+                record.strategy
+            )));
+        }
+        if record.upper_fs.is_some() {
+            return Err(SnapshotError::FailedPrecondition(format!(
+                "snapshot `{key}` has its upper on a filesystem of its own (strategy {}), which a commit cannot move into the store; prepare snapshots you will commit with label containerd.io/snapshot/lamina.strategy=classic",
+                record.strategy
+            )));
+        }
+        let layer = commit_layer(name, key, &labels, &active.labels);
+        if let Some(active) = db.snapshots.get_mut(key) {
+            active.committing = Some(Committing {
+                name: name.to_string(),
+                layer,
+                labels,
+            });
+        }
+        self.store.save_snapshots(&db)?;
+        self.finish_commit(&mut db, key)
+    }
+
+    /// Publishes the upper of active `key` (whose intent is recorded) as its layer, then
+    /// records the committed snapshot and removes the active one's container.
+    fn finish_commit(&self, db: &mut SnapshotDb, key: &str) -> Result<(), SnapshotError> {
+        let active = db.snapshots[key].clone();
+        let Some(committing) = active.committing.clone() else {
+            return Ok(());
+        };
+        let id = active.container.clone().unwrap_or_default();
+        let dirs = self.store.container_dirs(&id);
+        if !self.store.has_layer(&committing.layer) {
+            // A rootfs lamina mounted (a pooled or classic container) is unmounted first:
+            // its upper must be still when it becomes a layer.
+            self.mounter
+                .unmount(&dirs.rootfs)
+                .map_err(lamina_mount::RootfsError::Mount)?;
+            self.store
+                .publish_layer_dir(&committing.layer, &dirs.upper)?;
+        }
+        db.snapshots.remove(key);
+        let now = now_ns();
+        db.snapshots.insert(
+            committing.name.clone(),
+            SnapshotRecord {
+                kind: SnapshotKind::Committed,
+                parent: active.parent,
+                labels: committing.labels,
+                created_ns: now,
+                updated_ns: now,
+                layer: Some(committing.layer.clone()),
+                container: None,
+                committing: None,
+            },
+        );
+        self.store.save_snapshots(db)?;
+        tracing::info!(key, name = %committing.name, layer = %committing.layer, "committed snapshot");
+        // What is left of the active container (its work dir) goes; a crash before this
+        // leaves an unreferenced container that `recover` removes.
+        lamina_mount::delete(&self.store, self.mounter.as_ref(), &id)?;
+        Ok(())
+    }
+
+    pub fn remove(&self, key: &str) -> Result<(), SnapshotError> {
+        let _lock = self.store.lock_snapshots()?;
+        let mut db = self.store.load_snapshots()?;
+        let snapshot = db
+            .snapshots
+            .get(key)
+            .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
+        if let Some(child) = db.children_of(key).next() {
+            return Err(SnapshotError::FailedPrecondition(format!(
+                "snapshot `{key}` has children (`{child}`): remove them first"
+            )));
+        }
+        let container = snapshot.container.clone();
+        db.snapshots.remove(key);
+        self.store.save_snapshots(&db)?;
+        // A committed snapshot's layer stays until `Cleanup` (or `lamina clean`) finds
+        // nothing naming it; an active's container goes now, or to the reaper if its
+        // strategy defers deletes.
+        if let Some(id) = container {
+            lamina_mount::delete(&self.store, self.mounter.as_ref(), &id)?;
+        }
+        tracing::info!(key, "removed snapshot");
+        Ok(())
+    }
+
+    /// containerd's `Cleanup`: finish deferred deletes, then collect layers nothing
+    /// (no snapshot, no container, no pool) names any more.
+    pub fn cleanup(&self) -> Result<lamina_mount::CleanReport, SnapshotError> {
+        Ok(lamina_mount::clean(
+            &self.store,
+            self.mounter.as_ref(),
+            None,
+        )?)
+    }
+
+    /// Finishes or undoes interrupted commits, and removes snapshot containers no snapshot
+    /// names (a crash between a metadata write and the container's removal).
+    pub(crate) fn recover(&self) -> Result<(), SnapshotError> {
+        let _lock = self.store.lock_snapshots()?;
+        let _layers_in_use = self.store.use_layers()?;
+        let mut db = self.store.load_snapshots()?;
+        let interrupted: Vec<String> = db
+            .snapshots
+            .iter()
+            .filter(|(_, s)| s.committing.is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in interrupted {
+            let committing = db.snapshots[&key].committing.clone();
+            let Some(committing) = committing else {
+                continue;
+            };
+            if self.store.has_layer(&committing.layer) {
+                tracing::info!(key, "finishing an interrupted commit");
+                self.finish_commit(&mut db, &key)?;
+                continue;
+            }
+            tracing::info!(key, "undoing an interrupted commit");
+            self.restore_upper(&db.snapshots[&key], &committing.layer)?;
+            if let Some(s) = db.snapshots.get_mut(&key) {
+                s.committing = None;
+            }
+            self.store.save_snapshots(&db)?;
+        }
+        let named: std::collections::HashSet<_> = db
+            .snapshots
+            .values()
+            .filter_map(|s| s.container.clone())
+            .collect();
+        for record in self.store.containers()? {
+            if record.id.starts_with(CONTAINER_PREFIX) && !named.contains(&record.id) {
+                tracing::info!(container = %record.id, "removing a container no snapshot names");
+                lamina_mount::delete(&self.store, self.mounter.as_ref(), &record.id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts an interrupted commit's upper back from the layer staging directory, if it
+    /// got that far; a fresh empty one if a clean removed the staging meanwhile.
+    fn restore_upper(&self, snapshot: &SnapshotRecord, layer: &Digest) -> Result<(), StoreError> {
+        let id = snapshot.container.clone().unwrap_or_default();
+        let upper = self.store.container_dirs(&id).upper;
+        if upper.exists() {
+            return Ok(());
+        }
+        let staged = self
+            .store
+            .layout()
+            .tmp()
+            .join(format!("layer-{}", layer.hex()))
+            .join("diff");
+        if staged.exists() {
+            return fs::rename(&staged, &upper).map_err(StoreError::io("restoring", &upper));
+        }
+        tracing::warn!(container = %id, "an interrupted commit's files are gone: its upper starts empty");
+        fs::create_dir(&upper).map_err(StoreError::io("creating", &upper))
+    }
+}
+
+/// The layer a commit makes: the chain ID an unpack extracted (see
+/// [`extraction_target`]; from the commit's labels or the active snapshot's), so image
+/// layers are shared with `lamina create`; else a digest of the name and the time, unique
+/// to this commit.
+fn commit_layer(
+    name: &str,
+    key: &str,
+    labels: &BTreeMap<String, String>,
+    active_labels: &BTreeMap<String, String>,
+) -> Digest {
+    extraction_target(key, labels)
+        .or_else(|| extraction_target(key, active_labels))
+        .unwrap_or_else(|| Digest::of(format!("lamina snapshot {name} {}", now_ns()).as_bytes()))
+}

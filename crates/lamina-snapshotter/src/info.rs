@@ -1,0 +1,128 @@
+//! Read-mostly calls: Stat, Update (labels only, as containerd allows), List and Usage.
+
+use std::collections::BTreeMap;
+
+use lamina_store::{ContainerDirs, SnapshotKind, SnapshotRecord};
+
+use crate::filters::{Fields, Filters};
+use crate::snapshotter::now_ns;
+use crate::{SnapshotError, Snapshotter};
+
+/// A snapshot as containerd sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Info {
+    pub name: String,
+    pub parent: String,
+    pub kind: SnapshotKind,
+    pub labels: BTreeMap<String, String>,
+    pub created_ns: u128,
+    pub updated_ns: u128,
+}
+
+impl Info {
+    fn of(name: &str, record: &SnapshotRecord) -> Info {
+        Info {
+            name: name.to_string(),
+            parent: record.parent.clone().unwrap_or_default(),
+            kind: record.kind,
+            labels: record.labels.clone(),
+            created_ns: record.created_ns,
+            updated_ns: record.updated_ns,
+        }
+    }
+}
+
+impl Fields for Info {
+    fn field(&self, path: &[String]) -> Option<String> {
+        match path {
+            [field] => match field.as_str() {
+                "name" => Some(self.name.clone()),
+                "parent" => Some(self.parent.clone()),
+                "kind" => Some(self.kind.as_str().to_string()),
+                _ => None,
+            },
+            [field, key] if field == "labels" => self.labels.get(key).cloned(),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes and inodes a snapshot holds on disk (for a committed one, its layer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
+impl Snapshotter {
+    pub fn stat(&self, key: &str) -> Result<Info, SnapshotError> {
+        let db = self.store.load_snapshots()?;
+        db.snapshots
+            .get(key)
+            .map(|r| Info::of(key, r))
+            .ok_or_else(|| SnapshotError::NotFound(key.into()))
+    }
+
+    /// Changes labels: `paths` empty or `labels` replaces them all; `labels.<key>` sets
+    /// (or, absent from `info`, deletes) one. Nothing else of a snapshot may change.
+    pub fn update(&self, info: &Info, paths: &[String]) -> Result<Info, SnapshotError> {
+        let _lock = self.store.lock_snapshots()?;
+        let mut db = self.store.load_snapshots()?;
+        let record = db
+            .snapshots
+            .get_mut(&info.name)
+            .ok_or_else(|| SnapshotError::NotFound(info.name.clone()))?;
+        if paths.is_empty() || paths.iter().any(|p| p == "labels") {
+            record.labels = info.labels.clone();
+        }
+        for path in paths.iter().filter(|p| *p != "labels") {
+            let Some(key) = path.strip_prefix("labels.") else {
+                return Err(SnapshotError::InvalidArgument(format!(
+                    "cannot update `{path}` of snapshot `{}`: only labels change",
+                    info.name
+                )));
+            };
+            match info.labels.get(key) {
+                Some(value) => record.labels.insert(key.to_string(), value.clone()),
+                None => record.labels.remove(key),
+            };
+        }
+        record.updated_ns = now_ns();
+        let updated = Info::of(&info.name, record);
+        self.store.save_snapshots(&db)?;
+        Ok(updated)
+    }
+
+    /// Every snapshot that matches any of `filters` (all, without filters), by name.
+    pub fn list(&self, filters: &[String]) -> Result<Vec<Info>, SnapshotError> {
+        let filters = Filters::parse(filters).map_err(SnapshotError::InvalidArgument)?;
+        let db = self.store.load_snapshots()?;
+        Ok(db
+            .snapshots
+            .iter()
+            .map(|(name, record)| Info::of(name, record))
+            .filter(|info| filters.matches(info))
+            .collect())
+    }
+
+    /// What the snapshot holds: an active's upper (what was written), a view's nothing, a
+    /// committed snapshot's layer.
+    pub fn usage(&self, key: &str) -> Result<Usage, SnapshotError> {
+        let db = self.store.load_snapshots()?;
+        let record = db
+            .snapshots
+            .get(key)
+            .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
+        let dir = match (&record.layer, &record.container) {
+            (Some(layer), _) => self.store.layout().layer_diff(layer),
+            (None, Some(_)) if record.kind == SnapshotKind::View => return Ok(Usage::default()),
+            (None, Some(id)) => {
+                let own_upper_fs = self.store.record(id)?.upper_fs.is_some();
+                ContainerDirs::shaped(self.store.layout().container(id), own_upper_fs).upper
+            }
+            (None, None) => return Ok(Usage::default()),
+        };
+        let (bytes, inodes) = lamina_store::disk_usage_and_inodes(&dir)?;
+        Ok(Usage { bytes, inodes })
+    }
+}

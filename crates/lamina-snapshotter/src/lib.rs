@@ -1,0 +1,40 @@
+//! lamina as a containerd proxy snapshotter: containerd's snapshots gRPC service
+//! (`containerd.services.snapshots.v1.Snapshots`) over lamina's store and mount
+//! strategies. See docs/containerd.md for configuration, labels and how each strategy
+//! maps to the mounts containerd receives.
+//!
+//! [`Snapshotter`] holds the semantics and knows nothing of gRPC; [`Service`] adapts it;
+//! [`serve`] puts it on a unix socket.
+
+mod commit;
+mod error;
+mod filters;
+mod info;
+mod serve;
+mod service;
+mod snapshotter;
+
+pub use error::SnapshotError;
+pub use filters::{Fields, Filters};
+pub use info::{Info, Usage};
+pub use serve::{ServeError, connect, serve, serve_until_signalled};
+pub use service::Service;
+pub use snapshotter::{EPHEMERAL_LABEL, MountSpec, REF_LABEL, STRATEGY_LABEL, Snapshotter};
+
+/// Generated from the vendored containerd protos (`proto/`, Apache-2.0, containerd
+/// Authors) by `build.rs`.
+#[allow(missing_debug_implementations, clippy::all)]
+pub mod proto {
+    pub mod containerd {
+        pub mod types {
+            tonic::include_proto!("containerd.types");
+        }
+        pub mod services {
+            pub mod snapshots {
+                pub mod v1 {
+                    tonic::include_proto!("containerd.services.snapshots.v1");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Serving the snapshots service on a unix socket, as containerd's `proxy_plugins` expect,
+//! and a client for the same socket (tests, benchmarks, tools).
+
+use std::future::Future;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::{Channel, Endpoint, Server};
+
+use crate::proto::containerd::services::snapshots::v1::snapshots_client::SnapshotsClient;
+use crate::proto::containerd::services::snapshots::v1::snapshots_server::SnapshotsServer;
+use crate::{Service, Snapshotter};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("socket {}: another process is serving it", .0.display())]
+    InUse(PathBuf),
+    #[error("socket {}: {source}", path.display())]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving {}: {source}", path.display())]
+    Transport {
+        path: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// Serves `snapshotter` on `socket` until `shutdown` completes, then removes the socket.
+/// A stale socket (its server died) is replaced; a live one is refused.
+pub async fn serve(
+    snapshotter: Snapshotter,
+    socket: &Path,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let listener = listen(socket).await?;
+    tracing::info!(socket = %socket.display(), store = %snapshotter.store().root().display(), "serving containerd snapshots");
+    let served = Server::builder()
+        .add_service(SnapshotsServer::new(Service::new(snapshotter)))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await;
+    let _ = std::fs::remove_file(socket);
+    served.map_err(|source| ServeError::Transport {
+        path: socket.to_path_buf(),
+        source,
+    })
+}
+
+async fn listen(socket: &Path) -> Result<UnixListener, ServeError> {
+    let fail = |source| ServeError::Socket {
+        path: socket.to_path_buf(),
+        source,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(socket) {
+        if !meta.file_type().is_socket() {
+            return Err(fail(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a socket",
+            )));
+        }
+        if UnixStream::connect(socket).await.is_ok() {
+            return Err(ServeError::InUse(socket.to_path_buf()));
+        }
+        std::fs::remove_file(socket).map_err(fail)?;
+    }
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    let listener = UnixListener::bind(socket).map_err(fail)?;
+    // Whoever can talk to the snapshotter can make root mount things: root only.
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    Ok(listener)
+}
+
+/// A client of the snapshots service on `socket`.
+pub async fn connect(socket: &Path) -> Result<SnapshotsClient<Channel>, tonic::transport::Error> {
+    let socket = socket.to_path_buf();
+    // The URI is required by the API and ignored: every connection goes to the socket.
+    let channel = Endpoint::from_static("http://[::]:0")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
+        }))
+        .await?;
+    Ok(SnapshotsClient::new(channel))
+}
+
+/// [`serve`] on a runtime of its own until SIGTERM or SIGINT: what `lamina daemon
+/// --containerd-socket` runs.
+pub fn serve_until_signalled(snapshotter: Snapshotter, socket: &Path) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ServeError::Socket {
+            path: socket.to_path_buf(),
+            source,
+        })?;
+    runtime.block_on(serve(snapshotter, socket, async {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("signalled: stopping");
+    }))
+}

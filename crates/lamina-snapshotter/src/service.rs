@@ -1,0 +1,234 @@
+//! containerd's `Snapshots` gRPC service over [`Snapshotter`]. Each call runs on tokio's
+//! blocking pool: the work is file system and mount syscalls, and the store's snapshot
+//! lock serialises what must be serial.
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+
+use prost_types::Timestamp;
+use tonic::{Request, Response, Status};
+
+use crate::proto::containerd::services::snapshots::v1 as api;
+use crate::proto::containerd::services::snapshots::v1::snapshots_server::Snapshots;
+use crate::proto::containerd::types::Mount;
+use crate::{Info, MountSpec, SnapshotError, Snapshotter};
+use lamina_store::SnapshotKind;
+
+/// How many snapshots one `List` response message carries.
+const LIST_CHUNK: usize = 100;
+
+/// The gRPC face of a [`Snapshotter`].
+#[derive(Debug, Clone)]
+pub struct Service {
+    snapshotter: Snapshotter,
+}
+
+impl Service {
+    pub fn new(snapshotter: Snapshotter) -> Self {
+        Service { snapshotter }
+    }
+
+    async fn run<T, F>(&self, call: &'static str, work: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Snapshotter) -> Result<T, SnapshotError> + Send + 'static,
+    {
+        let snapshotter = self.snapshotter.clone();
+        let result = tokio::task::spawn_blocking(move || work(&snapshotter))
+            .await
+            .map_err(|e| Status::internal(format!("{call}: {e}")))?;
+        result.map_err(|e| {
+            match &e {
+                SnapshotError::NotFound(_) | SnapshotError::AlreadyExists(_) => {
+                    tracing::debug!(call, error = %e, "snapshot call answered")
+                }
+                _ => tracing::warn!(call, error = %e, "snapshot call failed"),
+            }
+            Status::from(e)
+        })
+    }
+}
+
+fn labels(map: HashMap<String, String>) -> BTreeMap<String, String> {
+    map.into_iter().collect()
+}
+
+fn mounts(specs: Vec<MountSpec>) -> Vec<Mount> {
+    specs
+        .into_iter()
+        .map(|m| Mount {
+            r#type: m.kind,
+            source: m.source,
+            target: String::new(),
+            options: m.options,
+        })
+        .collect()
+}
+
+fn timestamp(ns: u128) -> Option<Timestamp> {
+    Some(Timestamp {
+        seconds: (ns / 1_000_000_000) as i64,
+        nanos: (ns % 1_000_000_000) as i32,
+    })
+}
+
+fn to_api(info: Info) -> api::Info {
+    api::Info {
+        name: info.name,
+        parent: info.parent,
+        kind: match info.kind {
+            SnapshotKind::View => api::Kind::View,
+            SnapshotKind::Active => api::Kind::Active,
+            SnapshotKind::Committed => api::Kind::Committed,
+        } as i32,
+        created_at: timestamp(info.created_ns),
+        updated_at: timestamp(info.updated_ns),
+        labels: info.labels.into_iter().collect(),
+    }
+}
+
+fn from_api(info: api::Info) -> Info {
+    Info {
+        name: info.name,
+        parent: info.parent,
+        kind: match api::Kind::try_from(info.kind) {
+            Ok(api::Kind::View) => SnapshotKind::View,
+            Ok(api::Kind::Committed) => SnapshotKind::Committed,
+            _ => SnapshotKind::Active,
+        },
+        labels: labels(info.labels),
+        created_ns: 0,
+        updated_ns: 0,
+    }
+}
+
+type ListStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<api::ListSnapshotsResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Snapshots for Service {
+    async fn prepare(
+        &self,
+        request: Request<api::PrepareSnapshotRequest>,
+    ) -> Result<Response<api::PrepareSnapshotResponse>, Status> {
+        let r = request.into_inner();
+        let specs = self
+            .run("prepare", move |s| {
+                s.prepare(&r.key, &r.parent, labels(r.labels))
+            })
+            .await?;
+        Ok(Response::new(api::PrepareSnapshotResponse {
+            mounts: mounts(specs),
+        }))
+    }
+
+    async fn view(
+        &self,
+        request: Request<api::ViewSnapshotRequest>,
+    ) -> Result<Response<api::ViewSnapshotResponse>, Status> {
+        let r = request.into_inner();
+        let specs = self
+            .run("view", move |s| s.view(&r.key, &r.parent, labels(r.labels)))
+            .await?;
+        Ok(Response::new(api::ViewSnapshotResponse {
+            mounts: mounts(specs),
+        }))
+    }
+
+    async fn mounts(
+        &self,
+        request: Request<api::MountsRequest>,
+    ) -> Result<Response<api::MountsResponse>, Status> {
+        let key = request.into_inner().key;
+        let specs = self.run("mounts", move |s| s.mounts(&key)).await?;
+        Ok(Response::new(api::MountsResponse {
+            mounts: mounts(specs),
+        }))
+    }
+
+    async fn commit(
+        &self,
+        request: Request<api::CommitSnapshotRequest>,
+    ) -> Result<Response<()>, Status> {
+        let r = request.into_inner();
+        self.run("commit", move |s| {
+            s.commit(&r.name, &r.key, labels(r.labels))
+        })
+        .await?;
+        Ok(Response::new(()))
+    }
+
+    async fn remove(
+        &self,
+        request: Request<api::RemoveSnapshotRequest>,
+    ) -> Result<Response<()>, Status> {
+        let key = request.into_inner().key;
+        self.run("remove", move |s| s.remove(&key)).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn stat(
+        &self,
+        request: Request<api::StatSnapshotRequest>,
+    ) -> Result<Response<api::StatSnapshotResponse>, Status> {
+        let key = request.into_inner().key;
+        let info = self.run("stat", move |s| s.stat(&key)).await?;
+        Ok(Response::new(api::StatSnapshotResponse {
+            info: Some(to_api(info)),
+        }))
+    }
+
+    async fn update(
+        &self,
+        request: Request<api::UpdateSnapshotRequest>,
+    ) -> Result<Response<api::UpdateSnapshotResponse>, Status> {
+        let r = request.into_inner();
+        let info = r
+            .info
+            .ok_or_else(|| Status::invalid_argument("update: no snapshot info given"))?;
+        let paths = r.update_mask.map(|m| m.paths).unwrap_or_default();
+        let info = self
+            .run("update", move |s| s.update(&from_api(info), &paths))
+            .await?;
+        Ok(Response::new(api::UpdateSnapshotResponse {
+            info: Some(to_api(info)),
+        }))
+    }
+
+    type ListStream = ListStream;
+
+    async fn list(
+        &self,
+        request: Request<api::ListSnapshotsRequest>,
+    ) -> Result<Response<Self::ListStream>, Status> {
+        let filters = request.into_inner().filters;
+        let infos = self.run("list", move |s| s.list(&filters)).await?;
+        let mut chunks = Vec::new();
+        let mut infos = infos.into_iter().map(to_api).peekable();
+        while infos.peek().is_some() {
+            let info = infos.by_ref().take(LIST_CHUNK).collect();
+            chunks.push(Ok(api::ListSnapshotsResponse { info }));
+        }
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+    }
+
+    async fn usage(
+        &self,
+        request: Request<api::UsageRequest>,
+    ) -> Result<Response<api::UsageResponse>, Status> {
+        let key = request.into_inner().key;
+        let usage = self.run("usage", move |s| s.usage(&key)).await?;
+        Ok(Response::new(api::UsageResponse {
+            size: i64::try_from(usage.bytes).unwrap_or(i64::MAX),
+            inodes: i64::try_from(usage.inodes).unwrap_or(i64::MAX),
+        }))
+    }
+
+    async fn cleanup(
+        &self,
+        _request: Request<api::CleanupRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.run("cleanup", |s| s.cleanup().map(|_| ())).await?;
+        Ok(Response::new(()))
+    }
+}

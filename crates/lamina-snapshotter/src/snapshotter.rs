@@ -1,0 +1,364 @@
+//! The snapshotter itself, synchronous and independent of gRPC: containerd's snapshot
+//! model mapped onto lamina's store.
+//!
+//! - A **committed** snapshot is a store layer. Committed from an image unpack it is named
+//!   by its chain ID (the `containerd.io/snapshot.ref` label), exactly as `lamina create`
+//!   names the layer, so the two share layers; otherwise by a digest lamina makes up.
+//! - An **active** snapshot or a **view** is a container under `images/snap-<n>`, made by
+//!   the same `create` as Garden's containers, so every mount strategy applies. lamina
+//!   mounts it and answers with a bind of the mounted rootfs — except an unpack's
+//!   extraction snapshot, which gets a plain overlay (or, without a parent, a bind of its
+//!   empty upper) for containerd to write the layer into, and commit.
+//!
+//! Every call takes the store's snapshot lock, so calls are serial across threads and
+//! processes, and each change to the metadata is one atomic file replace.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lamina_image::Digest;
+use lamina_mount::{CreateOptions, Layers, StoredLayers, Strategies};
+use lamina_store::{ContainerRecord, SnapshotDb, SnapshotKind, SnapshotRecord, Store};
+use lamina_sys::Mounter;
+
+use crate::SnapshotError;
+
+/// Picks the strategy of one snapshot (`auto`, `shared-ro`, `pooled,volatile`, …).
+pub const STRATEGY_LABEL: &str = "containerd.io/snapshot/lamina.strategy";
+/// `true` marks a container whose writes need not survive a crash: volatile upper.
+pub const EPHEMERAL_LABEL: &str = "containerd.io/snapshot/lamina.ephemeral";
+/// The chain ID an unpack is about to extract.
+pub const REF_LABEL: &str = "containerd.io/snapshot.ref";
+
+/// Prefix of the container IDs of snapshots.
+pub(crate) const CONTAINER_PREFIX: &str = "snap-";
+
+/// One mount, as containerd's `types.Mount` carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountSpec {
+    pub kind: String,
+    pub source: String,
+    pub options: Vec<String>,
+}
+
+/// containerd's snapshots service over one lamina store.
+#[derive(Debug, Clone)]
+pub struct Snapshotter {
+    pub(crate) store: Store,
+    pub(crate) mounter: Arc<dyn Mounter>,
+    /// For snapshots without a strategy label (not unpacks: those are always classic).
+    pub(crate) default_strategies: Strategies,
+}
+
+impl Snapshotter {
+    /// Opens the snapshotter on `store`, finishing or undoing whatever a crash left.
+    pub fn open(
+        store: Store,
+        mounter: Arc<dyn Mounter>,
+        default_strategies: Strategies,
+    ) -> Result<Self, SnapshotError> {
+        if store.properties().mapped() {
+            return Err(SnapshotError::FailedPrecondition(format!(
+                "store {} maps uids and gids; containerd writes and mounts snapshots unmapped, so the snapshotter needs a store without --uid-mapping/--gid-mapping",
+                store.root().display()
+            )));
+        }
+        let snapshotter = Snapshotter {
+            store,
+            mounter,
+            default_strategies,
+        };
+        snapshotter.recover()?;
+        Ok(snapshotter)
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn prepare(
+        &self,
+        key: &str,
+        parent: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Vec<MountSpec>, SnapshotError> {
+        self.create_snapshot(SnapshotKind::Active, key, parent, labels)
+    }
+
+    pub fn view(
+        &self,
+        key: &str,
+        parent: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Vec<MountSpec>, SnapshotError> {
+        self.create_snapshot(SnapshotKind::View, key, parent, labels)
+    }
+
+    fn create_snapshot(
+        &self,
+        kind: SnapshotKind,
+        key: &str,
+        parent: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Vec<MountSpec>, SnapshotError> {
+        if key.is_empty() {
+            return Err(SnapshotError::InvalidArgument(
+                "a snapshot key must not be empty".into(),
+            ));
+        }
+        let _lock = self.store.lock_snapshots()?;
+        // Held until the metadata names the layers: collection never takes them meanwhile.
+        let _layers_in_use = self.store.use_layers()?;
+        let mut db = self.store.load_snapshots()?;
+        if db.snapshots.contains_key(key) {
+            return Err(SnapshotError::AlreadyExists(key.into()));
+        }
+        let parent = (!parent.is_empty()).then(|| parent.to_string());
+        let chain = match &parent {
+            Some(p) => layer_chain(&db, p)?,
+            None => Vec::new(),
+        };
+        let extraction = kind == SnapshotKind::Active && extraction_target(key, &labels).is_some();
+        if extraction
+            && labels.contains_key(REF_LABEL)
+            && self.reuse_layer(&mut db, key, parent.as_deref(), &chain, &labels)?
+        {
+            return Err(SnapshotError::AlreadyExists(labels[REF_LABEL].clone()));
+        }
+
+        let id = format!("{CONTAINER_PREFIX}{}", db.next_id);
+        db.next_id += 1;
+        let read_only = kind == SnapshotKind::View;
+        if chain.is_empty() {
+            self.create_empty(&id, key, read_only)?;
+        } else {
+            let options = CreateOptions {
+                // An extraction is written by containerd straight into its upper dir.
+                without_mount: extraction,
+                strategies: self.strategies_for(extraction, &labels)?,
+                read_only,
+                ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
+                ..CreateOptions::default()
+            };
+            let stored = StoredLayers {
+                source: format!("containerd snapshot {key}"),
+                chain_ids: chain,
+            };
+            lamina_mount::create_from(
+                &self.store,
+                self.mounter.as_ref(),
+                Layers::Stored(&stored),
+                &id,
+                &options,
+            )?;
+        }
+        let now = now_ns();
+        db.snapshots.insert(
+            key.to_string(),
+            SnapshotRecord {
+                kind,
+                parent,
+                labels,
+                created_ns: now,
+                updated_ns: now,
+                layer: None,
+                container: Some(id.clone()),
+                committing: None,
+            },
+        );
+        if let Err(e) = self.store.save_snapshots(&db) {
+            let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
+            return Err(e.into());
+        }
+        tracing::info!(key, container = %id, kind = kind.as_str(), "prepared snapshot");
+        self.mounts_of(&id)
+    }
+
+    /// An unpack about to extract a layer the store already has (imported by `lamina
+    /// create`, or committed under another containerd namespace): record a committed
+    /// snapshot for it, so containerd skips the download. True if there is one now.
+    fn reuse_layer(
+        &self,
+        db: &mut SnapshotDb,
+        key: &str,
+        parent: Option<&str>,
+        chain: &[Digest],
+        labels: &BTreeMap<String, String>,
+    ) -> Result<bool, SnapshotError> {
+        let target = &labels[REF_LABEL];
+        let Ok(layer) = Digest::parse(target) else {
+            return Ok(false);
+        };
+        let committed = db.snapshots.values().any(|s| {
+            s.kind == SnapshotKind::Committed
+                && s.parent.as_deref() == parent
+                && s.labels.get(REF_LABEL) == Some(target)
+        });
+        if committed {
+            return Ok(true);
+        }
+        if !self.store.has_layer(&layer) || !continues_chain(&self.store, chain, &layer)? {
+            return Ok(false);
+        }
+        let now = now_ns();
+        db.snapshots.insert(
+            key.to_string(),
+            SnapshotRecord {
+                kind: SnapshotKind::Committed,
+                parent: parent.map(str::to_string),
+                labels: labels.clone(),
+                created_ns: now,
+                updated_ns: now,
+                layer: Some(layer),
+                container: None,
+                committing: None,
+            },
+        );
+        self.store.save_snapshots(db)?;
+        tracing::info!(key, layer = %target, "layer already in the store: snapshot committed without a download");
+        Ok(true)
+    }
+
+    fn strategies_for(
+        &self,
+        extraction: bool,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Strategies, SnapshotError> {
+        if extraction {
+            return Ok(Strategies::CLASSIC);
+        }
+        match labels.get(STRATEGY_LABEL) {
+            Some(list) => Strategies::parse(list)
+                .map_err(|why| SnapshotError::InvalidArgument(format!("{STRATEGY_LABEL}: {why}"))),
+            None => Ok(self.default_strategies),
+        }
+    }
+
+    /// A snapshot with no parent: an empty directory, bound (read-write for an active).
+    fn create_empty(&self, id: &str, key: &str, read_only: bool) -> Result<(), SnapshotError> {
+        let claim = self.store.create_container_dirs(id)?;
+        let record = ContainerRecord {
+            id: id.to_string(),
+            image: format!("containerd snapshot {key}"),
+            image_id: Digest::of(&[]),
+            layers: Vec::new(),
+            env: Vec::new(),
+            strategy: Strategies::CLASSIC.to_string(),
+            mounted: false,
+            mount_options: vec!["rbind".into(), if read_only { "ro" } else { "rw" }.into()],
+            created_unix: (now_ns() / 1_000_000_000) as u64,
+            read_only,
+            bind_source: None,
+            lease: None,
+            upper_fs: None,
+            disk_limit: None,
+        };
+        if let Err(e) = self.store.write_record(&record) {
+            let _ = self.store.remove_container_dirs(id);
+            return Err(e.into());
+        }
+        drop(claim);
+        Ok(())
+    }
+
+    pub fn mounts(&self, key: &str) -> Result<Vec<MountSpec>, SnapshotError> {
+        let db = self.store.load_snapshots()?;
+        let snapshot = db
+            .snapshots
+            .get(key)
+            .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
+        match &snapshot.container {
+            Some(id) => self.mounts_of(id),
+            None => Err(SnapshotError::FailedPrecondition(format!(
+                "snapshot `{key}` is committed: only active snapshots and views have mounts"
+            ))),
+        }
+    }
+
+    /// What containerd mounts for the snapshot whose container is `id`.
+    pub(crate) fn mounts_of(&self, id: &str) -> Result<Vec<MountSpec>, SnapshotError> {
+        let record = self.store.record(id)?;
+        let access = if record.read_only { "ro" } else { "rw" };
+        let dirs = self.store.container_dirs(id);
+        let bind = |path: &std::path::Path| MountSpec {
+            kind: "bind".into(),
+            source: path.display().to_string(),
+            options: vec!["rbind".into(), access.into()],
+        };
+        Ok(vec![if record.mounted {
+            bind(&dirs.rootfs)
+        } else if record.layers.is_empty() {
+            bind(&dirs.upper)
+        } else {
+            MountSpec {
+                kind: "overlay".into(),
+                source: "overlay".into(),
+                options: record.mount_options,
+            }
+        }])
+    }
+}
+
+/// The chain ID an image unpack extracts into snapshot `key`: its
+/// `containerd.io/snapshot.ref` label (containerd's pull), or the chain ID at the end of
+/// containerd's unpack key, `extract-<unique> <chain ID>` (`ctr images import`).
+pub(crate) fn extraction_target(key: &str, labels: &BTreeMap<String, String>) -> Option<Digest> {
+    if let Some(target) = labels.get(REF_LABEL) {
+        return Digest::parse(target).ok();
+    }
+    let last = key.rsplit('/').next().unwrap_or(key);
+    let (unique, chain_id) = last.split_once(' ')?;
+    unique
+        .starts_with("extract-")
+        .then(|| Digest::parse(chain_id).ok())
+        .flatten()
+}
+
+/// Layers of committed snapshot `key` and its ancestors, bottom-most first.
+pub(crate) fn layer_chain(db: &SnapshotDb, key: &str) -> Result<Vec<Digest>, SnapshotError> {
+    let mut chain = Vec::new();
+    let mut next = Some(key.to_string());
+    while let Some(key) = next {
+        let snapshot = db
+            .snapshots
+            .get(&key)
+            .ok_or_else(|| SnapshotError::NotFound(format!("{key} (parent)")))?;
+        let Some(layer) = &snapshot.layer else {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "parent `{key}` is not a committed snapshot"
+            )));
+        };
+        chain.push(layer.clone());
+        next = snapshot.parent.clone();
+        if chain.len() > db.snapshots.len() {
+            return Err(SnapshotError::FailedPrecondition(format!(
+                "snapshot `{key}`: its parents form a loop"
+            )));
+        }
+    }
+    chain.reverse();
+    Ok(chain)
+}
+
+/// Whether `layer` (an imported layer, whose record knows its diff ID) sits on top of
+/// `chain`: its chain ID must be the one `chain` plus its diff ID make. Layers a commit
+/// made have no diff ID; their chain ID came from containerd, which computed it the same
+/// way, so they are taken as they are.
+fn continues_chain(store: &Store, chain: &[Digest], layer: &Digest) -> Result<bool, SnapshotError> {
+    let Some(diff_id) = store.layer_record(layer)?.diff_id else {
+        return Ok(true);
+    };
+    let expected = match chain.last() {
+        None => diff_id,
+        Some(parent) => Digest::of(format!("{parent} {diff_id}").as_bytes()),
+    };
+    Ok(&expected == layer)
+}
+
+pub(crate) fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
