@@ -6,6 +6,7 @@ pub mod lamina;
 pub mod proof;
 pub mod runc;
 pub mod scratch;
+pub mod snapshotter;
 
 pub use lamina::{Lamina, Output};
 pub use runc::Bundle;

@@ -11,6 +11,7 @@ use std::fs;
 use lamina_image::Digest;
 use lamina_store::{Committing, SnapshotDb, SnapshotKind, SnapshotRecord, StoreError};
 
+use crate::complete::complete_metacopies;
 use crate::snapshotter::{CONTAINER_PREFIX, extraction_target, now_ns};
 use crate::{SnapshotError, Snapshotter};
 
@@ -44,16 +45,6 @@ impl Snapshotter {
         }
         let id = active.container.clone().unwrap_or_default();
         let record = self.store.record(&id)?;
-        if let Some(option) = record
-            .mount_options
-            .iter()
-            .find(|o| o.starts_with("metacopy=on"))
-        {
-            return Err(SnapshotError::FailedPrecondition(format!(
-                "snapshot `{key}` was mounted with {option} (strategy {}): its upper holds metadata-only copies, which are not a layer; prepare snapshots you will commit with label containerd.io/snapshot/lamina.strategy=classic",
-                record.strategy
-            )));
-        }
         if record.upper_fs.is_some() {
             return Err(SnapshotError::FailedPrecondition(format!(
                 "snapshot `{key}` has its upper on a filesystem of its own (strategy {}), which a commit cannot move into the store; prepare snapshots you will commit with label containerd.io/snapshot/lamina.strategy=classic",
@@ -87,8 +78,19 @@ impl Snapshotter {
             self.mounter
                 .unmount(&dirs.rootfs)
                 .map_err(lamina_mount::RootfsError::Mount)?;
+            let record = self.store.record(&id)?;
+            if record.mount_options.iter().any(|o| o == "metacopy=on") {
+                let lowers = lamina_mount::plan::lowers(&self.store, &record.layers);
+                let filled = complete_metacopies(&dirs.upper, &lowers).map_err(|e| {
+                    SnapshotError::FailedPrecondition(format!(
+                        "snapshot `{key}`: completing metadata-only copy-ups: {e}"
+                    ))
+                })?;
+                tracing::debug!(key, filled, "filled metadata-only copy-ups");
+            }
             self.store
                 .publish_layer_dir(&committing.layer, &dirs.upper)?;
+            self.store.pause_point("commit-published");
         }
         db.snapshots.remove(key);
         let now = now_ns();

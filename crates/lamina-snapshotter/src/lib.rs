@@ -7,6 +7,7 @@
 //! [`serve`] puts it on a unix socket.
 
 mod commit;
+mod complete;
 mod error;
 mod filters;
 mod info;

@@ -1,0 +1,298 @@
+//! The snapshotter as containerd meets it: a `lamina daemon --containerd-socket` process,
+//! a blocking client of its gRPC API, and mounts of what it answers, made with mount(8)
+//! as containerd's shim makes them, unmounted on drop.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use lamina_snapshotter::proto::containerd::services::snapshots::v1 as api;
+use lamina_snapshotter::proto::containerd::services::snapshots::v1::snapshots_client::SnapshotsClient;
+use lamina_snapshotter::proto::containerd::types::Mount;
+use tonic::Status;
+use tonic::transport::Channel;
+
+use crate::lamina::binary;
+
+/// A running `lamina daemon --containerd-socket`, stopped (SIGTERM) on drop.
+#[derive(Debug)]
+pub struct Daemon {
+    pub store: PathBuf,
+    pub socket: PathBuf,
+    args: Vec<String>,
+    /// `LAMINA_PAUSE_AT` for the next start only.
+    pause_at: Option<String>,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// Starts the daemon on `store` (made if missing), serving `socket`, with `extra`
+    /// daemon flags; returns once the socket answers.
+    pub fn start(store: &Path, socket: &Path, extra: &[&str]) -> Daemon {
+        let mut daemon = Daemon {
+            store: store.to_path_buf(),
+            socket: socket.to_path_buf(),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            pause_at: None,
+            child: None,
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    /// [`Daemon::start`], with the daemon stopping for good at fault point `point`
+    /// (`LAMINA_PAUSE_AT`), until [`Daemon::crash_and_restart`].
+    pub fn start_paused_at(store: &Path, socket: &Path, point: &str) -> Daemon {
+        let mut daemon = Daemon {
+            store: store.to_path_buf(),
+            socket: socket.to_path_buf(),
+            args: Vec::new(),
+            pause_at: Some(point.to_string()),
+            child: None,
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.store.with_extension("daemon.log"))
+            .expect("log");
+        let mut command = Command::new(binary());
+        if let Some(point) = self.pause_at.take() {
+            command.env("LAMINA_PAUSE_AT", point);
+        }
+        let child = command
+            .arg("--store")
+            .arg(&self.store)
+            .args(["daemon", "--containerd-socket"])
+            .arg(&self.socket)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting lamina daemon");
+        self.child = Some(child);
+        crate::wait_until("the snapshotter's socket", || {
+            std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+        });
+    }
+
+    /// Kills the daemon (SIGKILL: no chance to tidy up) and starts it again.
+    pub fn crash_and_restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.spawn();
+    }
+
+    /// The daemon's log so far (stderr), for assertion messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.store.with_extension("daemon.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A blocking client of the snapshots API.
+#[derive(Debug)]
+pub struct Api {
+    runtime: tokio::runtime::Runtime,
+    client: SnapshotsClient<Channel>,
+}
+
+pub type Labels = HashMap<String, String>;
+
+/// Labels from pairs.
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+impl Api {
+    pub fn connect(socket: &Path) -> Api {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let client = runtime
+            .block_on(lamina_snapshotter::connect(socket))
+            .expect("connecting to the snapshotter");
+        Api { runtime, client }
+    }
+
+    pub fn prepare(&self, key: &str, parent: &str, labels: Labels) -> Result<Vec<Mount>, Status> {
+        let request = api::PrepareSnapshotRequest {
+            snapshotter: "lamina".into(),
+            key: key.into(),
+            parent: parent.into(),
+            labels,
+        };
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.prepare(request))
+            .map(|r| r.into_inner().mounts)
+    }
+
+    pub fn view(&self, key: &str, parent: &str) -> Result<Vec<Mount>, Status> {
+        let request = api::ViewSnapshotRequest {
+            snapshotter: "lamina".into(),
+            key: key.into(),
+            parent: parent.into(),
+            labels: Labels::new(),
+        };
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.view(request))
+            .map(|r| r.into_inner().mounts)
+    }
+
+    pub fn mounts(&self, key: &str) -> Result<Vec<Mount>, Status> {
+        let request = api::MountsRequest {
+            snapshotter: "lamina".into(),
+            key: key.into(),
+        };
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.mounts(request))
+            .map(|r| r.into_inner().mounts)
+    }
+
+    pub fn commit(&self, name: &str, key: &str, labels: Labels) -> Result<(), Status> {
+        let request = api::CommitSnapshotRequest {
+            snapshotter: "lamina".into(),
+            name: name.into(),
+            key: key.into(),
+            labels,
+        };
+        let mut client = self.client.clone();
+        self.runtime.block_on(client.commit(request)).map(|_| ())
+    }
+
+    pub fn remove(&self, key: &str) -> Result<(), Status> {
+        let request = api::RemoveSnapshotRequest {
+            snapshotter: "lamina".into(),
+            key: key.into(),
+        };
+        let mut client = self.client.clone();
+        self.runtime.block_on(client.remove(request)).map(|_| ())
+    }
+
+    pub fn stat(&self, key: &str) -> Result<api::Info, Status> {
+        let request = api::StatSnapshotRequest {
+            snapshotter: "lamina".into(),
+            key: key.into(),
+        };
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.stat(request))
+            .map(|r| r.into_inner().info.expect("stat answers info"))
+    }
+
+    pub fn update(&self, info: api::Info, paths: &[&str]) -> Result<api::Info, Status> {
+        let request = api::UpdateSnapshotRequest {
+            snapshotter: "lamina".into(),
+            info: Some(info),
+            update_mask: Some(prost_types::FieldMask {
+                paths: paths.iter().map(|p| p.to_string()).collect(),
+            }),
+        };
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.update(request))
+            .map(|r| r.into_inner().info.expect("update answers info"))
+    }
+
+    /// Names of the snapshots `filters` select, sorted.
+    pub fn list(&self, filters: &[&str]) -> Result<Vec<String>, Status> {
+        let request = api::ListSnapshotsRequest {
+            snapshotter: "lamina".into(),
+            filters: filters.iter().map(|f| f.to_string()).collect(),
+        };
+        let mut client = self.client.clone();
+        self.runtime.block_on(async {
+            let mut stream = client.list(request).await?.into_inner();
+            let mut names = Vec::new();
+            while let Some(chunk) = stream.message().await? {
+                names.extend(chunk.info.into_iter().map(|i| i.name));
+            }
+            names.sort();
+            Ok(names)
+        })
+    }
+
+    /// (bytes, inodes)
+    pub fn usage(&self, key: &str) -> Result<(i64, i64), Status> {
+        let request = api::UsageRequest {
+            snapshotter: "lamina".into(),
+            key: key.into(),
+        };
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.usage(request))
+            .map(|r| r.into_inner())
+            .map(|u| (u.size, u.inodes))
+    }
+
+    pub fn cleanup(&self) -> Result<(), Status> {
+        let request = api::CleanupRequest {
+            snapshotter: "lamina".into(),
+        };
+        let mut client = self.client.clone();
+        self.runtime.block_on(client.cleanup(request)).map(|_| ())
+    }
+}
+
+/// Snapshot mounts mounted on a fresh directory, as containerd's shim mounts them;
+/// unmounted (and the directory removed) on drop.
+#[derive(Debug)]
+pub struct Mounted {
+    dir: tempfile::TempDir,
+}
+
+impl Mounted {
+    pub fn new(mounts: &[Mount]) -> Mounted {
+        let dir = tempfile::Builder::new()
+            .prefix("lamina-snapshot-")
+            .tempdir()
+            .expect("temp dir");
+        assert_eq!(mounts.len(), 1, "lamina answers one mount: {mounts:?}");
+        let m = &mounts[0];
+        let mut command = Command::new("mount");
+        if m.r#type == "bind" {
+            command.args(["-o", &m.options.join(",")]);
+        } else {
+            command.args(["-t", &m.r#type, "-o", &m.options.join(",")]);
+        }
+        let status = command
+            .arg(&m.source)
+            .arg(dir.path())
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "mounting {m:?} failed");
+        Mounted { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}

@@ -1,0 +1,493 @@
+//! containerd's snapshotter testsuite (`snapshots/testsuite`), the cases that apply,
+//! ported to lamina's gRPC API: a real `lamina daemon --containerd-socket` on a
+//! loop-backed ext4 store, its answers mounted with mount(8) as containerd's shim mounts
+//! them, files written and read back through those mounts.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use lamina_integration::proof::{EXPECTED as MERGED, SCRIPT as PROOF};
+use lamina_integration::scratch::mounts_under;
+use lamina_integration::snapshotter::{Api, Daemon, Labels, Mounted, labels};
+use lamina_integration::{Bundle, Lamina, ScratchFs, require_root, sample_image, wait_until};
+use lamina_snapshotter::proto::containerd::services::snapshots::v1::Kind;
+use tonic::Code;
+
+/// Fields drop in order: client, then daemon, then the filesystem (and every mount on it).
+struct Fixture {
+    api: Api,
+    daemon: Daemon,
+    fs: ScratchFs,
+}
+
+fn fixture() -> Fixture {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let daemon = Daemon::start(
+        &fs.path().join("store"),
+        &fs.path().join("lamina.sock"),
+        &[],
+    );
+    Fixture {
+        api: Api::connect(&daemon.socket),
+        daemon,
+        fs,
+    }
+}
+
+fn none() -> Labels {
+    Labels::new()
+}
+
+fn classic() -> Labels {
+    labels(&[("containerd.io/snapshot/lamina.strategy", "classic")])
+}
+
+/// Prepares `key` on `parent`, lets `write` change its files through a real mount, and
+/// commits it as `name`.
+fn commit_with(api: &Api, name: &str, key: &str, parent: &str, write: impl FnOnce(&Path)) {
+    let mounts = api.prepare(key, parent, none()).expect("prepare");
+    {
+        let mounted = Mounted::new(&mounts);
+        write(mounted.path());
+    }
+    api.commit(name, key, none()).expect("commit");
+}
+
+/// Every regular file beneath `dir`.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in fs::read_dir(&d).unwrap().flatten() {
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if kind.is_file() {
+                files.push(entry.path());
+            }
+        }
+    }
+    files
+}
+
+fn read(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn prepare_commit_chains_carry_files_whiteouts_and_copy_ups() {
+    let f = fixture();
+    commit_with(&f.api, "c1", "p1", "", |root| {
+        fs::write(root.join("foo"), "one").unwrap();
+        fs::write(root.join("bar"), "doomed").unwrap();
+        fs::create_dir(root.join("dir")).unwrap();
+        fs::write(root.join("dir/kept"), "kept").unwrap();
+    });
+    commit_with(&f.api, "c2", "p2", "c1", |root| {
+        assert_eq!(read(&root.join("foo")), "one", "a child sees its parent");
+        fs::write(root.join("foo"), "two").unwrap();
+        fs::remove_file(root.join("bar")).unwrap();
+        fs::write(root.join("baz"), "new").unwrap();
+    });
+    // Under the default strategy (auto: metacopy, which this kernel passes) a chown
+    // copies up metadata only; the commit must still make a complete layer of it.
+    let mounts = f.api.prepare("p3", "c2", none()).unwrap();
+    let rootfs = Path::new(&mounts[0].source);
+    let record = read(&rootfs.parent().unwrap().join("container.json"));
+    assert!(record.contains("metacopy=on"), "{record}");
+    {
+        let mounted = Mounted::new(&mounts);
+        let kept = mounted.path().join("dir/kept");
+        rustix::fs::chown(&kept, Some(rustix::fs::Uid::from_raw(1234)), None).unwrap();
+    }
+    f.api.commit("c3", "p3", none()).unwrap();
+    let chowned: Vec<_> = files_under(&f.daemon.store.join("layers"))
+        .into_iter()
+        .filter(|p| p.ends_with("diff/dir/kept") && fs::metadata(p).unwrap().uid() == 1234)
+        .collect();
+    assert_eq!(chowned.len(), 1, "c3's layer holds the chowned file");
+    assert_eq!(
+        read(&chowned[0]),
+        "kept",
+        "with its data, not a metadata-only copy"
+    );
+    for file in files_under(&f.daemon.store.join("layers")) {
+        let marker = rustix::fs::lgetxattr(&file, "trusted.overlay.metacopy", &mut [0u8; 0][..]);
+        assert!(marker.is_err(), "{} is still metadata-only", file.display());
+    }
+
+    let view = f.api.view("v", "c3").expect("view");
+    let mounted = Mounted::new(&view);
+    let root = mounted.path();
+    assert_eq!(read(&root.join("foo")), "two");
+    assert!(!root.join("bar").exists(), "deleted in c2: whited out");
+    assert_eq!(read(&root.join("baz")), "new");
+    assert_eq!(
+        read(&root.join("dir/kept")),
+        "kept",
+        "chowned file keeps its data"
+    );
+    assert_eq!(fs::metadata(root.join("dir/kept")).unwrap().uid(), 1234);
+    drop(mounted);
+
+    for (key, kind, parent) in [
+        ("c1", Kind::Committed, ""),
+        ("c2", Kind::Committed, "c1"),
+        ("c3", Kind::Committed, "c2"),
+        ("v", Kind::View, "c3"),
+    ] {
+        let info = f.api.stat(key).expect("stat");
+        assert_eq!(
+            (info.kind, info.parent.as_str()),
+            (kind as i32, parent),
+            "{key}"
+        );
+    }
+    for key in ["p1", "p2", "p3"] {
+        assert_eq!(
+            f.api.stat(key).unwrap_err().code(),
+            Code::NotFound,
+            "{key} was committed"
+        );
+    }
+}
+
+#[test]
+fn views_are_read_only_and_keys_are_unique() {
+    let f = fixture();
+    commit_with(&f.api, "base", "p", "", |root| {
+        fs::write(root.join("file"), "x").unwrap()
+    });
+    let view = f.api.view("view", "base").expect("view");
+    let mounted = Mounted::new(&view);
+    let err = fs::write(mounted.path().join("new"), "y").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc_erofs()), "{err}");
+    assert_eq!(read(&mounted.path().join("file")), "x");
+    drop(mounted);
+
+    assert_eq!(
+        f.api.view("view", "base").unwrap_err().code(),
+        Code::AlreadyExists
+    );
+    assert_eq!(
+        f.api.prepare("view", "base", none()).unwrap_err().code(),
+        Code::AlreadyExists
+    );
+    assert_eq!(
+        f.api.prepare("x", "missing", none()).unwrap_err().code(),
+        Code::NotFound
+    );
+    f.api.prepare("active", "base", none()).unwrap();
+    let err = f.api.prepare("on-active", "active", none()).unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    let err = f.api.commit("c", "view", none()).unwrap_err();
+    assert_eq!(
+        err.code(),
+        Code::FailedPrecondition,
+        "a view cannot be committed: {err}"
+    );
+    assert_eq!(
+        f.api.commit("base", "active", none()).unwrap_err().code(),
+        Code::AlreadyExists,
+        "a committed name is taken"
+    );
+}
+
+fn libc_erofs() -> i32 {
+    rustix::io::Errno::ROFS.raw_os_error()
+}
+
+#[test]
+fn a_parent_with_children_cannot_be_removed() {
+    let f = fixture();
+    commit_with(&f.api, "parent", "p", "", |_| {});
+    f.api.prepare("child", "parent", none()).unwrap();
+    let err = f.api.remove("parent").unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.message().contains("child"), "{err}");
+    f.api.remove("child").unwrap();
+    f.api.remove("parent").unwrap();
+    assert_eq!(f.api.stat("parent").unwrap_err().code(), Code::NotFound);
+    assert_eq!(f.api.remove("parent").unwrap_err().code(), Code::NotFound);
+    // Cleanup collects the removed layer and finishes deferred deletes.
+    f.api.cleanup().unwrap();
+    assert_eq!(
+        fs::read_dir(f.daemon.store.join("layers")).unwrap().count(),
+        0
+    );
+    wait_until("deferred deletes", || {
+        fs::read_dir(f.daemon.store.join("images")).unwrap().count() == 0
+    });
+    assert!(mounts_under(&f.daemon.store).is_empty());
+}
+
+#[test]
+fn walk_filters_select_by_name_parent_kind_and_labels() {
+    let f = fixture();
+    commit_with(&f.api, "c1", "p1", "", |_| {});
+    f.api
+        .prepare("a1", "c1", labels(&[("team", "red"), ("tier", "1")]))
+        .unwrap();
+    f.api
+        .prepare("a2", "c1", labels(&[("team", "blue")]))
+        .unwrap();
+    f.api.view("v1", "c1").unwrap();
+
+    let list = |filters: &[&str]| f.api.list(filters).expect("list");
+    assert_eq!(list(&[]), ["a1", "a2", "c1", "v1"]);
+    assert_eq!(list(&["kind==committed"]), ["c1"]);
+    assert_eq!(list(&["parent==c1"]), ["a1", "a2", "v1"]);
+    assert_eq!(list(&["labels.team==red"]), ["a1"]);
+    assert_eq!(list(&["labels.team"]), ["a1", "a2"]);
+    assert_eq!(
+        list(&["labels.team==red,labels.tier==2"]),
+        Vec::<String>::new()
+    );
+    assert_eq!(list(&["name==a2", "kind==view"]), ["a2", "v1"]);
+    assert_eq!(list(&[r#"labels."team"!=red,kind==active"#]), ["a2"]);
+    let err = f.api.list(&["labels.team=="]).unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+}
+
+#[test]
+fn usage_counts_what_a_snapshot_wrote() {
+    let f = fixture();
+    let mounts = f.api.prepare("p", "", none()).unwrap();
+    let mounted = Mounted::new(&mounts);
+    fs::create_dir(mounted.path().join("d")).unwrap();
+    for i in 0..4 {
+        fs::write(mounted.path().join(format!("d/f{i}")), vec![7u8; 8192]).unwrap();
+    }
+    drop(mounted);
+    let (bytes, inodes) = f.api.usage("p").unwrap();
+    assert!(bytes >= 4 * 8192, "{bytes} bytes");
+    assert_eq!(inodes, 6, "the root, d and four files");
+    f.api.commit("c", "p", none()).unwrap();
+    assert_eq!(
+        f.api.usage("c").unwrap(),
+        (bytes, inodes),
+        "a commit moves, not copies"
+    );
+    f.api.view("v", "c").unwrap();
+    assert_eq!(f.api.usage("v").unwrap(), (0, 0), "a view writes nothing");
+    assert_eq!(f.api.usage("nope").unwrap_err().code(), Code::NotFound);
+}
+
+#[test]
+fn stat_and_update_change_labels_only() {
+    let f = fixture();
+    f.api
+        .prepare("a", "", labels(&[("one", "1"), ("two", "2")]))
+        .unwrap();
+    let info = f.api.stat("a").unwrap();
+    assert_eq!(info.labels, labels(&[("one", "1"), ("two", "2")]));
+    let created = info.created_at.clone().unwrap();
+
+    let mut change = info.clone();
+    change.labels = labels(&[("one", "uno")]);
+    let updated = f.api.update(change.clone(), &["labels.one"]).unwrap();
+    assert_eq!(updated.labels, labels(&[("one", "uno"), ("two", "2")]));
+    let updated = f.api.update(change.clone(), &["labels.two"]).unwrap();
+    assert_eq!(
+        updated.labels,
+        labels(&[("one", "uno")]),
+        "absent from info: removed"
+    );
+    change.labels = labels(&[("three", "3")]);
+    let updated = f.api.update(change.clone(), &[]).unwrap();
+    assert_eq!(
+        updated.labels,
+        labels(&[("three", "3")]),
+        "no paths: all replaced"
+    );
+    let later = updated.updated_at.unwrap();
+    assert!((later.seconds, later.nanos) > (created.seconds, created.nanos));
+    assert_eq!(f.api.stat("a").unwrap().labels, labels(&[("three", "3")]));
+
+    let err = f.api.update(change.clone(), &["parent"]).unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    change.name = "nope".into();
+    assert_eq!(
+        f.api.update(change, &[]).unwrap_err().code(),
+        Code::NotFound
+    );
+}
+
+#[test]
+fn a_layer_lamina_already_has_answers_already_exists_and_boots() {
+    let f = fixture();
+    let files = sample_image(&f.fs.path().join("image"));
+    let lamina = Lamina::new(&f.daemon.store);
+    lamina.create(&files.references()[0], "garden");
+    let record: serde_json::Value =
+        serde_json::from_str(&read(&f.daemon.store.join("images/garden/container.json"))).unwrap();
+    let chain: Vec<&str> = record["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    let reference = |chain_id: &str| labels(&[("containerd.io/snapshot.ref", chain_id)]);
+
+    // What containerd's pull does for each layer: prepare with the ref label; on
+    // AlreadyExists, find the committed snapshot with a filtered walk.
+    let mut parent = String::new();
+    for (i, chain_id) in chain.iter().enumerate() {
+        let key = format!("default/{i}/extract-1 {chain_id}");
+        let err = f
+            .api
+            .prepare(&key, &parent, reference(chain_id))
+            .unwrap_err();
+        assert_eq!(err.code(), Code::AlreadyExists, "{err}");
+        let filter =
+            format!(r#"labels."containerd.io/snapshot.ref"=={chain_id},parent=="{parent}""#);
+        let found = f.api.list(&[&filter]).unwrap();
+        assert_eq!(found.len(), 1, "{filter}: {found:?}");
+        assert_eq!(f.api.stat(&found[0]).unwrap().kind, Kind::Committed as i32);
+        parent = found[0].clone();
+    }
+    assert_eq!(
+        fs::read_dir(f.daemon.store.join("layers")).unwrap().count(),
+        chain.len(),
+        "no layer was extracted twice"
+    );
+    // A second namespace asking again finds the same snapshots.
+    let err = f
+        .api
+        .prepare("other/9/extract-2 x", "", reference(chain[0]))
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+
+    // A container on the shared layers boots in runc and sees the merged image.
+    let mounts = f.api.prepare("container", &parent, classic()).unwrap();
+    let mounted = Mounted::new(&mounts);
+    let bundle = Bundle::new(mounted.path(), false);
+    let out = bundle.run(&format!("lamina-snap-{}", std::process::id()), PROOF);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, MERGED),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn strategy_and_ephemeral_labels_pick_the_mount() {
+    let f = fixture();
+    commit_with(&f.api, "base", "p", "", |root| {
+        fs::write(root.join("f"), "x").unwrap()
+    });
+    commit_with(&f.api, "top", "p2", "base", |root| {
+        fs::write(root.join("g"), "y").unwrap()
+    });
+    let record = |mounts: &[lamina_snapshotter::proto::containerd::types::Mount]| {
+        let rootfs = Path::new(&mounts[0].source);
+        let json = read(&rootfs.parent().unwrap().join("container.json"));
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()
+    };
+
+    let m = f
+        .api
+        .prepare(
+            "eph",
+            "top",
+            labels(&[("containerd.io/snapshot/lamina.ephemeral", "true")]),
+        )
+        .unwrap();
+    assert_eq!(
+        m[0].r#type, "bind",
+        "lamina mounted it: containerd binds it"
+    );
+    let r = record(&m);
+    assert!(r["strategy"].as_str().unwrap().contains("volatile"), "{r}");
+    assert!(
+        r["mount_options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o == "volatile"),
+        "{r}"
+    );
+
+    let m = f.api.prepare("cl", "top", classic()).unwrap();
+    assert_eq!(record(&m)["strategy"], "classic");
+
+    let m = f.api.view("ro", "top").unwrap();
+    let r = record(&m);
+    assert_eq!(r["strategy"], "shared-ro,deferred", "{r}");
+    assert!(m[0].options.contains(&"ro".to_string()), "{m:?}");
+
+    let err = f
+        .api
+        .prepare(
+            "bad",
+            "top",
+            labels(&[("containerd.io/snapshot/lamina.strategy", "bogus")]),
+        )
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message()
+            .contains("containerd.io/snapshot/lamina.strategy"),
+        "{err}"
+    );
+    assert!(err.message().contains("bogus"), "{err}");
+}
+
+#[test]
+fn metadata_survives_restarts_and_a_crash_mid_commit() {
+    require_root();
+    let fs_ = ScratchFs::ext4(512);
+    let store = fs_.path().join("store");
+    let socket = fs_.path().join("lamina.sock");
+    let mut daemon = Daemon::start_paused_at(&store, &socket, "commit-published");
+    let api = Api::connect(&socket);
+    let mounts = api.prepare("p1", "", none()).unwrap();
+    {
+        let mounted = Mounted::new(&mounts);
+        fs::write(mounted.path().join("file"), "survives").unwrap();
+    }
+    api.prepare("other", "", labels(&[("keep", "me")])).unwrap();
+    // The commit stops after publishing the layer, before the metadata says so: kill it.
+    let committing = std::thread::spawn(move || api.commit("c1", "p1", none()));
+    wait_until("the commit to reach its fault point", || {
+        fs::read_dir(store.join("run")).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("paused-commit-published")
+        })
+    });
+    daemon.crash_and_restart();
+    assert!(
+        committing.join().unwrap().is_err(),
+        "the killed call failed"
+    );
+
+    let api = Api::connect(&socket);
+    assert_eq!(
+        api.stat("c1").unwrap().kind,
+        Kind::Committed as i32,
+        "recovery finished it"
+    );
+    assert_eq!(api.stat("p1").unwrap_err().code(), Code::NotFound);
+    assert_eq!(api.stat("other").unwrap().labels, labels(&[("keep", "me")]));
+    let view = api.view("v", "c1").unwrap();
+    let mounted = Mounted::new(&view);
+    assert_eq!(read(&mounted.path().join("file")), "survives");
+    drop(mounted);
+
+    // A clean restart keeps everything too, and mounts still answer.
+    daemon.crash_and_restart();
+    let api = Api::connect(&socket);
+    assert_eq!(api.list(&[]).unwrap(), ["c1", "other", "v"]);
+    assert!(api.mounts("v").is_ok());
+    let containers = fs::read_dir(store.join("images")).unwrap().count();
+    assert_eq!(
+        containers, 2,
+        "one per active or view; the committed one's is gone"
+    );
+    drop(api);
+    drop(daemon);
+}
