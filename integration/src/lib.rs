@@ -2,6 +2,7 @@
 //! up every mount beneath them even when a test fails, the `lamina` binary, runc bundles.
 //! All of it needs root.
 
+pub mod containerd;
 pub mod lamina;
 pub mod proof;
 pub mod runc;

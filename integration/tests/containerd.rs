@@ -1,0 +1,158 @@
+//! The real containerd (Debian's package) running containers on lamina as its proxy
+//! snapshotter: `ctr images import` and `ctr run --snapshotter lamina`, two containers at
+//! once, the snapshotter killed and restarted while a container runs, and everything
+//! removed with nothing left mounted.
+
+use std::fs;
+use std::process::{Command, Stdio};
+
+use lamina_integration::containerd::Containerd;
+use lamina_integration::proof::{EXPECTED as MERGED, SCRIPT as PROOF};
+use lamina_integration::scratch::mounts_under;
+use lamina_integration::snapshotter::Daemon;
+use lamina_integration::{ScratchFs, require_root, sample_image, wait_until};
+
+const IMAGE: &str = "docker.io/lamina/sample:latest";
+
+fn entries(dir: &std::path::Path) -> usize {
+    fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
+    require_root();
+    // Dropped last to first: containerd, the snapshotter, then the filesystem.
+    let fs = ScratchFs::ext4(1024);
+    let files = sample_image(&fs.path().join("image"));
+    let store = fs.path().join("store");
+    let mut daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
+    let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
+
+    let archive = files.oci_archive.to_str().unwrap();
+    ctd.ctr_ok(&[
+        "images",
+        "import",
+        "--snapshotter",
+        "lamina",
+        "--base-name",
+        "docker.io/lamina/sample",
+        archive,
+    ]);
+    // Each image layer was committed into the store as a lamina layer, named by chain ID.
+    assert_eq!(entries(&store.join("layers")), 2, "{}", daemon.log());
+    let snapshots = ctd.ctr_ok(&["snapshots", "--snapshotter", "lamina", "ls"]);
+    assert_eq!(snapshots.matches("Committed").count(), 2, "{snapshots}");
+
+    // The merged image: top-layer files, whiteouts and opaque dirs honoured.
+    let out = ctd.ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "lamina",
+        IMAGE,
+        "proof",
+        "sh",
+        "-c",
+        PROOF,
+    ]);
+    assert_eq!(out, MERGED);
+
+    // Two containers at once, each seeing only its own writes.
+    let runs: Vec<_> = ["left", "right"]
+        .iter()
+        .map(|id| {
+            let script =
+                format!("echo {id} > /mine; sleep 1; cat /mine; test ! -e /theirs && echo alone");
+            Command::new("ctr")
+                .arg("--address")
+                .arg(&ctd.socket)
+                .args([
+                    "run",
+                    "--rm",
+                    "--snapshotter",
+                    "lamina",
+                    IMAGE,
+                    id,
+                    "sh",
+                    "-c",
+                ])
+                .arg(script)
+                .stdin(Stdio::null())
+                .output()
+                .expect("ctr run")
+        })
+        .collect();
+    for (id, out) in ["left", "right"].iter().zip(runs) {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{id}: {out:?}");
+        assert_eq!(stdout, format!("{id}\nalone\n"), "{id}");
+    }
+
+    // A running container survives the snapshotter being killed and restarted, and is
+    // torn down through the new one.
+    ctd.ctr_ok(&[
+        "run",
+        "-d",
+        "--snapshotter",
+        "lamina",
+        IMAGE,
+        "long",
+        "sh",
+        "-c",
+        "echo before > /marker; sleep 300",
+    ]);
+    daemon.crash_and_restart();
+    // containerd redials the snapshotter within its gRPC backoff (a second or so); until
+    // then its calls fail as `unavailable`, which kubelet and ctr users retry.
+    wait_until("containerd to reconnect to the snapshotter", || {
+        ctd.ctr(&["snapshots", "--snapshotter", "lamina", "ls"])
+            .code
+            == 0
+    });
+    let out = ctd.ctr_ok(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "check",
+        "long",
+        "cat",
+        "/marker",
+    ]);
+    assert_eq!(out, "before\n");
+    ctd.ctr_ok(&["task", "kill", "--signal", "SIGKILL", "long"]);
+    wait_until("the long container to stop", || {
+        ctd.ctr(&["task", "delete", "long"]).code == 0
+    });
+    ctd.ctr_ok(&["containers", "delete", "long"]);
+    let out = ctd.ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "lamina",
+        IMAGE,
+        "after",
+        "sh",
+        "-c",
+        PROOF,
+    ]);
+    assert_eq!(out, MERGED, "containers run after the restart");
+
+    // Removing the image lets containerd's GC remove every snapshot; its Cleanup call
+    // collects the layers, and the reaper has torn down every container.
+    ctd.ctr_ok(&["images", "rm", "--sync", IMAGE]);
+    wait_until("containerd to remove every snapshot", || {
+        ctd.ctr_ok(&["snapshots", "--snapshotter", "lamina", "ls"])
+            .lines()
+            .count()
+            <= 1
+    });
+    wait_until("lamina to remove every container and layer", || {
+        entries(&store.join("images")) == 0
+            && entries(&store.join("trash")) == 0
+            && entries(&store.join("layers")) == 0
+    });
+    let leaked = mounts_under(&store);
+    assert!(leaked.is_empty(), "mounts left: {leaked:?}");
+    drop(ctd);
+    drop(daemon);
+}
