@@ -109,6 +109,10 @@ impl Drop for Daemon {
 pub struct Api {
     runtime: tokio::runtime::Runtime,
     client: SnapshotsClient<Channel>,
+    /// The snapshotter named in requests, and the containerd namespace they carry: what
+    /// containerd's own snapshots service needs (lamina's socket ignores both).
+    snapshotter: String,
+    namespace: Option<String>,
 }
 
 pub type Labels = HashMap<String, String>;
@@ -123,6 +127,16 @@ pub fn labels(pairs: &[(&str, &str)]) -> Labels {
 
 impl Api {
     pub fn connect(socket: &Path) -> Api {
+        Api::connect_as(socket, "lamina", None)
+    }
+
+    /// A client of containerd's own snapshots service (its main socket), for snapshotter
+    /// `snapshotter` in containerd namespace `namespace`.
+    pub fn via_containerd(socket: &Path, snapshotter: &str, namespace: &str) -> Api {
+        Api::connect_as(socket, snapshotter, Some(namespace))
+    }
+
+    fn connect_as(socket: &Path, snapshotter: &str, namespace: Option<&str>) -> Api {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -131,80 +145,95 @@ impl Api {
         let client = runtime
             .block_on(lamina_snapshotter::connect(socket))
             .expect("connecting to the snapshotter");
-        Api { runtime, client }
+        Api {
+            runtime,
+            client,
+            snapshotter: snapshotter.to_string(),
+            namespace: namespace.map(str::to_string),
+        }
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(ns) = &self.namespace {
+            request
+                .metadata_mut()
+                .insert("containerd-namespace", ns.parse().expect("ascii namespace"));
+        }
+        request
     }
 
     pub fn prepare(&self, key: &str, parent: &str, labels: Labels) -> Result<Vec<Mount>, Status> {
         let request = api::PrepareSnapshotRequest {
-            snapshotter: "lamina".into(),
+            snapshotter: self.snapshotter.clone(),
             key: key.into(),
             parent: parent.into(),
             labels,
         };
         let mut client = self.client.clone();
         self.runtime
-            .block_on(client.prepare(request))
+            .block_on(client.prepare(self.request(request)))
             .map(|r| r.into_inner().mounts)
     }
 
     pub fn view(&self, key: &str, parent: &str) -> Result<Vec<Mount>, Status> {
         let request = api::ViewSnapshotRequest {
-            snapshotter: "lamina".into(),
+            snapshotter: self.snapshotter.clone(),
             key: key.into(),
             parent: parent.into(),
             labels: Labels::new(),
         };
         let mut client = self.client.clone();
         self.runtime
-            .block_on(client.view(request))
+            .block_on(client.view(self.request(request)))
             .map(|r| r.into_inner().mounts)
     }
 
     pub fn mounts(&self, key: &str) -> Result<Vec<Mount>, Status> {
         let request = api::MountsRequest {
-            snapshotter: "lamina".into(),
+            snapshotter: self.snapshotter.clone(),
             key: key.into(),
         };
         let mut client = self.client.clone();
         self.runtime
-            .block_on(client.mounts(request))
+            .block_on(client.mounts(self.request(request)))
             .map(|r| r.into_inner().mounts)
     }
 
     pub fn commit(&self, name: &str, key: &str, labels: Labels) -> Result<(), Status> {
         let request = api::CommitSnapshotRequest {
-            snapshotter: "lamina".into(),
+            snapshotter: self.snapshotter.clone(),
             name: name.into(),
             key: key.into(),
             labels,
         };
         let mut client = self.client.clone();
-        self.runtime.block_on(client.commit(request)).map(|_| ())
+        self.runtime.block_on(client.commit(self.request(request))).map(|_| ())
     }
 
     pub fn remove(&self, key: &str) -> Result<(), Status> {
         let request = api::RemoveSnapshotRequest {
-            snapshotter: "lamina".into(),
+            snapshotter: self.snapshotter.clone(),
             key: key.into(),
         };
         let mut client = self.client.clone();
-        self.runtime.block_on(client.remove(request)).map(|_| ())
+        self.runtime.block_on(client.remove(self.request(request))).map(|_| ())
     }
 
     pub fn stat(&self, key: &str) -> Result<api::Info, Status> {
         let request = api::StatSnapshotRequest {
-            snapshotter: "lamina".into(),
+            snapshotter: self.snapshotter.clone(),
             key: key.into(),
         };
         let mut client = self.client.clone();
         self.runtime
-            .block_on(client.stat(request))
+            .block_on(client.stat(self.request(request)))
             .map(|r| r.into_inner().info.expect("stat answers info"))
     }
 
     pub fn update(&self, info: api::Info, paths: &[&str]) -> Result<api::Info, Status> {
         let request = api::UpdateSnapshotRequest {
-            snapshotter: "lamina".into(),
+            snapshotter: self.snapshotter.clone(),
             info: Some(info),
             update_mask: Some(prost_types::FieldMask {
                 paths: paths.iter().map(|p| p.to_string()).collect(),
@@ -212,19 +241,19 @@ impl Api {
         };
         let mut client = self.client.clone();
         self.runtime
-            .block_on(client.update(request))
+            .block_on(client.update(self.request(request)))
             .map(|r| r.into_inner().info.expect("update answers info"))
     }
 
     /// Names of the snapshots `filters` select, sorted.
     pub fn list(&self, filters: &[&str]) -> Result<Vec<String>, Status> {
         let request = api::ListSnapshotsRequest {
-            snapshotter: "lamina".into(),
+            snapshotter: self.snapshotter.clone(),
             filters: filters.iter().map(|f| f.to_string()).collect(),
         };
         let mut client = self.client.clone();
         self.runtime.block_on(async {
-            let mut stream = client.list(request).await?.into_inner();
+            let mut stream = client.list(self.request(request)).await?.into_inner();
             let mut names = Vec::new();
             while let Some(chunk) = stream.message().await? {
                 names.extend(chunk.info.into_iter().map(|i| i.name));
@@ -237,22 +266,22 @@ impl Api {
     /// (bytes, inodes)
     pub fn usage(&self, key: &str) -> Result<(i64, i64), Status> {
         let request = api::UsageRequest {
-            snapshotter: "lamina".into(),
+            snapshotter: self.snapshotter.clone(),
             key: key.into(),
         };
         let mut client = self.client.clone();
         self.runtime
-            .block_on(client.usage(request))
+            .block_on(client.usage(self.request(request)))
             .map(|r| r.into_inner())
             .map(|u| (u.size, u.inodes))
     }
 
     pub fn cleanup(&self) -> Result<(), Status> {
         let request = api::CleanupRequest {
-            snapshotter: "lamina".into(),
+            snapshotter: self.snapshotter.clone(),
         };
         let mut client = self.client.clone();
-        self.runtime.block_on(client.cleanup(request)).map(|_| ())
+        self.runtime.block_on(client.cleanup(self.request(request))).map(|_| ())
     }
 }
 

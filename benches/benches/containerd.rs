@@ -1,0 +1,135 @@
+//! lamina as containerd's snapshotter against containerd's built-in overlayfs
+//! snapshotter, in the same run, on the same loop-backed ext4:
+//!
+//! - `containerd-snapshot-cycle`: what a container start and stop costs the snapshotter —
+//!   Prepare on the image's top layer, Mounts, mount what it answered, unmount, Remove —
+//!   through containerd's snapshots API for both, and on lamina's own socket (no proxy
+//!   hop). A deferred Remove is timed as containerd sees it; the reaper runs after.
+//! - `containerd-ctr-run`: `ctr run --rm IMAGE true`, end to end.
+//!
+//! Needs root and Debian's containerd.
+
+// A benchmark that cannot set up must stop loudly, not measure something else.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use lamina_integration::containerd::Containerd;
+use lamina_integration::snapshotter::{Api, Daemon, labels};
+use lamina_integration::{ScratchFs, require_root, sample_image};
+use lamina_snapshotter::proto::containerd::types::Mount;
+use rustix::mount::{MountFlags, UnmountFlags};
+
+const IMAGE: &str = "docker.io/lamina/sample:latest";
+const NAMESPACE: &str = "bench";
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Mounts what a snapshotter answered on `target`, as containerd's shim does: a bind, or
+/// an overlay with the options as its data.
+fn mount_all(mounts: &[Mount], target: &Path) {
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    let m = &mounts[0];
+    if m.r#type == "bind" {
+        rustix::mount::mount_bind_recursive(m.source.as_str(), target).unwrap();
+        return;
+    }
+    let data: Vec<&str> = m
+        .options
+        .iter()
+        .map(String::as_str)
+        .filter(|o| !matches!(*o, "rw" | "ro" | "bind" | "rbind"))
+        .collect();
+    let data = std::ffi::CString::new(data.join(",")).unwrap();
+    rustix::mount::mount(
+        m.source.as_str(),
+        target,
+        m.r#type.as_str(),
+        MountFlags::empty(),
+        data.as_c_str(),
+    )
+    .unwrap();
+}
+
+/// The key of the image's top layer in `api`'s snapshotter: the committed snapshot no
+/// other snapshot has as parent.
+fn top_layer(api: &Api) -> String {
+    let committed = api.list(&["kind==committed"]).unwrap();
+    let parents: Vec<String> = committed
+        .iter()
+        .map(|key| api.stat(key).unwrap().parent)
+        .collect();
+    let top: Vec<&String> = committed.iter().filter(|k| !parents.contains(k)).collect();
+    assert_eq!(top.len(), 1, "one image imported: {committed:?}");
+    top[0].clone()
+}
+
+fn containerd(c: &mut Criterion) {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let files = sample_image(&fs.path().join("image"));
+    let daemon = Daemon::start(&fs.path().join("store"), &fs.path().join("lamina.sock"), &[]);
+    let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
+    let archive = files.oci_archive.to_str().unwrap();
+    for snapshotter in ["overlayfs", "lamina"] {
+        ctd.ctr_ok(&[
+            "--namespace", NAMESPACE, "images", "import", "--snapshotter", snapshotter,
+            "--base-name", "docker.io/lamina/sample", archive,
+        ]);
+    }
+    let target = fs.path().join("rootfs");
+    std::fs::create_dir(&target).unwrap();
+    // Snapshots made through containerd's API outside a lease would be containerd's
+    // garbage: each carries a GC root label for its short life.
+    let gc_root = labels(&[("containerd.io/gc.root", "bench")]);
+
+    let cases = [
+        ("overlayfs via containerd", Api::via_containerd(&ctd.socket, "overlayfs", NAMESPACE)),
+        ("lamina via containerd", Api::via_containerd(&ctd.socket, "lamina", NAMESPACE)),
+        ("lamina on its own socket", Api::connect(&daemon.socket)),
+    ];
+    let mut group = c.benchmark_group("containerd-snapshot-cycle");
+    group.sample_size(30).measurement_time(Duration::from_secs(5));
+    for (name, api) in &cases {
+        let parent = top_layer(api);
+        group.bench_function(*name, |b| {
+            b.iter(|| {
+                let key = unique("cycle");
+                api.prepare(&key, &parent, gc_root.clone()).unwrap();
+                let mounts = api.mounts(&key).unwrap();
+                mount_all(&mounts, &target);
+                rustix::mount::unmount(&target, UnmountFlags::empty()).unwrap();
+                api.remove(&key).unwrap();
+            })
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("containerd-ctr-run");
+    group.sample_size(10).measurement_time(Duration::from_secs(20));
+    for snapshotter in ["overlayfs", "lamina"] {
+        group.bench_function(snapshotter, |b| {
+            b.iter(|| {
+                let id = unique("run");
+                ctd.ctr_ok(&[
+                    "--namespace", NAMESPACE, "run", "--rm", "--snapshotter", snapshotter,
+                    IMAGE, &id, "true",
+                ]);
+            })
+        });
+    }
+    group.finish();
+    drop(cases);
+    drop(ctd);
+    drop(daemon);
+}
+
+criterion_group!(benches, containerd);
+criterion_main!(benches);
