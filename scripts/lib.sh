@@ -1,5 +1,9 @@
 # Shared helpers for lamina's scripts (sourced, not run).
 
+# What building lamina needs beyond cargo: protoc and the protobuf well-known types, for
+# the containerd snapshots API that lamina-snapshotter generates at build time.
+BUILD_PACKAGES=(protobuf-compiler libprotobuf-dev)
+
 # Installs the Debian packages named that are not installed yet. apt-get update runs
 # only when something is missing, so a prepared machine pays nothing.
 ensure_apt_packages() {

@@ -75,13 +75,24 @@ fn containerd(c: &mut Criterion) {
     require_root();
     let fs = ScratchFs::ext4(1024);
     let files = sample_image(&fs.path().join("image"));
-    let daemon = Daemon::start(&fs.path().join("store"), &fs.path().join("lamina.sock"), &[]);
+    let daemon = Daemon::start(
+        &fs.path().join("store"),
+        &fs.path().join("lamina.sock"),
+        &[],
+    );
     let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
     let archive = files.oci_archive.to_str().unwrap();
     for snapshotter in ["overlayfs", "lamina"] {
         ctd.ctr_ok(&[
-            "--namespace", NAMESPACE, "images", "import", "--snapshotter", snapshotter,
-            "--base-name", "docker.io/lamina/sample", archive,
+            "--namespace",
+            NAMESPACE,
+            "images",
+            "import",
+            "--snapshotter",
+            snapshotter,
+            "--base-name",
+            "docker.io/lamina/sample",
+            archive,
         ]);
     }
     let target = fs.path().join("rootfs");
@@ -91,12 +102,20 @@ fn containerd(c: &mut Criterion) {
     let gc_root = labels(&[("containerd.io/gc.root", "bench")]);
 
     let cases = [
-        ("overlayfs via containerd", Api::via_containerd(&ctd.socket, "overlayfs", NAMESPACE)),
-        ("lamina via containerd", Api::via_containerd(&ctd.socket, "lamina", NAMESPACE)),
+        (
+            "overlayfs via containerd",
+            Api::via_containerd(&ctd.socket, "overlayfs", NAMESPACE),
+        ),
+        (
+            "lamina via containerd",
+            Api::via_containerd(&ctd.socket, "lamina", NAMESPACE),
+        ),
         ("lamina on its own socket", Api::connect(&daemon.socket)),
     ];
     let mut group = c.benchmark_group("containerd-snapshot-cycle");
-    group.sample_size(30).measurement_time(Duration::from_secs(5));
+    group
+        .sample_size(30)
+        .measurement_time(Duration::from_secs(5));
     for (name, api) in &cases {
         let parent = top_layer(api);
         group.bench_function(*name, |b| {
@@ -113,14 +132,23 @@ fn containerd(c: &mut Criterion) {
     group.finish();
 
     let mut group = c.benchmark_group("containerd-ctr-run");
-    group.sample_size(10).measurement_time(Duration::from_secs(20));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20));
     for snapshotter in ["overlayfs", "lamina"] {
         group.bench_function(snapshotter, |b| {
             b.iter(|| {
                 let id = unique("run");
                 ctd.ctr_ok(&[
-                    "--namespace", NAMESPACE, "run", "--rm", "--snapshotter", snapshotter,
-                    IMAGE, &id, "true",
+                    "--namespace",
+                    NAMESPACE,
+                    "run",
+                    "--rm",
+                    "--snapshotter",
+                    snapshotter,
+                    IMAGE,
+                    &id,
+                    "true",
                 ]);
             })
         });

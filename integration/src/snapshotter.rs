@@ -76,6 +76,9 @@ impl Daemon {
             .expect("starting lamina daemon");
         self.child = Some(child);
         crate::wait_until("the snapshotter's socket", || {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("lamina daemon exited ({status}): {}", self.log());
+            }
             std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
         });
     }
@@ -208,7 +211,9 @@ impl Api {
             labels,
         };
         let mut client = self.client.clone();
-        self.runtime.block_on(client.commit(self.request(request))).map(|_| ())
+        self.runtime
+            .block_on(client.commit(self.request(request)))
+            .map(|_| ())
     }
 
     pub fn remove(&self, key: &str) -> Result<(), Status> {
@@ -217,7 +222,9 @@ impl Api {
             key: key.into(),
         };
         let mut client = self.client.clone();
-        self.runtime.block_on(client.remove(self.request(request))).map(|_| ())
+        self.runtime
+            .block_on(client.remove(self.request(request)))
+            .map(|_| ())
     }
 
     pub fn stat(&self, key: &str) -> Result<api::Info, Status> {
@@ -281,7 +288,9 @@ impl Api {
             snapshotter: self.snapshotter.clone(),
         };
         let mut client = self.client.clone();
-        self.runtime.block_on(client.cleanup(self.request(request))).map(|_| ())
+        self.runtime
+            .block_on(client.cleanup(self.request(request)))
+            .map(|_| ())
     }
 }
 

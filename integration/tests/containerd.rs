@@ -3,6 +3,9 @@
 //! once, the snapshotter killed and restarted while a container runs, and everything
 //! removed with nothing left mounted.
 
+// A test that cannot set up must stop loudly.
+#![allow(clippy::unwrap_used)]
+
 use std::fs;
 use std::process::{Command, Stdio};
 

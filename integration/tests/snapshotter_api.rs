@@ -3,6 +3,9 @@
 //! loop-backed ext4 store, its answers mounted with mount(8) as containerd's shim mounts
 //! them, files written and read back through those mounts.
 
+// A test that cannot set up must stop loudly.
+#![allow(clippy::unwrap_used)]
+
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -283,7 +286,7 @@ fn stat_and_update_change_labels_only() {
         .unwrap();
     let info = f.api.stat("a").unwrap();
     assert_eq!(info.labels, labels(&[("one", "1"), ("two", "2")]));
-    let created = info.created_at.clone().unwrap();
+    let created = info.created_at.unwrap();
 
     let mut change = info.clone();
     change.labels = labels(&[("one", "uno")]);
