@@ -15,6 +15,7 @@ use lamina_integration::scratch::mounts_under;
 use lamina_integration::snapshotter::{Api, Daemon, Labels, Mounted, labels};
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root, sample_image, wait_until};
 use lamina_snapshotter::proto::containerd::services::snapshots::v1::Kind;
+use lamina_snapshotter::proto::containerd::types::Mount;
 use tonic::Code;
 
 /// Fields drop in order: client, then daemon, then the filesystem (and every mount on it).
@@ -58,6 +59,14 @@ fn commit_with(api: &Api, name: &str, key: &str, parent: &str, write: impl FnOnc
     api.commit(name, key, none()).expect("commit");
 }
 
+/// The container record behind snapshot `key` (an active snapshot or a view).
+fn record_of(store: &Path, key: &str) -> serde_json::Value {
+    let metadata: serde_json::Value =
+        serde_json::from_str(&read(&store.join("snapshots/metadata.json"))).unwrap();
+    let id = metadata["snapshots"][key]["container"].as_str().unwrap();
+    serde_json::from_str(&read(&store.join("images").join(id).join("container.json"))).unwrap()
+}
+
 /// Every regular file beneath `dir`.
 fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();
@@ -97,9 +106,8 @@ fn prepare_commit_chains_carry_files_whiteouts_and_copy_ups() {
     // Under the default strategy (auto: metacopy, which this kernel passes) a chown
     // copies up metadata only; the commit must still make a complete layer of it.
     let mounts = f.api.prepare("p3", "c2", none()).unwrap();
-    let rootfs = Path::new(&mounts[0].source);
-    let record = read(&rootfs.parent().unwrap().join("container.json"));
-    assert!(record.contains("metacopy=on"), "{record}");
+    let record = record_of(&f.daemon.store, "p3");
+    assert!(record.to_string().contains("metacopy=on"), "{record}");
     {
         let mounted = Mounted::new(&mounts);
         let kept = mounted.path().join("dir/kept");
@@ -363,6 +371,26 @@ fn a_layer_lamina_already_has_answers_already_exists_and_boots() {
         .unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists);
 
+    // With a pool of the image ready (filled for Garden), a container takes a
+    // pre-mounted overlay: lamina answers a bind of it, no overlay mount on the way.
+    let image = &files.references()[0];
+    let filled = lamina.run(&["pool", "fill", "--size", "1", image]);
+    assert_eq!(filled.code, 0, "{filled:?}");
+    let pooled = f.api.prepare("pooled", &parent, none()).unwrap();
+    assert_eq!(pooled[0].r#type, "bind", "{pooled:?}");
+    let record = record_of(&f.daemon.store, "pooled");
+    assert!(
+        record["strategy"].as_str().unwrap().contains("pooled"),
+        "{record}"
+    );
+    assert_eq!(record["mounted"], true);
+    let mounted = Mounted::new(&pooled);
+    assert_eq!(
+        read(&mounted.path().join("top.txt")),
+        "from the top layer\n"
+    );
+    drop(mounted);
+
     // A container on the shared layers boots in runc and sees the merged image.
     let mounts = f.api.prepare("container", &parent, classic()).unwrap();
     let mounted = Mounted::new(&mounts);
@@ -385,42 +413,45 @@ fn strategy_and_ephemeral_labels_pick_the_mount() {
     commit_with(&f.api, "top", "p2", "base", |root| {
         fs::write(root.join("g"), "y").unwrap()
     });
-    let record = |mounts: &[lamina_snapshotter::proto::containerd::types::Mount]| {
-        let rootfs = Path::new(&mounts[0].source);
-        let json = read(&rootfs.parent().unwrap().join("container.json"));
-        serde_json::from_str::<serde_json::Value>(&json).unwrap()
-    };
+    let record = |key: &str| record_of(&f.daemon.store, key);
+    let option = |m: &[Mount], want: &str| m[0].options.iter().any(|o| o == want);
 
-    let m = f
-        .api
-        .prepare(
-            "eph",
-            "top",
-            labels(&[("containerd.io/snapshot/lamina.ephemeral", "true")]),
-        )
-        .unwrap();
-    assert_eq!(
-        m[0].r#type, "bind",
-        "lamina mounted it: containerd binds it"
-    );
-    let r = record(&m);
-    assert!(r["strategy"].as_str().unwrap().contains("volatile"), "{r}");
+    // containerd mounts the overlay itself, with the options the strategy chose.
+    let ephemeral = labels(&[("containerd.io/snapshot/lamina.ephemeral", "true")]);
+    let m = f.api.prepare("eph", "top", ephemeral).unwrap();
+    assert_eq!(m[0].r#type, "overlay", "{m:?}");
+    assert!(option(&m, "volatile"), "ephemeral: volatile upper: {m:?}");
     assert!(
-        r["mount_options"]
-            .as_array()
+        record("eph")["strategy"]
+            .as_str()
             .unwrap()
-            .iter()
-            .any(|o| o == "volatile"),
-        "{r}"
+            .contains("volatile")
     );
+    let mounted = Mounted::new(&m);
+    assert_eq!(read(&mounted.path().join("g")), "y");
+    drop(mounted);
 
     let m = f.api.prepare("cl", "top", classic()).unwrap();
-    assert_eq!(record(&m)["strategy"], "classic");
+    assert_eq!(record("cl")["strategy"], "classic");
+    assert!(
+        !option(&m, "metacopy=on") && !option(&m, "volatile"),
+        "{m:?}"
+    );
 
+    // A view of a multi-layer image binds the image's one shared read-only overlay.
     let m = f.api.view("ro", "top").unwrap();
-    let r = record(&m);
-    assert_eq!(r["strategy"], "shared-ro,deferred", "{r}");
-    assert!(m[0].options.contains(&"ro".to_string()), "{m:?}");
+    assert_eq!(record("ro")["strategy"], "shared-ro,deferred");
+    assert_eq!(
+        (m[0].r#type.as_str(), option(&m, "ro")),
+        ("bind", true),
+        "{m:?}"
+    );
+    assert!(m[0].source.contains("/shared/"), "{m:?}");
+    let again = f.api.view("ro2", "top").unwrap();
+    assert_eq!(
+        again[0].source, m[0].source,
+        "one shared mount for every view"
+    );
 
     let err = f
         .api

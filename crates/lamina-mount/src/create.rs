@@ -25,6 +25,9 @@ pub struct CreateOptions {
     /// Leave mounting to the caller (Garden's `--without-mount`): record what to mount,
     /// mount nothing for the container.
     pub without_mount: bool,
+    /// With `without_mount`, a pooled strategy still claims a ready pre-mounted overlay
+    /// (the caller binds it: containerd's snapshotter), and the record says it is mounted.
+    pub claim_pooled_without_mount: bool,
     pub strategies: Strategies,
     pub read_only: bool,
     pub ephemeral: bool,
@@ -215,7 +218,8 @@ pub fn create_from(
             Layers::Stored(_) => Vec::new(),
         },
         strategy: strategies.to_string(),
-        mounted: !options.without_mount,
+        // A claimed pool overlay is mounted whatever the caller mounts.
+        mounted: !options.without_mount || strategies.pooled,
         mount_options,
         created_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -280,7 +284,10 @@ fn overlay<'a>(
     let flavor = strategies.mount_flavor();
     let upper_fs = upper.map(|u| u.record());
     // Pool slots are read-write; a read-only overlay is mounted fresh.
-    if strategies.pooled && !without_mount && !choice.read_only {
+    if strategies.pooled
+        && (!without_mount || options.claim_pooled_without_mount)
+        && !choice.read_only
+    {
         let kind = PoolKind::overlays(chain_ids, flavor, upper);
         if let Some((claim, mount_options)) = pool::claim(store, mounter, &kind, id)? {
             let spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);

@@ -5,10 +5,10 @@
 //!   by its chain ID (the `containerd.io/snapshot.ref` label), exactly as `lamina create`
 //!   names the layer, so the two share layers; otherwise by a digest lamina makes up.
 //! - An **active** snapshot or a **view** is a container under `images/snap-<n>`, made by
-//!   the same `create` as Garden's containers, so every mount strategy applies. lamina
-//!   mounts it and answers with a bind of the mounted rootfs — except an unpack's
-//!   extraction snapshot, which gets a plain overlay (or, without a parent, a bind of its
-//!   empty upper) for containerd to write the layer into, and commit.
+//!   the same `create` as Garden's containers, so every strategy applies. lamina mounts
+//!   nothing it need not: containerd gets the overlay to mount (with metacopy, volatile,
+//!   an isolated upper as chosen), a bind of a pooled overlay lamina claimed ready-mounted,
+//!   or a read-only bind of the shared image mount, the flattened tree or the layer.
 //!
 //! Every call takes the store's snapshot lock, so calls are serial across threads and
 //! processes, and each change to the metadata is one atomic file replace.
@@ -134,8 +134,10 @@ impl Snapshotter {
             self.create_empty(&id, key, read_only)?;
         } else {
             let options = CreateOptions {
-                // An extraction is written by containerd straight into its upper dir.
-                without_mount: extraction,
+                // containerd mounts what `mounts_of` answers; only a pooled overlay (and
+                // the shared mount a shared-ro bind needs) is mounted by lamina.
+                without_mount: true,
+                claim_pooled_without_mount: true,
                 strategies: self.strategies_for(extraction, &labels)?,
                 read_only,
                 ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
@@ -290,6 +292,8 @@ impl Snapshotter {
             bind(&dirs.rootfs)
         } else if record.layers.is_empty() {
             bind(&dirs.upper)
+        } else if let Some(source) = &record.bind_source {
+            bind(source)
         } else {
             MountSpec {
                 kind: "overlay".into(),

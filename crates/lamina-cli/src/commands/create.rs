@@ -28,6 +28,8 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
             .disk_limit(args.disk_limit_size_bytes, args.exclude_image_from_quota),
         disk_fs: ctx.config.create.disk_fs()?,
         extra_overlay_options: Vec::new(),
+        // Garden's --without-mount caller mounts everything itself.
+        claim_pooled_without_mount: false,
     };
     let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)?;
 
