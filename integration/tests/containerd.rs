@@ -21,6 +21,21 @@ fn entries(dir: &std::path::Path) -> usize {
     fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
 
+/// `ctr run --rm --snapshotter lamina IMAGE ID sh -c SCRIPT`; its stdout.
+fn run_on_lamina(ctd: &Containerd, id: &str, script: &str) -> String {
+    ctd.ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "lamina",
+        IMAGE,
+        id,
+        "sh",
+        "-c",
+        script,
+    ])
+}
+
 #[test]
 fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
     require_root();
@@ -47,17 +62,7 @@ fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
     assert_eq!(snapshots.matches("Committed").count(), 2, "{snapshots}");
 
     // The merged image: top-layer files, whiteouts and opaque dirs honoured.
-    let out = ctd.ctr_ok(&[
-        "run",
-        "--rm",
-        "--snapshotter",
-        "lamina",
-        IMAGE,
-        "proof",
-        "sh",
-        "-c",
-        PROOF,
-    ]);
+    let out = run_on_lamina(&ctd, "proof", PROOF);
     assert_eq!(out, MERGED);
 
     // Two containers at once, each seeing only its own writes.
@@ -127,17 +132,7 @@ fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
         ctd.ctr(&["task", "delete", "long"]).code == 0
     });
     ctd.ctr_ok(&["containers", "delete", "long"]);
-    let out = ctd.ctr_ok(&[
-        "run",
-        "--rm",
-        "--snapshotter",
-        "lamina",
-        IMAGE,
-        "after",
-        "sh",
-        "-c",
-        PROOF,
-    ]);
+    let out = run_on_lamina(&ctd, "after", PROOF);
     assert_eq!(out, MERGED, "containers run after the restart");
 
     // Removing the image lets containerd's GC remove every snapshot; its Cleanup call

@@ -66,13 +66,18 @@ impl<'de> serde::Deserialize<'de> for Digest {
 pub fn chain_ids(diff_ids: &[Digest]) -> Vec<Digest> {
     let mut out: Vec<Digest> = Vec::with_capacity(diff_ids.len());
     for diff_id in diff_ids {
-        let next = match out.last() {
-            None => diff_id.clone(),
-            Some(prev) => Digest::of(format!("{prev} {diff_id}").as_bytes()),
-        };
-        out.push(next);
+        out.push(next_chain_id(out.last(), diff_id));
     }
     out
+}
+
+/// The chain ID of layer `diff_id` on top of the layer whose chain ID is `parent` (none
+/// for a base layer).
+pub fn next_chain_id(parent: Option<&Digest>, diff_id: &Digest) -> Digest {
+    match parent {
+        None => diff_id.clone(),
+        Some(prev) => Digest::of(format!("{prev} {diff_id}").as_bytes()),
+    }
 }
 
 /// Hashes and counts everything read through it, and refuses to read more than `limit`

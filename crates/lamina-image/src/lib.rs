@@ -15,7 +15,7 @@ pub mod spec;
 
 pub use blobs::{BlobLocation, Members};
 pub use compression::Compression;
-pub use digest::{Digest, HashingReader, chain_ids};
+pub use digest::{Digest, HashingReader, chain_ids, next_chain_id};
 pub use platform::Platform;
 pub use reference::ImageRef;
 pub use spec::ImageConfig;

@@ -353,11 +353,7 @@ fn continues_chain(store: &Store, chain: &[Digest], layer: &Digest) -> Result<bo
     let Some(diff_id) = store.layer_record(layer)?.diff_id else {
         return Ok(true);
     };
-    let expected = match chain.last() {
-        None => diff_id,
-        Some(parent) => Digest::of(format!("{parent} {diff_id}").as_bytes()),
-    };
-    Ok(&expected == layer)
+    Ok(lamina_image::next_chain_id(chain.last(), &diff_id) == *layer)
 }
 
 pub(crate) fn now_ns() -> u128 {

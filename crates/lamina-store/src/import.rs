@@ -64,23 +64,15 @@ impl Store {
             return Ok(());
         }
         // One importer per layer: concurrent creates of images that share it wait here,
-        // then find it done. The lock dies with its process, so a crash never blocks.
-        let lock_path = self.layout.layer_lock(chain_id);
-        let lock = File::create(&lock_path).map_err(StoreError::io("creating lock", &lock_path))?;
-        rustix::fs::flock(lock.as_fd(), FlockOperation::LockExclusive)
-            .map_err(StoreError::errno("locking", &lock_path))?;
+        // then find it done.
+        let _lock = self.lock_layer(chain_id)?;
         if final_dir.is_dir() {
             return Ok(());
         }
-        let staging = self.layout.tmp().join(format!("layer-{}", chain_id.hex()));
-        if staging.exists() {
-            // We hold the lock, so this is a crashed import's leftover.
-            tracing::info!(path = %staging.display(), "removing an interrupted layer import");
-            fs::remove_dir_all(&staging).map_err(StoreError::io("removing", &staging))?;
-        }
-        let diff = staging.join("diff");
-        fs::create_dir_all(&diff).map_err(StoreError::io("creating", &diff))?;
+        let staging = self.fresh_staging(chain_id)?;
         let mut guard = RemoveOnDrop(Some(staging.clone()));
+        let diff = staging.join("diff");
+        fs::create_dir(&diff).map_err(StoreError::io("creating", &diff))?;
 
         let started = std::time::Instant::now();
         let record = self.unpack_verified(layer, chain_id, &diff)?;
@@ -92,15 +84,7 @@ impl Store {
                 }
             })?;
         }
-        let record_path = staging.join("layer.json");
-        let json = serde_json::to_vec_pretty(&record)
-            .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
-        fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
-        // The rename below is what makes the layer trusted, so its data must be durable
-        // first: after a crash, a layer under layers/ must never have lost its contents.
-        let dir = File::open(&staging).map_err(StoreError::io("opening", &staging))?;
-        rustix::fs::syncfs(dir.as_fd()).map_err(StoreError::errno("syncing", &staging))?;
-        fs::rename(&staging, &final_dir).map_err(StoreError::io("publishing layer", &final_dir))?;
+        self.publish_staged(&staging, &record)?;
         guard.0 = None;
         tracing::info!(
             layer = %layer.describe(), chain_id = %chain_id, bytes = record.size,
@@ -117,19 +101,11 @@ impl Store {
     /// record beside it, everything is synced, then one rename publishes it. If anything
     /// fails before that rename, `diff` is moved back.
     pub fn publish_layer_dir(&self, chain_id: &Digest, diff: &Path) -> Result<bool, StoreError> {
-        let final_dir = self.layout.layer(chain_id);
-        let lock_path = self.layout.layer_lock(chain_id);
-        let lock = File::create(&lock_path).map_err(StoreError::io("creating lock", &lock_path))?;
-        rustix::fs::flock(lock.as_fd(), FlockOperation::LockExclusive)
-            .map_err(StoreError::errno("locking", &lock_path))?;
-        if final_dir.is_dir() {
+        let _lock = self.lock_layer(chain_id)?;
+        if self.layout.layer(chain_id).is_dir() {
             return Ok(false);
         }
-        let staging = self.layout.tmp().join(format!("layer-{}", chain_id.hex()));
-        if staging.exists() {
-            fs::remove_dir_all(&staging).map_err(StoreError::io("removing", &staging))?;
-        }
-        fs::create_dir(&staging).map_err(StoreError::io("creating", &staging))?;
+        let staging = self.fresh_staging(chain_id)?;
         let mut guard = RemoveOnDrop(Some(staging.clone()));
         let record = LayerRecord {
             chain_id: chain_id.clone(),
@@ -138,28 +114,52 @@ impl Store {
             size: crate::disk_usage(diff)?,
             overlay_markers: None,
         };
-        let record_path = staging.join("layer.json");
-        let json = serde_json::to_vec_pretty(&record)
-            .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
-        fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
         let staged_diff = staging.join("diff");
         fs::rename(diff, &staged_diff).map_err(StoreError::io("moving", diff))?;
-        let published = File::open(&staging)
-            .map_err(StoreError::io("opening", &staging))
-            .and_then(|dir| {
-                rustix::fs::syncfs(dir.as_fd()).map_err(StoreError::errno("syncing", &staging))
-            })
-            .and_then(|()| {
-                fs::rename(&staging, &final_dir)
-                    .map_err(StoreError::io("publishing layer", &final_dir))
-            });
-        if let Err(e) = published {
+        if let Err(e) = self.publish_staged(&staging, &record) {
             let _ = fs::rename(&staged_diff, diff);
             return Err(e);
         }
         guard.0 = None;
         tracing::info!(chain_id = %chain_id, bytes = record.size, "published committed snapshot as a layer");
         Ok(true)
+    }
+
+    /// Takes layer `chain_id`'s lock: one writer per layer. The lock dies with its
+    /// process, so a crash never blocks.
+    fn lock_layer(&self, chain_id: &Digest) -> Result<File, StoreError> {
+        let lock_path = self.layout.layer_lock(chain_id);
+        let lock = File::create(&lock_path).map_err(StoreError::io("creating lock", &lock_path))?;
+        rustix::fs::flock(lock.as_fd(), FlockOperation::LockExclusive)
+            .map_err(StoreError::errno("locking", &lock_path))?;
+        Ok(lock)
+    }
+
+    /// An empty `tmp/layer-<hex>/` to stage layer `chain_id` in. The caller holds the
+    /// layer's lock, so anything already there is a crashed writer's leftover.
+    fn fresh_staging(&self, chain_id: &Digest) -> Result<PathBuf, StoreError> {
+        let staging = self.layout.tmp().join(format!("layer-{}", chain_id.hex()));
+        if staging.exists() {
+            tracing::info!(path = %staging.display(), "removing an interrupted layer import");
+            fs::remove_dir_all(&staging).map_err(StoreError::io("removing", &staging))?;
+        }
+        fs::create_dir(&staging).map_err(StoreError::io("creating", &staging))?;
+        Ok(staging)
+    }
+
+    /// Writes `record` beside the staged `diff/`, makes everything durable, and renames
+    /// `staging` into `layers/`. The rename is what makes the layer trusted, so its data
+    /// must be durable first: after a crash, a layer under layers/ must never have lost
+    /// its contents.
+    fn publish_staged(&self, staging: &Path, record: &LayerRecord) -> Result<(), StoreError> {
+        let record_path = staging.join("layer.json");
+        let json = serde_json::to_vec_pretty(record)
+            .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
+        fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
+        let dir = File::open(staging).map_err(StoreError::io("opening", staging))?;
+        rustix::fs::syncfs(dir.as_fd()).map_err(StoreError::errno("syncing", staging))?;
+        let final_dir = self.layout.layer(&record.chain_id);
+        fs::rename(staging, &final_dir).map_err(StoreError::io("publishing layer", &final_dir))
     }
 
     fn unpack_verified(

@@ -31,21 +31,20 @@ pub fn run(
 ) -> anyhow::Result<()> {
     tracing::info!(store = %store.root().display(), "daemon started");
     let Some(containerd) = containerd else {
-        loop {
-            work_once(store, mounter.as_ref());
-            std::thread::sleep(interval);
-        }
+        work_forever(store, mounter.as_ref(), interval);
     };
     let snapshotter = Snapshotter::open(store.clone(), mounter.clone(), containerd.strategies)?;
     let background_store = store.clone();
-    std::thread::spawn(move || {
-        loop {
-            work_once(&background_store, mounter.as_ref());
-            std::thread::sleep(interval);
-        }
-    });
+    std::thread::spawn(move || work_forever(&background_store, mounter.as_ref(), interval));
     lamina_snapshotter::serve_until_signalled(snapshotter, &containerd.socket)?;
     Ok(())
+}
+
+fn work_forever(store: &Store, mounter: &dyn Mounter, interval: Duration) -> ! {
+    loop {
+        work_once(store, mounter);
+        std::thread::sleep(interval);
+    }
 }
 
 fn work_once(store: &Store, mounter: &dyn Mounter) {
