@@ -3,11 +3,13 @@
 //! All of it needs root.
 
 pub mod containerd;
+pub mod hostile;
 pub mod lamina;
 pub mod proof;
 pub mod runc;
 pub mod scratch;
 pub mod snapshotter;
+pub mod tree;
 
 pub use lamina::{Lamina, Output};
 pub use runc::Bundle;

@@ -1,136 +1,693 @@
-//! Hostile layers through the real CLI: a clear one-line error naming the layer and the
-//! entry, exit 1, nothing written outside, and the store left without a trace of them.
+//! The hostile-input corpus, through the real CLI. Every refused case must give exit 1 and
+//! one line on stdout naming the layer and the entry (or the document) at fault, and leave
+//! the scratch filesystem — the store and everything beside it — exactly as it was: no
+//! partial layer, no container, no temp dir, no mount, nothing written outside. The
+//! accepted cases are legitimate layers that look alarming; they must import, and stay
+//! inside their layer.
+//!
+//! Each case builds its image in code; `docs/security.md` lists what each one proves.
 
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
-use std::path::Path;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 
 use lamina_image::{Compression, Platform};
+use lamina_integration::hostile::{self, gzip};
 use lamina_integration::scratch::mounts_under;
-use lamina_integration::{Lamina, ScratchFs, require_root};
-use lamina_sample::{EntryType, Layer, LayerBuilder, build_image, write_oci_layout};
+use lamina_integration::tree::Tree;
+use lamina_integration::{Lamina, Output, ScratchFs, require_root};
+use lamina_sample::{EntryType, Layer, LayerBuilder};
 
-/// An OCI layout with a good base layer and `top` above it.
-fn image_with_top(dir: &Path, top: Vec<u8>) -> String {
-    let base = LayerBuilder::new()
-        .dir("etc", 0o755)
-        .unwrap()
-        .file("etc/hostname", 0o644, b"base\n")
-        .unwrap()
-        .finish()
-        .unwrap();
-    let layers = [
-        Layer {
-            tar: base,
-            compression: Compression::Gzip,
-        },
-        Layer {
-            tar: top,
-            compression: Compression::Gzip,
-        },
-    ];
-    let image = build_image(&layers, &[], &Platform::host()).unwrap();
-    write_oci_layout(dir, &[&image], &[(image.manifest.clone(), Some("evil"))]).unwrap();
-    format!("oci://{}:evil", dir.display())
+/// A fresh store that already holds the base layer (imported by a `--without-mount`
+/// create), plus a `victim/` directory beside it for escapes to aim at.
+struct Scene {
+    fs: ScratchFs,
+    lamina: Lamina,
+    victim: PathBuf,
 }
 
-fn entries(path: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(path)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
+/// flock files and per-boot caches: created on use, holding no state anyone trusts.
+const NOT_STATE: &[&str] = &["store/locks", "store/run"];
 
-fn assert_refused(lamina: &Lamina, image: &str, id: &str, expect: &[&str]) {
-    let out = lamina.run(&["create", image, id]);
-    assert_eq!(out.code, 1, "{out:?}");
-    assert_eq!(out.stdout.lines().count(), 1, "{out:?}");
-    assert!(
-        out.stdout.contains("layer 1 (sha256:"),
-        "names the layer: {out:?}"
-    );
-    for e in expect {
-        assert!(out.stdout.contains(e), "expected `{e}`: {out:?}");
-    }
-    // No container, no half-imported layer, no temp dir, no mount.
-    assert!(entries(&lamina.store.join("images")).is_empty());
-    assert!(entries(&lamina.store.join("tmp")).is_empty());
-    assert!(
-        entries(&lamina.store.join("layers")).len() <= 1,
-        "only the good base layer may stay"
-    );
-    assert!(mounts_under(&lamina.store).is_empty());
-}
-
-#[test]
-fn dot_dot_entries_fail_and_write_nothing_outside() {
-    require_root();
-    let fs = ScratchFs::tmpfs();
-    let lamina = Lamina::init(&fs.path().join("store"));
-    let top = LayerBuilder::new()
-        .file("fine.txt", 0o644, b"ok")
-        .unwrap()
-        .raw(
-            EntryType::Regular,
-            "../../../escaped-by-dotdot",
-            None,
-            b"pwned",
-        )
-        .unwrap()
-        .finish()
-        .unwrap();
-    let image = image_with_top(&fs.path().join("img"), top);
-    assert_refused(
-        &lamina,
-        &image,
-        "dotdot",
-        &["`../../../escaped-by-dotdot`", "`..`"],
-    );
-    assert_eq!(entries(fs.path()), ["img", "store"]);
-    assert!(!Path::new("/escaped-by-dotdot").exists());
-}
-
-#[test]
-fn writing_through_a_planted_symlink_fails_and_writes_nothing_outside() {
+fn scene() -> Scene {
     require_root();
     let fs = ScratchFs::tmpfs();
     let lamina = Lamina::init(&fs.path().join("store"));
     let victim = fs.path().join("victim");
     fs::create_dir(&victim).unwrap();
-    let top = LayerBuilder::new()
-        .symlink("escape", victim.to_str().unwrap())
-        .unwrap()
-        .raw(EntryType::Regular, "escape/planted.txt", None, b"pwned")
-        .unwrap()
-        .finish()
-        .unwrap();
-    let image = image_with_top(&fs.path().join("img"), top);
-    assert_refused(
-        &lamina,
-        &image,
-        "symlink",
-        &["`escape/planted.txt`", "symlink"],
-    );
-    assert!(
-        entries(&victim).is_empty(),
-        "nothing was written through the symlink"
-    );
+    fs::write(victim.join("file"), "keep").unwrap();
+    let base = hostile::write(&fs.path().join("base"), &hostile::base_only());
+    let out = lamina.run(&["create", "--without-mount", &base, "warm"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    Scene { fs, lamina, victim }
+}
 
-    // The same image without the escape imports fine afterwards: the store is usable.
-    let good = LayerBuilder::new()
-        .file("fine.txt", 0o644, b"ok")
+impl Scene {
+    fn dir(&self, name: &str) -> PathBuf {
+        self.fs.path().join(name)
+    }
+
+    fn write(&self, image: &lamina_sample::BuiltImage) -> String {
+        hostile::write(&self.dir("img"), image)
+    }
+
+    /// A layout whose top layer is `tar`, gzipped.
+    fn top(&self, tar: Vec<u8>) -> String {
+        self.write(&hostile::with_top(gzip(tar)))
+    }
+
+    /// Runs `create` and checks everything a refusal promises; returns the output.
+    fn refused(&self, image: &str, flags: &[&str], mentions: &[&str]) -> Output {
+        let before = Tree::of(self.fs.path(), NOT_STATE);
+        let mut args = flags.to_vec();
+        args.extend_from_slice(&["create", image, "hostile"]);
+        let out = self.lamina.run(&args);
+        assert_eq!(out.code, 1, "refused with exit 1: {out:?}");
+        assert_eq!(out.stdout.lines().count(), 1, "one line: {out:?}");
+        for m in mentions {
+            assert!(out.stdout.contains(m), "expected `{m}` in: {}", out.stdout);
+        }
+        let after = Tree::of(self.fs.path(), NOT_STATE);
+        assert!(before == after, "changed:\n{}", before.diff(&after));
+        assert!(mounts_under(&self.lamina.store).is_empty());
+        out
+    }
+
+    /// A refused layer: also names layer 1 and `entry`.
+    fn refused_entry(&self, image: &str, entry: &str, mentions: &[&str]) {
+        let out = self.refused(image, &[], mentions);
+        assert!(out.stdout.contains("layer 1 (sha256:"), "{}", out.stdout);
+        assert!(
+            out.stdout.contains(&format!("entry `{entry}`")),
+            "names entry `{entry}`: {}",
+            out.stdout
+        );
+    }
+
+    /// An accepted layer: create succeeds; returns the rootfs for checks, then deletes.
+    fn accepted(&self, image: &str, check: impl FnOnce(&Path)) {
+        let before_outside = Tree::of(self.fs.path(), &["store", "img"]);
+        let rootfs = self.lamina.create(image, "accepted");
+        check(&rootfs);
+        self.lamina
+            .delete_and_assert_gone("accepted", "accepted case");
+        assert_eq!(before_outside, Tree::of(self.fs.path(), &["store", "img"]));
+        assert_eq!(
+            fs::read_to_string(self.victim.join("file")).unwrap(),
+            "keep"
+        );
+        assert_eq!(fs::read_dir(&self.victim).unwrap().count(), 1);
+    }
+}
+
+fn layer() -> LayerBuilder {
+    LayerBuilder::new().file("fine.txt", 0o644, b"ok").unwrap()
+}
+
+fn raw(b: LayerBuilder, kind: EntryType, name: &str, link: Option<&str>) -> LayerBuilder {
+    b.raw(
+        kind,
+        name,
+        link,
+        if kind == EntryType::Regular {
+            b"pwned"
+        } else {
+            b""
+        },
+    )
+    .unwrap()
+}
+
+fn pax(b: LayerBuilder, name: &[u8], link: Option<&[u8]>, extra: &[(&str, &[u8])]) -> LayerBuilder {
+    let kind = if link.is_some() {
+        EntryType::Link
+    } else {
+        EntryType::Regular
+    };
+    b.pax(kind, name, link, b"data", extra).unwrap()
+}
+
+// ---- names that leave the layer --------------------------------------------------------
+
+#[test]
+fn dot_dot_traversal() {
+    let s = scene();
+    let name = "../../../../../../../../../tmp/lamina-escape-dotdot";
+    let img = s.top(
+        raw(layer(), EntryType::Regular, name, None)
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, name, &["`..` component escapes the layer root"]);
+    assert!(!Path::new("/tmp/lamina-escape-dotdot").exists());
+}
+
+#[test]
+fn absolute_path() {
+    let s = scene();
+    let name = "/tmp/lamina-escape-absolute";
+    let img = s.top(
+        raw(layer(), EntryType::Regular, name, None)
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, name, &["absolute path escapes the layer root"]);
+    assert!(!Path::new(name).exists());
+}
+
+#[test]
+fn symlink_to_outside_then_a_write_through_it() {
+    let s = scene();
+    let b = layer()
+        .symlink("escape", s.victim.to_str().unwrap())
+        .unwrap();
+    let img = s.top(
+        raw(b, EntryType::Regular, "escape/planted", None)
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(
+        &img,
+        "escape/planted",
+        &["`escape` is a symlink; refusing to write through it"],
+    );
+}
+
+#[test]
+fn relative_symlink_climbing_out_then_a_write_through_it() {
+    let s = scene();
+    let b = layer().symlink("up", "../../../../../../../..").unwrap();
+    let img = s.top(
+        raw(b, EntryType::Regular, "up/tmp/lamina-escape-up", None)
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, "up/tmp/lamina-escape-up", &["`up` is a symlink"]);
+    assert!(!Path::new("/tmp/lamina-escape-up").exists());
+}
+
+#[test]
+fn symlink_loop_then_a_write_through_it() {
+    let s = scene();
+    let b = layer()
+        .symlink("a", "b")
+        .unwrap()
+        .symlink("b", "a")
+        .unwrap();
+    let img = s.top(raw(b, EntryType::Regular, "a/x", None).finish().unwrap());
+    s.refused_entry(&img, "a/x", &["`a` is a symlink"]);
+}
+
+#[test]
+fn directory_replaced_by_a_symlink_then_written_through() {
+    let s = scene();
+    let b = layer()
+        .dir("d", 0o755)
+        .unwrap()
+        .file("d/inside", 0o644, b"x")
+        .unwrap();
+    let b = raw(b, EntryType::Symlink, "d", Some(s.victim.to_str().unwrap()));
+    let img = s.top(
+        raw(b, EntryType::Regular, "d/planted", None)
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, "d", &["appears earlier in this layer as a directory"]);
+}
+
+// ---- hardlinks ---------------------------------------------------------------------------
+
+#[test]
+fn hardlink_to_outside() {
+    let s = scene();
+    let img = s.top(
+        raw(
+            layer(),
+            EntryType::Link,
+            "evil",
+            Some("../../../../../etc/passwd"),
+        )
+        .finish()
+        .unwrap(),
+    );
+    s.refused_entry(
+        &img,
+        "evil",
+        &["hardlink target `../../../../../etc/passwd`", "`..`"],
+    );
+}
+
+#[test]
+fn hardlink_to_an_absolute_target() {
+    let s = scene();
+    let img = s.top(
+        raw(layer(), EntryType::Link, "evil", Some("/etc/passwd"))
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, "evil", &["hardlink target `/etc/passwd`", "absolute"]);
+}
+
+#[test]
+fn hardlink_to_a_missing_target() {
+    let s = scene();
+    let img = s.top(
+        raw(layer(), EntryType::Link, "evil", Some("nowhere"))
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(
+        &img,
+        "evil",
+        &["hardlink target `nowhere` does not exist in this layer"],
+    );
+}
+
+#[test]
+fn hardlink_through_a_symlinked_directory() {
+    let s = scene();
+    let b = layer().symlink("out", s.victim.to_str().unwrap()).unwrap();
+    let img = s.top(
+        raw(b, EntryType::Link, "evil", Some("out/file"))
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, "evil", &["hardlink target `out/file`", "symlink"]);
+}
+
+// ---- whiteouts and opaque markers ----------------------------------------------------------
+
+#[test]
+fn whiteout_of_dot_dot() {
+    let s = scene();
+    let img = s.top(
+        raw(layer(), EntryType::Regular, "etc/.wh...", None)
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, "etc/.wh...", &["whiteout names no entry"]);
+}
+
+#[test]
+fn whiteout_inside_a_symlinked_directory() {
+    let s = scene();
+    let b = layer().symlink("d", s.victim.to_str().unwrap()).unwrap();
+    let img = s.top(
+        raw(b, EntryType::Regular, "d/.wh.file", None)
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, "d/.wh.file", &["`d` is a symlink"]);
+}
+
+#[test]
+fn opaque_marker_inside_a_symlinked_directory() {
+    let s = scene();
+    let b = layer().symlink("d", s.victim.to_str().unwrap()).unwrap();
+    let img = s.top(
+        raw(b, EntryType::Regular, "d/.wh..wh..opq", None)
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, "d/.wh..wh..opq", &["`d` is a symlink"]);
+}
+
+#[test]
+fn opaque_marker_at_the_layer_root() {
+    let s = scene();
+    let img = s.top(
+        raw(layer(), EntryType::Regular, ".wh..wh..opq", None)
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, ".wh..wh..opq", &["opaque marker at the layer root"]);
+}
+
+#[test]
+fn whiteout_of_an_entry_of_the_same_layer() {
+    let s = scene();
+    let img = s.top(layer().whiteout("fine.txt").unwrap().finish().unwrap());
+    s.refused_entry(&img, ".wh.fine.txt", &["which this layer itself holds"]);
+}
+
+// ---- duplicates, sizes, names --------------------------------------------------------------
+
+#[test]
+fn directory_then_file_at_one_path() {
+    let s = scene();
+    let b = layer()
+        .dir("x", 0o755)
+        .unwrap()
+        .file("x/inner", 0o644, b"i")
+        .unwrap();
+    let img = s.top(b.file("x", 0o644, b"now a file").unwrap().finish().unwrap());
+    s.refused_entry(&img, "x", &["appears earlier in this layer as a directory"]);
+}
+
+#[test]
+fn huge_declared_size() {
+    let s = scene();
+    let tar = layer().lying_entry("huge", 1 << 40, &[7; 1024]).unwrap();
+    let img = s.top(tar);
+    s.refused_entry(
+        &img,
+        "huge",
+        &["declares 1099511627776 bytes", "per-layer limit"],
+    );
+}
+
+#[test]
+fn decompression_bomb_past_the_configured_limit() {
+    let s = scene();
+    let bomb = vec![0u8; 48 << 20];
+    let tar = layer()
+        .file("bomb", 0o644, &bomb)
         .unwrap()
         .finish()
         .unwrap();
-    let image = image_with_top(&fs.path().join("good"), good);
-    let rootfs = lamina.create(&image, "good");
-    assert_eq!(
-        fs::read_to_string(rootfs.join("etc/hostname")).unwrap(),
-        "base\n"
+    let img = s.top(tar);
+    let out = s.refused(
+        &img,
+        &["--max-layer-bytes", "16777216"],
+        &["layer 1 (sha256:", "limit of 16777216 bytes"],
     );
-    lamina.delete_and_assert_gone("good", "good");
+    assert!(out.stdout.contains("entry `bomb`"), "{}", out.stdout);
+}
+
+#[test]
+fn name_past_path_max() {
+    let s = scene();
+    let name = b"deep/".repeat(900);
+    let img = s.top(pax(layer(), &name, None, &[]).finish().unwrap());
+    s.refused_entry(&img, &String::from_utf8(name).unwrap(), &["past PATH_MAX"]);
+}
+
+#[test]
+fn component_past_name_max() {
+    let s = scene();
+    let name = "n".repeat(300);
+    let img = s.top(pax(layer(), name.as_bytes(), None, &[]).finish().unwrap());
+    s.refused_entry(&img, &name, &["300 bytes long, past NAME_MAX"]);
+}
+
+#[test]
+fn control_characters_in_a_name_stay_on_one_line() {
+    let s = scene();
+    let name = "../x\n{\"level\":\"forged\"}\x1b[2J";
+    let img = s.top(
+        raw(layer(), EntryType::Regular, name, None)
+            .finish()
+            .unwrap(),
+    );
+    s.refused_entry(&img, "../x\\n{\"level\":\"forged\"}\\u{1b}[2J", &["`..`"]);
+}
+
+#[test]
+fn non_utf8_name_that_escapes() {
+    let s = scene();
+    let img = s.top(pax(layer(), b"../caf\xe9", None, &[]).finish().unwrap());
+    s.refused_entry(&img, "../caf\u{fffd}", &["`..`"]);
+}
+
+// ---- broken streams ------------------------------------------------------------------------
+
+/// A layout whose top layer blob is `blob` as written, the manifest still naming the
+/// good blob's digest and size.
+fn with_broken_blob(
+    s: &Scene,
+    compression: Compression,
+    cut: impl FnOnce(&[u8]) -> Vec<u8>,
+) -> String {
+    let big: Vec<u8> = hostile::noise(256 << 10);
+    let tar = layer()
+        .file("payload", 0o644, &big)
+        .unwrap()
+        .finish()
+        .unwrap();
+    let image = hostile::with_top(Layer { tar, compression });
+    let img = s.write(&image);
+    let digest = image.layers[1].0.clone();
+    let broken = cut(&image.blobs[&digest]);
+    hostile::overwrite_blob(&s.dir("img"), &digest, &broken);
+    img
+}
+
+#[test]
+fn truncated_gzip() {
+    let s = scene();
+    let img = with_broken_blob(&s, Compression::Gzip, |b| b[..b.len() / 2].to_vec());
+    s.refused_entry(&img, "payload", &["writing file"]);
+}
+
+#[test]
+fn truncated_zstd() {
+    let s = scene();
+    let img = with_broken_blob(&s, Compression::Zstd, |b| b[..b.len() / 2].to_vec());
+    s.refused_entry(&img, "payload", &["writing file"]);
+}
+
+#[test]
+fn corrupted_gzip() {
+    let s = scene();
+    let img = with_broken_blob(&s, Compression::Gzip, |b| {
+        let mut b = b.to_vec();
+        let mid = b.len() / 2;
+        b[mid..mid + 64].copy_from_slice(&[0x55; 64]);
+        b
+    });
+    s.refused_entry(&img, "payload", &["corrupt gzip stream"]);
+}
+
+#[test]
+fn non_tar_garbage() {
+    let s = scene();
+    let img = s.write(&hostile::with_top(gzip(hostile::noise(4096))));
+    let out = s.refused(&img, &[], &["layer 1 (sha256:", "reading layer tar"]);
+    assert!(!out.stdout.contains("entry `"), "{}", out.stdout);
+}
+
+// ---- documents that lie --------------------------------------------------------------------
+
+#[test]
+fn blob_digest_mismatch() {
+    let s = scene();
+    let image = hostile::with_top(gzip(layer().finish().unwrap()));
+    let img = s.write(&image);
+    let digest = image.layers[1].0.clone();
+    let other = hostile::build(
+        vec![gzip(
+            layer()
+                .file("other", 0o644, b"x")
+                .unwrap()
+                .finish()
+                .unwrap(),
+        )],
+        &Platform::host(),
+    );
+    let other_blob = other.blobs[&other.layers[0].0].clone();
+    hostile::overwrite_blob(&s.dir("img"), &digest, &other_blob);
+    s.refused(&img, &[], &["layer 1 (sha256:", "blob digest mismatch"]);
+}
+
+#[test]
+fn diff_id_mismatch() {
+    let s = scene();
+    let mut image = hostile::with_top(gzip(layer().finish().unwrap()));
+    hostile::edit_config(&mut image, |c| {
+        c["rootfs"]["diff_ids"][1] = format!("sha256:{}", "ab".repeat(32)).into();
+    });
+    let img = s.write(&image);
+    s.refused(&img, &[], &["layer 1 (sha256:", "diffID mismatch"]);
+}
+
+#[test]
+fn manifest_naming_a_missing_blob() {
+    let s = scene();
+    let image = hostile::with_top(gzip(layer().finish().unwrap()));
+    let img = s.write(&image);
+    let digest = image.layers[1].0.clone();
+    fs::remove_file(s.dir("img/blobs/sha256").join(digest.hex())).unwrap();
+    s.refused(&img, &[], &[&format!("{}", digest.hex()), "missing"]);
+}
+
+#[test]
+fn index_without_a_matching_platform() {
+    let s = scene();
+    let foreign = |arch: &str| {
+        let platform = Platform {
+            os: "linux".into(),
+            architecture: arch.into(),
+            variant: None,
+        };
+        hostile::build(vec![gzip(hostile::base_layer())], &platform)
+    };
+    let (s390x, riscv) = (foreign("s390x"), foreign("riscv64"));
+    let dir = s.dir("img");
+    lamina_sample::write_oci_layout(
+        &dir,
+        &[&s390x, &riscv],
+        &[
+            (s390x.manifest.clone(), Some(hostile::TAG)),
+            (riscv.manifest.clone(), Some(hostile::TAG)),
+        ],
+    )
+    .unwrap();
+    let img = format!("oci://{}:{}", dir.display(), hostile::TAG);
+    s.refused(
+        &img,
+        &[],
+        &["no image for platform", "linux/s390x, linux/riscv64"],
+    );
+}
+
+#[test]
+fn malformed_manifest_json() {
+    let s = scene();
+    let mut image = hostile::with_top(gzip(layer().finish().unwrap()));
+    hostile::set_manifest(&mut image, br#"{"schemaVersion":2,"layers":[{"#.to_vec());
+    let img = s.write(&image);
+    s.refused(&img, &[], &["manifest"]);
+}
+
+#[test]
+fn malformed_config_json() {
+    let s = scene();
+    let mut image = hostile::with_top(gzip(layer().finish().unwrap()));
+    hostile::set_config(&mut image, b"{\"rootfs\": nope}".to_vec());
+    let img = s.write(&image);
+    s.refused(&img, &[], &["config"]);
+}
+
+#[test]
+fn config_with_fewer_diff_ids_than_layers() {
+    let s = scene();
+    let mut image = hostile::with_top(gzip(layer().finish().unwrap()));
+    hostile::edit_config(&mut image, |c| {
+        c["rootfs"]["diff_ids"].as_array_mut().unwrap().pop();
+    });
+    let img = s.write(&image);
+    s.refused(&img, &[], &["diff"]);
+}
+
+#[test]
+fn docker_archive_naming_a_layer_outside_it() {
+    let s = scene();
+    let staging = s.dir("docker");
+    fs::create_dir(&staging).unwrap();
+    let image = hostile::base_only();
+    fs::write(
+        staging.join("config.json"),
+        &image.blobs[&image.config_digest],
+    )
+    .unwrap();
+    let manifest = serde_json::json!([{ "Config": "config.json", "RepoTags": ["evil:latest"], "Layers": ["../../../../../etc/hostname"] }]);
+    fs::write(staging.join("manifest.json"), manifest.to_string()).unwrap();
+    let archive = s.dir("docker.tar");
+    lamina_sample::tar_dir(&staging, &archive).unwrap();
+    fs::remove_dir_all(&staging).unwrap();
+    s.refused(
+        &format!("docker-archive://{}", archive.display()),
+        &[],
+        &["../../../../../etc/hostname"],
+    );
+}
+
+// ---- alarming but legitimate: accepted, and contained ----------------------------------------
+
+#[test]
+fn setuid_files_are_kept_inside_the_layer() {
+    let s = scene();
+    let img = s.top(
+        layer()
+            .file("bin-su", 0o4755, b"#!/bin/sh\n")
+            .unwrap()
+            .finish()
+            .unwrap(),
+    );
+    s.accepted(&img, |rootfs| {
+        let mode = fs::metadata(rootfs.join("bin-su"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o7777,
+            0o4755,
+            "images ship su and ping: the bit stays"
+        );
+    });
+}
+
+#[test]
+fn non_utf8_names_are_kept_byte_for_byte() {
+    let s = scene();
+    let img = s.top(pax(layer(), b"caf\xe9", None, &[]).finish().unwrap());
+    s.accepted(&img, |rootfs| {
+        let name = std::ffi::OsStr::from_bytes(b"caf\xe9");
+        assert_eq!(fs::read(rootfs.join(name)).unwrap(), b"data");
+    });
+}
+
+#[test]
+fn smuggled_overlay_xattrs_are_dropped() {
+    let s = scene();
+    let extra: &[(&str, &[u8])] = &[
+        ("SCHILY.xattr.trusted.overlay.redirect", b"/etc"),
+        ("SCHILY.xattr.trusted.overlay.metacopy", b""),
+        ("SCHILY.xattr.user.kept", b"yes"),
+    ];
+    let img = s.top(pax(layer(), b"decoy", None, extra).finish().unwrap());
+    s.accepted(&img, |rootfs| {
+        let layer = s.lamina.store.join("layers");
+        let decoys: Vec<PathBuf> = fs::read_dir(&layer)
+            .unwrap()
+            .map(|e| e.unwrap().path().join("diff/decoy"))
+            .filter(|p| p.exists())
+            .collect();
+        assert_eq!(decoys.len(), 1);
+        assert_eq!(xattr(&decoys[0], "trusted.overlay.redirect"), None);
+        assert_eq!(xattr(&decoys[0], "trusted.overlay.metacopy"), None);
+        assert_eq!(xattr(&decoys[0], "user.kept").as_deref(), Some(&b"yes"[..]));
+        assert_eq!(fs::read(rootfs.join("decoy")).unwrap(), b"data");
+    });
+}
+
+#[test]
+fn symlinks_pointing_anywhere_are_kept_as_links() {
+    let s = scene();
+    let b = layer()
+        .symlink("loop-a", "loop-b")
+        .unwrap()
+        .symlink("loop-b", "loop-a")
+        .unwrap();
+    let b = b
+        .symlink("passwd", "/etc/passwd")
+        .unwrap()
+        .symlink("up", "../../../..")
+        .unwrap();
+    let img = s.top(b.finish().unwrap());
+    s.accepted(&img, |rootfs| {
+        assert_eq!(
+            fs::read_link(rootfs.join("loop-a")).unwrap(),
+            Path::new("loop-b")
+        );
+        assert_eq!(
+            fs::read_link(rootfs.join("passwd")).unwrap(),
+            Path::new("/etc/passwd")
+        );
+        assert_eq!(
+            fs::read_link(rootfs.join("up")).unwrap(),
+            Path::new("../../../..")
+        );
+    });
+}
+
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    let n = rustix::fs::lgetxattr(path, name, &mut buf).ok()?;
+    buf.truncate(n);
+    Some(buf)
 }

@@ -11,6 +11,8 @@ pub struct Config {
     pub store: Option<PathBuf>,
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,
+    /// As `--max-layer-bytes`: the per-layer cap on uncompressed bytes.
+    pub max_layer_bytes: Option<u64>,
     pub create: CreateConfig,
     pub clean: CleanConfig,
     pub init: InitConfig,

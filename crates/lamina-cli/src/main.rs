@@ -33,6 +33,9 @@ pub struct Cli {
     /// Append logs to this file instead of stderr
     #[arg(long, global = true)]
     log_file: Option<PathBuf>,
+    /// Refuse a layer that unpacks to more than this many bytes (a decompression bomb) [default: `max_layer_bytes` in --config, else 64 GiB]
+    #[arg(long, global = true, value_name = "N")]
+    max_layer_bytes: Option<u64>,
     #[command(subcommand)]
     command: Command,
 }

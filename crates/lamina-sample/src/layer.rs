@@ -126,6 +126,43 @@ impl LayerBuilder {
         Ok(self)
     }
 
+    /// An entry named (and linked) by PAX records, byte for byte, plus any `extra` PAX
+    /// records: how test layers get non-UTF-8 names, names past PATH_MAX, and xattrs a
+    /// layer should not carry.
+    pub fn pax(
+        mut self,
+        kind: EntryType,
+        name: &[u8],
+        link: Option<&[u8]>,
+        data: &[u8],
+        extra: &[(&str, &[u8])],
+    ) -> io::Result<Self> {
+        let mut records: Vec<(&str, &[u8])> = vec![("path", name)];
+        if let Some(link) = link {
+            records.push(("linkpath", link));
+        }
+        records.extend_from_slice(extra);
+        self.tar.append_pax_extensions(records)?;
+        let mut h = Self::header(kind, 0o644, data.len() as u64);
+        h.as_old_mut().name[..11].copy_from_slice(b"pax-entry\0\0");
+        h.set_cksum();
+        self.tar.append(&h, data)?;
+        Ok(self)
+    }
+
+    /// The tar so far plus one regular-file header that declares `declared` bytes but is
+    /// followed by only `data`, and no end-of-archive marker: a stream that lies about
+    /// its size and then stops.
+    pub fn lying_entry(mut self, name: &str, declared: u64, data: &[u8]) -> io::Result<Vec<u8>> {
+        let mut h = Self::header(EntryType::Regular, 0o644, declared);
+        h.set_path(name)?;
+        h.set_cksum();
+        let mut bytes = std::mem::replace(self.tar.get_mut(), Vec::new());
+        bytes.extend_from_slice(h.as_bytes());
+        bytes.extend_from_slice(data);
+        Ok(bytes)
+    }
+
     pub fn finish(self) -> io::Result<Vec<u8>> {
         self.tar.into_inner()
     }

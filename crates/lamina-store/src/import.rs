@@ -180,7 +180,8 @@ impl Store {
         let mut stored = HashingReader::new(blob);
         let decoded = compression::decoder(&mut stored, layer.compression, &what)?;
         let mut tar = HashingReader::with_limit(decoded, self.max_layer_bytes);
-        let summary = lamina_unpack::unpack(&mut tar, dest).map_err(|e| fail(e.to_string()))?;
+        let summary = lamina_unpack::unpack_limited(&mut tar, dest, self.max_layer_bytes)
+            .map_err(|e| fail(e.to_string()))?;
         let (diff_id, size) = tar.finish().map_err(|e| fail(format!("reading: {e}")))?;
         let (blob_digest, blob_size) = stored
             .finish()

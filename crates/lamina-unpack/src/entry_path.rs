@@ -14,14 +14,28 @@ pub enum PathRejection {
     Absolute,
     DotDot,
     Nul,
+    /// A component longer than NAME_MAX: no Linux filesystem can hold it.
+    NameTooLong(usize),
+    /// Longer than PATH_MAX as a whole.
+    PathTooLong(usize),
 }
+
+/// Linux's NAME_MAX and PATH_MAX (including the terminating NUL).
+const NAME_MAX: usize = 255;
+const PATH_MAX: usize = 4096;
 
 impl fmt::Display for PathRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            PathRejection::Absolute => "absolute path escapes the layer root",
-            PathRejection::DotDot => "`..` component escapes the layer root",
-            PathRejection::Nul => "name contains a NUL byte",
+        f.write_str(&match self {
+            PathRejection::Absolute => "absolute path escapes the layer root".into(),
+            PathRejection::DotDot => "`..` component escapes the layer root".into(),
+            PathRejection::Nul => "name contains a NUL byte".into(),
+            PathRejection::NameTooLong(n) => {
+                format!("a component is {n} bytes long, past NAME_MAX ({NAME_MAX})")
+            }
+            PathRejection::PathTooLong(n) => {
+                format!("name is {n} bytes long, past PATH_MAX ({PATH_MAX})")
+            }
         })
     }
 }
@@ -37,11 +51,17 @@ impl EntryPath {
         if raw.starts_with(b"/") {
             return Err(PathRejection::Absolute);
         }
+        if raw.len() >= PATH_MAX {
+            return Err(PathRejection::PathTooLong(raw.len()));
+        }
         let mut components = Vec::new();
         for part in raw.split(|&b| b == b'/') {
             match part {
                 b"" | b"." => {}
                 b".." => return Err(PathRejection::DotDot),
+                name if name.len() > NAME_MAX => {
+                    return Err(PathRejection::NameTooLong(name.len()));
+                }
                 name => components.push(name.to_vec()),
             }
         }
@@ -69,6 +89,21 @@ impl EntryPath {
     pub fn join(parts: &[Vec<u8>]) -> Vec<u8> {
         parts.join(&b'/')
     }
+}
+
+/// An entry name as error messages show it: lossy UTF-8 with control characters escaped,
+/// so a name holding a newline or a terminal escape cannot break the one-line error or
+/// forge log lines.
+pub fn shown(raw: &[u8]) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for c in String::from_utf8_lossy(raw).chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -103,6 +138,26 @@ mod tests {
             Err(PathRejection::Absolute)
         );
         assert_eq!(EntryPath::parse(b"a\0b"), Err(PathRejection::Nul));
+    }
+
+    #[test]
+    fn refuses_names_no_filesystem_holds() {
+        let long = vec![b'a'; 256];
+        assert_eq!(
+            EntryPath::parse(&long),
+            Err(PathRejection::NameTooLong(256))
+        );
+        let deep = b"abcdefgh/".repeat(512);
+        assert_eq!(
+            EntryPath::parse(&deep),
+            Err(PathRejection::PathTooLong(4608))
+        );
+    }
+
+    #[test]
+    fn shown_names_stay_on_one_line() {
+        assert_eq!(shown(b"a\nb\x1b[31m"), "a\\nb\\u{1b}[31m");
+        assert_eq!(shown(b"caf\xe9"), "caf\u{fffd}");
     }
 
     #[test]

@@ -14,8 +14,8 @@ mod remove;
 mod resolve;
 mod unpacker;
 
-pub use entry_path::{EntryPath, PathRejection};
-pub use unpacker::{UnpackSummary, unpack};
+pub use entry_path::{EntryPath, PathRejection, shown};
+pub use unpacker::{UnpackSummary, unpack, unpack_limited};
 
 /// A failed unpack, naming the entry at fault where there is one.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +28,7 @@ pub struct UnpackError {
 impl UnpackError {
     pub(crate) fn entry(raw: &[u8], message: impl Into<String>) -> Self {
         Self {
-            entry: Some(String::from_utf8_lossy(raw).into_owned()),
+            entry: Some(shown(raw)),
             message: message.into(),
         }
     }

@@ -82,7 +82,7 @@ impl LayerRoot {
     fn walk(&self, parts: &[Vec<u8>], create: bool) -> Result<OwnedFd, ResolveError> {
         let mut cur = rustix::io::dup(&self.fd).map_err(|e| ResolveError::Other(".".into(), e))?;
         for (i, part) in parts.iter().enumerate() {
-            let shown = || String::from_utf8_lossy(&EntryPath::join(&parts[..=i])).into_owned();
+            let shown = || crate::shown(&EntryPath::join(&parts[..=i]));
             let open = |dir: &OwnedFd| {
                 rustix::fs::openat2(
                     dir.as_fd(),

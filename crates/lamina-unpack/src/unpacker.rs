@@ -33,43 +33,80 @@ pub struct UnpackSummary {
 /// `dest`. The whole stream is consumed, trailing padding included, so a caller hashing
 /// the stream sees every byte.
 pub fn unpack<R: Read>(reader: R, dest: &Path) -> Result<UnpackSummary, UnpackError> {
+    unpack_limited(reader, dest, u64::MAX)
+}
+
+/// [`unpack`], refusing any entry that declares more than `max_bytes` of data before
+/// reading it. (The caller's reader enforces the same limit on the stream as a whole; this
+/// names the entry, and stops a lying header without waiting for the bytes.)
+pub fn unpack_limited<R: Read>(
+    reader: R,
+    dest: &Path,
+    max_bytes: u64,
+) -> Result<UnpackSummary, UnpackError> {
     let root = LayerRoot::open(dest).map_err(|e| {
         UnpackError::stream(format!("opening layer directory {}: {e}", dest.display()))
     })?;
     let mut archive = tar::Archive::new(reader);
     let mut state = Unpacker {
         root,
+        max_bytes,
         dir_times: Vec::new(),
         summary: UnpackSummary::default(),
+        last_entry: None,
     };
-    let entries = archive.entries().map_err(tar_error)?;
+    let entries = archive.entries().map_err(|e| state.stream_error(e))?;
     for entry in entries {
-        let mut entry = entry.map_err(tar_error)?;
+        let mut entry = entry.map_err(|e| state.stream_error(e))?;
         state.entry(&mut entry)?;
     }
     state.finish_dir_times()?;
     let mut rest = archive.into_inner();
-    io::copy(&mut rest, &mut io::sink()).map_err(tar_error)?;
+    io::copy(&mut rest, &mut io::sink()).map_err(|e| state.stream_error(e))?;
     Ok(state.summary)
-}
-
-fn tar_error(e: io::Error) -> UnpackError {
-    UnpackError::stream(format!("reading layer tar: {e}"))
 }
 
 struct Unpacker {
     root: LayerRoot,
+    max_bytes: u64,
     dir_times: Vec<(Vec<Vec<u8>>, i64)>,
     summary: UnpackSummary,
+    /// The last entry read whole: a stream that breaks between entries is named by it.
+    last_entry: Option<Vec<u8>>,
 }
 
 impl Unpacker {
+    /// A tar or decompression failure outside any entry's data.
+    fn stream_error(&self, e: io::Error) -> UnpackError {
+        match &self.last_entry {
+            Some(raw) => UnpackError::entry(raw, format!("reading the tar after this entry: {e}")),
+            None => UnpackError::stream(format!("reading layer tar: {e}")),
+        }
+    }
+
     fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), UnpackError> {
         let raw = entry.path_bytes().into_owned();
-        let fail = |msg: String| UnpackError::entry(&raw, msg);
-        let path = EntryPath::parse(&raw).map_err(|r| fail(r.to_string()))?;
+        self.entry_at(entry, &raw)?;
+        self.last_entry = Some(raw);
+        Ok(())
+    }
+
+    fn entry_at<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        raw: &[u8],
+    ) -> Result<(), UnpackError> {
+        let fail = |msg: String| UnpackError::entry(raw, msg);
+        let path = EntryPath::parse(raw).map_err(|r| fail(r.to_string()))?;
         let meta = read_meta(entry).map_err(|e| fail(format!("reading PAX records: {e}")))?;
         let kind = entry.header().entry_type();
+        let declared = entry.size();
+        if declared > self.max_bytes {
+            return Err(fail(format!(
+                "declares {declared} bytes, past the per-layer limit of {} bytes",
+                self.max_bytes
+            )));
+        }
         self.summary.entries += 1;
 
         let Some(name) = path.name().map(<[u8]>::to_vec) else {
@@ -88,6 +125,13 @@ impl Unpacker {
         let parent = parent.as_fd();
 
         if name == OPAQUE_MARKER {
+            if path.parent().is_empty() {
+                // It would hide every layer below from the layer root up: no image
+                // builder emits one, and no layer needs it to replace files.
+                return Err(fail(
+                    "opaque marker at the layer root would hide every layer below".into(),
+                ));
+            }
             self.summary.overlay_markers += 1;
             return metadata::set_xattr_at(parent, b".", "trusted.overlay.opaque", b"y")
                 .map_err(|e| fail(format!("marking directory opaque: {e}")));
@@ -100,7 +144,14 @@ impl Unpacker {
                 return Err(fail("whiteout names no entry".into()));
             }
             self.summary.overlay_markers += 1;
-            replace_existing(parent, hidden, false).map_err(|e| fail(format!("replacing: {e}")))?;
+            // OCI: a whiteout hides only what lower layers hold; an entry of this layer
+            // at the same name makes the layer mean two things.
+            if exists(parent, hidden).map_err(|e| fail(format!("looking up: {e}")))? {
+                return Err(fail(format!(
+                    "whiteout hides `{}`, which this layer itself holds",
+                    crate::shown(hidden)
+                )));
+            }
             return rustix::fs::mknodat(
                 parent,
                 hidden,
@@ -111,8 +162,7 @@ impl Unpacker {
             .map_err(|e| fail(format!("creating whiteout: {e}")));
         }
 
-        replace_existing(parent, &name, kind.is_dir())
-            .map_err(|e| fail(format!("replacing: {e}")))?;
+        replace_existing(parent, &name, kind.is_dir()).map_err(fail)?;
         match kind {
             EntryType::Directory => {
                 match rustix::fs::mkdirat(parent, name.as_slice(), Mode::from_raw_mode(0o700)) {
@@ -195,7 +245,7 @@ impl Unpacker {
     /// Links `name` to `target`, another entry of this layer. The target is resolved
     /// beneath the root exactly like an entry name: no `..`, no absolute path, no symlink.
     fn hardlink(&self, parent: BorrowedFd<'_>, name: &[u8], target: &[u8]) -> Result<(), String> {
-        let shown = String::from_utf8_lossy(target);
+        let shown = crate::shown(target);
         let target_path =
             EntryPath::parse(target).map_err(|r| format!("hardlink target `{shown}`: {r}"))?;
         let Some(target_name) = target_path.name() else {
@@ -242,19 +292,36 @@ impl Unpacker {
     }
 }
 
-/// Tar semantics: a later entry replaces an earlier one at the same path, except that a
-/// directory entry over an existing directory only updates its metadata.
-fn replace_existing(parent: BorrowedFd<'_>, name: &[u8], new_is_dir: bool) -> Result<(), Errno> {
-    match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st) => {
-            let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
-            if is_dir && new_is_dir {
-                Ok(())
-            } else {
-                remove_at(parent, name, is_dir)
-            }
+/// Tar semantics: a later entry replaces an earlier one at the same path, and a directory
+/// entry over an existing directory only updates its metadata. The layer directory starts
+/// empty, so what exists came from this layer. A directory turned into a non-directory
+/// (or back), or an entry over this layer's own whiteout, is refused: a layer whose
+/// meaning depends on which duplicate a reader honours is how scanners get fooled.
+fn replace_existing(parent: BorrowedFd<'_>, name: &[u8], new_is_dir: bool) -> Result<(), String> {
+    let st = match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(format!("looking up the earlier entry: {e}")),
+    };
+    let kind = FileType::from_raw_mode(st.st_mode);
+    let is_dir = kind == FileType::Directory;
+    if kind == FileType::CharacterDevice && st.st_rdev == 0 {
+        return Err("this layer also whites out the same name".into());
+    }
+    match (is_dir, new_is_dir) {
+        (true, true) => Ok(()),
+        (false, false) => {
+            remove_at(parent, name, false).map_err(|e| format!("replacing the earlier entry: {e}"))
         }
-        Err(Errno::NOENT) => Ok(()),
+        (true, false) => Err("appears earlier in this layer as a directory".into()),
+        (false, true) => Err("appears earlier in this layer as a non-directory".into()),
+    }
+}
+
+fn exists(parent: BorrowedFd<'_>, name: &[u8]) -> Result<bool, Errno> {
+    match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => Ok(true),
+        Err(Errno::NOENT) => Ok(false),
         Err(e) => Err(e),
     }
 }

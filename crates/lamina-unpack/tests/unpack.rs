@@ -287,15 +287,33 @@ fn escaping_and_missing_hardlinks_are_refused() {
 fn later_entries_replace_earlier_ones() {
     let (_tmp, layer) = scratch();
     let tar = Tar::new()
+        .file("x", "first")
+        .file("x", "second")
+        .symlink("y", "x")
+        .file("y", "now a file")
+        .dir("d")
+        .dir("d")
+        .bytes();
+    unpack(tar.as_slice(), &layer).unwrap();
+    assert_eq!(fs::read_to_string(layer.join("x")).unwrap(), "second");
+    assert!(fs::symlink_metadata(layer.join("y")).unwrap().is_file());
+    assert!(layer.join("d").is_dir());
+}
+
+#[test]
+fn a_duplicate_that_changes_directory_into_file_is_refused() {
+    let (_tmp, layer) = scratch();
+    let tar = Tar::new()
         .dir("x")
         .file("x/inner", "i")
         .file("x", "now a file")
-        .symlink("y", "x")
-        .file("y", "now a file too")
         .bytes();
-    unpack(tar.as_slice(), &layer).unwrap();
-    assert_eq!(fs::read_to_string(layer.join("x")).unwrap(), "now a file");
-    assert!(fs::symlink_metadata(layer.join("y")).unwrap().is_file());
+    let err = unpack(tar.as_slice(), &layer).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "entry `x`: appears earlier in this layer as a directory"
+    );
+    assert!(layer.join("x/inner").is_file(), "nothing was replaced");
 }
 
 #[test]

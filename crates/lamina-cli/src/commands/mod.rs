@@ -21,12 +21,14 @@ pub struct Ctx {
     pub config: Config,
     pub store_path: PathBuf,
     pub log_file: Option<PathBuf>,
+    /// Per-layer cap on uncompressed bytes for every import this command runs.
+    pub max_layer_bytes: u64,
 }
 
 impl Ctx {
     /// Opens the store and, as every start does, hands trash a crash left to a reaper.
     pub fn open_store(&self) -> anyhow::Result<Store> {
-        let store = Store::open(&self.store_path)?;
+        let store = Store::open(&self.store_path)?.with_max_layer_bytes(self.max_layer_bytes);
         background::finish_crashed_deletes(&store, self.log_file.as_deref());
         Ok(store)
     }
@@ -134,10 +136,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             .or(config.store.clone())
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE)),
     )?;
+    let max_layer_bytes = cli
+        .max_layer_bytes
+        .or(config.max_layer_bytes)
+        .unwrap_or(lamina_store::DEFAULT_MAX_LAYER_BYTES);
     let ctx = Ctx {
         config,
         store_path,
         log_file,
+        max_layer_bytes,
     };
     let mounter = RealMounter::new();
 
@@ -225,7 +232,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 Store::init(&ctx.store_path)?
             } else {
                 Store::open(&ctx.store_path)?
-            };
+            }
+            .with_max_layer_bytes(ctx.max_layer_bytes);
             daemon::run(
                 &store,
                 std::sync::Arc::new(mounter),
