@@ -511,7 +511,7 @@ fn manifest_naming_a_missing_blob() {
     let img = s.write(&image);
     let digest = image.layers[1].0.clone();
     fs::remove_file(s.dir("img/blobs/sha256").join(digest.hex())).unwrap();
-    s.refused(&img, &[], &[&format!("{}", digest.hex()), "missing"]);
+    s.refused(&img, &[], &[digest.hex(), "missing"]);
 }
 
 #[test]

@@ -157,7 +157,7 @@ impl LayerBuilder {
         let mut h = Self::header(EntryType::Regular, 0o644, declared);
         h.set_path(name)?;
         h.set_cksum();
-        let mut bytes = std::mem::replace(self.tar.get_mut(), Vec::new());
+        let mut bytes = std::mem::take(self.tar.get_mut());
         bytes.extend_from_slice(h.as_bytes());
         bytes.extend_from_slice(data);
         Ok(bytes)

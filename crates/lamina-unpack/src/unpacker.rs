@@ -236,7 +236,7 @@ impl Unpacker {
                     .map_err(|e| fail(format!("setting metadata: {e}")))?;
             }
             other => {
-                tracing::debug!(entry = %String::from_utf8_lossy(&raw), kind = ?other, "skipping tar entry type");
+                tracing::debug!(entry = %crate::shown(raw), kind = ?other, "skipping tar entry type");
             }
         }
         Ok(())
