@@ -59,6 +59,12 @@ enum Command {
     },
     /// Create a container rootfs from IMAGE and print its runtime-spec JSON
     Create(CreateArgs),
+    /// Verify the store's invariants (layers, records, mounts, temp dirs, loop devices); print a JSON report; exit 1 if anything is left broken
+    Check {
+        /// Fix what is safe to fix: abandoned work, crashed creates, pending deletes, orphan mounts, leaked loop devices, unused broken layers, unmounted rootfses
+        #[arg(long)]
+        repair: bool,
+    },
     /// Unmount and remove a container (by ID or rootfs path); a missing one is not an error
     Delete {
         /// Container ID or <store>/images/<ID>/rootfs
@@ -191,6 +197,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<commands::AlreadyReported>() => ExitCode::FAILURE,
         Err(e) => {
             let message = one_line(&e);
             tracing::error!(error = %message, "command failed");

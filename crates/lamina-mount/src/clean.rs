@@ -119,8 +119,20 @@ pub(crate) fn sweep_crashed_creates(
 
 /// `tmp/` entries whose owner is gone, judged by the lock each kind of work holds.
 fn sweep_tmp(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
-    let tmp = store.layout().tmp();
     let mut removed = 0;
+    for path in abandoned_tmp(store)? {
+        tracing::info!(path = %path.display(), "removing abandoned work");
+        remove_unmounted(mounter, &path)?;
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// The `tmp/` entries nobody is working on any more. Only trustworthy to act on under
+/// the clean lock (a `gc-*` entry is a running clean's until then).
+pub(crate) fn abandoned_tmp(store: &Store) -> Result<Vec<std::path::PathBuf>, RootfsError> {
+    let tmp = store.layout().tmp();
+    let mut found = Vec::new();
     for entry in fs::read_dir(&tmp).map_err(StoreError::io("listing", &tmp))? {
         let path = entry.map_err(StoreError::io("listing", &tmp))?.path();
         let name = path
@@ -142,12 +154,10 @@ fn sweep_tmp(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError>
             name.starts_with("delete-") // an older lamina's removals
         };
         if abandoned {
-            tracing::info!(path = %path.display(), "removing abandoned work");
-            remove_unmounted(mounter, &path)?;
-            removed += 1;
+            found.push(path);
         }
     }
-    Ok(removed)
+    Ok(found)
 }
 
 /// Unmounts everything beneath `dir` (deepest first), then removes it.

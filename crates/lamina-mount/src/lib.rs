@@ -5,6 +5,7 @@
 //! Every kernel call goes through [`lamina_sys::Mounter`], so all of this runs against
 //! the fake mounter in unit tests.
 
+mod check;
 mod choose;
 mod clean;
 mod collect;
@@ -20,6 +21,7 @@ mod remount;
 mod shared;
 mod strategy;
 
+pub use check::{CheckReport, Problem, check};
 pub use choose::{Choice, Pools, Request, choose};
 pub use clean::{CleanReport, clean};
 pub use create::{CreateOptions, Created, Layers, StoredLayers, ToMount, create, create_from};

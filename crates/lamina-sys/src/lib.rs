@@ -22,7 +22,7 @@ pub use fake::{FakeCall, FakeMounter};
 pub use mountinfo::mounts_under;
 pub use overlay_spec::OverlaySpec;
 pub use real::RealMounter;
-pub use upper_fs::{DiskFs, UpperFs, loop_backing_files};
+pub use upper_fs::{DiskFs, UpperFs, detach_loop_device, loop_backing_files};
 pub use userns::{UserNsMaps, user_namespace};
 
 use std::fmt::Debug;

@@ -208,6 +208,11 @@ fn io_errno(e: &std::io::Error) -> Errno {
     Errno::from_io_error(e).unwrap_or(Errno::IO)
 }
 
+/// Detaches a loop device a crash left attached (`lamina check --repair`).
+pub fn detach_loop_device(device: &Path) -> Result<(), MountError> {
+    loop_dev::detach(device).map_err(|e| MountError::new("detach loop device", device, e))
+}
+
 /// Attached loop devices and their backing files, from sysfs: how `clean` and the tests
 /// find a loop device still attached to one of a store's image files.
 pub fn loop_backing_files() -> Vec<(PathBuf, PathBuf)> {

@@ -16,6 +16,11 @@ use lamina_sys::RealMounter;
 use crate::config::Config;
 use crate::{Cli, Command, DEFAULT_STORE};
 
+/// A failure whose report the command already printed: exit 1 without another line.
+#[derive(Debug, thiserror::Error)]
+#[error("already reported")]
+pub struct AlreadyReported;
+
 /// What every command needs: merged settings and the store path.
 pub struct Ctx {
     pub config: Config,
@@ -175,6 +180,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     "container `{id}` not found in store {}: nothing to delete",
                     ctx.store_path.display()
                 ),
+            }
+        }
+        Command::Check { repair } => {
+            let store = Store::open(&ctx.store_path)?;
+            let report = lamina_mount::check(&store, &mounter, repair)?;
+            println!("{}", serde_json::to_string(&report)?);
+            if !report.ok {
+                return Err(AlreadyReported.into());
             }
         }
         Command::List => {

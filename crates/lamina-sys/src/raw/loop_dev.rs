@@ -5,12 +5,15 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rustix::io::Errno;
 
 /// `LOOP_CTL_GET_FREE` from `<linux/loop.h>`: returns the number of a free device.
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+/// `LOOP_CLR_FD` from `<linux/loop.h>`: unbind the backing file (or, while the device is
+/// still open elsewhere, mark it to unbind on last close).
+const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 /// `LOOP_CONFIGURE` from `<linux/loop.h>` (Linux 5.8): bind a backing fd and set flags.
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 /// `LO_FLAGS_AUTOCLEAR`: detach when the last opener closes the device.
@@ -98,6 +101,18 @@ pub fn attach(backing: &File) -> Result<LoopDevice, (&'static str, PathBuf, Errn
         }
     }
     Err(("claim a loop device via", control_path, last))
+}
+
+/// Detaches the loop device at `path` from its backing file.
+pub fn detach(path: &Path) -> Result<(), Errno> {
+    let device = OpenOptions::new()
+        .read(true)
+        .open(path)
+        .map_err(|e| errno(&e))?;
+    // SAFETY: `device` is an open loop block device for the duration of the call;
+    // LOOP_CLR_FD takes no argument.
+    let rc = unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CLR_FD) };
+    if rc == 0 { Ok(()) } else { Err(last_errno()) }
 }
 
 fn configure(device: &File, backing: &File) -> Result<(), Errno> {

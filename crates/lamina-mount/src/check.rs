@@ -1,0 +1,333 @@
+//! `lamina check`: verify the store's invariants (docs/store.md) against the disk, the
+//! mount table and the loop devices, and with `repair` fix what is safe to fix. Safe means
+//! lamina can tell that nobody is working on it: the same lock rules `clean` uses. What a
+//! repair cannot restore (a layer a container needs is gone) is reported and left alone.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use lamina_image::Digest;
+use lamina_store::{LayerRecord, Store};
+use lamina_sys::Mounter;
+use serde::Serialize;
+
+use crate::{RootfsError, clean, delete};
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// `tmp_abandoned`, `crashed_create`, `pending_delete`, `missing_layer`, `bad_layer`,
+    /// `orphan_mount`, `rootfs_not_mounted`, `leaked_loop_device`,
+    /// `snapshot_missing_layer`, `snapshot_missing_container`.
+    pub kind: &'static str,
+    pub path: PathBuf,
+    pub detail: String,
+    /// Fixed by this run (`--repair`).
+    pub repaired: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CheckReport {
+    /// Nothing is left broken.
+    pub ok: bool,
+    pub problems: Vec<Problem>,
+    pub message: String,
+}
+
+/// Checks the store; with `repair`, fixes what is safe to fix. Holds the clean lock
+/// throughout, so no clean runs alongside; creates and deletes may, and what they have in
+/// flight (held locks) is never reported.
+pub fn check(
+    store: &Store,
+    mounter: &dyn Mounter,
+    repair: bool,
+) -> Result<CheckReport, RootfsError> {
+    let clean_lock = store.lock("clean")?;
+    let mut findings = Findings {
+        repair,
+        problems: Vec::new(),
+    };
+
+    for path in clean::abandoned_tmp(store)? {
+        let problem = found(
+            "tmp_abandoned",
+            &path,
+            "unfinished work whose process is gone",
+        );
+        findings.fix(problem, &|| clean::remove_unmounted(mounter, &path));
+    }
+    for dir in crashed_creates(store)? {
+        let problem = found(
+            "crashed_create",
+            &dir,
+            "a container directory without a record whose create is gone",
+        );
+        findings.fix(problem, &|| clean::remove_unmounted(mounter, &dir));
+    }
+    drop(clean_lock);
+
+    // Trash is the reaper's queue; a running reaper holds its lock.
+    let stale_trash = match store.try_lock("reaper")? {
+        Some(_reaper) => store.trash_entries()?,
+        None => Vec::new(),
+    };
+    {
+        for dir in &stale_trash {
+            let problem = found(
+                "pending_delete",
+                dir,
+                "a deleted container not yet torn down, and no reaper running",
+            );
+            findings.fix(problem, &|| delete::reap(store, mounter).map(|_| ()));
+        }
+    }
+
+    let records = store.containers()?;
+    let live: HashSet<String> = records.iter().map(|r| r.id.clone()).collect();
+    let mut referenced: HashSet<Digest> = HashSet::new();
+    for record in &records {
+        for layer in &record.layers {
+            referenced.insert(layer.clone());
+            if !store.layout().layer_diff(layer).is_dir() {
+                let detail = format!(
+                    "container `{}` needs layer {layer}, which is gone; recreate the container",
+                    record.id
+                );
+                findings.problems.push(found(
+                    "missing_layer",
+                    &store.layout().layer(layer),
+                    &detail,
+                ));
+            }
+        }
+        let rootfs = store.rootfs_path(&record.id);
+        if record.mounted && !mounter.is_mountpoint(&rootfs)? {
+            let problem = found(
+                "rootfs_not_mounted",
+                &rootfs,
+                "recorded as mounted, but nothing is mounted there (a host restart?)",
+            );
+            findings.fix(problem, &|| crate::mount(store, mounter, &record.id));
+        }
+    }
+
+    let snapshots = store.load_snapshots()?;
+    for layer in snapshots.layers() {
+        referenced.insert(layer);
+    }
+    for (key, snapshot) in &snapshots.snapshots {
+        if let Some(layer) = &snapshot.layer
+            && !store.has_layer(layer)
+        {
+            let detail =
+                format!("containerd snapshot `{key}` is held by layer {layer}, which is gone");
+            findings.problems.push(found(
+                "snapshot_missing_layer",
+                &store.layout().layer(layer),
+                &detail,
+            ));
+        }
+        if let Some(id) = &snapshot.container
+            && snapshot.committing.is_none()
+            && !live.contains(id)
+        {
+            let detail = format!(
+                "containerd snapshot `{key}` is provided by container `{id}`, which is gone"
+            );
+            findings.problems.push(found(
+                "snapshot_missing_container",
+                &store.layout().container(id),
+                &detail,
+            ));
+        }
+    }
+
+    for (dir, why) in bad_layers(store)? {
+        let chain_hex = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let used = referenced.iter().any(|d| d.hex() == chain_hex);
+        if used {
+            findings.problems.push(found(
+                "bad_layer",
+                &dir,
+                &format!("{why}; in use, so left in place"),
+            ));
+        } else {
+            let problem = found("bad_layer", &dir, &why);
+            findings.fix(problem, &|| clean::remove_unmounted(mounter, &dir));
+        }
+    }
+
+    for mount in orphan_mounts(store, mounter, &live)? {
+        let problem = found(
+            "orphan_mount",
+            &mount,
+            "mounted under the store, and no container, pool slot, shared image or work in flight owns it",
+        );
+        findings.fix(problem, &|| {
+            mounter.unmount(&mount).map(|_| ()).map_err(Into::into)
+        });
+    }
+
+    for (device, backing) in leaked_loop_devices(store, &live) {
+        let detail = format!(
+            "{} is attached to {}, which no container uses",
+            device.display(),
+            backing.display()
+        );
+        findings.fix(found("leaked_loop_device", &device, &detail), &|| {
+            lamina_sys::detach_loop_device(&device).map_err(Into::into)
+        });
+    }
+
+    let problems = findings.problems;
+    let left = problems.iter().filter(|p| !p.repaired).count();
+    let message = match (problems.len(), left) {
+        (0, _) => "store is consistent".to_string(),
+        (n, 0) => format!("found and repaired {n} problems"),
+        (n, left) if repair => format!("found {n} problems; {left} could not be repaired"),
+        (n, _) => {
+            format!("found {n} problems; run `lamina check --repair` to fix what is safe to fix")
+        }
+    };
+    tracing::info!(problems = problems.len(), left, "checked store");
+    Ok(CheckReport {
+        ok: left == 0,
+        problems,
+        message,
+    })
+}
+
+/// Problems found so far; with `repair`, each fixable one is fixed as it is found.
+struct Findings {
+    repair: bool,
+    problems: Vec<Problem>,
+}
+
+impl Findings {
+    fn fix(&mut self, mut problem: Problem, action: &dyn Fn() -> Result<(), RootfsError>) {
+        if self.repair {
+            match action() {
+                Ok(()) => problem.repaired = true,
+                Err(e) => problem.detail = format!("{}; repair failed: {e}", problem.detail),
+            }
+        }
+        self.problems.push(problem);
+    }
+}
+
+fn found(kind: &'static str, path: &Path, detail: &str) -> Problem {
+    Problem {
+        kind,
+        path: path.to_path_buf(),
+        detail: detail.to_string(),
+        repaired: false,
+    }
+}
+
+/// Container directories with no record whose creator's lock is free.
+fn crashed_creates(store: &Store) -> Result<Vec<PathBuf>, RootfsError> {
+    let mut found = Vec::new();
+    for dir in lamina_store::list_dirs(&store.layout().images())? {
+        if store.record_in(&dir)?.is_some() {
+            continue;
+        }
+        if store.try_lock_dir(&dir)?.is_some() && store.record_in(&dir)?.is_none() {
+            found.push(dir);
+        }
+    }
+    Ok(found)
+}
+
+/// Layer directories that break invariant 1: no readable record, a record for another
+/// chain ID, or no `diff/`.
+fn bad_layers(store: &Store) -> Result<Vec<(PathBuf, String)>, RootfsError> {
+    let layers = store.layout().layers();
+    let mut bad = Vec::new();
+    for dir in lamina_store::list_dirs(&layers)? {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let record_path = dir.join("layer.json");
+        let why = match std::fs::read(&record_path) {
+            Err(e) => Some(format!("layer.json unreadable: {e}")),
+            Ok(bytes) => match serde_json::from_slice::<LayerRecord>(&bytes) {
+                Err(e) => Some(format!("layer.json is not a layer record: {e}")),
+                Ok(r) if r.chain_id.hex() != name => {
+                    Some(format!("layer.json names chain ID {}", r.chain_id))
+                }
+                Ok(_) if !dir.join("diff").is_dir() => Some("no diff/ directory".to_string()),
+                Ok(_) => None,
+            },
+        };
+        if let Some(why) = why {
+            bad.push((dir, why));
+        }
+    }
+    Ok(bad)
+}
+
+/// Mounts under the store that nothing owns. Owned: anything under a recorded container's
+/// directory, a pool slot, a shared image (clean releases unused ones), the trash (the
+/// reaper's), or a `tmp/` entry whose work is in flight.
+fn orphan_mounts(
+    store: &Store,
+    mounter: &dyn Mounter,
+    live: &HashSet<String>,
+) -> Result<Vec<PathBuf>, RootfsError> {
+    let layout = store.layout();
+    let root = layout.root();
+    let abandoned: Vec<PathBuf> = clean::abandoned_tmp(store)?;
+    let mut orphans = Vec::new();
+    for mount in mounter.mounts_under(root)? {
+        if mount == root {
+            continue;
+        }
+        let under = |dir: PathBuf| mount.starts_with(dir);
+        let owned = if under(layout.images()) {
+            let id = mount
+                .strip_prefix(layout.images())
+                .ok()
+                .and_then(|rel| rel.components().next())
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .unwrap_or_default();
+            live.contains(&id) || store.try_lock_dir(&layout.container(&id))?.is_none()
+        } else if under(layout.tmp()) {
+            !abandoned.iter().any(|a| mount.starts_with(a))
+        } else {
+            under(layout.pool()) || under(layout.shared()) || under(layout.trash())
+        };
+        if !owned {
+            orphans.push(mount);
+        }
+    }
+    Ok(orphans)
+}
+
+/// Loop devices backed by a file in this store that no recorded container or pool slot
+/// uses: the backing file was removed, or lies outside any live container.
+fn leaked_loop_devices(store: &Store, live: &HashSet<String>) -> Vec<(PathBuf, PathBuf)> {
+    let layout = store.layout();
+    lamina_sys::loop_backing_files()
+        .into_iter()
+        .filter(|(_, backing)| backing.starts_with(layout.root()))
+        .filter(|(_, backing)| {
+            let text = backing.to_string_lossy();
+            if text.ends_with(" (deleted)") {
+                return true;
+            }
+            let in_live_container = backing
+                .strip_prefix(layout.images())
+                .ok()
+                .and_then(|rel| rel.components().next())
+                .is_some_and(|id| live.contains(&*id.as_os_str().to_string_lossy()));
+            !(in_live_container
+                || backing.starts_with(layout.pool())
+                || backing.starts_with(layout.trash())
+                || backing.starts_with(layout.tmp()))
+        })
+        .collect()
+}

@@ -1,0 +1,4 @@
+//! See lamina_fuzz_harness::unpack_layer for the property checked.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| lamina_fuzz_harness::unpack_layer(data));

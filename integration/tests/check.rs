@@ -1,0 +1,147 @@
+//! `lamina check`: every kind of breakage it knows, made for real in a real store, found
+//! by `check` (exit 1, one JSON line), fixed by `check --repair`, and gone afterwards,
+//! with the live container untouched.
+
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::process::Command;
+
+use lamina_integration::scratch::mounts_under;
+use lamina_integration::{Lamina, ScratchFs, require_root, sample_image};
+
+fn kinds(report: &serde_json::Value) -> BTreeSet<String> {
+    report["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The JSON report `check` prints, whatever its exit code.
+fn report_of(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(out.status.success(), "{cmd} {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn check_finds_and_repairs_every_kind_of_breakage() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let store = &lamina.store;
+    let image = sample_image(&fs.path().join("img")).references()[0].clone();
+    let rootfs = lamina.create(&image, "live");
+
+    let clean = lamina.run(&["check"]);
+    assert_eq!(clean.code, 0, "{clean:?}");
+    assert_eq!(report_of(&clean.stdout)["ok"], true);
+
+    // What crashes and host restarts leave behind.
+    fs::create_dir_all(store.join("tmp/layer-0000dead/diff/etc")).unwrap();
+    fs::create_dir_all(store.join("images/crashed/rootfs")).unwrap();
+    let bogus = store.join("layers").join("ab".repeat(32));
+    fs::create_dir_all(bogus.join("diff")).unwrap();
+    let orphan = store.join("run/orphan");
+    fs::create_dir_all(&orphan).unwrap();
+    run("mount", &["-t", "tmpfs", "tmpfs", orphan.to_str().unwrap()]);
+    let leak = store.join("run/leak.img");
+    fs::write(&leak, vec![0u8; 1 << 20]).unwrap();
+    let device = run("losetup", &["--find", "--show", leak.to_str().unwrap()]);
+    run("umount", &[rootfs.to_str().unwrap()]);
+
+    let found = lamina.run(&["check"]);
+    assert_eq!(found.code, 1, "{found:?}");
+    assert_eq!(found.stdout.lines().count(), 1);
+    let report = report_of(&found.stdout);
+    assert_eq!(report["ok"], false);
+    let expected: BTreeSet<String> = [
+        "tmp_abandoned",
+        "crashed_create",
+        "bad_layer",
+        "orphan_mount",
+        "leaked_loop_device",
+        "rootfs_not_mounted",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(kinds(&report), expected, "{report}");
+    assert!(
+        store.join("tmp/layer-0000dead").exists(),
+        "check alone changes nothing"
+    );
+
+    let repaired = lamina.run(&["check", "--repair"]);
+    assert_eq!(repaired.code, 0, "{repaired:?}");
+    let report = report_of(&repaired.stdout);
+    assert!(
+        report["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["repaired"] == true),
+        "{report}"
+    );
+    assert!(!store.join("tmp/layer-0000dead").exists());
+    assert!(!store.join("images/crashed").exists());
+    assert!(!bogus.exists());
+    assert!(!mounts_under(store).contains(&orphan));
+    let attached = run("losetup", &["--list", "--noheadings", "--output", "NAME"]);
+    assert!(!attached.lines().any(|l| l.trim() == device), "{attached}");
+    assert!(rootfs.join("bin/busybox").exists(), "rootfs remounted");
+
+    let after = lamina.run(&["check"]);
+    assert_eq!(after.code, 0, "{after:?}");
+    assert_eq!(
+        report_of(&after.stdout)["problems"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    lamina.delete_and_assert_gone("live", "check");
+}
+
+#[test]
+fn a_missing_layer_is_reported_and_cannot_be_repaired() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = sample_image(&fs.path().join("img")).references()[0].clone();
+    lamina.run(&["create", "--without-mount", &image, "orphaned"]);
+    let layers: Vec<_> = fs::read_dir(lamina.store.join("layers"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    fs::remove_dir_all(&layers[0]).unwrap();
+
+    let out = lamina.run(&["check", "--repair"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    let report = report_of(&out.stdout);
+    let problems = report["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "{report}");
+    assert_eq!(problems[0]["kind"], "missing_layer");
+    assert_eq!(problems[0]["repaired"], false);
+    assert!(
+        problems[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("container `orphaned`"),
+        "{report}"
+    );
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not be repaired")
+    );
+}
