@@ -32,6 +32,16 @@ fn run(cmd: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// Detaches a loop device the test attached, even when an assertion fails first (the
+/// repair under test normally has detached it already).
+struct Detach(String);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).output();
+    }
+}
+
 #[test]
 fn check_finds_and_repairs_every_kind_of_breakage() {
     require_root();
@@ -56,6 +66,7 @@ fn check_finds_and_repairs_every_kind_of_breakage() {
     let leak = store.join("run/leak.img");
     fs::write(&leak, vec![0u8; 1 << 20]).unwrap();
     let device = run("losetup", &["--find", "--show", leak.to_str().unwrap()]);
+    let _detach = Detach(device.clone());
     run("umount", &[rootfs.to_str().unwrap()]);
 
     let found = lamina.run(&["check"]);

@@ -1,0 +1,140 @@
+//! 200 lamina processes at once on one store: creates of three images that share their
+//! base layer (with several strategies), deletes racing those creates, and cleans racing
+//! both. Every process must succeed, every container a create reported must be whole
+//! unless a delete took it, and afterwards `check` finds nothing and nothing is mounted.
+
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Child, Command, Stdio};
+
+use lamina_image::{Compression, Platform};
+use lamina_integration::scratch::mounts_under;
+use lamina_integration::{FsKind, Lamina, ScratchFs, require_root, sample_image};
+use lamina_sample::{Layer, LayerBuilder, build_image, write_oci_layout};
+
+const PROCESSES: usize = 200;
+const STRATEGIES: [&str; 4] = ["auto", "classic", "metacopy", "shared-ro"];
+
+/// A third image: the sample's busybox base under a top of its own.
+fn sibling_image(dir: &std::path::Path) -> String {
+    let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).unwrap();
+    let top = LayerBuilder::new()
+        .dir("sibling", 0o755)
+        .unwrap()
+        .file("sibling/name", 0o644, b"sibling\n")
+        .unwrap()
+        .finish()
+        .unwrap();
+    let layers = [
+        Layer {
+            tar: lamina_sample::base_layer(&busybox).unwrap(),
+            compression: Compression::Gzip,
+        },
+        Layer {
+            tar: top,
+            compression: Compression::Zstd,
+        },
+    ];
+    let image = build_image(&layers, &[], &Platform::host()).unwrap();
+    write_oci_layout(dir, &[&image], &[(image.manifest.clone(), Some("sibling"))]).unwrap();
+    format!("oci://{}:sibling", dir.display())
+}
+
+fn spawn(lamina: &Lamina, args: &[String]) -> Child {
+    Command::new(lamina_integration::lamina::binary())
+        .arg("--store")
+        .arg(&lamina.store)
+        .args(["--log-level", "warn"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn two_hundred_processes_create_delete_and_clean_at_once() {
+    require_root();
+    let fs = ScratchFs::loop_backed(FsKind::Ext4, 2048, false);
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let refs = sample_image(&fs.path().join("sample")).references();
+    let images = [
+        refs[0].clone(),
+        refs[3].clone(),
+        sibling_image(&fs.path().join("sibling")),
+    ];
+
+    // Process i: every 10th a clean, every 10th (offset 5) a delete of a container a
+    // create in the same wave is making, the rest creates.
+    let mut plan: Vec<(String, Vec<String>)> = Vec::new();
+    for i in 0..PROCESSES {
+        let args: Vec<String> = match i % 10 {
+            0 => vec!["clean".into(), "--threshold-bytes".into(), "0".into()],
+            5 => vec!["delete".into(), format!("c{}", i - 4)],
+            _ => {
+                let strategy = STRATEGIES[i % STRATEGIES.len()];
+                let image = &images[i % images.len()];
+                vec![
+                    "create".into(),
+                    "--strategy".into(),
+                    strategy.into(),
+                    image.clone(),
+                    format!("c{i}"),
+                ]
+            }
+        };
+        plan.push((format!("process {i}: {}", args.join(" ")), args));
+    }
+    let children: Vec<(String, Child)> = plan
+        .into_iter()
+        .map(|(what, args)| (what, spawn(&lamina, &args)))
+        .collect();
+    let mut failures = Vec::new();
+    for (what, child) in children {
+        let out = child.wait_with_output().unwrap();
+        if !out.status.success() {
+            failures.push(format!(
+                "{what}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+
+    // Creates nobody raced with a delete are whole.
+    for i in (0..PROCESSES).filter(|i| i % 10 != 0 && i % 10 != 5 && i % 10 != 1) {
+        let rootfs = lamina.rootfs(&format!("c{i}"));
+        assert!(rootfs.join("bin/busybox").exists(), "c{i} incomplete");
+    }
+    let check = lamina.run(&["check"]);
+    assert_eq!(check.code, 0, "after the wave: {check:?}");
+
+    // Tear down the same way, all at once, then nothing may be left.
+    let ids: Vec<String> = std::fs::read_dir(lamina.store.join("images"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let deletes: Vec<Child> = ids
+        .iter()
+        .map(|id| spawn(&lamina, &["delete".into(), id.clone()]))
+        .collect();
+    for child in deletes {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let report = lamina.run(&["clean"]).json();
+    assert_eq!(report["reap_failed"], 0, "{report}");
+    let check = lamina.run(&["check"]);
+    assert_eq!(check.code, 0, "after teardown: {check:?}");
+    assert_eq!(lamina.entries("images"), 0);
+    assert_eq!(lamina.entries("layers"), 0, "{report}");
+    assert!(mounts_under(&lamina.store).is_empty());
+}
