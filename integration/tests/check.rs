@@ -33,12 +33,18 @@ fn run(cmd: &str, args: &[&str]) -> String {
 }
 
 /// Detaches a loop device the test attached, even when an assertion fails first (the
-/// repair under test normally has detached it already).
-struct Detach(String);
+/// repair under test normally has detached it already; then the device may be someone
+/// else's, so only one still backed by our file is touched).
+struct Detach(String, std::path::PathBuf);
 
 impl Drop for Detach {
     fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.0]).output();
+        let ours = lamina_sys::loop_backing_files()
+            .iter()
+            .any(|(dev, backing)| dev.to_string_lossy() == self.0 && *backing == self.1);
+        if ours {
+            let _ = Command::new("losetup").args(["-d", &self.0]).output();
+        }
     }
 }
 
@@ -66,7 +72,7 @@ fn check_finds_and_repairs_every_kind_of_breakage() {
     let leak = store.join("run/leak.img");
     fs::write(&leak, vec![0u8; 1 << 20]).unwrap();
     let device = run("losetup", &["--find", "--show", leak.to_str().unwrap()]);
-    let _detach = Detach(device.clone());
+    let _detach = Detach(device.clone(), leak.clone());
     run("umount", &[rootfs.to_str().unwrap()]);
 
     let found = lamina.run(&["check"]);
