@@ -137,6 +137,19 @@ impl Lamina {
         std::fs::read_dir(self.store.join(sub)).map_or(0, |d| d.count())
     }
 
+    /// `lamina --store <store> --log-level warn ARGS...` to spawn, with stdin closed:
+    /// for tests that run many processes at once or kill them.
+    pub fn command<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Command {
+        let mut command = Command::new(binary());
+        command
+            .arg("--store")
+            .arg(&self.store)
+            .args(["--log-level", "warn"])
+            .args(args)
+            .stdin(std::process::Stdio::null());
+        command
+    }
+
     pub fn rootfs(&self, id: &str) -> PathBuf {
         self.store.join("images").join(id).join("rootfs")
     }

@@ -6,7 +6,7 @@
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
 use lamina_image::{Compression, Platform};
 use lamina_integration::scratch::mounts_under;
@@ -42,12 +42,8 @@ fn sibling_image(dir: &std::path::Path) -> String {
 }
 
 fn spawn(lamina: &Lamina, args: &[String]) -> Child {
-    Command::new(lamina_integration::lamina::binary())
-        .arg("--store")
-        .arg(&lamina.store)
-        .args(["--log-level", "warn"])
-        .args(args)
-        .stdin(Stdio::null())
+    lamina
+        .command(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

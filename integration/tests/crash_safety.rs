@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use lamina_integration::scratch::mounts_under;
@@ -50,12 +50,8 @@ struct Crash<'a> {
 
 impl Crash<'_> {
     fn spawn(&self, args: &[&str]) -> Child {
-        Command::new(lamina_integration::lamina::binary())
-            .arg("--store")
-            .arg(&self.lamina.store)
-            .args(["--log-level", "warn"])
-            .args(args)
-            .stdin(Stdio::null())
+        self.lamina
+            .command(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -7,7 +7,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root, sample_image, wait_until};
 
@@ -305,14 +305,7 @@ fn a_mapped_store_with_chowned_layers_boots_a_runc_user_namespace_too() {
 }
 
 fn lamina_process(lamina: &Lamina, args: &[&str]) -> Command {
-    let mut command = Command::new(lamina_integration::lamina::binary());
-    command
-        .arg("--store")
-        .arg(&lamina.store)
-        .args(["--log-level", "warn"])
-        .args(args)
-        .stdin(Stdio::null());
-    command
+    lamina.command(args)
 }
 
 #[test]
