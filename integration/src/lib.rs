@@ -6,6 +6,7 @@ pub mod containerd;
 pub mod hostile;
 pub mod lamina;
 pub mod proof;
+pub mod registry;
 pub mod runc;
 pub mod scratch;
 pub mod snapshotter;

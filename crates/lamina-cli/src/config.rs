@@ -58,6 +58,8 @@ pub struct CreateConfig {
     pub isolated_filesystem: Option<String>,
     /// As `--with-clean`: after each create, clean in the background.
     pub with_clean: bool,
+    /// As `--insecure-registry`, for every command that pulls.
+    pub insecure_registries: Vec<String>,
 }
 
 impl CreateConfig {

@@ -36,6 +36,20 @@ pub struct Cli {
     /// Refuse a layer that unpacks to more than this many bytes (a decompression bomb) [default: `max_layer_bytes` in --config, else 64 GiB]
     #[arg(long, global = true, value_name = "N")]
     max_layer_bytes: Option<u64>,
+    /// Registry username for docker:// images (Basic, or traded for a Bearer token)
+    #[arg(long, global = true)]
+    username: Option<String>,
+    /// Registry password for docker:// images (prefer the environment variable: flags show in ps)
+    #[arg(
+        long,
+        global = true,
+        env = "LAMINA_REGISTRY_PASSWORD",
+        hide_env_values = true
+    )]
+    password: Option<String>,
+    /// HOST[:PORT] to pull docker:// images from over plain HTTP, repeatable [default: `create.insecure_registries` in --config]
+    #[arg(long = "insecure-registry", global = true, value_name = "HOST")]
+    insecure_registries: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -59,6 +73,13 @@ enum Command {
     },
     /// Create a container rootfs from IMAGE and print its runtime-spec JSON
     Create(CreateArgs),
+    /// Import IMAGE's layers into the store without making a container (warms it for creates); a second pull of the same image fetches nothing
+    Pull {
+        image: String,
+        /// OS/ARCH[/VARIANT] to choose from a multi-platform image [default: this host's]
+        #[arg(long)]
+        platform: Option<String>,
+    },
     /// Verify the store's invariants (layers, records, mounts, temp dirs, loop devices); print a JSON report; exit 1 if anything is left broken
     Check {
         /// Fix what is safe to fix: abandoned work, crashed creates, pending deletes, orphan mounts, leaked loop devices, unused broken layers, unmounted rootfses

@@ -18,7 +18,39 @@ pub enum BlobLocation {
         offset: u64,
         len: u64,
     },
+    /// Fetched when opened: a registry blob, streamed straight into the importer.
+    Remote(RemoteBlob),
 }
+
+/// Opens a fresh stream of a remote blob (each open is a new request).
+pub type RemoteOpener = dyn Fn() -> io::Result<Box<dyn Read + Send>> + Send + Sync;
+
+/// A blob somewhere else (a registry, a non-distributable layer's URL), opened on demand.
+#[derive(Clone)]
+pub struct RemoteBlob {
+    /// Where it comes from, for logs and errors (never credentials).
+    pub from: String,
+    pub size: u64,
+    pub opener: std::sync::Arc<RemoteOpener>,
+}
+
+impl std::fmt::Debug for RemoteBlob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteBlob")
+            .field("from", &self.from)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Two remote blobs are the same location when they come from the same place.
+impl PartialEq for RemoteBlob {
+    fn eq(&self, other: &Self) -> bool {
+        self.from == other.from && self.size == other.size
+    }
+}
+
+impl Eq for RemoteBlob {}
 
 impl BlobLocation {
     pub fn open(&self) -> io::Result<Box<dyn Read + Send>> {
@@ -33,6 +65,7 @@ impl BlobLocation {
                 file.seek(SeekFrom::Start(*offset))?;
                 Ok(Box::new(file.take(*len)))
             }
+            BlobLocation::Remote(remote) => (remote.opener)(),
         }
     }
 
@@ -40,6 +73,7 @@ impl BlobLocation {
         match self {
             BlobLocation::File(path) => Ok(std::fs::metadata(path)?.len()),
             BlobLocation::Range { len, .. } => Ok(*len),
+            BlobLocation::Remote(remote) => Ok(remote.size),
         }
     }
 }

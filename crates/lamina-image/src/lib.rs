@@ -13,9 +13,10 @@ mod reference;
 mod rootfs_tar;
 pub mod spec;
 
-pub use blobs::{BlobLocation, Members};
+pub use blobs::{BlobLocation, Members, RemoteBlob, RemoteOpener};
 pub use compression::Compression;
 pub use digest::{Digest, HashingReader, chain_ids, next_chain_id};
+pub use oci::pick_platform;
 pub use platform::Platform;
 pub use reference::ImageRef;
 pub use spec::ImageConfig;
@@ -120,7 +121,7 @@ pub fn resolve(reference: &ImageRef, platform: &Platform) -> Result<Image, Image
 }
 
 /// Parses a JSON document, naming it in the error.
-pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+pub fn parse_json<T: serde::de::DeserializeOwned>(
     bytes: &[u8],
     what: &str,
 ) -> Result<T, ImageError> {
@@ -128,10 +129,7 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
 }
 
 /// Checks that the image config lists one diffID per layer and returns them.
-pub(crate) fn check_diff_ids(
-    config: &ImageConfig,
-    layer_count: usize,
-) -> Result<&[Digest], ImageError> {
+pub fn check_diff_ids(config: &ImageConfig, layer_count: usize) -> Result<&[Digest], ImageError> {
     let ids = &config.rootfs.diff_ids;
     if ids.len() != layer_count {
         return Err(ImageError::new(format!(

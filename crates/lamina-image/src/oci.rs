@@ -143,7 +143,8 @@ fn load_manifest(
     crate::parse_json(&bytes, &format!("manifest {}", desc.digest))
 }
 
-fn pick_platform(
+/// The first of `candidates` whose declared platform matches `platform`.
+pub fn pick_platform(
     candidates: &[&Descriptor],
     platform: &Platform,
 ) -> Result<Descriptor, ImageError> {

@@ -42,7 +42,7 @@ impl ImageRef {
                 "oci-archive" => Ok(ImageRef::OciArchive { path, reference }),
                 "docker-archive" => Ok(ImageRef::DockerArchive { path, reference }),
                 "docker" => Err(bad(
-                    "pulling from registries (docker://) is not supported yet",
+                    "registry references (docker://) are resolved by lamina-registry, not from local files",
                 )),
                 other => Err(bad(&format!(
                     "unknown scheme `{other}` (expected oci, oci-archive, docker-archive, or an absolute rootfs tar path)"

@@ -25,6 +25,9 @@ pub struct Descriptor {
     pub platform: Option<PlatformSpec>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// Where a non-distributable layer can be fetched instead of the registry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

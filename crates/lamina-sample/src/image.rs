@@ -85,6 +85,7 @@ pub fn descriptor(media_type: &str, digest: &Digest, size: usize) -> Descriptor 
         size: size as u64,
         platform: None,
         annotations: BTreeMap::new(),
+        urls: Vec::new(),
     }
 }
 

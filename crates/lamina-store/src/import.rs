@@ -8,6 +8,9 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use lamina_image::{Digest, HashingReader, Image, LayerBlob, compression};
+
+/// Layers one import fetches and unpacks at once.
+pub const PARALLEL_IMPORTS: usize = 3;
 use rustix::fs::FlockOperation;
 use serde::{Deserialize, Serialize};
 
@@ -46,10 +49,47 @@ impl Drop for RemoveOnDrop {
 impl Store {
     /// Makes sure every layer of `image` is in the store, importing the missing ones, and
     /// returns their chain IDs bottom-most first.
+    ///
+    /// Layers are independent directories, so up to [`PARALLEL_IMPORTS`] are fetched and
+    /// unpacked at once (a registry pull is mostly waiting on the network). The first
+    /// failure, bottom-most first, is the one reported; layers that finished stay.
     pub fn import(&self, image: &Image) -> Result<Vec<Digest>, StoreError> {
         let chain_ids = image.chain_ids();
-        for (layer, chain_id) in image.layers.iter().zip(&chain_ids) {
-            self.ensure_layer(layer, chain_id)?;
+        let missing: Vec<(&LayerBlob, &Digest)> = image
+            .layers
+            .iter()
+            .zip(&chain_ids)
+            .filter(|(_, chain_id)| !self.has_layer(chain_id))
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<Result<(), (usize, StoreError)>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..PARALLEL_IMPORTS.min(missing.len()))
+                .map(|_| {
+                    scope.spawn(|| {
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some((layer, chain_id)) = missing.get(i) else {
+                                return Ok(());
+                            };
+                            self.ensure_layer(layer, chain_id).map_err(|e| (i, e))?;
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| {
+                    w.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect()
+        });
+        if let Some((_, e)) = results
+            .into_iter()
+            .filter_map(Result::err)
+            .min_by_key(|(i, _)| *i)
+        {
+            return Err(e);
         }
         Ok(chain_ids)
     }

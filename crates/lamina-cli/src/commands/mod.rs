@@ -28,6 +28,8 @@ pub struct Ctx {
     pub log_file: Option<PathBuf>,
     /// Per-layer cap on uncompressed bytes for every import this command runs.
     pub max_layer_bytes: u64,
+    /// How docker:// images are fetched.
+    pub pull: lamina_registry::PullOptions,
 }
 
 impl Ctx {
@@ -145,11 +147,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         .max_layer_bytes
         .or(config.max_layer_bytes)
         .unwrap_or(lamina_store::DEFAULT_MAX_LAYER_BYTES);
+    let credentials = match (cli.username, cli.password) {
+        (Some(username), Some(password)) => {
+            Some(lamina_registry::Credentials { username, password })
+        }
+        (None, None) => None,
+        _ => return Err(anyhow!("--username and --password go together")),
+    };
+    let mut insecure_registries = cli.insecure_registries;
+    insecure_registries.extend(config.create.insecure_registries.iter().cloned());
+    let pull = lamina_registry::PullOptions {
+        credentials,
+        insecure_registries,
+        ..lamina_registry::PullOptions::default()
+    };
     let ctx = Ctx {
         config,
         store_path,
         log_file,
         max_layer_bytes,
+        pull,
     };
     let mounter = RealMounter::new();
 
@@ -181,6 +198,17 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     ctx.store_path.display()
                 ),
             }
+        }
+        Command::Pull { image, platform } => {
+            let store = ctx.open_store()?;
+            let resolved = ctx.resolve_image(&image, platform.as_deref())?;
+            let _in_use = store.use_layers()?;
+            let chain_ids = store.import(&resolved)?;
+            let top = chain_ids.last().map(ToString::to_string);
+            println!(
+                "{}",
+                serde_json::json!({ "image": resolved.source, "layers": chain_ids.len(), "top_chain_id": top })
+            );
         }
         Command::Check { repair } => {
             let store = Store::open(&ctx.store_path)?;
@@ -301,14 +329,28 @@ fn absolute(path: PathBuf) -> anyhow::Result<PathBuf> {
         .join(path))
 }
 
-/// Resolves an image reference for `platform` (default: this host's).
-fn resolve_image(image: &str, platform: Option<&str>) -> anyhow::Result<lamina_image::Image> {
-    let platform = platform
-        .map(lamina_image::Platform::parse)
-        .transpose()?
-        .unwrap_or_else(lamina_image::Platform::host);
-    Ok(lamina_image::resolve(
-        &lamina_image::ImageRef::parse(image)?,
-        &platform,
-    )?)
+impl Ctx {
+    /// Resolves an image reference for `platform` (default: this host's): a registry for
+    /// `docker://`, the local file or layout otherwise.
+    pub fn resolve_image(
+        &self,
+        image: &str,
+        platform: Option<&str>,
+    ) -> anyhow::Result<lamina_image::Image> {
+        let platform = platform
+            .map(lamina_image::Platform::parse)
+            .transpose()?
+            .unwrap_or_else(lamina_image::Platform::host);
+        if let Some(reference) = lamina_registry::RegistryRef::parse(image) {
+            return Ok(lamina_registry::resolve(
+                &reference?,
+                &self.pull,
+                &platform,
+            )?);
+        }
+        Ok(lamina_image::resolve(
+            &lamina_image::ImageRef::parse(image)?,
+            &platform,
+        )?)
+    }
 }

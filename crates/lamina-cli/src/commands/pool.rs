@@ -6,7 +6,7 @@ use lamina_mount::pool::PoolKind;
 use lamina_mount::{Pools, Request, Strategies};
 use lamina_sys::Mounter;
 
-use super::{Ctx, resolve_image};
+use super::Ctx;
 use crate::PoolCommand;
 
 pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Result<()> {
@@ -38,7 +38,7 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
             let _layers_in_use = store.use_layers()?;
             let kind = match image {
                 Some(image) => {
-                    let resolved = resolve_image(&image, platform.as_deref())?;
+                    let resolved = ctx.resolve_image(&image, platform.as_deref())?;
                     let probe = lamina_mount::probe::probe(&store, mounter, false)
                         .context("probing overlay support")?;
                     // The flavor create would mount for this request, so its claims find these.

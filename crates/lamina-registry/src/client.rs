@@ -1,0 +1,343 @@
+//! HTTP against one repository of one registry: authentication on demand, retries with
+//! backoff for what a retry can fix (connection failures, 5xx, 429), one-line errors that
+//! name the registry and never the credentials.
+
+use std::io::{self, Read};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ureq::Agent;
+use ureq::http::Response;
+
+use crate::auth::{Challenge, Credentials};
+use crate::{RegistryError, RegistryRef};
+
+/// Small documents (manifests, indexes, configs) are read whole up to this size.
+const MAX_DOCUMENT: u64 = 16 * 1024 * 1024;
+
+/// How a pull talks to registries.
+#[derive(Debug, Clone)]
+pub struct PullOptions {
+    pub credentials: Option<Credentials>,
+    /// Hosts (`host` or `host:port`) spoken to over plain HTTP.
+    pub insecure_registries: Vec<String>,
+    /// Attempts after the first, for failures a retry can fix.
+    pub retries: u32,
+    /// The first retry's delay; each further one doubles it.
+    pub backoff: Duration,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        Self {
+            credentials: None,
+            insecure_registries: Vec::new(),
+            retries: 4,
+            backoff: Duration::from_millis(250),
+        }
+    }
+}
+
+/// One repository of one registry.
+#[derive(Debug)]
+pub struct Client {
+    agent: Agent,
+    base: String,
+    host: String,
+    repository: String,
+    options: PullOptions,
+    /// The `Authorization` value that worked last (Basic, or a Bearer token).
+    authorization: Mutex<Option<String>>,
+}
+
+enum Attempt {
+    Done(Response<ureq::Body>),
+    Retry(String),
+}
+
+impl Client {
+    pub fn new(reference: &RegistryRef, options: &PullOptions) -> Client {
+        let insecure = options.insecure_registries.contains(&reference.host);
+        let scheme = if insecure { "http" } else { "https" };
+        let agent: Agent = Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(15)))
+            .timeout_recv_response(Some(Duration::from_secs(60)))
+            .build()
+            .into();
+        Client {
+            agent,
+            base: format!("{scheme}://{}", reference.host),
+            host: reference.host.clone(),
+            repository: reference.repository.clone(),
+            options: options.clone(),
+            authorization: Mutex::new(None),
+        }
+    }
+
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    pub fn repository(&self) -> &str {
+        &self.repository
+    }
+
+    /// GETs `/v2/<repo>/<path>` and reads the body whole (a document), returning it and
+    /// its Content-Type.
+    pub fn document(&self, path: &str, accept: &str) -> Result<(Vec<u8>, String), RegistryError> {
+        let url = format!("{}/v2/{}/{path}", self.base, self.repository);
+        let response = self.get(&url, accept, true)?;
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = response
+            .into_body()
+            .with_config()
+            .limit(MAX_DOCUMENT)
+            .read_to_vec()
+            .map_err(|e| self.error(&format!("reading {path}: {e}")))?;
+        Ok((body, content_type))
+    }
+
+    /// Opens a stream of blob `digest`: from `urls` first (a non-distributable layer's
+    /// own locations, fetched without the registry's credentials), then the registry.
+    pub fn open_blob(&self, digest: &str, urls: &[String]) -> io::Result<Box<dyn Read + Send>> {
+        for url in urls {
+            match self.get(url, "*/*", false) {
+                Ok(response) => {
+                    let from = shown(url).to_string();
+                    return Ok(Box::new(Named {
+                        inner: response.into_body().into_reader(),
+                        from,
+                    }));
+                }
+                Err(e) => {
+                    tracing::warn!(url, error = %e, "non-distributable layer URL failed; trying the registry")
+                }
+            }
+        }
+        let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.repository);
+        let response = self.get(&url, "*/*", true).map_err(io::Error::other)?;
+        let from = format!("registry {}", self.host);
+        Ok(Box::new(Named {
+            inner: response.into_body().into_reader(),
+            from,
+        }))
+    }
+
+    /// A GET that answers 2xx, after authenticating (when `authed` and challenged) and
+    /// retrying what a retry can fix.
+    fn get(
+        &self,
+        url: &str,
+        accept: &str,
+        authed: bool,
+    ) -> Result<Response<ureq::Body>, RegistryError> {
+        let mut challenged = false;
+        let mut delay = self.options.backoff;
+        let mut attempt = 0;
+        loop {
+            match self.attempt(url, accept, authed, &mut challenged)? {
+                Attempt::Done(response) => return Ok(response),
+                Attempt::Retry(why) if attempt < self.options.retries => {
+                    tracing::warn!(
+                        url,
+                        attempt = attempt + 1,
+                        why,
+                        delay_ms = delay.as_millis() as u64,
+                        "retrying registry request"
+                    );
+                    std::thread::sleep(delay);
+                    delay *= 2;
+                    attempt += 1;
+                }
+                Attempt::Retry(why) => {
+                    return Err(
+                        self.error(&format!("{why} (gave up after {} attempts)", attempt + 1))
+                    );
+                }
+            }
+        }
+    }
+
+    fn attempt(
+        &self,
+        url: &str,
+        accept: &str,
+        authed: bool,
+        challenged: &mut bool,
+    ) -> Result<Attempt, RegistryError> {
+        let mut request = self.agent.get(url).header("Accept", accept);
+        if authed && let Some(value) = self.current_authorization() {
+            request = request.header("Authorization", &value);
+        }
+        let response = match request.call() {
+            Ok(response) => response,
+            Err(e) if url.starts_with("https:") && is_tls_failure(&e) => {
+                // A retry cannot fix a handshake; most often the registry speaks plain HTTP.
+                return Err(self.error(&format!(
+                    "GET {}: TLS failed: {e} (a plain-HTTP registry? pass --insecure-registry {})",
+                    shown(url),
+                    self.host
+                )));
+            }
+            Err(e) => return Ok(Attempt::Retry(format!("GET {}: {e}", shown(url)))),
+        };
+        let status = response.status().as_u16();
+        match status {
+            200..=299 => Ok(Attempt::Done(response)),
+            401 if authed && !*challenged => {
+                *challenged = true;
+                let header = response
+                    .headers()
+                    .get("www-authenticate")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                self.authenticate(&header)?;
+                // Authenticated: go again at once, without counting a retry.
+                self.attempt(url, accept, authed, challenged)
+            }
+            401 | 403 => Err(self.error(&if self.options.credentials.is_some() {
+                format!(
+                    "access to {} denied: the credentials were refused",
+                    shown(url)
+                )
+            } else {
+                format!(
+                    "access to {} denied: the registry wants credentials (--username/--password)",
+                    shown(url)
+                )
+            })),
+            404 => Err(self.error(&format!("{} not found", shown(url)))),
+            429 | 500..=599 => Ok(Attempt::Retry(format!("GET {}: HTTP {status}", shown(url)))),
+            _ => Err(self.error(&format!("GET {}: HTTP {status}", shown(url)))),
+        }
+    }
+
+    fn current_authorization(&self) -> Option<String> {
+        self.authorization.lock().ok().and_then(|a| a.clone())
+    }
+
+    /// Answers a challenge: Basic takes the credentials as they are; Bearer trades them
+    /// (or nothing, for anonymous pulls) for a token at the realm.
+    fn authenticate(&self, header: &str) -> Result<(), RegistryError> {
+        let value = match Challenge::parse(header) {
+            Some(Challenge::Basic) => {
+                let creds = self.options.credentials.as_ref().ok_or_else(|| {
+                    self.error("the registry wants credentials (--username/--password)")
+                })?;
+                creds.basic_header()
+            }
+            Some(Challenge::Bearer {
+                realm,
+                service,
+                scope,
+            }) => {
+                let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", self.repository));
+                let mut url = format!("{realm}?scope={}", encode(&scope));
+                if let Some(service) = service {
+                    url.push_str(&format!("&service={}", encode(&service)));
+                }
+                format!("Bearer {}", self.token(&url)?)
+            }
+            None => {
+                return Err(self.error(&format!(
+                    "the registry asks for authentication lamina does not speak: `{header}`"
+                )));
+            }
+        };
+        if let Ok(mut slot) = self.authorization.lock() {
+            *slot = Some(value);
+        }
+        Ok(())
+    }
+
+    fn token(&self, url: &str) -> Result<String, RegistryError> {
+        let mut request = self.agent.get(url);
+        if let Some(creds) = &self.options.credentials {
+            request = request.header("Authorization", &creds.basic_header());
+        }
+        let response = request
+            .call()
+            .map_err(|e| self.error(&format!("token request to {}: {e}", shown(url))))?;
+        let status = response.status().as_u16();
+        if status == 401 || status == 403 {
+            return Err(self.error("the token service refused the credentials"));
+        }
+        if !(200..300).contains(&status) {
+            return Err(self.error(&format!("token request to {}: HTTP {status}", shown(url))));
+        }
+        let body = response
+            .into_body()
+            .with_config()
+            .limit(MAX_DOCUMENT)
+            .read_to_vec()
+            .map_err(|e| self.error(&format!("reading token: {e}")))?;
+        #[derive(serde::Deserialize)]
+        struct Token {
+            token: Option<String>,
+            access_token: Option<String>,
+        }
+        let parsed: Token = serde_json::from_slice(&body)
+            .map_err(|e| self.error(&format!("token response is not valid: {e}")))?;
+        parsed
+            .token
+            .or(parsed.access_token)
+            .ok_or_else(|| self.error("token response holds no token"))
+    }
+
+    fn error(&self, what: &str) -> RegistryError {
+        RegistryError::new(format!(
+            "registry {} ({}): {what}",
+            self.host, self.repository
+        ))
+    }
+}
+
+/// A blob stream whose errors say where the bytes were coming from: a registry that
+/// vanishes mid-layer reads as `reading from registry HOST: Peer disconnected`.
+struct Named<R> {
+    inner: R,
+    from: String,
+}
+
+impl<R: Read> Read for Named<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner
+            .read(buf)
+            .map_err(|e| io::Error::new(e.kind(), format!("reading from {}: {e}", self.from)))
+    }
+}
+
+/// Whether a transport error is the TLS handshake failing (wrong protocol, certificate).
+fn is_tls_failure(e: &ureq::Error) -> bool {
+    if matches!(e, ureq::Error::Tls(_)) {
+        return true;
+    }
+    let text = e.to_string().to_ascii_lowercase();
+    ["tls", "certificate", "corrupt message", "handshake"]
+        .iter()
+        .any(|w| text.contains(w))
+}
+
+/// A URL for messages: without any query (tokens and signed storage URLs live there).
+fn shown(url: &str) -> &str {
+    url.split('?').next().unwrap_or(url)
+}
+
+/// Percent-encodes a query value.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

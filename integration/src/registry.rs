@@ -1,0 +1,147 @@
+//! A real registry for tests: Debian's `docker-registry` (distribution 2.8) on 127.0.0.1
+//! with its storage in a temp dir, optionally behind htpasswd, and `skopeo` to push.
+//! Dropping it kills the server.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+pub struct Registry {
+    pub dir: PathBuf,
+    pub host: String,
+    config: PathBuf,
+    child: Option<Child>,
+    creds: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+impl Registry {
+    /// Starts a registry storing under `dir`; with `creds`, behind htpasswd (bcrypt).
+    pub fn start(dir: &Path, creds: Option<(&str, &str)>) -> Registry {
+        std::fs::create_dir_all(dir).expect("registry dir");
+        let host = format!("127.0.0.1:{}", free_port());
+        let mut auth = String::new();
+        if let Some((user, pass)) = creds {
+            let out = Command::new("htpasswd")
+                .args(["-Bbn", user, pass])
+                .output()
+                .expect("htpasswd (apache2-utils)");
+            assert!(out.status.success(), "htpasswd: {out:?}");
+            let file = dir.join("htpasswd");
+            std::fs::write(&file, out.stdout).expect("htpasswd file");
+            auth = format!(
+                "auth:\n  htpasswd:\n    realm: lamina-test\n    path: {}\n",
+                file.display()
+            );
+        }
+        let config = dir.join("config.yml");
+        let yaml = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n{auth}",
+            dir.join("data").display()
+        );
+        std::fs::write(&config, yaml).expect("registry config");
+        let mut registry = Registry {
+            dir: dir.to_path_buf(),
+            host,
+            config,
+            child: None,
+            creds: creds.map(|(u, p)| (u.to_string(), p.to_string())),
+        };
+        registry.restart();
+        registry
+    }
+
+    /// (Re)starts the server on the same address and storage; waits until it answers.
+    pub fn restart(&mut self) {
+        self.stop();
+        let log = std::fs::File::create(self.dir.join("registry.log")).expect("log");
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("docker-registry (apt package docker-registry)");
+        self.child = Some(child);
+        crate::wait_until("the registry to listen", || {
+            std::net::TcpStream::connect(&self.host).is_ok()
+        });
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash or network loss would.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `docker://HOST/REPO:TAG` (or `@DIGEST`).
+    pub fn reference(&self, repo_and_target: &str) -> String {
+        format!("docker://{}/{repo_and_target}", self.host)
+    }
+
+    /// Pushes the OCI layout image `layout:ref` (all platforms) as `repo:tag`.
+    pub fn push(&self, layout: &Path, reference: &str, repo_tag: &str) {
+        let mut args = vec![
+            "copy".to_string(),
+            "--all".into(),
+            "--dest-tls-verify=false".into(),
+            "--retry-times=2".into(),
+        ];
+        if let Some((u, p)) = &self.creds {
+            args.push(format!("--dest-creds={u}:{p}"));
+        }
+        args.push(format!("oci:{}:{reference}", layout.display()));
+        args.push(format!("docker://{}/{repo_tag}", self.host));
+        let out = Command::new("skopeo").args(&args).output().expect("skopeo");
+        assert!(out.status.success(), "skopeo copy: {out:?}");
+    }
+
+    /// The manifest digest the registry serves for `repo:tag`.
+    pub fn digest(&self, repo_tag: &str) -> String {
+        let mut args = vec![
+            "inspect".to_string(),
+            "--raw".into(),
+            "--tls-verify=false".into(),
+        ];
+        if let Some((u, p)) = &self.creds {
+            args.push(format!("--creds={u}:{p}"));
+        }
+        args.push(format!("docker://{}/{repo_tag}", self.host));
+        let out = Command::new("skopeo").args(&args).output().expect("skopeo");
+        assert!(out.status.success(), "skopeo inspect: {out:?}");
+        lamina_image::Digest::of(&out.stdout).to_string()
+    }
+
+    /// The file the registry stores blob `digest` in (to tamper with it).
+    pub fn blob_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.dir
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,323 @@
+//! Pulling from a real registry (Debian's docker-registry on 127.0.0.1, images pushed
+//! with skopeo): by tag and by digest, a multi-platform index, a tampered blob, htpasswd
+//! credentials good and bad, and the registry dying mid-pull.
+
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::path::Path;
+
+use lamina_image::spec::{self, Index};
+use lamina_image::{Compression, Digest, Platform};
+use lamina_integration::registry::Registry;
+use lamina_integration::scratch::mounts_under;
+use lamina_integration::tree::Tree;
+use lamina_integration::{Bundle, Lamina, ScratchFs, hostile, require_root};
+use lamina_sample::{Layer, LayerBuilder, build_image, descriptor, write_oci_layout};
+
+fn insecure(registry: &Registry) -> [String; 2] {
+    ["--insecure-registry".into(), registry.host.clone()]
+}
+
+fn run(lamina: &Lamina, registry: &Registry, args: &[&str]) -> lamina_integration::Output {
+    let flags = insecure(registry);
+    let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
+    all.extend_from_slice(args);
+    lamina.run(&all)
+}
+
+/// The busybox sample, as an OCI layout under `dir` tagged `latest`.
+fn sample_layout(dir: &Path) -> std::path::PathBuf {
+    lamina_integration::sample_image(dir);
+    dir.join("layout")
+}
+
+#[test]
+fn pull_by_tag_and_digest_then_boot_it() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    registry.push(
+        &sample_layout(&fs.path().join("img")),
+        "latest",
+        "sample/busybox:v1",
+    );
+    let lamina = Lamina::init(&fs.path().join("store"));
+
+    let by_tag = registry.reference("sample/busybox:v1");
+    let out = run(&lamina, &registry, &["pull", &by_tag]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.json()["layers"], 2);
+    // A second pull resumes from the store: nothing is fetched or changed.
+    let layers = Tree::of(&lamina.store.join("layers"), &[]);
+    let again = run(&lamina, &registry, &["pull", &by_tag]);
+    assert_eq!(again.code, 0, "{again:?}");
+    assert_eq!(layers, Tree::of(&lamina.store.join("layers"), &[]));
+
+    let by_digest = registry.reference(&format!(
+        "sample/busybox@{}",
+        registry.digest("sample/busybox:v1")
+    ));
+    let out = run(&lamina, &registry, &["create", &by_digest, "pulled"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let bundle = Bundle::new(&lamina.rootfs("pulled"), false);
+    let booted = bundle.run(
+        "pulled",
+        "cat /etc/os-release >/dev/null; echo booted-from-registry",
+    );
+    assert_eq!(booted.code, 0, "{booted:?}");
+    assert!(booted.stdout.contains("booted-from-registry"), "{booted:?}");
+    lamina.delete_and_assert_gone("pulled", "registry");
+}
+
+#[test]
+fn a_multi_platform_index_gives_this_hosts_image() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    let layout = fs.path().join("multi");
+    let for_platform = |platform: &Platform, marker: &str| {
+        let top = LayerBuilder::new()
+            .file("platform", 0o644, marker.as_bytes())
+            .unwrap()
+            .finish()
+            .unwrap();
+        build_image(
+            &[hostile::gzip(hostile::base_layer()), hostile::gzip(top)],
+            &[],
+            platform,
+        )
+        .unwrap()
+    };
+    let host = for_platform(&Platform::host(), "host");
+    let other = Platform {
+        os: "linux".into(),
+        architecture: "s390x".into(),
+        variant: None,
+    };
+    let foreign = for_platform(&other, "s390x");
+    let index = Index {
+        schema_version: 2,
+        media_type: Some(spec::OCI_INDEX.into()),
+        manifests: vec![foreign.manifest.clone(), host.manifest.clone()],
+    };
+    let index_bytes = serde_json::to_vec(&index).unwrap();
+    let index_digest = Digest::of(&index_bytes);
+    let root = descriptor(spec::OCI_INDEX, &index_digest, index_bytes.len());
+    write_oci_layout(&layout, &[&host, &foreign], &[(root, Some("multi"))]).unwrap();
+    fs::write(
+        layout.join("blobs/sha256").join(index_digest.hex()),
+        &index_bytes,
+    )
+    .unwrap();
+    registry.push(&layout, "multi", "multi/app:v1");
+
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let out = run(
+        &lamina,
+        &registry,
+        &["create", &registry.reference("multi/app:v1"), "multi"],
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        fs::read_to_string(lamina.rootfs("multi").join("platform")).unwrap(),
+        "host"
+    );
+    lamina.delete_and_assert_gone("multi", "multi-platform");
+
+    let out = run(
+        &lamina,
+        &registry,
+        &[
+            "pull",
+            "--platform",
+            "linux/arm64",
+            &registry.reference("multi/app:v1"),
+        ],
+    );
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stdout.contains("no image for platform linux/arm64"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn a_tampered_blob_is_refused_and_leaves_no_layer() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    let top = LayerBuilder::new()
+        .file("payload", 0o644, b"genuine")
+        .unwrap()
+        .finish()
+        .unwrap();
+    let image = build_image(
+        &[
+            hostile::gzip(hostile::base_layer()),
+            Layer {
+                tar: top,
+                compression: Compression::Gzip,
+            },
+        ],
+        &[],
+        &Platform::host(),
+    )
+    .unwrap();
+    let layout = fs.path().join("img");
+    write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))]).unwrap();
+    registry.push(&layout, "v1", "tampered/app:v1");
+    // The registry now serves other bytes under the top layer's digest.
+    let evil = LayerBuilder::new()
+        .file("payload", 0o644, b"evil!!!")
+        .unwrap()
+        .finish()
+        .unwrap();
+    let evil = build_image(&[hostile::gzip(evil)], &[], &Platform::host()).unwrap();
+    fs::write(
+        registry.blob_file(&image.layers[1].0.to_string()),
+        &evil.blobs[&evil.layers[0].0],
+    )
+    .unwrap();
+
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let out = run(
+        &lamina,
+        &registry,
+        &["create", &registry.reference("tampered/app:v1"), "t"],
+    );
+    assert_eq!(out.code, 1, "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 1);
+    assert!(out.stdout.contains("layer 1 (sha256:"), "{}", out.stdout);
+    assert!(out.stdout.contains("digest mismatch"), "{}", out.stdout);
+    assert_eq!(lamina.entries("images"), 0);
+    assert_eq!(lamina.entries("tmp"), 0);
+    assert!(
+        lamina.entries("layers") <= 1,
+        "only the genuine base layer may stay"
+    );
+    assert!(mounts_under(&lamina.store).is_empty());
+}
+
+#[test]
+fn htpasswd_credentials_good_and_bad() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let password = "pa55-w0rd-never-printed";
+    let registry = Registry::start(&fs.path().join("registry"), Some(("alice", password)));
+    registry.push(
+        &sample_layout(&fs.path().join("img")),
+        "latest",
+        "private/app:v1",
+    );
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = registry.reference("private/app:v1");
+
+    let none = run(&lamina, &registry, &["pull", &image]);
+    assert_eq!(none.code, 1, "{none:?}");
+    assert!(none.stdout.contains("wants credentials"), "{}", none.stdout);
+
+    let wrong = run(
+        &lamina,
+        &registry,
+        &[
+            "--username",
+            "alice",
+            "--password",
+            "nope-wrong",
+            "pull",
+            &image,
+        ],
+    );
+    assert_eq!(wrong.code, 1, "{wrong:?}");
+    assert!(
+        wrong.stdout.contains("credentials were refused"),
+        "{}",
+        wrong.stdout
+    );
+    assert!(!wrong.stdout.contains("nope-wrong") && !wrong.stderr.contains("nope-wrong"));
+
+    let good = run(
+        &lamina,
+        &registry,
+        &[
+            "--username",
+            "alice",
+            "--password",
+            password,
+            "--log-level",
+            "debug",
+            "pull",
+            &image,
+        ],
+    );
+    assert_eq!(good.code, 0, "{good:?}");
+    assert!(
+        !good.stdout.contains(password) && !good.stderr.contains(password),
+        "credentials leaked into output"
+    );
+    assert_eq!(lamina.entries("layers"), 2);
+}
+
+#[test]
+fn the_registry_dying_mid_pull_fails_cleanly_and_a_retry_succeeds() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let mut registry = Registry::start(&fs.path().join("registry"), None);
+    // Big enough, uncompressed, that the pull is still streaming when the registry dies.
+    let top = LayerBuilder::new()
+        .file("big", 0o644, &hostile::noise(192 << 20))
+        .unwrap()
+        .finish()
+        .unwrap();
+    let image = build_image(
+        &[
+            hostile::gzip(hostile::base_layer()),
+            Layer {
+                tar: top,
+                compression: Compression::None,
+            },
+        ],
+        &[],
+        &Platform::host(),
+    )
+    .unwrap();
+    let layout = fs.path().join("img");
+    write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))]).unwrap();
+    registry.push(&layout, "v1", "big/app:v1");
+    fs::remove_dir_all(&layout).unwrap();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let reference = registry.reference("big/app:v1");
+
+    let flags = insecure(&registry);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend_from_slice(&["pull", &reference]);
+    let pull = lamina
+        .command(&args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let staging = lamina.store.join("tmp");
+    lamina_integration::wait_until("the pull to start streaming", || {
+        fs::read_dir(&staging).unwrap().any(|e| {
+            let path = e.unwrap().path();
+            lamina_integration::lamina::dir_size(&path) > 8 << 20
+        })
+    });
+    registry.stop();
+    let out = pull.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert_eq!(stdout.trim().lines().count(), 1, "{stdout}");
+    assert!(stdout.contains("layer 1 (sha256:"), "{stdout}");
+    assert!(stdout.contains(&format!("reading from registry {}", registry.host)), "{stdout}");
+    assert_eq!(lamina.entries("tmp"), 0, "no partial layer: {stdout}");
+    assert!(lamina.entries("layers") <= 1, "{stdout}");
+
+    registry.restart();
+    let out = run(&lamina, &registry, &["pull", &reference]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(lamina.entries("layers"), 2);
+}
