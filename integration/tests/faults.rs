@@ -11,11 +11,11 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command};
 
-use lamina_image::{Compression, Platform};
+use lamina_image::Compression;
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::tree::Tree;
 use lamina_integration::{Lamina, ScratchFs, hostile, require_root, sample_image};
-use lamina_sample::{Layer, LayerBuilder, build_image, write_oci_layout};
+use lamina_sample::{Layer, LayerBuilder, write_oci_layout};
 
 /// Fills the filesystem at `dir` with one file, leaving about `leave` bytes free (to
 /// root: ext4 keeps its reserve for root, and lamina runs as root).
@@ -35,18 +35,10 @@ fn image_with_payload(dir: &Path, bytes: usize) -> String {
         .unwrap()
         .finish()
         .unwrap();
-    let image = build_image(
-        &[
-            hostile::gzip(hostile::base_layer()),
-            Layer {
-                tar: top,
-                compression: Compression::Gzip,
-            },
-        ],
-        &[],
-        &Platform::host(),
-    )
-    .unwrap();
+    let image = hostile::with_top(Layer {
+        tar: top,
+        compression: Compression::Gzip,
+    });
     write_oci_layout(dir, &[&image], &[(image.manifest.clone(), Some("big"))]).unwrap();
     format!("oci://{}:big", dir.display())
 }

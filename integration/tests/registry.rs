@@ -154,18 +154,10 @@ fn a_tampered_blob_is_refused_and_leaves_no_layer() {
         .unwrap()
         .finish()
         .unwrap();
-    let image = build_image(
-        &[
-            hostile::gzip(hostile::base_layer()),
-            Layer {
-                tar: top,
-                compression: Compression::Gzip,
-            },
-        ],
-        &[],
-        &Platform::host(),
-    )
-    .unwrap();
+    let image = hostile::with_top(Layer {
+        tar: top,
+        compression: Compression::Gzip,
+    });
     let layout = fs.path().join("img");
     write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))]).unwrap();
     registry.push(&layout, "v1", "tampered/app:v1");
@@ -272,18 +264,10 @@ fn the_registry_dying_mid_pull_fails_cleanly_and_a_retry_succeeds() {
         .unwrap()
         .finish()
         .unwrap();
-    let image = build_image(
-        &[
-            hostile::gzip(hostile::base_layer()),
-            Layer {
-                tar: top,
-                compression: Compression::None,
-            },
-        ],
-        &[],
-        &Platform::host(),
-    )
-    .unwrap();
+    let image = hostile::with_top(Layer {
+        tar: top,
+        compression: Compression::None,
+    });
     let layout = fs.path().join("img");
     write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))]).unwrap();
     registry.push(&layout, "v1", "big/app:v1");
@@ -312,7 +296,10 @@ fn the_registry_dying_mid_pull_fails_cleanly_and_a_retry_succeeds() {
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert_eq!(stdout.trim().lines().count(), 1, "{stdout}");
     assert!(stdout.contains("layer 1 (sha256:"), "{stdout}");
-    assert!(stdout.contains(&format!("reading from registry {}", registry.host)), "{stdout}");
+    assert!(
+        stdout.contains(&format!("reading from registry {}", registry.host)),
+        "{stdout}"
+    );
     assert_eq!(lamina.entries("tmp"), 0, "no partial layer: {stdout}");
     assert!(lamina.entries("layers") <= 1, "{stdout}");
 
