@@ -67,7 +67,9 @@ pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Re
         tracing::warn!("metadata-only copy-up does not work on this kernel and store filesystem");
     }
     fs::create_dir_all(cache.parent().unwrap_or(store.root()))?;
-    let tmp = cache.with_extension("json.tmp");
+    // Concurrent first creates all probe; each writes its own file, and the last rename
+    // wins (every result is the same).
+    let tmp = cache.with_extension(format!("json.tmp.{}", std::process::id()));
     fs::write(&tmp, serde_json::to_vec_pretty(&result)?)?;
     fs::rename(&tmp, &cache)?;
     Ok(result)
