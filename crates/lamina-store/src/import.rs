@@ -62,6 +62,7 @@ impl Store {
             .filter(|(_, chain_id)| !self.has_layer(chain_id))
             .collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed = std::sync::atomic::AtomicBool::new(false);
         let results: Vec<Result<(), (usize, StoreError)>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..PARALLEL_IMPORTS.min(missing.len()))
                 .map(|_| {
@@ -71,7 +72,13 @@ impl Store {
                             let Some((layer, chain_id)) = missing.get(i) else {
                                 return Ok(());
                             };
-                            self.ensure_layer(layer, chain_id).map_err(|e| (i, e))?;
+                            if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                                return Ok(()); // the image failed: start nothing more
+                            }
+                            self.ensure_layer(layer, chain_id).map_err(|e| {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                (i, e)
+                            })?;
                         }
                     })
                 })
