@@ -99,10 +99,19 @@ impl Lamina {
         let mounts = crate::scratch::mounts_under(&self.store);
         let last = self.entries("images") == 0;
         let pool = self.store.join("pool");
+        // A background refill builds its slot in tmp/pool-* and then renames it into pool/.
+        let refilling = |m: &PathBuf| {
+            m.strip_prefix(self.store.join("tmp"))
+                .ok()
+                .and_then(|rel| rel.components().next())
+                .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with("pool-"))
+        };
         let leaked: Vec<_> = mounts
             .iter()
             .filter(|m| {
-                m.starts_with(&dir) || m.starts_with(&trash) || (last && !m.starts_with(&pool))
+                m.starts_with(&dir)
+                    || m.starts_with(&trash)
+                    || (last && !m.starts_with(&pool) && !refilling(m))
             })
             .collect();
         assert!(
