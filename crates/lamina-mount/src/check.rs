@@ -48,15 +48,16 @@ pub fn check(
         problems: Vec::new(),
     };
 
-    for path in clean::abandoned_tmp(store)? {
+    let abandoned = clean::abandoned_tmp(store)?;
+    for path in &abandoned {
         let problem = found(
             "tmp_abandoned",
-            &path,
+            path,
             "unfinished work whose process is gone",
         );
-        findings.fix(problem, &|| clean::remove_unmounted(mounter, &path));
+        findings.fix(problem, &|| clean::remove_unmounted(mounter, path));
     }
-    for dir in crashed_creates(store)? {
+    for (dir, _lock) in clean::crashed_creates(store)? {
         let problem = found(
             "crashed_create",
             &dir,
@@ -160,7 +161,7 @@ pub fn check(
         }
     }
 
-    for mount in orphan_mounts(store, mounter, &live)? {
+    for mount in orphan_mounts(store, mounter, &live, &abandoned)? {
         let problem = found(
             "orphan_mount",
             &mount,
@@ -227,20 +228,6 @@ fn found(kind: &'static str, path: &Path, detail: &str) -> Problem {
     }
 }
 
-/// Container directories with no record whose creator's lock is free.
-fn crashed_creates(store: &Store) -> Result<Vec<PathBuf>, RootfsError> {
-    let mut found = Vec::new();
-    for dir in lamina_store::list_dirs(&store.layout().images())? {
-        if store.record_in(&dir)?.is_some() {
-            continue;
-        }
-        if store.try_lock_dir(&dir)?.is_some() && store.record_in(&dir)?.is_none() {
-            found.push(dir);
-        }
-    }
-    Ok(found)
-}
-
 /// Layer directories that break invariant 1: no readable record, a record for another
 /// chain ID, or no `diff/`.
 fn bad_layers(store: &Store) -> Result<Vec<(PathBuf, String)>, RootfsError> {
@@ -272,15 +259,16 @@ fn bad_layers(store: &Store) -> Result<Vec<(PathBuf, String)>, RootfsError> {
 
 /// Mounts under the store that nothing owns. Owned: anything under a recorded container's
 /// directory, a pool slot, a shared image (clean releases unused ones), the trash (the
-/// reaper's), or a `tmp/` entry whose work is in flight.
+/// reaper's), or a `tmp/` entry whose work is in flight (not among `abandoned`, judged
+/// under the clean lock).
 fn orphan_mounts(
     store: &Store,
     mounter: &dyn Mounter,
     live: &HashSet<String>,
+    abandoned: &[PathBuf],
 ) -> Result<Vec<PathBuf>, RootfsError> {
     let layout = store.layout();
     let root = layout.root();
-    let abandoned: Vec<PathBuf> = clean::abandoned_tmp(store)?;
     let mut orphans = Vec::new();
     for mount in mounter.mounts_under(root)? {
         if mount == root {

@@ -97,24 +97,36 @@ pub(crate) fn sweep_crashed_creates(
     store: &Store,
     mounter: &dyn Mounter,
 ) -> Result<usize, RootfsError> {
-    let images = store.layout().images();
     let mut removed = 0;
-    for entry in fs::read_dir(&images).map_err(StoreError::io("listing", &images))? {
-        let dir = entry.map_err(StoreError::io("listing", &images))?.path();
-        if store.record_in(&dir)?.is_some() {
-            continue;
-        }
-        let Some(_lock) = store.try_lock_dir(&dir)? else {
-            continue; // a create in progress
-        };
-        if store.record_in(&dir)?.is_some() {
-            continue; // it finished between our two looks
-        }
+    for (dir, _lock) in crashed_creates(store)? {
         tracing::info!(dir = %dir.display(), "removing a container whose create crashed");
         remove_unmounted(mounter, &dir)?;
         removed += 1;
     }
     Ok(removed)
+}
+
+/// Container directories in `images/` with no record whose creator's lock is free, each
+/// with that lock, taken: nobody else can start on them while it is held.
+pub(crate) fn crashed_creates(
+    store: &Store,
+) -> Result<Vec<(std::path::PathBuf, lamina_store::DirLock)>, RootfsError> {
+    let images = store.layout().images();
+    let mut found = Vec::new();
+    for entry in fs::read_dir(&images).map_err(StoreError::io("listing", &images))? {
+        let dir = entry.map_err(StoreError::io("listing", &images))?.path();
+        if store.record_in(&dir)?.is_some() {
+            continue;
+        }
+        let Some(lock) = store.try_lock_dir(&dir)? else {
+            continue; // a create in progress
+        };
+        if store.record_in(&dir)?.is_some() {
+            continue; // it finished between our two looks
+        }
+        found.push((dir, lock));
+    }
+    Ok(found)
 }
 
 /// `tmp/` entries whose owner is gone, judged by the lock each kind of work holds.
