@@ -94,13 +94,6 @@ pub fn edit_manifest(image: &mut BuiltImage, edit: impl FnOnce(&mut serde_json::
 
 /// Deterministic bytes that are no archive format: a xorshift stream.
 pub fn noise(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    let mut rng = crate::rng::Xorshift::new(0x9e37_79b9_7f4a_7c15);
+    (0..len).map(|_| (rng.next_u64() >> 24) as u8).collect()
 }

@@ -7,6 +7,7 @@ pub mod hostile;
 pub mod lamina;
 pub mod proof;
 pub mod registry;
+pub mod rng;
 pub mod runc;
 pub mod scratch;
 pub mod snapshotter;

@@ -21,9 +21,9 @@ fn entries(dir: &std::path::Path) -> usize {
     fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
 
-/// `ctr run --rm --snapshotter lamina IMAGE ID sh -c SCRIPT`; its stdout.
-fn run_on_lamina(ctd: &Containerd, id: &str, script: &str) -> String {
-    ctd.ctr_ok(&[
+/// `run --rm --snapshotter lamina IMAGE ID sh -c SCRIPT`, as ctr takes it.
+fn run_args<'a>(id: &'a str, script: &'a str) -> [&'a str; 9] {
+    [
         "run",
         "--rm",
         "--snapshotter",
@@ -33,7 +33,12 @@ fn run_on_lamina(ctd: &Containerd, id: &str, script: &str) -> String {
         "sh",
         "-c",
         script,
-    ])
+    ]
+}
+
+/// `ctr run --rm --snapshotter lamina IMAGE ID sh -c SCRIPT`; its stdout.
+fn run_on_lamina(ctd: &Containerd, id: &str, script: &str) -> String {
+    ctd.ctr_ok(&run_args(id, script))
 }
 
 #[test]
@@ -74,17 +79,7 @@ fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
             Command::new("ctr")
                 .arg("--address")
                 .arg(&ctd.socket)
-                .args([
-                    "run",
-                    "--rm",
-                    "--snapshotter",
-                    "lamina",
-                    IMAGE,
-                    id,
-                    "sh",
-                    "-c",
-                ])
-                .arg(script)
+                .args(run_args(id, &script))
                 .stdin(Stdio::null())
                 .output()
                 .expect("ctr run")

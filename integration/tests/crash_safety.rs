@@ -12,6 +12,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use lamina_integration::rng::Xorshift;
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::{FsKind, Lamina, ScratchFs, require_root, sample_image};
 
@@ -29,18 +30,6 @@ enum Op {
 }
 
 const OPS: [Op; 5] = [Op::Import, Op::Create, Op::Delete, Op::Clean, Op::PoolFill];
-
-/// xorshift: the same delays on every run of the test, so a failure reproduces.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
 
 struct Crash<'a> {
     lamina: &'a Lamina,
@@ -189,7 +178,8 @@ fn sigkill_at_random_points_loses_nothing_and_leaks_nothing() {
     let durations: Vec<Duration> = OPS.iter().map(|op| crash.measure(*op)).collect();
     eprintln!("uninterrupted durations: {durations:?}");
 
-    let mut rng = Rng(0x5eed_1a41_17a0_0001);
+    // Seeded: the same delays on every run, so a failure reproduces.
+    let mut rng = Xorshift::new(0x5eed_1a41_17a0_0001);
     let mut killed = [0usize; 5];
     for run in 0..RUNS {
         let op = OPS[run % OPS.len()];
