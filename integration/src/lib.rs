@@ -4,6 +4,7 @@
 
 pub mod containerd;
 pub mod hostile;
+pub mod http;
 pub mod lamina;
 pub mod proof;
 pub mod registry;
@@ -11,6 +12,7 @@ pub mod rng;
 pub mod runc;
 pub mod scratch;
 pub mod snapshotter;
+pub mod token_service;
 pub mod tree;
 
 pub use lamina::{Lamina, Output};

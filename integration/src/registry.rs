@@ -1,6 +1,6 @@
 //! A real registry for tests: Debian's `docker-registry` (distribution 2.8) on 127.0.0.1
-//! with its storage in a temp dir, optionally behind htpasswd, and `skopeo` to push.
-//! Dropping it kills the server.
+//! with its storage in a temp dir, optionally behind htpasswd or behind a Bearer token
+//! service, and `skopeo` to push. Dropping it kills the server.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,8 @@ pub struct Registry {
     config: PathBuf,
     child: Option<Child>,
     creds: Option<(String, String)>,
+    /// The Bearer token service, for a registry started with [`Registry::with_tokens`].
+    pub token_service: Option<crate::http::HttpServer>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -21,6 +23,11 @@ impl std::fmt::Debug for Registry {
             .finish_non_exhaustive()
     }
 }
+
+/// Non-distributable layers may name URLs on this machine (the registry refuses a
+/// manifest whose layer URLs no rule allows).
+const VALIDATION: &str =
+    "validation:\n  manifests:\n    urls:\n      allow:\n        - '^http://127\\.0\\.0\\.1'\n";
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -32,10 +39,31 @@ fn free_port() -> u16 {
 impl Registry {
     /// Starts a registry storing under `dir`; with `creds`, behind htpasswd (bcrypt).
     pub fn start(dir: &Path, creds: Option<(&str, &str)>) -> Registry {
+        Registry::start_with(dir, creds, None)
+    }
+
+    /// Starts a registry storing under `dir` that takes only Bearer tokens, issued by a
+    /// token service (see [`crate::token_service`]) to whoever presents `creds`.
+    pub fn with_tokens(dir: &Path, creds: (&str, &str)) -> Registry {
+        std::fs::create_dir_all(dir).expect("registry dir");
+        let service = crate::token_service::start(dir, creds);
+        let auth = format!(
+            "auth:\n  token:\n    realm: {}\n    service: {}\n    issuer: {}\n    rootcertbundle: {}\n",
+            service.server.url("/token"),
+            crate::token_service::SERVICE,
+            crate::token_service::ISSUER,
+            service.certificate.display()
+        );
+        let mut registry = Registry::start_with(dir, Some(creds), Some(auth));
+        registry.token_service = Some(service.server);
+        registry
+    }
+
+    fn start_with(dir: &Path, creds: Option<(&str, &str)>, auth: Option<String>) -> Registry {
         std::fs::create_dir_all(dir).expect("registry dir");
         let host = format!("127.0.0.1:{}", free_port());
-        let mut auth = String::new();
-        if let Some((user, pass)) = creds {
+        let mut auth = auth.unwrap_or_default();
+        if let Some((user, pass)) = creds.filter(|_| auth.is_empty()) {
             let out = Command::new("htpasswd")
                 .args(["-Bbn", user, pass])
                 .output()
@@ -50,7 +78,7 @@ impl Registry {
         }
         let config = dir.join("config.yml");
         let yaml = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n{auth}",
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n{auth}{VALIDATION}",
             dir.join("data").display()
         );
         std::fs::write(&config, yaml).expect("registry config");
@@ -60,6 +88,7 @@ impl Registry {
             config,
             child: None,
             creds: creds.map(|(u, p)| (u.to_string(), p.to_string())),
+            token_service: None,
         };
         registry.restart();
         registry
@@ -127,6 +156,34 @@ impl Registry {
         let out = Command::new("skopeo").args(&args).output().expect("skopeo");
         assert!(out.status.success(), "skopeo inspect: {out:?}");
         lamina_image::Digest::of(&out.stdout).to_string()
+    }
+
+    /// The manifest bytes the registry serves for `repo:tag`.
+    pub fn manifest(&self, repo_tag: &str) -> Vec<u8> {
+        let out = Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .arg(format!("docker://{}/{repo_tag}", self.host))
+            .output()
+            .expect("skopeo");
+        assert!(out.status.success(), "skopeo inspect: {out:?}");
+        out.stdout
+    }
+
+    /// PUTs `manifest` (of `media_type`) as `repo:tag` through the registry API, the way
+    /// a pusher would; the registry validates it. Anonymous registries only.
+    pub fn put_manifest(&self, repo_tag: &str, media_type: &str, manifest: &[u8]) {
+        let (repo, tag) = repo_tag.rsplit_once(':').expect("REPO:TAG");
+        let url = format!("http://{}/v2/{repo}/manifests/{tag}", self.host);
+        let response = ureq::put(&url)
+            .header("Content-Type", media_type)
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .send(manifest)
+            .expect("PUT manifest");
+        let status = response.status().as_u16();
+        let body = response.into_body().read_to_string().unwrap_or_default();
+        assert_eq!(status, 201, "PUT {url}: {body}");
     }
 
     /// The file the registry stores blob `digest` in (to tamper with it).

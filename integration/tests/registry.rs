@@ -308,3 +308,146 @@ fn the_registry_dying_mid_pull_fails_cleanly_and_a_retry_succeeds() {
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(lamina.entries("layers"), 2);
 }
+
+#[test]
+fn bearer_tokens_from_a_token_service() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let password = "t0ken-secret-never-printed";
+    let registry = Registry::with_tokens(&fs.path().join("registry"), ("bob", password));
+    registry.push(
+        &sample_layout(&fs.path().join("img")),
+        "latest",
+        "tokened/app:v1",
+    );
+    let tokens = registry.token_service.as_ref().unwrap();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = registry.reference("tokened/app:v1");
+    let asked = tokens.requests().len();
+
+    let none = run(&lamina, &registry, &["pull", &image]);
+    assert_eq!(none.code, 1, "{none:?}");
+    assert!(
+        none.stdout.contains("token service wants credentials"),
+        "{}",
+        none.stdout
+    );
+    let wrong = run(
+        &lamina,
+        &registry,
+        &[
+            "--username",
+            "bob",
+            "--password",
+            "wrong-one",
+            "pull",
+            &image,
+        ],
+    );
+    assert_eq!(wrong.code, 1, "{wrong:?}");
+    assert!(
+        wrong
+            .stdout
+            .contains("token service refused the credentials"),
+        "{}",
+        wrong.stdout
+    );
+    assert_eq!(lamina.entries("layers"), 0);
+
+    let good = run(
+        &lamina,
+        &registry,
+        &[
+            "--username",
+            "bob",
+            "--password",
+            password,
+            "--log-level",
+            "debug",
+            "pull",
+            &image,
+        ],
+    );
+    assert_eq!(good.code, 0, "{good:?}");
+    assert_eq!(lamina.entries("layers"), 2);
+    let leaked = |out: &lamina_integration::Output, secret: &str| {
+        out.stdout.contains(secret) || out.stderr.contains(secret)
+    };
+    assert!(!leaked(&good, password) && !leaked(&wrong, "wrong-one"));
+    // lamina asked the realm the registry named, for pull on this repository only, as
+    // the service the registry named; the token itself never shows in output.
+    let requests = tokens.requests();
+    let ours = &requests[asked..];
+    assert_eq!(ours.len(), 3, "one token request per pull: {ours:?}");
+    for request in ours {
+        assert_eq!(request.params("scope"), ["repository:tokened/app:pull"]);
+        assert_eq!(
+            request.params("service"),
+            [lamina_integration::token_service::SERVICE]
+        );
+    }
+    assert!(
+        !good.stderr.contains("eyJ"),
+        "a JWT leaked: {}",
+        good.stderr
+    );
+}
+
+/// A non-distributable layer is fetched from its `urls`, in order, as GrootFS does: the
+/// registry does not even hold its blob.
+#[test]
+fn a_non_distributable_layer_comes_from_its_urls() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    registry.push(
+        &sample_layout(&fs.path().join("img")),
+        "latest",
+        "foreign/app:base",
+    );
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&registry.manifest("foreign/app:base")).unwrap();
+    let top = manifest["layers"].as_array().unwrap().len() - 1;
+    let digest = manifest["layers"][top]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let blob = fs::read(registry.blob_file(&digest)).unwrap();
+    let served = format!("/layers/{digest}");
+    let server = {
+        let served = served.clone();
+        lamina_integration::http::HttpServer::start(move |request| {
+            if request.path == served {
+                lamina_integration::http::Response::ok("application/octet-stream", blob.clone())
+            } else {
+                lamina_integration::http::Response::status(404)
+            }
+        })
+    };
+    let gone = server.url("/gone/layer.tar.gz");
+    let layer = &mut manifest["layers"][top];
+    let media_type = layer["mediaType"].as_str().unwrap().replace(
+        "application/vnd.oci.image.layer.v1.",
+        "application/vnd.oci.image.layer.nondistributable.v1.",
+    );
+    layer["mediaType"] = media_type.into();
+    layer["urls"] = serde_json::json!([gone, server.url(&served)]);
+    registry.put_manifest(
+        "foreign/app:v1",
+        spec::OCI_MANIFEST,
+        manifest.to_string().as_bytes(),
+    );
+    fs::remove_file(registry.blob_file(&digest)).unwrap();
+
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let out = run(
+        &lamina,
+        &registry,
+        &["create", &registry.reference("foreign/app:v1"), "foreign"],
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    let paths: Vec<String> = server.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths, ["/gone/layer.tar.gz", served.as_str()]);
+    assert!(lamina.rootfs("foreign").join("bin/busybox").exists());
+    lamina.delete_and_assert_gone("foreign", "registry");
+}

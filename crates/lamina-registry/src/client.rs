@@ -267,7 +267,11 @@ impl Client {
             .map_err(|e| self.error(&format!("token request to {}: {e}", shown(url))))?;
         let status = response.status().as_u16();
         if status == 401 || status == 403 {
-            return Err(self.error("the token service refused the credentials"));
+            return Err(self.error(if self.options.credentials.is_some() {
+                "the token service refused the credentials"
+            } else {
+                "the token service wants credentials (--username/--password)"
+            }));
         }
         if !(200..300).contains(&status) {
             return Err(self.error(&format!("token request to {}: HTTP {status}", shown(url))));
