@@ -58,6 +58,32 @@ impl Lamina {
         run_raw(&full)
     }
 
+    /// Runs `lamina --store <store> ARGS...` on a pseudo-terminal (util-linux `script`),
+    /// as a person at a shell would; returns its exit code and everything it drew there
+    /// (stdout and stderr together, escape sequences included).
+    pub fn run_on_terminal(&self, args: &[&str]) -> (i32, String) {
+        let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+        let mut line = vec![quote(binary().to_str().expect("utf-8 binary path"))];
+        line.push("--store".into());
+        line.push(quote(self.store.to_str().expect("utf-8 store")));
+        line.extend(args.iter().map(|a| quote(a)));
+        let out = Command::new("script")
+            .args([
+                "--quiet",
+                "--return",
+                "--command",
+                &line.join(" "),
+                "/dev/null",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("script (util-linux)");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
     pub fn init(store: &Path) -> Self {
         let lamina = Self::new(store);
         let out = lamina.run(&["init-store"]);

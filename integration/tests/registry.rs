@@ -451,3 +451,77 @@ fn a_non_distributable_layer_comes_from_its_urls() {
     assert!(lamina.rootfs("foreign").join("bin/busybox").exists());
     lamina.delete_and_assert_gone("foreign", "registry");
 }
+
+/// A person at a terminal sees a bar per layer; a supervisor reading a pipe gets a JSON
+/// log line per layer instead, and on a second pull that each layer was already there.
+#[test]
+fn progress_is_bars_on_a_terminal_and_log_lines_otherwise() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    registry.push(
+        &sample_layout(&fs.path().join("img")),
+        "latest",
+        "sample/busybox:v1",
+    );
+    let image = registry.reference("sample/busybox:v1");
+    let layer_names: Vec<String> = {
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&registry.manifest("sample/busybox:v1")).unwrap();
+        manifest["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, l)| format!("layer {i} ({})", l["digest"].as_str().unwrap()))
+            .collect()
+    };
+    let log_lines = |out: &lamina_integration::Output, message: &str| -> Vec<String> {
+        out.stderr
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|l| l["fields"]["message"] == message)
+            .map(|l| l["fields"]["layer"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    let piped = Lamina::init(&fs.path().join("piped"));
+    let first = run(&piped, &registry, &["pull", &image]);
+    assert_eq!(first.json()["layers"], 2);
+    let mut fetched = log_lines(&first, "fetching layer");
+    fetched.sort();
+    assert_eq!(fetched, layer_names, "{}", first.stderr);
+    assert!(
+        !first.stderr.contains('\u{1b}'),
+        "no terminal codes in a pipe"
+    );
+    let second = run(&piped, &registry, &["pull", &image]);
+    assert_eq!(second.json()["layers"], 2);
+    assert!(log_lines(&second, "fetching layer").is_empty());
+    let mut present = log_lines(&second, "layer already in the store");
+    present.sort();
+    assert_eq!(present, layer_names);
+
+    let person = Lamina::init(&fs.path().join("person"));
+    let flags = insecure(&registry);
+    let (code, screen) = person.run_on_terminal(&[&flags[0], &flags[1], "pull", &image]);
+    assert_eq!(code, 0, "{screen}");
+    for (i, name) in layer_names.iter().enumerate() {
+        let digest = &name[name.find("sha256:").unwrap()..];
+        let label = format!("layer {i} {}", &digest[..7 + 12]);
+        let bar = screen
+            .lines()
+            .flat_map(|l| l.split('\r'))
+            .rfind(|l| l.contains(&label))
+            .unwrap_or_else(|| panic!("no bar for {label}: {screen:?}"));
+        assert!(bar.contains("done"), "{label} did not finish: {bar:?}");
+    }
+    assert!(screen.contains("\"top_chain_id\""), "{screen}");
+    let (code, screen) = person.run_on_terminal(&[&flags[0], &flags[1], "pull", &image]);
+    assert_eq!(code, 0, "{screen}");
+    assert_eq!(
+        screen.matches("already in the store").count(),
+        2,
+        "{screen}"
+    );
+}

@@ -1,11 +1,15 @@
 //! Structured JSON log lines from `tracing`, on stderr or in `--log-file`. stdout is
 //! reserved for results and errors (GrootFS's convention, which Garden parses).
 
+use std::io::Write;
 use std::path::Path;
 
+use indicatif::MultiProgress;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
 
-pub fn init(level: &str, file: Option<&Path>) -> anyhow::Result<()> {
+/// `bars`: progress bars drawn on stderr, which log lines on stderr must go above.
+pub fn init(level: &str, file: Option<&Path>, bars: Option<MultiProgress>) -> anyhow::Result<()> {
     // EnvFilter would take any word as a target name; only plain levels are a level.
     const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
     if !LEVELS.contains(&level.to_ascii_lowercase().as_str()) {
@@ -16,8 +20,8 @@ pub fn init(level: &str, file: Option<&Path>) -> anyhow::Result<()> {
         .json()
         .with_env_filter(filter)
         .with_current_span(false);
-    match file {
-        Some(path) => {
+    match (file, bars) {
+        (Some(path), _) => {
             let file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -25,7 +29,48 @@ pub fn init(level: &str, file: Option<&Path>) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("log file {}: {e}", path.display()))?;
             builder.with_writer(std::sync::Mutex::new(file)).init();
         }
-        None => builder.with_writer(std::io::stderr).init(),
+        (None, Some(bars)) => builder.with_writer(AboveBars(bars)).init(),
+        (None, None) => builder.with_writer(std::io::stderr).init(),
     }
     Ok(())
+}
+
+/// Writes each log line to stderr with the progress bars lifted out of the way.
+struct AboveBars(MultiProgress);
+
+/// One event's line, buffered and written whole when the event is done.
+struct Line {
+    bars: MultiProgress,
+    text: Vec<u8>,
+}
+
+impl<'a> MakeWriter<'a> for AboveBars {
+    type Writer = Line;
+
+    fn make_writer(&'a self) -> Line {
+        Line {
+            bars: self.0.clone(),
+            text: Vec::new(),
+        }
+    }
+}
+
+impl Write for Line {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        let text = std::mem::take(&mut self.text);
+        self.bars.suspend(|| {
+            let _ = std::io::stderr().write_all(&text);
+        });
+    }
 }

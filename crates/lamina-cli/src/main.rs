@@ -5,6 +5,7 @@ mod commands;
 mod config;
 mod logging;
 mod output;
+mod progress;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

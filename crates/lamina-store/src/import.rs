@@ -14,6 +14,7 @@ pub const PARALLEL_IMPORTS: usize = 3;
 use rustix::fs::FlockOperation;
 use serde::{Deserialize, Serialize};
 
+use crate::progress::Reported;
 use crate::{Store, StoreError};
 
 /// Recorded next to each unpacked layer.
@@ -55,12 +56,14 @@ impl Store {
     /// failure, bottom-most first, is the one reported; layers that finished stay.
     pub fn import(&self, image: &Image) -> Result<Vec<Digest>, StoreError> {
         let chain_ids = image.chain_ids();
-        let missing: Vec<(&LayerBlob, &Digest)> = image
+        let (present, missing): (Vec<_>, Vec<_>) = image
             .layers
             .iter()
             .zip(&chain_ids)
-            .filter(|(_, chain_id)| !self.has_layer(chain_id))
-            .collect();
+            .partition(|(_, chain_id)| self.has_layer(chain_id));
+        for (layer, _) in present {
+            self.progress.present(layer);
+        }
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed = std::sync::atomic::AtomicBool::new(false);
         let results: Vec<Result<(), (usize, StoreError)>> = std::thread::scope(|scope| {
@@ -106,16 +109,21 @@ impl Store {
     }
 
     fn ensure_layer(&self, layer: &LayerBlob, chain_id: &Digest) -> Result<(), StoreError> {
-        let final_dir = self.layout.layer(chain_id);
-        if final_dir.is_dir() {
-            return Ok(());
-        }
         // One importer per layer: concurrent creates of images that share it wait here,
         // then find it done.
         let _lock = self.lock_layer(chain_id)?;
-        if final_dir.is_dir() {
+        if self.has_layer(chain_id) {
+            self.progress.present(layer);
             return Ok(());
         }
+        self.progress.started(layer);
+        let imported = self.import_locked(layer, chain_id);
+        self.progress.finished(layer, imported.is_ok());
+        imported
+    }
+
+    /// Imports `layer` as `chain_id`; the caller holds its lock and found it missing.
+    fn import_locked(&self, layer: &LayerBlob, chain_id: &Digest) -> Result<(), StoreError> {
         let staging = self.fresh_staging(chain_id)?;
         let mut guard = RemoveOnDrop(Some(staging.clone()));
         let diff = staging.join("diff");
@@ -224,6 +232,11 @@ impl Store {
             .location
             .open()
             .map_err(|e| fail(format!("opening blob: {e}")))?;
+        let blob = Reported {
+            inner: blob,
+            layer,
+            progress: &self.progress,
+        };
         let mut stored = HashingReader::new(blob);
         let decoded = compression::decoder(&mut stored, layer.compression, &what)?;
         let mut tar = HashingReader::with_limit(decoded, self.max_layer_bytes);

@@ -12,6 +12,7 @@ mod import;
 mod layout;
 mod locks;
 mod pause;
+pub mod progress;
 mod properties;
 mod shift;
 mod snapshots;
@@ -29,6 +30,7 @@ pub use error::StoreError;
 pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};
 pub use locks::StoreLock;
+pub use progress::ImportProgress;
 pub use properties::{IdMap, IdMapping, StoreProperties};
 pub use snapshots::{Committing, SnapshotDb, SnapshotKind, SnapshotRecord};
 pub use usage::{ContainerUsage, disk_usage, disk_usage_and_inodes};
@@ -41,6 +43,7 @@ pub struct Store {
     layout: Layout,
     max_layer_bytes: u64,
     properties: StoreProperties,
+    progress: std::sync::Arc<dyn ImportProgress>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -127,11 +130,18 @@ impl Store {
             layout,
             max_layer_bytes: DEFAULT_MAX_LAYER_BYTES,
             properties: marker.properties,
+            progress: std::sync::Arc::new(progress::Silent),
         })
     }
 
     pub fn with_max_layer_bytes(mut self, max: u64) -> Self {
         self.max_layer_bytes = max;
+        self
+    }
+
+    /// Reports every import this store runs (including a create's) to `progress`.
+    pub fn with_import_progress(mut self, progress: std::sync::Arc<dyn ImportProgress>) -> Self {
+        self.progress = progress;
         self
     }
 

@@ -7,10 +7,11 @@ mod pool;
 mod stats;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
 use lamina_mount::Deleted;
-use lamina_store::{IdMap, IdMapping, Store, StoreError, StoreProperties};
+use lamina_store::{IdMap, IdMapping, ImportProgress, Store, StoreError, StoreProperties};
 use lamina_sys::RealMounter;
 
 use crate::config::Config;
@@ -30,12 +31,16 @@ pub struct Ctx {
     pub max_layer_bytes: u64,
     /// How docker:// images are fetched.
     pub pull: lamina_registry::PullOptions,
+    /// Where imports report progress: bars on a terminal, log lines otherwise.
+    pub progress: Arc<dyn ImportProgress>,
 }
 
 impl Ctx {
     /// Opens the store and, as every start does, hands trash a crash left to a reaper.
     pub fn open_store(&self) -> anyhow::Result<Store> {
-        let store = Store::open(&self.store_path)?.with_max_layer_bytes(self.max_layer_bytes);
+        let store = Store::open(&self.store_path)?
+            .with_max_layer_bytes(self.max_layer_bytes)
+            .with_import_progress(self.progress.clone());
         background::finish_crashed_deletes(&store, self.log_file.as_deref());
         Ok(store)
     }
@@ -137,7 +142,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         .or(config.log_level.clone())
         .unwrap_or_else(|| "info".into());
     let log_file = cli.log_file.or(config.log_file.clone());
-    crate::logging::init(&level, log_file.as_deref())?;
+    let bars = crate::progress::Bars::on_terminal();
+    crate::logging::init(
+        &level,
+        log_file.as_deref(),
+        bars.as_ref().map(crate::progress::Bars::multi),
+    )?;
+    let progress: Arc<dyn ImportProgress> = match bars {
+        Some(bars) => Arc::new(bars),
+        None => Arc::new(crate::progress::LogLines::default()),
+    };
     let store_path = absolute(
         cli.store
             .or(config.store.clone())
@@ -167,6 +181,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         log_file,
         max_layer_bytes,
         pull,
+        progress,
     };
     let mounter = RealMounter::new();
 
