@@ -66,9 +66,15 @@ pub fn many_layers(dir: &Path, count: usize) -> String {
 /// the bytes in 4 MiB files, the rest in 4 KiB files, 200 per directory. The content is
 /// text drawn from a small vocabulary, so it compresses about as well as real files.
 pub fn large_layer(total: usize) -> Vec<u8> {
+    large_layer_seeded(total, 42)
+}
+
+/// [`large_layer`] with its text drawn from `seed`: distinct seeds make distinct layers
+/// (an image of several, none deduplicated).
+pub fn large_layer_seeded(total: usize, seed: u64) -> Vec<u8> {
     const LARGE: usize = 4 << 20;
     const SMALL: usize = 4 << 10;
-    let mut text = Text::new(42);
+    let mut text = Text::new(seed);
     let mut layer = LayerBuilder::new();
     let large_count = (total * 7 / 10) / LARGE;
     let small_count = (total - large_count * LARGE) / SMALL;
