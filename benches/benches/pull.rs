@@ -15,7 +15,7 @@
 // A benchmark that cannot set up must stop loudly, not measure something else.
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -90,6 +90,24 @@ fn clean_up(lamina: &Lamina, layout: &Path) {
     let _ = std::fs::remove_dir_all(layout);
 }
 
+/// Runs `op` `n` times, each on a fresh store and layout path from `fresh`, and returns
+/// the time `op` alone took; the store and layout are removed after each, untimed.
+fn timed(
+    n: u64,
+    fresh: &mut impl FnMut() -> (Lamina, PathBuf),
+    op: impl Fn(&Lamina, &Path),
+) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..n {
+        let (lamina, layout) = fresh();
+        let started = Instant::now();
+        op(&lamina, &layout);
+        total += started.elapsed();
+        clean_up(&lamina, &layout);
+    }
+    total
+}
+
 fn pull(c: &mut Criterion) {
     require_root();
     let fs = ScratchFs::ext4(4096);
@@ -111,29 +129,17 @@ fn pull(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(30));
     group.bench_function("lamina create docker://", |b| {
         b.iter_custom(|n| {
-            let mut total = Duration::ZERO;
-            for _ in 0..n {
-                let (lamina, layout) = fresh();
-                let started = Instant::now();
-                create(&lamina, &insecure, &remote);
-                total += started.elapsed();
-                clean_up(&lamina, &layout);
-            }
-            total
+            timed(n, &mut fresh, |lamina, _| {
+                create(lamina, &insecure, &remote)
+            })
         })
     });
     group.bench_function("skopeo copy + lamina create oci://", |b| {
         b.iter_custom(|n| {
-            let mut total = Duration::ZERO;
-            for _ in 0..n {
-                let (lamina, layout) = fresh();
-                let started = Instant::now();
-                skopeo_copy(&remote, &layout);
-                create(&lamina, &[], &format!("oci://{}:v1", layout.display()));
-                total += started.elapsed();
-                clean_up(&lamina, &layout);
-            }
-            total
+            timed(n, &mut fresh, |lamina, layout| {
+                skopeo_copy(&remote, layout);
+                create(lamina, &[], &format!("oci://{}:v1", layout.display()));
+            })
         })
     });
     group.finish();

@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
-use std::path::Path;
 
 use lamina_image::spec::{self, Index};
 use lamina_image::{Compression, Digest, Platform};
@@ -27,10 +26,11 @@ fn run(lamina: &Lamina, registry: &Registry, args: &[&str]) -> lamina_integratio
     lamina.run(&all)
 }
 
-/// The busybox sample, as an OCI layout under `dir` tagged `latest`.
-fn sample_layout(dir: &Path) -> std::path::PathBuf {
-    lamina_integration::sample_image(dir);
-    dir.join("layout")
+/// Pushes the busybox sample (built under `fs`) to `registry` as `repo_tag`.
+fn push_sample(registry: &Registry, fs: &ScratchFs, repo_tag: &str) {
+    let dir = fs.path().join("img");
+    lamina_integration::sample_image(&dir);
+    registry.push(&dir.join("layout"), "latest", repo_tag);
 }
 
 #[test]
@@ -38,11 +38,7 @@ fn pull_by_tag_and_digest_then_boot_it() {
     require_root();
     let fs = ScratchFs::ext4(512);
     let registry = Registry::start(&fs.path().join("registry"), None);
-    registry.push(
-        &sample_layout(&fs.path().join("img")),
-        "latest",
-        "sample/busybox:v1",
-    );
+    push_sample(&registry, &fs, "sample/busybox:v1");
     let lamina = Lamina::init(&fs.path().join("store"));
 
     let by_tag = registry.reference("sample/busybox:v1");
@@ -199,11 +195,7 @@ fn htpasswd_credentials_good_and_bad() {
     let fs = ScratchFs::tmpfs();
     let password = "pa55-w0rd-never-printed";
     let registry = Registry::start(&fs.path().join("registry"), Some(("alice", password)));
-    registry.push(
-        &sample_layout(&fs.path().join("img")),
-        "latest",
-        "private/app:v1",
-    );
+    push_sample(&registry, &fs, "private/app:v1");
     let lamina = Lamina::init(&fs.path().join("store"));
     let image = registry.reference("private/app:v1");
 
@@ -315,11 +307,7 @@ fn bearer_tokens_from_a_token_service() {
     let fs = ScratchFs::tmpfs();
     let password = "t0ken-secret-never-printed";
     let registry = Registry::with_tokens(&fs.path().join("registry"), ("bob", password));
-    registry.push(
-        &sample_layout(&fs.path().join("img")),
-        "latest",
-        "tokened/app:v1",
-    );
+    push_sample(&registry, &fs, "tokened/app:v1");
     let tokens = registry.token_service.as_ref().unwrap();
     let lamina = Lamina::init(&fs.path().join("store"));
     let image = registry.reference("tokened/app:v1");
@@ -400,11 +388,7 @@ fn a_non_distributable_layer_comes_from_its_urls() {
     require_root();
     let fs = ScratchFs::tmpfs();
     let registry = Registry::start(&fs.path().join("registry"), None);
-    registry.push(
-        &sample_layout(&fs.path().join("img")),
-        "latest",
-        "foreign/app:base",
-    );
+    push_sample(&registry, &fs, "foreign/app:base");
     let mut manifest: serde_json::Value =
         serde_json::from_slice(&registry.manifest("foreign/app:base")).unwrap();
     let top = manifest["layers"].as_array().unwrap().len() - 1;
@@ -459,11 +443,7 @@ fn progress_is_bars_on_a_terminal_and_log_lines_otherwise() {
     require_root();
     let fs = ScratchFs::tmpfs();
     let registry = Registry::start(&fs.path().join("registry"), None);
-    registry.push(
-        &sample_layout(&fs.path().join("img")),
-        "latest",
-        "sample/busybox:v1",
-    );
+    push_sample(&registry, &fs, "sample/busybox:v1");
     let image = registry.reference("sample/busybox:v1");
     let layer_names: Vec<String> = {
         let manifest: serde_json::Value =
