@@ -105,9 +105,10 @@ impl Client {
 
     /// Opens a stream of blob `digest`: from `urls` first (a non-distributable layer's
     /// own locations, fetched without the registry's credentials), then the registry.
+    /// Each URL is tried once: the next one, and the registry, are the retry.
     pub fn open_blob(&self, digest: &str, urls: &[String]) -> io::Result<Box<dyn Read + Send>> {
         for url in urls {
-            match self.get(url, "*/*", false) {
+            match self.get_once(url) {
                 Ok(response) => {
                     let from = shown(url).to_string();
                     return Ok(Box::new(Named {
@@ -115,8 +116,12 @@ impl Client {
                         from,
                     }));
                 }
-                Err(e) => {
-                    tracing::warn!(url, error = %e, "non-distributable layer URL failed; trying the registry")
+                Err(why) => {
+                    tracing::warn!(
+                        url = shown(url),
+                        why,
+                        "non-distributable layer URL failed; trying the next source"
+                    )
                 }
             }
         }
@@ -127,6 +132,16 @@ impl Client {
             inner: response.into_body().into_reader(),
             from,
         }))
+    }
+
+    /// One unauthenticated GET of a URL outside the registry; an error says why it failed.
+    fn get_once(&self, url: &str) -> Result<Response<ureq::Body>, String> {
+        let mut unused = false;
+        match self.attempt(url, "*/*", false, &mut unused) {
+            Ok(Attempt::Done(response)) => Ok(response),
+            Ok(Attempt::Retry(why)) => Err(why),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// A GET that answers 2xx, after authenticating (when `authed` and challenged) and
