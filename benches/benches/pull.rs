@@ -21,10 +21,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use lamina_benches::images;
-use lamina_image::{Compression, Platform};
+use lamina_image::Compression;
 use lamina_integration::registry::Registry;
 use lamina_integration::{Lamina, ScratchFs, require_root};
-use lamina_sample::{Layer, build_image};
 
 const REPO: &str = "bench/multi:v1";
 const LAYERS: u64 = 4;
@@ -43,25 +42,16 @@ fn layer_bytes() -> usize {
 fn push_image(registry: &Registry, dir: &Path) {
     let busybox = lamina_sample::busybox_image(Path::new(lamina_sample::DEFAULT_BUSYBOX))
         .expect("the busybox sample (busybox-static)");
-    let mut layers: Vec<Layer> = busybox
+    let tars = busybox
         .layers
         .into_iter()
-        .map(|(_, tar)| Layer {
-            tar,
-            compression: Compression::Gzip,
-        })
+        .map(|(_, tar)| tar)
+        .chain((0..LAYERS).map(|seed| images::large_layer_seeded(layer_bytes(), 1000 + seed)))
         .collect();
-    for seed in 0..LAYERS {
-        layers.push(Layer {
-            tar: images::large_layer_seeded(layer_bytes(), 1000 + seed),
-            compression: Compression::Gzip,
-        });
-    }
-    let image = build_image(&layers, &["PATH=/bin"], &Platform::host()).unwrap();
+    let image = images::image(tars, Compression::Gzip);
     let layout = dir.join("layout");
-    let reference = images::write_layout(&layout, &image);
-    let tag = reference.rsplit(':').next().unwrap();
-    registry.push(&layout, tag, REPO);
+    images::write_layout(&layout, &image);
+    registry.push(&layout, images::TAG, REPO);
 }
 
 /// Runs `lamina create` on `image` into the fresh store `store`, asserting it worked.

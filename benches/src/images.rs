@@ -7,7 +7,8 @@ use std::path::Path;
 use lamina_image::{Compression, Platform};
 use lamina_sample::{BuiltImage, Layer, LayerBuilder, build_image, write_oci_layout};
 
-const TAG: &str = "bench";
+/// The tag every benchmark layout is written under.
+pub const TAG: &str = "bench";
 
 /// Resolves a benchmark image reference for this host's platform.
 pub fn resolve(reference: &str) -> lamina_image::Image {

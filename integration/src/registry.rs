@@ -144,6 +144,11 @@ impl Registry {
 
     /// The manifest digest the registry serves for `repo:tag`.
     pub fn digest(&self, repo_tag: &str) -> String {
+        lamina_image::Digest::of(&self.manifest(repo_tag)).to_string()
+    }
+
+    /// The manifest bytes the registry serves for `repo:tag`.
+    pub fn manifest(&self, repo_tag: &str) -> Vec<u8> {
         let mut args = vec![
             "inspect".to_string(),
             "--raw".into(),
@@ -154,17 +159,6 @@ impl Registry {
         }
         args.push(format!("docker://{}/{repo_tag}", self.host));
         let out = Command::new("skopeo").args(&args).output().expect("skopeo");
-        assert!(out.status.success(), "skopeo inspect: {out:?}");
-        lamina_image::Digest::of(&out.stdout).to_string()
-    }
-
-    /// The manifest bytes the registry serves for `repo:tag`.
-    pub fn manifest(&self, repo_tag: &str) -> Vec<u8> {
-        let out = Command::new("skopeo")
-            .args(["inspect", "--raw", "--tls-verify=false"])
-            .arg(format!("docker://{}/{repo_tag}", self.host))
-            .output()
-            .expect("skopeo");
         assert!(out.status.success(), "skopeo inspect: {out:?}");
         out.stdout
     }
