@@ -35,6 +35,15 @@ pub fn with_top(top: Layer) -> BuiltImage {
     build(vec![gzip(base_layer()), top], &Platform::host())
 }
 
+/// The base with a top layer (layer 1) of one file, `name`, holding `data`.
+pub fn with_top_file(name: &str, data: &[u8], compression: Compression) -> BuiltImage {
+    let tar = LayerBuilder::new()
+        .file(name, 0o644, data)
+        .and_then(LayerBuilder::finish)
+        .expect("building the top layer");
+    with_top(Layer { tar, compression })
+}
+
 pub fn build(layers: Vec<Layer>, platform: &Platform) -> BuiltImage {
     build_image(&layers, &[], platform).expect("building an image")
 }

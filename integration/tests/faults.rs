@@ -15,7 +15,6 @@ use lamina_image::Compression;
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::tree::Tree;
 use lamina_integration::{Lamina, ScratchFs, hostile, require_root, sample_image};
-use lamina_sample::{Layer, LayerBuilder, write_oci_layout};
 
 /// Fills the filesystem at `dir` with one file, leaving about `leave` bytes free (to
 /// root: ext4 keeps its reserve for root, and lamina runs as root).
@@ -30,17 +29,8 @@ fn fill(dir: &Path, leave: u64) -> std::path::PathBuf {
 
 /// An image whose top layer holds `bytes` of incompressible data in `payload`.
 fn image_with_payload(dir: &Path, bytes: usize) -> String {
-    let top = LayerBuilder::new()
-        .file("payload", 0o644, &hostile::noise(bytes))
-        .unwrap()
-        .finish()
-        .unwrap();
-    let image = hostile::with_top(Layer {
-        tar: top,
-        compression: Compression::Gzip,
-    });
-    write_oci_layout(dir, &[&image], &[(image.manifest.clone(), Some("big"))]).unwrap();
-    format!("oci://{}:big", dir.display())
+    let image = hostile::with_top_file("payload", &hostile::noise(bytes), Compression::Gzip);
+    hostile::write(dir, &image)
 }
 
 const NOT_STATE: &[&str] = &["store/locks", "store/run", "filler"];

@@ -13,7 +13,7 @@ use lamina_integration::registry::Registry;
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::tree::Tree;
 use lamina_integration::{Bundle, Lamina, ScratchFs, hostile, require_root};
-use lamina_sample::{Layer, LayerBuilder, build_image, descriptor, write_oci_layout};
+use lamina_sample::{LayerBuilder, build_image, descriptor, write_oci_layout};
 
 fn insecure(registry: &Registry) -> [String; 2] {
     ["--insecure-registry".into(), registry.host.clone()]
@@ -145,18 +145,10 @@ fn a_tampered_blob_is_refused_and_leaves_no_layer() {
     require_root();
     let fs = ScratchFs::tmpfs();
     let registry = Registry::start(&fs.path().join("registry"), None);
-    let top = LayerBuilder::new()
-        .file("payload", 0o644, b"genuine")
-        .unwrap()
-        .finish()
-        .unwrap();
-    let image = hostile::with_top(Layer {
-        tar: top,
-        compression: Compression::Gzip,
-    });
+    let image = hostile::with_top_file("payload", b"genuine", Compression::Gzip);
     let layout = fs.path().join("img");
-    write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))]).unwrap();
-    registry.push(&layout, "v1", "tampered/app:v1");
+    hostile::write(&layout, &image);
+    registry.push(&layout, hostile::TAG, "tampered/app:v1");
     // The registry now serves other bytes under the top layer's digest.
     let evil = LayerBuilder::new()
         .file("payload", 0o644, b"evil!!!")
@@ -251,18 +243,10 @@ fn the_registry_dying_mid_pull_fails_cleanly_and_a_retry_succeeds() {
     let fs = ScratchFs::tmpfs();
     let mut registry = Registry::start(&fs.path().join("registry"), None);
     // Big enough, uncompressed, that the pull is still streaming when the registry dies.
-    let top = LayerBuilder::new()
-        .file("big", 0o644, &hostile::noise(192 << 20))
-        .unwrap()
-        .finish()
-        .unwrap();
-    let image = hostile::with_top(Layer {
-        tar: top,
-        compression: Compression::None,
-    });
+    let image = hostile::with_top_file("big", &hostile::noise(192 << 20), Compression::None);
     let layout = fs.path().join("img");
-    write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))]).unwrap();
-    registry.push(&layout, "v1", "big/app:v1");
+    hostile::write(&layout, &image);
+    registry.push(&layout, hostile::TAG, "big/app:v1");
     fs::remove_dir_all(&layout).unwrap();
     let lamina = Lamina::init(&fs.path().join("store"));
     let reference = registry.reference("big/app:v1");
