@@ -20,7 +20,7 @@ use lamina_integration::hostile::{self, gzip};
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::tree::Tree;
 use lamina_integration::{Lamina, Output, ScratchFs, require_root};
-use lamina_sample::{EntryType, Layer, LayerBuilder};
+use lamina_sample::{EntryType, Layer, LayerBuilder, RawTar};
 
 /// A fresh store that already holds the base layer (imported by a `--without-mount`
 /// create), plus a `victim/` directory beside it for escapes to aim at.
@@ -383,7 +383,12 @@ fn name_past_path_max() {
     let s = scene();
     let name = b"deep/".repeat(900);
     let img = s.top(pax(layer(), &name, None, &[]).finish().unwrap());
-    s.refused_entry(&img, &String::from_utf8(name).unwrap(), &["past PATH_MAX"]);
+    // Error lines show at most 512 bytes of a name, then its length.
+    let shown = format!(
+        "{}… (4500 bytes in all)",
+        "deep/".repeat(900).split_at(512).0
+    );
+    s.refused_entry(&img, &shown, &["past PATH_MAX"]);
 }
 
 #[test]
@@ -690,4 +695,116 @@ fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
     let n = rustix::fs::lgetxattr(path, name, &mut buf).ok()?;
     buf.truncate(n);
     Some(buf)
+}
+
+// ---- records and entry types that exhaust memory, disk or time, or delete files ----------
+
+/// A top layer of `fine.txt` followed by the raw members `build` writes.
+fn raw_top(s: &Scene, build: impl FnOnce(&mut RawTar) -> &mut RawTar) -> String {
+    let mut tar = RawTar::default();
+    tar.file("fine.txt", b"ok");
+    s.top(build(&mut tar).finish())
+}
+
+#[test]
+fn old_gnu_sparse_entry_whose_holes_would_fill_the_disk() {
+    let s = scene();
+    // 1 byte of data at the end of a 640 MiB file: 354 bytes of gzip, 640 MiB written
+    // by a reader that writes holes out.
+    let img = raw_top(&s, |t| {
+        t.gnu_sparse("holes", 640 << 20, (640 << 20) - 1, b"x")
+    });
+    s.refused_entry(&img, "holes", &["sparse files are not supported"]);
+}
+
+#[test]
+fn pax_sparse_entry() {
+    let s = scene();
+    let img = raw_top(&s, |t| {
+        t.pax(&[("GNU.sparse.major", b"1"), ("GNU.sparse.minor", b"0")])
+            .file("GNUSparseFile.0/holes", b"1\n0\n1\n")
+    });
+    s.refused_entry(
+        &img,
+        "GNUSparseFile.0/holes",
+        &["sparse files are not supported"],
+    );
+}
+
+#[test]
+fn entries_each_under_the_limit_that_pass_it_together() {
+    let s = scene();
+    let img = raw_top(&s, |t| t.file("a", &[1; 6 << 20]).file("b", &[2; 6 << 20]));
+    s.refused(
+        &img,
+        &["--max-layer-bytes", "10485760"],
+        &[
+            "entry `b`",
+            "bringing the layer to",
+            "limit of 10485760 bytes",
+        ],
+    );
+}
+
+#[test]
+fn gnu_long_name_record_of_3_gib() {
+    let s = scene();
+    // Declares 3 GiB, holds 64 KiB: a reader that buffers it first needs the 3 GiB.
+    let img = raw_top(&s, |t| {
+        t.member(b'L', "././@LongLink", 3 << 30, &[b'n'; 64 << 10])
+    });
+    let out = s.refused(
+        &img,
+        &[],
+        &[
+            "GNU long-name record declares 3221225472 bytes",
+            "layer 1 (sha256:",
+        ],
+    );
+    assert!(out.stdout.len() < 600, "a short line: {}", out.stdout);
+}
+
+#[test]
+fn pax_record_of_256_mib() {
+    let s = scene();
+    let img = raw_top(&s, |t| t.member(b'x', "pax", 256 << 20, &[b'p'; 64 << 10]));
+    s.refused(&img, &[], &["PAX record declares 268435456 bytes"]);
+}
+
+#[test]
+fn pax_name_of_900_kib_gives_a_bounded_line() {
+    let s = scene();
+    let name = "n/".repeat(450 << 10);
+    let img = raw_top(&s, |t| t.pax(&[("path", name.as_bytes())]).file("x", b"x"));
+    let out = s.refused(&img, &[], &["past PATH_MAX", "bytes in all)"]);
+    assert!(out.stdout.len() < 1200, "{} bytes", out.stdout.len());
+}
+
+#[test]
+fn global_header_at_an_earlier_path_deletes_nothing() {
+    let s = scene();
+    let img = raw_top(&s, |t| {
+        t.member(b'5', "etc", 0, b"")
+            .file("etc/passwd", b"root:x:0:0::/root:/bin/sh\n")
+            .member(b'g', "etc/passwd", 0, b"")
+            .member(b'g', "made/by/global", 0, b"")
+    });
+    s.accepted(&img, |rootfs| {
+        assert_eq!(
+            fs::read(rootfs.join("etc/passwd")).unwrap(),
+            b"root:x:0:0::/root:/bin/sh\n"
+        );
+        assert!(!rootfs.join("made").exists());
+    });
+}
+
+#[test]
+fn unknown_entry_type_is_refused_naming_the_entry() {
+    let s = scene();
+    let img = raw_top(&s, |t| {
+        t.member(b'5', "etc", 0, b"")
+            .file("etc/passwd", b"root")
+            .member(b'Q', "etc/passwd", 0, b"")
+    });
+    s.refused_entry(&img, "etc/passwd", &["unknown tar entry type `Q`"]);
 }

@@ -216,6 +216,7 @@ enum PoolCommand {
 }
 
 fn main() -> ExitCode {
+    lamina_store::use_fixed_umask();
     let cli = Cli::parse();
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,6 +7,7 @@
 
 mod image;
 mod layer;
+mod raw_tar;
 
 use std::fs;
 use std::io;
@@ -17,6 +18,7 @@ pub use image::{
 };
 use lamina_image::{Compression, Platform};
 pub use layer::{LayerBuilder, SAMPLE_MTIME};
+pub use raw_tar::RawTar;
 pub use tar::EntryType;
 
 /// Where Debian's busybox-static puts its binary.

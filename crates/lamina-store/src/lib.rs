@@ -12,6 +12,7 @@ mod import;
 mod layout;
 mod locks;
 mod pause;
+mod permissions;
 pub mod progress;
 mod properties;
 mod shift;
@@ -30,6 +31,7 @@ pub use error::StoreError;
 pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};
 pub use locks::StoreLock;
+pub use permissions::{create_private_dir, use_fixed_umask};
 pub use progress::ImportProgress;
 pub use properties::{IdMap, IdMapping, StoreProperties};
 pub use snapshots::{Committing, SnapshotDb, SnapshotKind, SnapshotRecord};
@@ -91,8 +93,7 @@ impl Store {
                 return Err(StoreError::NotAStore(root.to_path_buf()));
             }
         }
-        fs::create_dir_all(root).map_err(StoreError::io("creating", root))?;
-        create_subdirs(&layout)?;
+        permissions::secure_store(&layout, properties)?;
         if !layout.marker().exists() {
             let marker = serde_json::to_vec(&Marker {
                 version: STORE_VERSION,
@@ -122,10 +123,9 @@ impl Store {
         if marker.version != STORE_VERSION {
             return Err(StoreError::NotAStore(root.to_path_buf()));
         }
-        // Stores made by an older lamina lack the newer directories.
-        if !layout.run().is_dir() {
-            create_subdirs(&layout)?;
-        }
+        // Stores made by an older lamina lack the newer directories, and were made with
+        // the umask's modes: both are put right on every open.
+        permissions::secure_store(&layout, &marker.properties)?;
         Ok(Store {
             layout,
             max_layer_bytes: DEFAULT_MAX_LAYER_BYTES,
@@ -182,22 +182,4 @@ fn describe(p: &StoreProperties) -> String {
     } else {
         parts.join(", ")
     }
-}
-
-/// `run/` is made last, so its presence says the rest exist.
-fn create_subdirs(layout: &Layout) -> Result<(), StoreError> {
-    for dir in [
-        layout.layers(),
-        layout.images(),
-        layout.tmp(),
-        layout.locks(),
-        layout.trash(),
-        layout.shared(),
-        layout.flat(),
-        layout.pool(),
-        layout.run(),
-    ] {
-        fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
-    }
-    Ok(())
 }

@@ -22,7 +22,7 @@ pub enum PathRejection {
 
 /// Linux's NAME_MAX and PATH_MAX (including the terminating NUL).
 const NAME_MAX: usize = 255;
-const PATH_MAX: usize = 4096;
+pub(crate) const PATH_MAX: usize = 4096;
 
 impl fmt::Display for PathRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -91,17 +91,25 @@ impl EntryPath {
     }
 }
 
+/// Longest name [`shown`] prints whole; a longer one is cut, so an error naming it stays
+/// one line of bounded length.
+const SHOWN_MAX: usize = 512;
+
 /// An entry name as error messages show it: lossy UTF-8 with control characters escaped,
 /// so a name holding a newline or a terminal escape cannot break the one-line error or
-/// forge log lines.
+/// forge log lines, and cut past [`SHOWN_MAX`] bytes with a marker saying how long it was.
 pub fn shown(raw: &[u8]) -> String {
-    let mut out = String::with_capacity(raw.len());
-    for c in String::from_utf8_lossy(raw).chars() {
+    let cut = &raw[..raw.len().min(SHOWN_MAX)];
+    let mut out = String::with_capacity(cut.len());
+    for c in String::from_utf8_lossy(cut).chars() {
         if c.is_control() {
             out.extend(c.escape_default());
         } else {
             out.push(c);
         }
+    }
+    if raw.len() > SHOWN_MAX {
+        out.push_str(&format!("… ({} bytes in all)", raw.len()));
     }
     out
 }
@@ -158,6 +166,14 @@ mod tests {
     fn shown_names_stay_on_one_line() {
         assert_eq!(shown(b"a\nb\x1b[31m"), "a\\nb\\u{1b}[31m");
         assert_eq!(shown(b"caf\xe9"), "caf\u{fffd}");
+    }
+
+    #[test]
+    fn shown_names_are_bounded() {
+        let long = vec![b'a'; 1 << 20];
+        let line = shown(&long);
+        assert!(line.len() < SHOWN_MAX + 64, "{} bytes", line.len());
+        assert!(line.ends_with("… (1048576 bytes in all)"), "{line}");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 mod entry_path;
 mod metadata;
+mod records;
 mod remove;
 mod resolve;
 mod unpacker;

@@ -12,7 +12,8 @@ use tar::EntryType;
 
 use crate::UnpackError;
 use crate::entry_path::EntryPath;
-use crate::metadata::{self, Meta};
+use crate::metadata;
+use crate::records::{Described, Kind, Member, Pending, Refusal};
 use crate::remove::remove_at;
 use crate::resolve::{LayerRoot, ResolveError};
 
@@ -36,9 +37,10 @@ pub fn unpack<R: Read>(reader: R, dest: &Path) -> Result<UnpackSummary, UnpackEr
     unpack_limited(reader, dest, u64::MAX)
 }
 
-/// [`unpack`], refusing any entry that declares more than `max_bytes` of data before
-/// reading it. (The caller's reader enforces the same limit on the stream as a whole; this
-/// names the entry, and stops a lying header without waiting for the bytes.)
+/// [`unpack`], refusing the layer once its entries declare more than `max_bytes` of
+/// data in total, before reading the entry that crosses it. (The caller's reader enforces
+/// the same limit on the stream as a whole; this names the entry, and stops a lying header
+/// without waiting for the bytes.)
 pub fn unpack_limited<R: Read>(
     reader: R,
     dest: &Path,
@@ -55,10 +57,26 @@ pub fn unpack_limited<R: Read>(
         summary: UnpackSummary::default(),
         last_entry: None,
     };
-    let entries = archive.entries().map_err(|e| state.stream_error(e))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| state.stream_error(e))?;
-        state.entry(&mut entry)?;
+    // Raw: extension records come to `Pending` unparsed, so their sizes are checked
+    // before they are buffered (see records.rs).
+    let members = archive
+        .entries()
+        .map_err(|e| state.stream_error(e))?
+        .raw(true);
+    let mut pending = Pending::default();
+    for member in members {
+        let mut member = member.map_err(|e| state.stream_error(e))?;
+        match pending.read(&mut member) {
+            Ok(Member::Record) => {}
+            Ok(Member::Entry(described)) => state.entry(&mut member, described)?,
+            Err(refusal) => return Err(state.refused(refusal)),
+        }
+    }
+    if !pending.is_empty() {
+        return Err(state.refused(Refusal {
+            name: None,
+            message: "the archive ends with extension records that describe no entry".into(),
+        }));
     }
     state.finish_dir_times()?;
     let mut rest = archive.into_inner();
@@ -84,35 +102,51 @@ impl Unpacker {
         }
     }
 
-    fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), UnpackError> {
-        let raw = entry.path_bytes().into_owned();
-        self.entry_at(entry, &raw)?;
-        self.last_entry = Some(raw);
+    /// A member refused before anything was created for it.
+    fn refused(&self, refusal: Refusal) -> UnpackError {
+        match (&refusal.name, &self.last_entry) {
+            (Some(name), _) => UnpackError::entry(name, refusal.message),
+            (None, Some(last)) => UnpackError::entry(
+                last,
+                format!("the record after this entry: {}", refusal.message),
+            ),
+            (None, None) => UnpackError::stream(refusal.message),
+        }
+    }
+
+    fn entry<R: Read>(
+        &mut self,
+        data: &mut tar::Entry<'_, R>,
+        described: Described,
+    ) -> Result<(), UnpackError> {
+        self.entry_at(data, &described)?;
+        self.last_entry = Some(described.name);
         Ok(())
     }
 
     fn entry_at<R: Read>(
         &mut self,
-        entry: &mut tar::Entry<'_, R>,
-        raw: &[u8],
+        data: &mut tar::Entry<'_, R>,
+        entry: &Described,
     ) -> Result<(), UnpackError> {
+        let raw = entry.name.as_slice();
+        let meta = &entry.meta;
         let fail = |msg: String| UnpackError::entry(raw, msg);
         let path = EntryPath::parse(raw).map_err(|r| fail(r.to_string()))?;
-        let meta = read_meta(entry).map_err(|e| fail(format!("reading PAX records: {e}")))?;
-        let kind = entry.header().entry_type();
-        let declared = entry.size();
-        if declared > self.max_bytes {
+        let total = self.summary.file_bytes.saturating_add(entry.size);
+        if total > self.max_bytes {
             return Err(fail(format!(
-                "declares {declared} bytes, past the per-layer limit of {} bytes",
-                self.max_bytes
+                "declares {} bytes, bringing the layer to {total} bytes, past the per-layer \
+                 limit of {} bytes",
+                entry.size, self.max_bytes
             )));
         }
         self.summary.entries += 1;
 
         let Some(name) = path.name().map(<[u8]>::to_vec) else {
             // `./` itself: the layer root takes the entry's metadata.
-            if kind.is_dir() {
-                metadata::apply_fd(self.root.fd().as_fd(), &meta)
+            if entry.kind == Kind::Directory {
+                metadata::apply_fd(self.root.fd().as_fd(), meta)
                     .map_err(|e| fail(format!("setting metadata: {e}")))?;
                 self.dir_times.push((Vec::new(), meta.mtime));
             }
@@ -162,21 +196,21 @@ impl Unpacker {
             .map_err(|e| fail(format!("creating whiteout: {e}")));
         }
 
-        replace_existing(parent, &name, kind.is_dir()).map_err(fail)?;
-        match kind {
-            EntryType::Directory => {
+        replace_existing(parent, &name, entry.kind == Kind::Directory).map_err(fail)?;
+        match &entry.kind {
+            Kind::Directory => {
                 match rustix::fs::mkdirat(parent, name.as_slice(), Mode::from_raw_mode(0o700)) {
                     Ok(()) | Err(Errno::EXIST) => {}
                     Err(e) => return Err(fail(format!("creating directory: {e}"))),
                 }
                 let dir = open_nofollow(parent, &name, OFlags::DIRECTORY)
                     .map_err(|e| fail(format!("opening directory: {e}")))?;
-                metadata::apply_fd(dir.as_fd(), &meta)
+                metadata::apply_fd(dir.as_fd(), meta)
                     .map_err(|e| fail(format!("setting metadata: {e}")))?;
                 self.dir_times
                     .push((path.components().to_vec(), meta.mtime));
             }
-            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+            Kind::File => {
                 let fd = rustix::fs::openat(
                     parent,
                     name.as_slice(),
@@ -190,39 +224,29 @@ impl Unpacker {
                 .map_err(|e| fail(format!("creating file: {e}")))?;
                 let mut file = File::from(fd);
                 self.summary.file_bytes +=
-                    io::copy(entry, &mut file).map_err(|e| fail(format!("writing file: {e}")))?;
-                metadata::apply_fd(file.as_fd(), &meta)
+                    io::copy(data, &mut file).map_err(|e| fail(format!("writing file: {e}")))?;
+                metadata::apply_fd(file.as_fd(), meta)
                     .map_err(|e| fail(format!("setting metadata: {e}")))?;
             }
-            EntryType::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| fail("symlink without a target".into()))?;
-                rustix::fs::symlinkat(target.as_ref(), parent, name.as_slice())
+            Kind::Symlink(target) => {
+                rustix::fs::symlinkat(target.as_slice(), parent, name.as_slice())
                     .map_err(|e| fail(format!("creating symlink: {e}")))?;
-                metadata::apply_at(parent, &name, &meta, true)
+                metadata::apply_at(parent, &name, meta, true)
                     .map_err(|e| fail(format!("setting metadata: {e}")))?;
             }
-            EntryType::Link => {
-                let target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| fail("hardlink without a target".into()))?;
-                self.hardlink(parent, &name, &target).map_err(fail)?;
+            Kind::Hardlink(target) => {
+                self.hardlink(parent, &name, target).map_err(fail)?;
             }
-            EntryType::Char | EntryType::Block | EntryType::Fifo => {
+            Kind::Node { kind, major, minor } => {
                 let (file_type, dev) = match kind {
-                    EntryType::Fifo => (FileType::Fifo, 0),
-                    _ => {
-                        let header = entry.header();
-                        let major = header.device_major().ok().flatten().unwrap_or(0);
-                        let minor = header.device_minor().ok().flatten().unwrap_or(0);
-                        let ft = if kind == EntryType::Char {
-                            FileType::CharacterDevice
-                        } else {
-                            FileType::BlockDevice
-                        };
-                        (ft, rustix::fs::makedev(major, minor))
+                    EntryType::Char => (
+                        FileType::CharacterDevice,
+                        rustix::fs::makedev(*major, *minor),
+                    ),
+                    EntryType::Block => {
+                        (FileType::BlockDevice, rustix::fs::makedev(*major, *minor))
                     }
+                    _ => (FileType::Fifo, 0),
                 };
                 rustix::fs::mknodat(
                     parent,
@@ -232,11 +256,8 @@ impl Unpacker {
                     dev,
                 )
                 .map_err(|e| fail(format!("creating {kind:?} node: {e}")))?;
-                metadata::apply_at(parent, &name, &meta, false)
+                metadata::apply_at(parent, &name, meta, false)
                     .map_err(|e| fail(format!("setting metadata: {e}")))?;
-            }
-            other => {
-                tracing::debug!(entry = %crate::shown(raw), kind = ?other, "skipping tar entry type");
             }
         }
         Ok(())
@@ -333,40 +354,4 @@ fn open_nofollow(parent: BorrowedFd<'_>, name: &[u8], extra: OFlags) -> Result<O
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | extra,
         Mode::empty(),
     )
-}
-
-/// Header fields, overridden by PAX records where present (large ids, long names, xattrs).
-fn read_meta<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
-    let header = entry.header();
-    let mut meta = Meta {
-        mode: header.mode().unwrap_or(0o644),
-        uid: header.uid().unwrap_or(0) as u32,
-        gid: header.gid().unwrap_or(0) as u32,
-        mtime: header.mtime().unwrap_or(0) as i64,
-        xattrs: Vec::new(),
-    };
-    if let Some(pax) = entry.pax_extensions()? {
-        for ext in pax {
-            let ext = ext?;
-            let (key, value) = (ext.key_bytes(), ext.value_bytes());
-            let number = || {
-                std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|s| s.split('.').next()?.parse::<i64>().ok())
-            };
-            match key {
-                b"uid" => meta.uid = number().unwrap_or(meta.uid as i64) as u32,
-                b"gid" => meta.gid = number().unwrap_or(meta.gid as i64) as u32,
-                b"mtime" => meta.mtime = number().unwrap_or(meta.mtime),
-                _ => {
-                    if let Some(name) = key.strip_prefix(b"SCHILY.xattr.")
-                        && !metadata::is_reserved_xattr(name)
-                    {
-                        meta.xattrs.push((name.to_vec(), value.to_vec()));
-                    }
-                }
-            }
-        }
-    }
-    Ok(meta)
 }

@@ -1,0 +1,158 @@
+//! Who may enter the store. Layers hold whatever images ship — setuid-root binaries, 0666
+//! device nodes — so a host user who can reach `layers/<chain>/diff/…` or a mounted
+//! `images/<id>/rootfs/…` can become root through them (the class of Docker's
+//! CVE-2021-41091). Nothing under the store root is reachable by anyone but root, whatever
+//! the process umask:
+//!
+//! - the store root and every directory lamina keeps at its top are `0700`, owned by root;
+//! - on a uid-mapped store, a user-namespaced runtime must still walk to its rootfs as the
+//!   mapped root, so the root and `images/` are `0710` with the mapped root's *group*:
+//!   enough to traverse, not to list or create; `layers/` and the rest stay `0700`.
+//!
+//! Every open tightens an existing store that is looser than this and logs each change.
+
+use std::fs::{self, DirBuilder};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use crate::{Layout, StoreError, StoreProperties};
+
+/// Mode of every store directory no runtime needs to walk through.
+pub const PRIVATE_MODE: u32 = 0o700;
+/// Mode of the root and `images/` on a mapped store: the mapped root's group traverses.
+pub const TRAVERSE_MODE: u32 = 0o710;
+
+/// The group that may traverse to rootfses: the host gid of the containers' root, on a
+/// store with a gid mapping for 0.
+fn traverse_group(properties: &StoreProperties) -> Option<u32> {
+    properties
+        .id_map
+        .gids
+        .iter()
+        .find_map(|m| m.to_host(0))
+        .filter(|&gid| gid != 0)
+}
+
+/// Sets the process umask to 022. The store's privacy comes from the explicit modes
+/// here, not from the caller's umask; a fixed one makes everything else (a rootfs's
+/// directories, which a user-namespaced runtime must walk) the same whoever runs lamina.
+pub fn use_fixed_umask() {
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+}
+
+/// Creates `dir` (and missing parents) with mode 0700 from the start, so there is no
+/// moment at which the umask's mode lets anyone in.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE_MODE)
+        .create(dir)
+}
+
+/// Creates the top-level directories that are missing, then brings the root and each
+/// of them to the mode and group above, logging every change.
+pub fn secure_store(layout: &Layout, properties: &StoreProperties) -> Result<(), StoreError> {
+    let (walk_mode, walk_gid) = match traverse_group(properties) {
+        Some(gid) => (TRAVERSE_MODE, gid),
+        None => (PRIVATE_MODE, 0),
+    };
+    let walkable = [layout.root().to_path_buf(), layout.images()];
+    let dirs = walkable
+        .into_iter()
+        .map(|dir| (dir, walk_mode, walk_gid))
+        .chain(private_dirs(layout).map(|dir| (dir, PRIVATE_MODE, 0)));
+    for (dir, mode, gid) in dirs {
+        create_private_dir(&dir).map_err(StoreError::io("creating", &dir))?;
+        tighten(&dir, mode, gid)?;
+    }
+    Ok(())
+}
+
+/// Every top-level directory but the root and `images/`. `run/` is last: its presence
+/// says the rest exist (see [`crate::Store::open`]).
+fn private_dirs(layout: &Layout) -> [std::path::PathBuf; 9] {
+    [
+        layout.layers(),
+        layout.tmp(),
+        layout.locks(),
+        layout.trash(),
+        layout.shared(),
+        layout.flat(),
+        layout.pool(),
+        layout.snapshots(),
+        layout.run(),
+    ]
+}
+
+/// Sets `dir` to exactly `mode` (permission bits), owner root and group `gid`, if it is
+/// anything else; logs what it changed.
+fn tighten(dir: &Path, mode: u32, gid: u32) -> Result<(), StoreError> {
+    let meta = fs::symlink_metadata(dir).map_err(StoreError::io("reading", dir))?;
+    if !meta.is_dir() {
+        return Err(StoreError::io("securing", dir)(std::io::Error::other(
+            "expected a directory",
+        )));
+    }
+    let old_mode = meta.mode() & 0o7777;
+    // Only root can give a directory away; an unprivileged caller (unit tests) keeps
+    // its own ownership, which no other user can use either.
+    let owner_wrong = meta.uid() != 0 || meta.gid() != gid;
+    if owner_wrong && rustix::process::geteuid().is_root() {
+        std::os::unix::fs::chown(dir, Some(0), Some(gid))
+            .map_err(StoreError::io("securing", dir))?;
+        tracing::warn!(
+            path = %dir.display(),
+            from = format!("{}:{}", meta.uid(), meta.gid()),
+            to = format!("0:{gid}"),
+            "changed the owner of a store directory"
+        );
+    }
+    if old_mode != mode {
+        fs::set_permissions(dir, fs::Permissions::from_mode(mode))
+            .map_err(StoreError::io("securing", dir))?;
+        tracing::warn!(
+            path = %dir.display(),
+            from = format!("{old_mode:04o}"),
+            to = format!("{mode:04o}"),
+            "tightened a store directory's mode: no other host user may reach the store"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IdMap, IdMapping};
+
+    #[test]
+    fn mapped_root_group_traverses() {
+        let mut props = StoreProperties::default();
+        assert_eq!(traverse_group(&props), None);
+        props.id_map = IdMap {
+            uids: vec![IdMapping {
+                ns_id: 0,
+                host_id: 100_000,
+                size: 65_536,
+            }],
+            gids: vec![IdMapping {
+                ns_id: 0,
+                host_id: 200_000,
+                size: 65_536,
+            }],
+        };
+        assert_eq!(traverse_group(&props), Some(200_000));
+    }
+
+    #[test]
+    fn private_dirs_are_created_0700_whatever_the_umask() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a/b");
+        let old = rustix::process::umask(rustix::fs::Mode::empty());
+        let made = create_private_dir(&dir);
+        rustix::process::umask(old);
+        made.unwrap();
+        let mode = fs::metadata(&dir).unwrap().mode() & 0o7777;
+        assert_eq!(mode, PRIVATE_MODE);
+    }
+}
