@@ -80,3 +80,44 @@ dm = lambda layers_: json.dumps([{"Config": "config.json", "RepoTags": ["box:lat
 write("docker_archive", "valid", archive([("config.json", cfg_l), ("l/layer.tar", layer), ("manifest.json", dm(["l/layer.tar"]))]))
 write("docker_archive", "escaping-layer-path", archive([("config.json", cfg), ("manifest.json", dm(["../../etc/passwd"]))]))
 write("docker_archive", "missing-config", archive([("manifest.json", dm([]))]))
+
+# Issue 20's hostile tar classes: records and entry types that exhaust memory, disk or time
+# (huge declared records, sparse holes, many entries under the limit) or delete files
+# (global headers, unknown types at an earlier path).
+def raw_member(kind, name, size, data=b"", realsize=None):
+    h = bytearray(512)
+    h[0:len(name)] = name.encode()
+    h[100:108] = b"0000644\0"
+    h[124:136] = b"%011o\0" % size
+    h[136:148] = b"%011o\0" % 1700000000
+    h[156:157] = kind
+    h[257:265] = b"ustar  \0"
+    if realsize is not None:  # old GNU sparse: one chunk of `data` at the end
+        h[386:398] = b"%011o\0" % (realsize - len(data))
+        h[398:410] = b"%011o\0" % len(data)
+        h[483:495] = b"%011o\0" % realsize
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h) + data + bytes(-len(data) % 512)
+
+def pax_member(records):
+    body = b""
+    for key, value in records:
+        rest = len(key) + len(value) + 3
+        n = rest + 1
+        while n != rest + len(str(n)):
+            n = rest + len(str(n))
+        body += b"%d %s=%s\n" % (n, key, value)
+    return raw_member(b"x", "pax", len(body), body)
+
+end = bytes(1024)
+write("unpack_layer", "sparse-old-gnu", raw_member(b"S", "holes", 1, b"x", realsize=640 << 20) + end)
+write("unpack_layer", "sparse-pax", pax_member([(b"GNU.sparse.major", b"1"), (b"GNU.sparse.minor", b"0")])
+      + raw_member(b"0", "GNUSparseFile.0/holes", 6, b"1\n0\n1\n") + end)
+write("unpack_layer", "longname-record-3gib", raw_member(b"L", "././@LongLink", 3 << 30, b"n" * 512))
+write("unpack_layer", "pax-record-256mib", raw_member(b"x", "pax", 256 << 20, b"p" * 512))
+write("unpack_layer", "pax-path-past-path-max", pax_member([(b"path", b"n/" * 3000)]) + raw_member(b"0", "x", 1, b"x") + end)
+write("unpack_layer", "global-header-over-file", raw_member(b"0", "passwd", 4, b"root")
+      + raw_member(b"g", "passwd", 0) + raw_member(b"g", "new/dir/x", 0) + end)
+write("unpack_layer", "unknown-type-over-file", raw_member(b"0", "passwd", 4, b"root") + raw_member(b"Q", "passwd", 0) + end)
+write("unpack_layer", "many-entries-under-limit", b"".join(raw_member(b"0", "f%d" % i, 4096, b"z" * 4096) for i in range(8)) + end)
