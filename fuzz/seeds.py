@@ -121,3 +121,41 @@ write("unpack_layer", "global-header-over-file", raw_member(b"0", "passwd", 4, b
       + raw_member(b"g", "passwd", 0) + raw_member(b"g", "new/dir/x", 0) + end)
 write("unpack_layer", "unknown-type-over-file", raw_member(b"0", "passwd", 4, b"root") + raw_member(b"Q", "passwd", 0) + end)
 write("unpack_layer", "many-entries-under-limit", b"".join(raw_member(b"0", "f%d" % i, 4096, b"z" * 4096) for i in range(8)) + end)
+
+# Hostile documents and image-level streams (docs/security.md, "Hostile documents").
+# Class 11: a document past lamina's 4 MiB bound. In oci_documents the index declares a
+# manifest bigger than the bound (refused before it is read); in docker_archive the config
+# really is that big (whitespace after valid JSON), so the seed is just over 4 MiB.
+MAX_DOCUMENT_BYTES = 4 << 20
+big_manifest = {"schemaVersion": 2, "manifests": [dict(index["manifests"][0], size=MAX_DOCUMENT_BYTES + 1)]}
+write("oci_documents", "oversized-manifest", json.dumps(big_manifest).encode() + b"\0" + doc(manifest) + b"\0" + doc(config))
+padded_cfg = cfg_l + b" " * (MAX_DOCUMENT_BYTES + 1 - len(cfg_l))
+write("docker_archive", "oversized-config", archive([("config.json", padded_cfg), ("l/layer.tar", layer), ("manifest.json", dm(["l/layer.tar"]))]))
+
+# Class 10: the only image is for another architecture (index entry and config agree).
+s390x = {"architecture": "s390x", "os": "linux"}
+foreign_index = {"schemaVersion": 2, "manifests": [dict(index["manifests"][0], platform=s390x)]}
+write("oci_documents", "foreign-architecture", doc(foreign_index) + b"\0" + doc(manifest) + b"\0" + doc(dict(config, **s390x)))
+write("docker_archive", "foreign-architecture", archive([("config.json", json.dumps(dict(json.loads(cfg_l), **s390x)).encode()), ("l/layer.tar", layer), ("manifest.json", dm(["l/layer.tar"]))]))
+
+# Class 9: control characters that would rewrite a terminal line, in a layer media type, a
+# ref name, a platform string and RepoTags.
+forgery = "\r\x1b[2KOK created rootfs\n"
+ctl_manifest = dict(manifest, layers=[dict(manifest["layers"][0], mediaType="application/x" + forgery)])
+ctl_index = {"schemaVersion": 2, "manifests": [dict(index["manifests"][0], annotations={"org.opencontainers.image.ref.name": "evil" + forgery},
+             platform={"architecture": "amd64" + forgery, "os": "linux"})]}
+write("oci_documents", "control-characters", doc(ctl_index) + b"\0" + doc(ctl_manifest) + b"\0" + doc(config))
+ctl_tags = json.dumps([{"Config": "config.json", "RepoTags": ["evil" + forgery], "Layers": ["l/layer.tar"]}]).encode()
+write("docker_archive", "control-characters", archive([("config.json", cfg_l), ("l/layer.tar", layer), ("manifest.json", ctl_tags)]))
+
+# Class 5: a layer that is a zstd decompression bomb: concatenated frames of RLE blocks of
+# zeros (4 bytes per 128 KiB). Kept small here (64 MiB decoded); the fuzzer grows it. The
+# oci_documents target's layer blob is fixed by its harness, so it has no seed of this class.
+def zstd_zero_frame(blocks):
+    frame = b"\x28\xb5\x2f\xfd\x00\x38"  # magic, no content size, 128 KiB window
+    for i in range(blocks):
+        last = 1 if i + 1 == blocks else 0
+        frame += ((128 * 1024) << 3 | 1 << 1 | last).to_bytes(3, "little") + b"\0"
+    return frame
+bomb = zstd_zero_frame(64) * 8
+write("docker_archive", "zstd-zero-frame-layer", archive([("config.json", json.dumps(dict(config, rootfs={"type": "layers", "diff_ids": [digest(bytes(64 << 20))]})).encode()), ("l/layer.tar", bomb), ("manifest.json", dm(["l/layer.tar"]))]))

@@ -138,7 +138,7 @@ fn serve(stream: TcpStream, handler: &Handler, seen: &Mutex<Vec<Request>>) {
     }
 }
 
-fn read_request(stream: &TcpStream) -> Option<Request> {
+pub(crate) fn read_request(stream: &TcpStream) -> Option<Request> {
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line).ok()?;

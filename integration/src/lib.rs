@@ -4,6 +4,7 @@
 
 pub mod containerd;
 pub mod hostile;
+pub mod hostile_registry;
 pub mod http;
 pub mod lamina;
 pub mod proof;

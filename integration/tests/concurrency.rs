@@ -134,3 +134,39 @@ fn two_hundred_processes_create_delete_and_clean_at_once() {
     assert_eq!(lamina.entries("layers"), 0, "{report}");
     assert!(mounts_under(&lamina.store).is_empty());
 }
+
+/// Garden deletes a container whose create timed out: the delete arrives while the create
+/// holds a mounted, unrecorded rootfs (held there for 2 s by a pause point). The delete
+/// waits for the create, then deletes; neither fails (before: EBUSY on the delete, or
+/// ENOENT on the create's record), and nothing is left.
+#[test]
+fn a_delete_racing_its_create_waits_for_it_then_deletes() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = sample_image(&fs.path().join("sample")).references()[0].clone();
+    for strategy in ["classic", "shared-ro", "deferred"] {
+        let create = lamina
+            .command(&["create", "--strategy", strategy, &image, "racing"])
+            .env("LAMINA_PAUSE_AT", "create-provided")
+            .env("LAMINA_PAUSE_SECS", "2")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let paused = lamina
+            .store
+            .join(format!("run/paused-create-provided.{}", create.id()));
+        lamina_integration::wait_until("the create to hold a made rootfs", || paused.exists());
+        let delete = lamina.command(&["delete", "racing"]).output().unwrap();
+        let create = create.wait_with_output().unwrap();
+        assert!(create.status.success(), "{strategy}: create {create:?}");
+        assert!(delete.status.success(), "{strategy}: delete {delete:?}");
+        assert!(!lamina.store.join("images/racing").exists(), "{strategy}");
+        assert_eq!(lamina.run(&["reap"]).code, 0);
+        assert!(mounts_under(&lamina.store.join("images")).is_empty(), "{strategy}");
+        let check = lamina.run(&["check"]);
+        assert_eq!(check.code, 0, "{strategy}: {check:?}");
+        std::fs::remove_file(&paused).unwrap();
+    }
+}

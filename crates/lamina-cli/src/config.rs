@@ -13,6 +13,10 @@ pub struct Config {
     pub log_file: Option<PathBuf>,
     /// As `--max-layer-bytes`: the per-layer cap on uncompressed bytes.
     pub max_layer_bytes: Option<u64>,
+    /// As `--registry-timeout-seconds`: how long a registry may send nothing.
+    pub registry_timeout_seconds: Option<u64>,
+    /// As `--lock-timeout-seconds`: the longest wait for a store lock.
+    pub lock_timeout_seconds: Option<u64>,
     pub create: CreateConfig,
     pub clean: CleanConfig,
     pub init: InitConfig,

@@ -51,6 +51,12 @@ pub struct Cli {
     /// HOST[:PORT] to pull docker:// images from over plain HTTP, repeatable [default: `create.insecure_registries` in --config]
     #[arg(long = "insecure-registry", global = true, value_name = "HOST")]
     insecure_registries: Vec<String>,
+    /// Fail a registry request that receives nothing (headers, or the next bytes of a body) for this many seconds [default: `registry_timeout_seconds` in --config, else 60]
+    #[arg(long, global = true, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    registry_timeout_seconds: Option<u64>,
+    /// Give up waiting for a store lock another process holds after this many seconds, naming the holder [default: `lock_timeout_seconds` in --config, else 600]
+    #[arg(long, global = true, value_name = "SECONDS")]
+    lock_timeout_seconds: Option<u64>,
     #[command(subcommand)]
     command: Command,
 }
@@ -222,9 +228,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<commands::AlreadyReported>() => ExitCode::FAILURE,
         Err(e) => {
-            let message = one_line(&e);
+            let message = output::error_line(&one_line(&e));
             tracing::error!(error = %message, "command failed");
-            println!("{}", message.replace('\n', " "));
+            println!("{message}");
             ExitCode::FAILURE
         }
     }

@@ -1,6 +1,7 @@
-//! What `create` prints: the runtime-spec fragment GrootFS prints, which Garden merges
-//! into the container's spec and runc boots. Kept minimal on purpose: no defaults for
-//! hostname, args, capabilities or namespaces, which are Garden's to set.
+//! What lamina prints. `create` prints the runtime-spec fragment GrootFS prints, which
+//! Garden merges into the container's spec and runc boots. Kept minimal on purpose: no
+//! defaults for hostname, args, capabilities or namespaces, which are Garden's to set.
+//! A failure prints one [`error_line`].
 
 use serde::Serialize;
 
@@ -59,6 +60,35 @@ impl Mount {
 
 pub const OCI_VERSION: &str = "1.0.2";
 
+/// Longest error line printed whole. Past it the line is cut, so an image that stuffs an
+/// error with a huge name or tag list cannot flood a log.
+pub const MAX_ERROR_LINE: usize = 4096;
+
+/// The one line a failure prints and logs. Errors escape what an image supplied where
+/// they are written; this is the last line of defence: any newline becomes a space, any
+/// other control character is escaped (so no `\r` or terminal escape can rewrite what is
+/// already on screen), and a line past [`MAX_ERROR_LINE`] bytes is cut with a marker.
+pub fn error_line(message: &str) -> String {
+    let mut line = String::with_capacity(message.len().min(MAX_ERROR_LINE) + 32);
+    for c in message.chars() {
+        match c {
+            '\n' => line.push(' '),
+            c if c.is_control() => line.extend(c.escape_default()),
+            c => line.push(c),
+        }
+    }
+    if line.len() > MAX_ERROR_LINE {
+        let mut end = MAX_ERROR_LINE;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = line.len() - end;
+        line.truncate(end);
+        line.push_str(&format!("… ({cut} bytes cut)"));
+    }
+    line
+}
+
 impl RuntimeSpec {
     pub fn new(
         env: Vec<String>,
@@ -81,6 +111,23 @@ impl RuntimeSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_lines_are_one_escaped_line() {
+        assert_eq!(
+            error_line("bad\r\x1b[2K OK created\nrootfs\t\u{9b}"),
+            "bad\\r\\u{1b}[2K OK created rootfs\\t\\u{9b}"
+        );
+    }
+
+    #[test]
+    fn error_lines_are_bounded() {
+        let long = format!("é{}", "x".repeat(10_000));
+        let line = error_line(&long);
+        assert!(line.len() < MAX_ERROR_LINE + 32, "{}", line.len());
+        assert!(line.ends_with("… (5906 bytes cut)"), "{}", &line[4000..]);
+        assert_eq!(error_line("short"), "short");
+    }
 
     #[test]
     fn matches_grootfs_shape() {

@@ -8,6 +8,7 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use crate::ImageError;
+use crate::documents::{MAX_DOCUMENT_BYTES, check_document_size};
 
 /// Where a member's bytes are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,9 +89,6 @@ pub enum Members {
     },
 }
 
-/// Small JSON documents are read whole; anything bigger than this is not a manifest.
-const MAX_DOCUMENT: u64 = 16 * 1024 * 1024;
-
 impl Members {
     pub fn dir(path: &Path) -> Self {
         Members::Dir(path.to_path_buf())
@@ -145,28 +143,23 @@ impl Members {
         }
     }
 
-    /// Reads a small member whole.
+    /// Reads a document member (a JSON file) whole. Its size is checked against
+    /// [`MAX_DOCUMENT_BYTES`] before a byte is read, and the read stops there even if the
+    /// member grows meanwhile.
     pub fn read(&self, name: &str) -> Result<Vec<u8>, ImageError> {
-        let missing =
-            || ImageError::new(format!("{}: `{name}` is missing", self.source().display()));
+        let shown_name = crate::shown(name);
+        let source = crate::shown(&self.source().display().to_string());
+        let missing = || ImageError::new(format!("{source}: `{shown_name}` is missing"));
         let loc = self.locate(name).ok_or_else(missing)?;
-        let fail = |e: io::Error| {
-            ImageError::new(format!(
-                "{}: reading `{name}`: {e}",
-                self.source().display()
-            ))
-        };
-        if loc.size().map_err(fail)? > MAX_DOCUMENT {
-            return Err(ImageError::new(format!(
-                "{}: `{name}` is too large for a JSON document",
-                self.source().display()
-            )));
-        }
+        let fail = |e: io::Error| ImageError::new(format!("{source}: reading `{shown_name}`: {e}"));
+        check_document_size(&format!("`{shown_name}`"), loc.size().map_err(fail)?)?;
         let mut buf = Vec::new();
         loc.open()
             .map_err(fail)?
+            .take(MAX_DOCUMENT_BYTES + 1)
             .read_to_end(&mut buf)
             .map_err(fail)?;
+        check_document_size(&format!("`{shown_name}`"), buf.len() as u64)?;
         Ok(buf)
     }
 }

@@ -17,10 +17,12 @@ pub struct Digest {
 
 impl Digest {
     pub fn parse(s: &str) -> Result<Self, ImageError> {
-        let hex = s
-            .strip_prefix("sha256:")
-            .ok_or_else(|| ImageError::new(format!("digest `{s}` is not a sha256 digest")))?;
-        Self::from_hex(hex).ok_or_else(|| ImageError::new(format!("digest `{s}` is malformed")))
+        let shown = || crate::shown(s);
+        let hex = s.strip_prefix("sha256:").ok_or_else(|| {
+            ImageError::new(format!("digest `{}` is not a sha256 digest", shown()))
+        })?;
+        Self::from_hex(hex)
+            .ok_or_else(|| ImageError::new(format!("digest `{}` is malformed", shown())))
     }
 
     pub fn from_hex(hex: &str) -> Option<Self> {

@@ -4,9 +4,13 @@
 
 use crate::blobs::Members;
 use crate::spec::DockerArchiveEntry;
-use crate::{Digest, Image, ImageConfig, ImageError, LayerBlob};
+use crate::{Digest, Image, ImageError, LayerBlob, Platform, documents, platform, shown};
 
-pub fn resolve(members: &Members, reference: Option<&str>) -> Result<Image, ImageError> {
+pub fn resolve(
+    members: &Members,
+    reference: Option<&str>,
+    platform: &Platform,
+) -> Result<Image, ImageError> {
     let entries: Vec<DockerArchiveEntry> =
         crate::parse_json(&members.read("manifest.json")?, "manifest.json")?;
     let tags = |e: &DockerArchiveEntry| e.repo_tags.clone().unwrap_or_default();
@@ -20,10 +24,10 @@ pub fn resolve(members: &Members, reference: Option<&str>) -> Result<Image, Imag
         None => None,
     };
     let entry = entry.ok_or_else(|| {
-        let all: Vec<String> = entries.iter().flat_map(tags).collect();
+        let all: Vec<String> = entries.iter().flat_map(tags).map(|t| shown(&t)).collect();
         let what = reference.map_or(
             "manifest.json holds several images; name one with :REPO:TAG".to_string(),
-            |r| format!("no image tagged `{r}`"),
+            |r| format!("no image tagged `{}`", shown(r)),
         );
         ImageError::new(format!(
             "{what} (tags: {})",
@@ -41,19 +45,25 @@ pub fn resolve(members: &Members, reference: Option<&str>) -> Result<Image, Imag
         if actual != expected {
             return Err(ImageError::new(format!(
                 "image config `{}`: digest mismatch: expected {expected}, got {actual}",
-                entry.config
+                shown(&entry.config)
             )));
         }
     }
-    let config: ImageConfig =
-        crate::parse_json(&config_bytes, &format!("image config `{}`", entry.config))?;
+    let config = documents::parse_config(
+        &config_bytes,
+        &format!("image config `{}`", shown(&entry.config)),
+    )?;
+    if let Some(declared) = config.platform() {
+        platform::refuse_foreign(&declared, platform, "its config")?;
+    }
     let diff_ids = crate::check_diff_ids(&config, entry.layers.len())?;
 
     let mut layers = Vec::with_capacity(entry.layers.len());
     for (index, (name, diff_id)) in entry.layers.iter().zip(diff_ids).enumerate() {
         let location = members.locate(name).ok_or_else(|| {
             ImageError::new(format!(
-                "manifest.json names layer `{name}` (layer {index}), which is missing"
+                "manifest.json names layer `{}` (layer {index}), which is missing",
+                shown(name)
             ))
         })?;
         layers.push(LayerBlob {

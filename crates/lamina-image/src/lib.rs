@@ -7,6 +7,7 @@ mod blobs;
 pub mod compression;
 mod digest;
 mod docker_archive;
+pub mod documents;
 mod oci;
 mod platform;
 mod reference;
@@ -16,10 +17,20 @@ pub mod spec;
 pub use blobs::{BlobLocation, Members, RemoteBlob, RemoteOpener};
 pub use compression::Compression;
 pub use digest::{Digest, HashingReader, chain_ids, next_chain_id};
+pub use documents::MAX_DOCUMENT_BYTES;
 pub use oci::pick_platform;
 pub use platform::Platform;
 pub use reference::ImageRef;
 pub use spec::ImageConfig;
+
+/// `s` as lamina prints any string that came from an image or a registry (a media type,
+/// an annotation, a tag, a digest that failed to parse, a platform): control characters
+/// escaped (`\n`, `\u{1b}`), so it can neither split a line nor drive a terminal, and
+/// long strings cut with a marker. One helper for layer entry names and image documents
+/// alike: it is lamina-unpack's.
+pub fn shown(s: &str) -> String {
+    lamina_unpack::shown(s.as_bytes())
+}
 
 /// One-line, human-readable failure naming the image part at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,13 +96,28 @@ impl LayerBlob {
     }
 }
 
-/// Resolves `reference` to an image for `platform`.
+/// Resolves `reference` to an image for `platform`, with no bound on the bytes a plain
+/// rootfs tar may decompress to while it is hashed. Callers that import take
+/// [`resolve_limited`] and their per-layer limit.
 pub fn resolve(reference: &ImageRef, platform: &Platform) -> Result<Image, ImageError> {
+    resolve_limited(reference, platform, u64::MAX)
+}
+
+/// Resolves `reference` to an image for `platform`. A plain rootfs tar is hashed here (its
+/// diffID names it in the store), and that pass stops at `max_layer_bytes` uncompressed
+/// bytes, as the import pass does: a decompression bomb is refused before it is read
+/// through.
+pub fn resolve_limited(
+    reference: &ImageRef,
+    platform: &Platform,
+    max_layer_bytes: u64,
+) -> Result<Image, ImageError> {
     let path = reference.path();
     let missing = || {
         ImageError::new(format!(
-            "image `{reference}`: {} does not exist",
-            path.display()
+            "image `{}`: {} does not exist",
+            shown(&reference.to_string()),
+            shown(&path.display().to_string())
         ))
     };
     if !path.exists() {
@@ -101,8 +127,9 @@ pub fn resolve(reference: &ImageRef, platform: &Platform) -> Result<Image, Image
         ImageRef::OciLayout { reference: r, .. } => {
             if !path.is_dir() {
                 return Err(ImageError::new(format!(
-                    "image `{reference}`: {} is not an OCI layout directory",
-                    path.display()
+                    "image `{}`: {} is not an OCI layout directory",
+                    shown(&reference.to_string()),
+                    shown(&path.display().to_string())
                 )));
             }
             oci::resolve(&Members::dir(path), r.as_deref(), platform)
@@ -111,21 +138,33 @@ pub fn resolve(reference: &ImageRef, platform: &Platform) -> Result<Image, Image
             oci::resolve(&Members::tar(path)?, r.as_deref(), platform)
         }
         ImageRef::DockerArchive { reference: r, .. } => {
-            docker_archive::resolve(&Members::tar(path)?, r.as_deref())
+            docker_archive::resolve(&Members::tar(path)?, r.as_deref(), platform)
         }
-        ImageRef::RootfsTar { path } => rootfs_tar::resolve(path),
+        ImageRef::RootfsTar { path } => rootfs_tar::resolve(path, max_layer_bytes),
     }
-    .map_err(|e| ImageError::new(format!("image `{reference}`: {}", e.message)))?;
+    .map_err(|e| {
+        // Image-supplied parts of the message are escaped where they are written.
+        ImageError::new(format!(
+            "image `{}`: {}",
+            shown(&reference.to_string()),
+            e.message
+        ))
+    })?;
     image.source = reference.to_string();
     Ok(image)
 }
 
-/// Parses a JSON document, naming it in the error.
+/// Parses a JSON document that oci-spec has no type for (Docker's manifest.json, a
+/// manifest's `mediaType` sniffed before its kind is known), naming it in the error.
 pub fn parse_json<T: serde::de::DeserializeOwned>(
     bytes: &[u8],
     what: &str,
 ) -> Result<T, ImageError> {
-    serde_json::from_slice(bytes).map_err(|e| ImageError::new(format!("{what} is not valid: {e}")))
+    documents::check_document_size(what, bytes.len() as u64)?;
+    serde_json::from_slice(bytes).map_err(|e| {
+        // serde_json quotes the input (`unknown field `…``): escaped like any image string.
+        ImageError::new(format!("{what} is not valid: {}", shown(&e.to_string())))
+    })
 }
 
 /// Checks that the image config lists one diffID per layer and returns them.

@@ -1,11 +1,15 @@
 //! OCI image layouts (a directory, or the same in a tar): index.json → (nested indexes →)
-//! manifest → config and layers. Every document is checked against the digest and size
-//! of the descriptor that named it before it is parsed.
+//! manifest → config and layers. Every document's declared size is checked against
+//! [`MAX_DOCUMENT_BYTES`] and the blob's real size before it is read, and its digest
+//! after, before it is parsed.
+
+use std::io::Read;
 
 use crate::blobs::Members;
 use crate::compression::Compression;
+use crate::documents::{self, MAX_DOCUMENT_BYTES};
 use crate::spec::{self, Descriptor, Index, Manifest};
-use crate::{Digest, Image, ImageConfig, ImageError, LayerBlob, Platform};
+use crate::{Digest, Image, ImageError, LayerBlob, Platform, platform, shown};
 
 /// Nested indexes deeper than this are refused (a loop of indexes would never end).
 const MAX_INDEX_DEPTH: usize = 4;
@@ -15,18 +19,14 @@ pub fn resolve(
     reference: Option<&str>,
     platform: &Platform,
 ) -> Result<Image, ImageError> {
-    let index: Index = crate::parse_json(&members.read("index.json")?, "index.json")?;
+    let index = documents::parse_index(&members.read("index.json")?, "index.json")?;
     let mut candidates: Vec<&Descriptor> = index.manifests.iter().collect();
     if let Some(r) = reference {
-        candidates.retain(|d| {
-            d.annotations
-                .get(spec::REF_NAME_ANNOTATION)
-                .map(String::as_str)
-                == Some(r)
-        });
+        candidates.retain(|d| d.ref_name() == Some(r));
         if candidates.is_empty() {
             return Err(ImageError::new(format!(
-                "no image named `{r}` (available: {})",
+                "no image named `{}` (available: {})",
+                shown(r),
                 ref_names(&index)
             )));
         }
@@ -42,9 +42,16 @@ pub fn resolve(
             ))
         })?
     };
+    // A single candidate is taken by name, not by platform: it must still be for `platform`.
+    if let Some(declared) = &chosen.platform {
+        platform::refuse_foreign(declared, platform, "its index entry")?;
+    }
     let manifest = load_manifest(members, &chosen, platform, 0)?;
     let config_bytes = read_verified(members, &manifest.config, "image config")?;
-    let config: ImageConfig = crate::parse_json(&config_bytes, "image config")?;
+    let config = documents::parse_config(&config_bytes, "image config")?;
+    if let Some(declared) = config.platform() {
+        platform::refuse_foreign(&declared, platform, "its config")?;
+    }
     let diff_ids = crate::check_diff_ids(&config, manifest.layers.len())?;
 
     let mut layers = Vec::with_capacity(manifest.layers.len());
@@ -52,7 +59,8 @@ pub fn resolve(
         let compression = Compression::from_media_type(&desc.media_type).ok_or_else(|| {
             ImageError::new(format!(
                 "layer {index} ({}) has unsupported media type `{}`",
-                desc.digest, desc.media_type
+                desc.digest,
+                shown(&desc.media_type)
             ))
         })?;
         let location = members.locate(&blob_path(&desc.digest)).ok_or_else(|| {
@@ -82,11 +90,29 @@ fn blob_path(digest: &Digest) -> String {
     format!("blobs/sha256/{}", digest.hex())
 }
 
-/// Reads a document blob and checks it against its descriptor.
+/// Reads a document blob and checks it against its descriptor. The declared size is
+/// bounded and compared with the blob's before anything is read.
 fn read_verified(members: &Members, desc: &Descriptor, what: &str) -> Result<Vec<u8>, ImageError> {
-    let bytes = members
-        .read(&blob_path(&desc.digest))
-        .map_err(|_| ImageError::new(format!("{what} blob {} is missing", desc.digest)))?;
+    let named = format!("{what} {}", desc.digest);
+    documents::check_document_size(&named, desc.size)?;
+    let location = members
+        .locate(&blob_path(&desc.digest))
+        .ok_or_else(|| ImageError::new(format!("{what} blob {} is missing", desc.digest)))?;
+    let fail = |e: std::io::Error| ImageError::new(format!("{named}: reading: {e}"));
+    let size = location.size().map_err(fail)?;
+    if size != desc.size {
+        return Err(ImageError::new(format!(
+            "{what} blob {}: size mismatch: descriptor says {} bytes, blob has {size}",
+            desc.digest, desc.size
+        )));
+    }
+    let mut bytes = Vec::new();
+    location
+        .open()
+        .map_err(fail)?
+        .take(MAX_DOCUMENT_BYTES.min(desc.size) + 1)
+        .read_to_end(&mut bytes)
+        .map_err(fail)?;
     if bytes.len() as u64 != desc.size {
         return Err(ImageError::new(format!(
             "{what} blob {}: size mismatch: descriptor says {} bytes, blob has {}",
@@ -118,7 +144,9 @@ fn load_manifest(
         )));
     }
     let bytes = read_verified(members, desc, "manifest")?;
-    let value: serde_json::Value = crate::parse_json(&bytes, &format!("manifest {}", desc.digest))?;
+    let what = format!("manifest {}", desc.digest);
+    // The kind of document decides which type parses it, so its mediaType is read first.
+    let value: serde_json::Value = crate::parse_json(&bytes, &what)?;
     let media_type = value
         .get("mediaType")
         .and_then(|m| m.as_str())
@@ -126,7 +154,7 @@ fn load_manifest(
     let is_index = matches!(media_type, spec::OCI_INDEX | spec::DOCKER_MANIFEST_LIST)
         || value.get("manifests").is_some();
     if is_index {
-        let index: Index = crate::parse_json(&bytes, &format!("image index {}", desc.digest))?;
+        let index = documents::parse_index(&bytes, &format!("image index {}", desc.digest))?;
         let refs: Vec<&Descriptor> = index.manifests.iter().collect();
         let chosen = pick_platform(&refs, platform)?;
         return load_manifest(members, &chosen, platform, depth + 1);
@@ -135,12 +163,13 @@ fn load_manifest(
         spec::OCI_MANIFEST | spec::DOCKER_MANIFEST | "" => {}
         other => {
             return Err(ImageError::new(format!(
-                "manifest {} has unsupported media type `{other}`",
-                desc.digest
+                "manifest {} has unsupported media type `{}`",
+                desc.digest,
+                shown(other)
             )));
         }
     }
-    crate::parse_json(&bytes, &format!("manifest {}", desc.digest))
+    documents::parse_manifest(&bytes, &what)
 }
 
 /// The first of `candidates` whose declared platform matches `platform`.
@@ -156,10 +185,11 @@ pub fn pick_platform(
             let available: Vec<String> = candidates
                 .iter()
                 .filter_map(|d| d.platform.as_ref())
-                .map(|p| format!("{}/{}", p.os, p.architecture))
+                .map(|p| format!("{}/{}", shown(&p.os), shown(&p.architecture)))
                 .collect();
             ImageError::new(format!(
-                "no image for platform {platform} among {} candidates (platforms: {})",
+                "no image for platform {} among {} candidates (platforms: {})",
+                shown(&platform.to_string()),
                 candidates.len(),
                 if available.is_empty() {
                     "none declared".to_string()
@@ -170,15 +200,13 @@ pub fn pick_platform(
         })
 }
 
+/// The ref names an index offers, escaped, for errors.
 fn ref_names(index: &Index) -> String {
-    let names: Vec<&str> = index
+    let names: Vec<String> = index
         .manifests
         .iter()
-        .filter_map(|d| {
-            d.annotations
-                .get(spec::REF_NAME_ANNOTATION)
-                .map(String::as_str)
-        })
+        .filter_map(Descriptor::ref_name)
+        .map(shown)
         .collect();
     if names.is_empty() {
         "no named images".into()

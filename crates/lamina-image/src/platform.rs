@@ -45,7 +45,8 @@ impl Platform {
                 })
             }
             _ => Err(ImageError::new(format!(
-                "platform `{s}` is not of the form os/arch[/variant]"
+                "platform `{}` is not of the form os/arch[/variant]",
+                crate::shown(s)
             ))),
         }
     }
@@ -57,6 +58,30 @@ impl Platform {
     }
 }
 
+/// Refuses an image that `source` (its index entry, its config) declares for another
+/// platform than `wanted`. An index offering several platforms is chosen from by
+/// platform, but a layout's only image, or the one a ref name picks, is taken as it is:
+/// without this check an arm64 image would become an amd64 host's rootfs without a word,
+/// and fail only when the container runs. `--platform` names the platform to accept.
+pub fn refuse_foreign(
+    declared: &PlatformSpec,
+    wanted: &Platform,
+    source: &str,
+) -> Result<(), ImageError> {
+    if wanted.matches(declared) {
+        return Ok(());
+    }
+    let whose = if *wanted == Platform::host() {
+        "this host's platform"
+    } else {
+        "the requested platform"
+    };
+    Err(ImageError::new(format!(
+        "image is for {declared} ({source} says so), not {whose} {}; pass --platform {declared} to use it anyway",
+        crate::shown(&wanted.to_string())
+    )))
+}
+
 impl std::fmt::Display for Platform {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.os, self.architecture)?;
@@ -64,5 +89,46 @@ impl std::fmt::Display for Platform {
             write!(f, "/{v}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(arch: &str) -> PlatformSpec {
+        PlatformSpec {
+            architecture: arch.into(),
+            os: "linux".into(),
+            variant: None,
+        }
+    }
+
+    #[test]
+    fn foreign_images_are_refused_naming_both_platforms() {
+        let host = Platform::host();
+        let other = if host.architecture == "s390x" {
+            "riscv64"
+        } else {
+            "s390x"
+        };
+        let err = refuse_foreign(&spec(other), &host, "its config").unwrap_err();
+        assert!(
+            err.message.contains(&format!("image is for linux/{other}"))
+                && err
+                    .message
+                    .contains(&format!("this host's platform {host}"))
+                && err.message.contains(&format!("--platform linux/{other}")),
+            "{err}"
+        );
+        let asked = Platform::parse(&format!("linux/{other}")).unwrap();
+        assert!(refuse_foreign(&spec(other), &asked, "its config").is_ok());
+        assert!(refuse_foreign(&spec(&host.architecture), &host, "its config").is_ok());
+    }
+
+    #[test]
+    fn declared_platforms_are_escaped() {
+        let err = refuse_foreign(&spec("x\x1b[2K\r"), &Platform::host(), "its config").unwrap_err();
+        assert!(!err.message.contains(['\x1b', '\r']), "{err}");
     }
 }

@@ -9,7 +9,9 @@ use crate::compression::decoder;
 use crate::spec::RootFs;
 use crate::{Digest, HashingReader, Image, ImageConfig, ImageError, LayerBlob};
 
-pub fn resolve(path: &Path) -> Result<Image, ImageError> {
+/// Resolves the tar at `path`, hashing at most `max_layer_bytes` of its uncompressed
+/// content: past that it is refused as a decompression bomb, as the import would.
+pub fn resolve(path: &Path, max_layer_bytes: u64) -> Result<Image, ImageError> {
     let fail = |e: std::io::Error| ImageError::new(format!("reading {}: {e}", path.display()));
     if !path.is_file() {
         return Err(ImageError::new(format!("{} is not a file", path.display())));
@@ -18,9 +20,11 @@ pub fn resolve(path: &Path) -> Result<Image, ImageError> {
     let what = format!("rootfs tar {}", path.display());
     // One pass to learn the content digest, so a tar already in the store is not unpacked
     // again; the import pass verifies the same digest, catching a file changed in between.
-    let (diff_id, _) = HashingReader::new(decoder(file, None, &what)?)
+    // This pass is bounded like the import: a few MB of zstd frames can decode to many
+    // GB of zeros, and hashing them all would take minutes before any limit applied.
+    let (diff_id, _) = HashingReader::with_limit(decoder(file, None, &what)?, max_layer_bytes)
         .finish()
-        .map_err(fail)?;
+        .map_err(|e| ImageError::new(format!("layer 0 ({what}): reading: {e}")))?;
     let config = ImageConfig {
         architecture: crate::Platform::host().architecture,
         os: "linux".into(),

@@ -1,5 +1,12 @@
-//! The parts of the OCI image spec and `docker save`'s manifest.json lamina reads.
-//! Unknown fields are ignored; missing required ones fail to parse.
+//! The image documents lamina reads, in the checked form the rest of lamina uses.
+//!
+//! The OCI documents (index, manifest, config) are parsed by [`crate::documents`] with the
+//! `oci-spec` crate's types, which follow the published schema; they are then narrowed
+//! into the types below. These stay lamina's own because they carry what was checked: a
+//! strict sha256 [`Digest`] (every blob path is derived from one), media types as plain
+//! strings, and only the config fields lamina uses. They serialize to spec-conforming JSON,
+//! which is how lamina-sample and the tests write images. `docker save`'s manifest.json is
+//! Docker's format, not OCI's, so it has a small serde type of its own here.
 
 use std::collections::BTreeMap;
 
@@ -14,84 +21,111 @@ pub const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.mani
 pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 pub const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Descriptor {
-    #[serde(default)]
     pub media_type: String,
     pub digest: Digest,
     pub size: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub platform: Option<PlatformSpec>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
     /// Where a non-distributable layer can be fetched instead of the registry.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub urls: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+impl Descriptor {
+    /// The `org.opencontainers.image.ref.name` annotation, if any.
+    pub fn ref_name(&self) -> Option<&str> {
+        self.annotations
+            .get(REF_NAME_ANNOTATION)
+            .map(String::as_str)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct PlatformSpec {
     pub architecture: String,
     pub os: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+impl std::fmt::Display for PlatformSpec {
+    /// `os/arch[/variant]`, escaped: these strings come from the image.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = crate::shown;
+        write!(f, "{}/{}", shown(&self.os), shown(&self.architecture))?;
+        if let Some(v) = &self.variant {
+            write!(f, "/{}", shown(v))?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Index {
     pub schema_version: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub media_type: Option<String>,
     pub manifests: Vec<Descriptor>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Manifest {
     pub schema_version: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub media_type: Option<String>,
     pub config: Descriptor,
     pub layers: Vec<Descriptor>,
 }
 
-/// The image configuration: what a container needs (Env) and the layer diffIDs that
-/// every unpacked layer is checked against.
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+/// The image configuration: what a container needs (Env), the platform it was built for,
+/// and the layer diffIDs that every unpacked layer is checked against.
+#[derive(Debug, Clone, Serialize, Default)]
 pub struct ImageConfig {
-    #[serde(default)]
     pub architecture: String,
-    #[serde(default)]
     pub os: String,
-    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     pub config: ContainerConfig,
     pub rootfs: RootFs,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+impl ImageConfig {
+    /// The platform the config declares, or `None` when it leaves os or architecture empty.
+    pub fn platform(&self) -> Option<PlatformSpec> {
+        (!self.os.is_empty() && !self.architecture.is_empty()).then(|| PlatformSpec {
+            architecture: self.architecture.clone(),
+            os: self.os.clone(),
+            variant: self.variant.clone(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
 pub struct ContainerConfig {
-    #[serde(rename = "Env", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "Env", skip_serializing_if = "Option::is_none")]
     pub env: Option<Vec<String>>,
-    #[serde(rename = "Cmd", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "Cmd", skip_serializing_if = "Option::is_none")]
     pub cmd: Option<Vec<String>>,
-    #[serde(
-        rename = "WorkingDir",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "WorkingDir", skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Serialize, Default)]
 pub struct RootFs {
     #[serde(rename = "type")]
     pub kind: String,
     pub diff_ids: Vec<Digest>,
 }
 
-/// One element of `docker save`'s manifest.json.
+/// One element of `docker save`'s manifest.json. This is Docker's format, not an OCI
+/// document, so oci-spec has no type for it; unknown fields are ignored.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DockerArchiveEntry {
     #[serde(rename = "Config")]

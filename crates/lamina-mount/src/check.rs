@@ -17,7 +17,7 @@ use crate::{RootfsError, clean, delete};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
     /// `tmp_abandoned`, `crashed_create`, `pending_delete`, `missing_layer`, `bad_layer`,
-    /// `orphan_mount`, `rootfs_not_mounted`, `leaked_loop_device`,
+    /// `bad_record`, `orphan_mount`, `rootfs_not_mounted`, `leaked_loop_device`,
     /// `snapshot_missing_layer`, `snapshot_missing_container`.
     pub kind: &'static str,
     pub path: PathBuf,
@@ -83,8 +83,21 @@ pub fn check(
         }
     }
 
-    let records = store.containers()?;
-    let live: HashSet<String> = records.iter().map(|r| r.id.clone()).collect();
+    let scan = store.scan_containers()?;
+    for bad in &scan.bad {
+        if store.try_lock_dir(bad.dir())?.is_none() {
+            continue; // its create is still running
+        }
+        findings.problems.push(bad_record(bad));
+    }
+    let records = scan.records;
+    // A container with an unreadable record still owns its directory's mounts and loop
+    // devices: nothing of it is an orphan.
+    let live: HashSet<String> = records
+        .iter()
+        .map(|r| r.id.clone())
+        .chain(scan.bad.iter().map(|b| b.id.clone()))
+        .collect();
     let mut referenced: HashSet<Digest> = HashSet::new();
     for record in &records {
         for layer in &record.layers {
@@ -148,7 +161,8 @@ pub fn check(
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let used = referenced.iter().any(|d| d.hex() == chain_hex);
+        // A container whose record is unreadable may use any layer.
+        let used = !scan.bad.is_empty() || referenced.iter().any(|d| d.hex() == chain_hex);
         if used {
             findings.problems.push(found(
                 "bad_layer",
@@ -217,6 +231,19 @@ impl Findings {
         }
         self.problems.push(problem);
     }
+}
+
+/// A container whose record cannot be read. Not repairable: the record is the only place
+/// that holds the image reference, config digest, environment and layer list, and the
+/// mount table cannot name the layers of an idmapped or bind-mounted rootfs, so a rebuilt
+/// record would be a guess. `lamina delete` removes the container (unmounting whatever is
+/// mounted in it); until then `clean` keeps every layer.
+fn bad_record(bad: &lamina_store::BadRecord) -> Problem {
+    let detail = format!(
+        "container `{}`: record unreadable ({}); it cannot be rebuilt, so it is left for the operator: `lamina delete {}` removes it, then recreate it",
+        bad.id, bad.why, bad.id
+    );
+    found("bad_record", &bad.path, &detail)
 }
 
 fn found(kind: &'static str, path: &Path, detail: &str) -> Problem {

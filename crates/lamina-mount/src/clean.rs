@@ -31,6 +31,11 @@ pub struct CleanReport {
     pub layers_removed: usize,
     /// Flattened trees no container binds, removed.
     pub flattened_removed: usize,
+    /// Containers whose record is unreadable (empty, truncated, garbage). While there are
+    /// any, no layer, flattened tree or shared mount lease is collected: what they use is
+    /// unknown. `lamina check` reports them; `lamina delete` removes them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bad_records: Vec<String>,
     /// What the removed layers and trees held on disk.
     pub bytes_freed: u64,
     /// With a threshold: the store's usage before cleaning, and the threshold.
@@ -65,6 +70,7 @@ pub fn clean(
     let reaped = delete::reap(store, mounter)?;
     report.reaped = reaped.removed;
     report.reap_failed = reaped.failed;
+    report.bad_records = unreadable_records(store)?;
     if let Some(threshold) = threshold_bytes.filter(|t| *t > 0) {
         let used = store.usage()?;
         report.store_bytes = Some(used);
@@ -84,10 +90,13 @@ pub fn clean(
     report.flattened_removed = collected.flattened;
     report.bytes_freed = collected.bytes;
     report.crashed_creates += collected.crashed_creates;
-    report.message = format!(
-        "removed {} unused layers and {} flattened trees ({} bytes)",
-        collected.layers, collected.flattened, collected.bytes
-    );
+    report.message = match &collected.kept_all {
+        Some(why) => format!("kept every layer and flattened tree: {why}"),
+        None => format!(
+            "removed {} unused layers and {} flattened trees ({} bytes)",
+            collected.layers, collected.flattened, collected.bytes
+        ),
+    };
     tracing::info!(?report, "cleaned store");
     Ok(report)
 }
@@ -115,18 +124,38 @@ pub(crate) fn crashed_creates(
     let mut found = Vec::new();
     for entry in fs::read_dir(&images).map_err(StoreError::io("listing", &images))? {
         let dir = entry.map_err(StoreError::io("listing", &images))?.path();
-        if store.record_in(&dir)?.is_some() {
+        if has_record(store, &dir)? {
             continue;
         }
         let Some(lock) = store.try_lock_dir(&dir)? else {
             continue; // a create in progress
         };
-        if store.record_in(&dir)?.is_some() {
+        if has_record(store, &dir)? {
             continue; // it finished between our two looks
         }
         found.push((dir, lock));
     }
     Ok(found)
+}
+
+/// Whether `dir` holds a record, readable or not. A container whose record is torn was
+/// created (its record is written last), so it is never taken for a crashed create.
+fn has_record(store: &Store, dir: &Path) -> Result<bool, StoreError> {
+    match store.record_in(dir) {
+        Ok(record) => Ok(record.is_some()),
+        Err(StoreError::BadRecord { .. }) => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
+/// Containers in `images/` whose record cannot be read: each is reported, and while any
+/// is there no layer is collected (what it uses is unknown).
+fn unreadable_records(store: &Store) -> Result<Vec<String>, StoreError> {
+    let scan = store.scan_containers()?;
+    for bad in &scan.bad {
+        tracing::warn!(container = %bad.id, record = %bad.path.display(), why = %bad.why, "container record is unreadable: run `lamina check`");
+    }
+    Ok(scan.bad.into_iter().map(|b| b.id).collect())
 }
 
 /// `tmp/` entries whose owner is gone, judged by the lock each kind of work holds.

@@ -20,8 +20,10 @@ use crate::{RootfsError, clean, pool};
 pub(crate) const DOOMED_PREFIX: &str = "gc-";
 
 /// What collection removed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Collected {
+    /// Why nothing was collected, when what containers use could not be known.
+    pub kept_all: Option<String>,
     pub layers: usize,
     pub flattened: usize,
     /// Dead creates found under the lock (after clean's own sweep).
@@ -43,9 +45,13 @@ pub(crate) fn collect_unused(
         crashed_creates: clean::sweep_crashed_creates(store, mounter)?,
         ..Collected::default()
     };
-    let Some((keep, bound)) = referenced(store)? else {
-        tracing::warn!("a container directory without a record is locked: layers left alone");
-        return Ok(collected);
+    let (keep, bound) = match referenced(store)? {
+        Ok(references) => references,
+        Err(why) => {
+            tracing::warn!(why, "layers left alone");
+            collected.kept_all = Some(why);
+            return Ok(collected);
+        }
     };
 
     let mut doomed = Vec::new();
@@ -82,21 +88,36 @@ pub(crate) fn collect_unused(
 }
 
 /// Layer names (chain ID hex) that records and pool targets name, and the trees
-/// containers bind; `None` if a live process holds a container directory that has no
-/// record yet (it did not take the layers lock, so what it uses is unknown).
-fn referenced(store: &Store) -> Result<Option<References>, RootfsError> {
+/// containers bind; `Err` with the reason if what some container uses is unknown: a live
+/// process holds a container directory that has no record yet (it did not take the
+/// layers lock), or a record is unreadable (it may name any layer).
+fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> {
     let mut keep = HashSet::new();
     let mut bound = HashSet::new();
+    let mut unreadable = Vec::new();
     let mut name = |layers: &[Digest]| keep.extend(layers.iter().map(|l| l.hex().to_string()));
     for dir in store.all_container_dirs()? {
-        match store.record_in(&dir)? {
-            Some(record) => {
+        match store.record_in(&dir) {
+            Ok(Some(record)) => {
                 name(&record.layers);
                 bound.extend(record.bind_source);
             }
-            None if store.try_lock_dir(&dir)?.is_none() => return Ok(None),
-            None => {}
+            Ok(None) if store.try_lock_dir(&dir)?.is_none() => {
+                return Ok(Err(format!(
+                    "{} is being created and has no record yet",
+                    dir.display()
+                )));
+            }
+            Ok(None) => {}
+            Err(StoreError::BadRecord { path, .. }) => unreadable.push(path.display().to_string()),
+            Err(e) => return Err(e.into()),
         }
+    }
+    if !unreadable.is_empty() {
+        return Ok(Err(format!(
+            "container records are unreadable ({}), so what they use is unknown; `lamina check` reports them, `lamina delete` removes them",
+            unreadable.join(", ")
+        )));
     }
     for layers in pool::target_layers(store) {
         name(&layers);
@@ -109,7 +130,7 @@ fn referenced(store: &Store) -> Result<Option<References>, RootfsError> {
             .into_iter()
             .collect::<Vec<_>>(),
     );
-    Ok(Some((keep, bound)))
+    Ok(Ok((keep, bound)))
 }
 
 /// Layer names to keep, and the directories containers bind.

@@ -188,6 +188,7 @@ pub fn create_from(
     } else {
         overlay(store, mounter, &chain_ids, id, &choice, upper, options)?
     };
+    store.pause_point("create-provided");
     let Made {
         claim,
         mut undo,

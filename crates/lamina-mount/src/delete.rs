@@ -25,10 +25,23 @@ pub enum Deleted {
 /// every image plugin and each must succeed.
 pub fn delete(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Deleted, RootfsError> {
     lamina_store::validate_id(id)?;
-    if !store.container_exists(id) {
+    // A create of this ID still in flight finishes first (its record written, or its
+    // directory gone); held until the container has left `images/`.
+    let Some(_one_step_at_a_time) = store.wait_for_container(id)? else {
         return Ok(Deleted::NotFound);
-    }
-    let record = store.record(id).ok();
+    };
+    let record = match store.record(id) {
+        Ok(record) => Some(record),
+        Err(StoreError::BadRecord { why, .. }) => {
+            tracing::warn!(
+                container = id,
+                why,
+                "deleting a container whose record is unreadable"
+            );
+            return delete_unrecorded(store, mounter, id);
+        }
+        Err(_) => None,
+    };
     if record.as_ref().is_some_and(is_deferred) {
         return Ok(match store.trash_container(id)? {
             Some(_) => Deleted::Deferred,
@@ -46,6 +59,28 @@ pub fn delete(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Deleted,
         shared::release(store, mounter, &lease)?;
     }
     Ok(Deleted::Removed)
+}
+
+/// Deletes a container whose record cannot be read, so how its rootfs was provided is
+/// unknown: everything mounted in its directory (rootfs, an isolated upper filesystem)
+/// is unmounted, deepest first, then the directory goes. A shared-ro lease it may hold
+/// is left to `clean`, which drops leases no record names.
+fn delete_unrecorded(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+) -> Result<Deleted, RootfsError> {
+    let dir = store.layout().container(id);
+    for mount in mounter.mounts_under(&dir)? {
+        mounter
+            .unmount(&mount)
+            .map_err(|e| RootfsError::unmounting(id, e))?;
+    }
+    Ok(if store.remove_container_dirs(id)? {
+        Deleted::Removed
+    } else {
+        Deleted::NotFound
+    })
 }
 
 fn is_deferred(record: &ContainerRecord) -> bool {

@@ -162,7 +162,8 @@ pub fn fill(
                 upper_fs: kind.upper.map(|u| u.record()),
             })
             .map_err(|e| StoreError::io("encoding", &target)(e.into()))?;
-            fs::write(&target, json).map_err(StoreError::io("writing", &target))?;
+            // Durable: layer collection keeps what a pool's target names.
+            lamina_store::write_durably(&target, &json)?;
             size
         }
         None => read_target(&target).map_or(0, |t| t.size),
@@ -176,7 +177,7 @@ pub fn fill(
             let path = staged.base.join(SLOT_RECORD);
             let json = serde_json::to_vec(&record)
                 .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
-            fs::write(&path, json).map_err(StoreError::io("writing", &path))?;
+            lamina_store::write_durably(&path, &json)?;
             let slot = dir.join(lamina_store::unique_suffix());
             fs::rename(&staged.base, &slot).map_err(StoreError::io("adding to pool", &slot))?;
             Ok(())

@@ -131,7 +131,8 @@ pub(crate) fn recount(store: &Store, mounter: &dyn Mounter) -> Result<usize, Roo
         // Read under the lock: a create holds it until its record (with the lease) exists.
         let live = live_leases(store)?;
         let users = dir.join("users");
-        if let Ok(leases) = fs::read_dir(&users) {
+        // With an unreadable record around, any lease may be its container's: keep all.
+        if let (Some(live), Ok(leases)) = (live, fs::read_dir(&users)) {
             for lease in leases.flatten().map(|e| e.path()) {
                 if !live.contains(&lease) && !in_flight(&lease) {
                     tracing::info!(lease = %lease.display(), "dropping a lease whose container is gone");
@@ -153,12 +154,15 @@ fn in_flight(lease: &Path) -> bool {
     })
 }
 
-fn live_leases(store: &Store) -> Result<HashSet<PathBuf>, RootfsError> {
+/// The leases records name; `None` if some record is unreadable (its lease is unknown).
+fn live_leases(store: &Store) -> Result<Option<HashSet<PathBuf>>, RootfsError> {
     let mut live = HashSet::new();
     for dir in store.all_container_dirs()? {
-        if let Some(lease) = store.record_in(&dir)?.and_then(|r| r.lease) {
-            live.insert(lease);
+        match store.record_in(&dir) {
+            Ok(record) => live.extend(record.and_then(|r| r.lease)),
+            Err(StoreError::BadRecord { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
         }
     }
-    Ok(live)
+    Ok(Some(live))
 }

@@ -1,6 +1,8 @@
 //! HTTP against one repository of one registry: authentication on demand, retries with
 //! backoff for what a retry can fix (connection failures, 5xx, 429), one-line errors that
-//! name the registry and never the credentials.
+//! name the registry and never the credentials. Nothing a registry sends is read without
+//! bound: documents stop at [`MAX_DOCUMENT_BYTES`] (or their descriptor's size), blobs at
+//! their descriptor's size, and a read that makes no progress for the stall timeout fails.
 
 use std::io::{self, Read};
 use std::sync::Mutex;
@@ -9,11 +11,16 @@ use std::time::Duration;
 use ureq::Agent;
 use ureq::http::Response;
 
+use lamina_image::MAX_DOCUMENT_BYTES;
+
 use crate::auth::{Challenge, Credentials};
+use crate::blob_stream::{BlobStream, is_timeout};
 use crate::{RegistryError, RegistryRef};
 
-/// Small documents (manifests, indexes, configs) are read whole up to this size.
-const MAX_DOCUMENT: u64 = 16 * 1024 * 1024;
+/// How long a registry may send nothing (no headers, no body bytes) before a request
+/// fails, unless [`PullOptions::stall_timeout`] says otherwise. A slow registry is fine;
+/// one that says nothing for a minute has stalled.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How a pull talks to registries.
 #[derive(Debug, Clone)]
@@ -25,6 +32,9 @@ pub struct PullOptions {
     pub retries: u32,
     /// The first retry's delay; each further one doubles it.
     pub backoff: Duration,
+    /// How long one read (response headers, or the next bytes of a body) may make no
+    /// progress before it fails: `--registry-timeout-seconds`.
+    pub stall_timeout: Duration,
 }
 
 impl Default for PullOptions {
@@ -34,6 +44,7 @@ impl Default for PullOptions {
             insecure_registries: Vec::new(),
             retries: 4,
             backoff: Duration::from_millis(250),
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
         }
     }
 }
@@ -62,7 +73,8 @@ impl Client {
         let agent: Agent = Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(15)))
-            .timeout_recv_response(Some(Duration::from_secs(60)))
+            .timeout_recv_response(Some(options.stall_timeout))
+            .timeout_per_read(Some(options.stall_timeout))
             .build()
             .into();
         Client {
@@ -84,8 +96,23 @@ impl Client {
     }
 
     /// GETs `/v2/<repo>/<path>` and reads the body whole (a document), returning it and
-    /// its Content-Type.
-    pub fn document(&self, path: &str, accept: &str) -> Result<(Vec<u8>, String), RegistryError> {
+    /// its Content-Type. `declared` is the size its descriptor gives, when one named it;
+    /// the body may not be longer, and no document may pass [`MAX_DOCUMENT_BYTES`]. A
+    /// size over the limit (declared, or the response's Content-Length) is refused before
+    /// a byte is read; a body that runs past it is cut off one byte later.
+    pub fn document(
+        &self,
+        path: &str,
+        accept: &str,
+        declared: Option<u64>,
+    ) -> Result<(Vec<u8>, String), RegistryError> {
+        let limit = declared.unwrap_or(MAX_DOCUMENT_BYTES);
+        if limit > MAX_DOCUMENT_BYTES {
+            return Err(self.error(&format!(
+                "{path}: its descriptor declares {limit} bytes, past the \
+                 {MAX_DOCUMENT_BYTES}-byte limit for an image document"
+            )));
+        }
         let url = format!("{}/v2/{}/{path}", self.base, self.repository);
         let response = self.get(&url, accept, true)?;
         let content_type = response
@@ -94,27 +121,60 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
-        let body = response
+        let too_long = |got: u64| {
+            self.error(&match declared {
+                Some(size) => format!(
+                    "{path}: the registry sends {got} bytes, past the {size} its descriptor declares"
+                ),
+                None => format!(
+                    "{path}: the registry sends {got} bytes, past the \
+                     {MAX_DOCUMENT_BYTES}-byte limit for an image document"
+                ),
+            })
+        };
+        if let Some(length) = response.body().content_length()
+            && length > limit
+        {
+            return Err(too_long(length));
+        }
+        let mut body = Vec::new();
+        response
             .into_body()
-            .with_config()
-            .limit(MAX_DOCUMENT)
-            .read_to_vec()
-            .map_err(|e| self.error(&format!("reading {path}: {e}")))?;
+            .into_reader()
+            .take(limit + 1)
+            .read_to_end(&mut body)
+            .map_err(|e| {
+                self.error(&if is_timeout(&e) {
+                    format!(
+                        "reading {path}: no data for {} s: the registry stalled \
+                         (--registry-timeout-seconds)",
+                        self.options.stall_timeout.as_secs_f64()
+                    )
+                } else {
+                    format!("reading {path}: {e}")
+                })
+            })?;
+        if body.len() as u64 > limit {
+            return Err(too_long(body.len() as u64));
+        }
         Ok((body, content_type))
     }
 
-    /// Opens a stream of blob `digest`: from `urls` first (a non-distributable layer's
-    /// own locations, fetched without the registry's credentials), then the registry.
-    /// Each URL is tried once: the next one, and the registry, are the retry.
-    pub fn open_blob(&self, digest: &str, urls: &[String]) -> io::Result<Box<dyn Read + Send>> {
+    /// Opens a stream of blob `digest`, `size` bytes long by its descriptor: from `urls`
+    /// first (a non-distributable layer's own locations, fetched without the registry's
+    /// credentials), then the registry. Each URL is tried once: the next one, and the
+    /// registry, are the retry. The stream ends with an error if the body is longer or
+    /// shorter than `size`, or stalls; a Content-Length other than `size` fails at once.
+    pub fn open_blob(
+        &self,
+        digest: &str,
+        size: u64,
+        urls: &[String],
+    ) -> io::Result<Box<dyn Read + Send>> {
         for url in urls {
             match self.get_once(url) {
                 Ok(response) => {
-                    let from = shown(url).to_string();
-                    return Ok(Box::new(Named {
-                        inner: response.into_body().into_reader(),
-                        from,
-                    }));
+                    return self.blob_stream(response, digest, size, shown(url).to_string());
                 }
                 Err(why) => {
                     tracing::warn!(
@@ -127,11 +187,36 @@ impl Client {
         }
         let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.repository);
         let response = self.get(&url, "*/*", true).map_err(io::Error::other)?;
-        let from = format!("registry {}", self.host);
-        Ok(Box::new(Named {
-            inner: response.into_body().into_reader(),
+        self.blob_stream(response, digest, size, format!("registry {}", self.host))
+    }
+
+    /// The body of `response`, held to `size` bytes.
+    fn blob_stream(
+        &self,
+        response: Response<ureq::Body>,
+        digest: &str,
+        size: u64,
+        from: String,
+    ) -> io::Result<Box<dyn Read + Send>> {
+        if let Some(length) = response.body().content_length()
+            && length != size
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "blob {digest} from {from}: the response declares {length} bytes \
+                     (Content-Length), its descriptor {size}"
+                ),
+            ));
+        }
+        let inner = response.into_body().into_reader();
+        Ok(Box::new(BlobStream::new(
+            inner,
+            digest,
             from,
-        }))
+            size,
+            self.options.stall_timeout,
+        )))
     }
 
     /// One unauthenticated GET of a URL outside the registry; an error says why it failed.
@@ -294,7 +379,7 @@ impl Client {
         let body = response
             .into_body()
             .with_config()
-            .limit(MAX_DOCUMENT)
+            .limit(MAX_DOCUMENT_BYTES)
             .read_to_vec()
             .map_err(|e| self.error(&format!("reading token: {e}")))?;
         #[derive(serde::Deserialize)]
@@ -315,21 +400,6 @@ impl Client {
             "registry {} ({}): {what}",
             self.host, self.repository
         ))
-    }
-}
-
-/// A blob stream whose errors say where the bytes were coming from: a registry that
-/// vanishes mid-layer reads as `reading from registry HOST: Peer disconnected`.
-struct Named<R> {
-    inner: R,
-    from: String,
-}
-
-impl<R: Read> Read for Named<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.inner
-            .read(buf)
-            .map_err(|e| io::Error::new(e.kind(), format!("reading from {}: {e}", self.from)))
     }
 }
 

@@ -7,12 +7,13 @@
 //! it does a local blob. Nothing is downloaded to a temporary file first.
 
 mod auth;
+mod blob_stream;
 mod client;
 mod reference;
 mod resolve;
 
 pub use auth::Credentials;
-pub use client::{Client, PullOptions};
+pub use client::{Client, DEFAULT_STALL_TIMEOUT, PullOptions};
 pub use reference::{RegistryRef, Target};
 pub use resolve::resolve;
 

@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use lamina_image::spec::{self, Descriptor, ImageConfig, Index, Manifest};
+use lamina_image::documents::{parse_config, parse_index, parse_manifest};
+use lamina_image::spec::{self, Descriptor, Manifest};
 use lamina_image::{BlobLocation, Compression, Digest, Image, LayerBlob, Platform, RemoteBlob};
 
 use crate::RegistryError;
@@ -31,7 +32,7 @@ pub fn resolve(
     let fail = |what: String| RegistryError::new(format!("image `{reference}`: {what}"));
 
     let (mut bytes, mut media_type) =
-        client.document(&format!("manifests/{}", reference.manifest_ref()), ACCEPT)?;
+        client.document(&format!("manifests/{}", reference.manifest_ref()), ACCEPT, None)?;
     let mut digest = Digest::of(&bytes);
     if let Target::Digest(pinned) = &reference.target
         && *pinned != digest
@@ -52,7 +53,7 @@ pub fn resolve(
             || media_type.starts_with(spec::DOCKER_MANIFEST_LIST)
             || value.get("manifests").is_some();
         if !is_index {
-            break lamina_image::parse_json(&bytes, &format!("manifest {digest}"))
+            break parse_manifest(&bytes, &format!("manifest {digest}"))
                 .map_err(|e| fail(e.message))?;
         }
         depth += 1;
@@ -61,19 +62,26 @@ pub fn resolve(
                 "image indexes nest deeper than {MAX_DEPTH} levels"
             )));
         }
-        let index: Index = lamina_image::parse_json(&bytes, &format!("image index {digest}"))
-            .map_err(|e| fail(e.message))?;
+        let index =
+            parse_index(&bytes, &format!("image index {digest}")).map_err(|e| fail(e.message))?;
         let candidates: Vec<&Descriptor> = index.manifests.iter().collect();
         let chosen =
             lamina_image::pick_platform(&candidates, platform).map_err(|e| fail(e.message))?;
-        (bytes, media_type) = client.document(&format!("manifests/{}", chosen.digest), ACCEPT)?;
+        (bytes, media_type) = client.document(
+            &format!("manifests/{}", chosen.digest),
+            ACCEPT,
+            Some(chosen.size),
+        )?;
         digest = verified(&bytes, &chosen, "manifest").map_err(fail)?;
     };
 
-    let (config_bytes, _) = client.document(&format!("blobs/{}", manifest.config.digest), "*/*")?;
+    let (config_bytes, _) = client.document(
+        &format!("blobs/{}", manifest.config.digest),
+        "*/*",
+        Some(manifest.config.size),
+    )?;
     verified(&config_bytes, &manifest.config, "image config").map_err(fail)?;
-    let config: ImageConfig =
-        lamina_image::parse_json(&config_bytes, "image config").map_err(|e| fail(e.message))?;
+    let config = parse_config(&config_bytes, "image config").map_err(|e| fail(e.message))?;
     let diff_ids = lamina_image::check_diff_ids(&config, manifest.layers.len())
         .map_err(|e| fail(e.message))?
         .to_vec();
@@ -86,14 +94,19 @@ pub fn resolve(
                 desc.digest, desc.media_type
             ))
         })?;
-        let (client, blob, urls) = (client.clone(), desc.digest.to_string(), desc.urls.clone());
+        let (client, blob, size, urls) = (
+            client.clone(),
+            desc.digest.to_string(),
+            desc.size,
+            desc.urls.clone(),
+        );
         let from = format!("{}/{}@{}", client.host(), client.repository(), desc.digest);
         layers.push(LayerBlob {
             index,
             location: BlobLocation::Remote(RemoteBlob {
                 from,
                 size: desc.size,
-                opener: Arc::new(move || client.open_blob(&blob, &urls)),
+                opener: Arc::new(move || client.open_blob(&blob, size, &urls)),
             }),
             digest: Some(desc.digest.clone()),
             size: Some(desc.size),

@@ -18,7 +18,7 @@ use crate::{Store, StoreError};
 const RECORD: &str = "container.json";
 /// Held (flock) by whoever is creating the container; free once it is complete or its
 /// creator died.
-const LOCK: &str = "lock";
+pub(crate) const LOCK: &str = "lock";
 
 /// What the store remembers about a container.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -94,7 +94,7 @@ pub struct ContainerClaim {
 /// nothing for a directory made before lamina kept lock files.
 #[derive(Debug)]
 pub struct DirLock {
-    _held: Option<File>,
+    pub(crate) _held: Option<File>,
 }
 
 /// The directories of one container.
@@ -289,39 +289,29 @@ impl Store {
     }
 
     /// The record in a container directory wherever it is (`images/`, `trash/`, a pool).
+    /// `None` if there is none yet; [`StoreError::BadRecord`] if it exists but cannot be
+    /// read as a record.
     pub fn record_in(&self, dir: &Path) -> Result<Option<ContainerRecord>, StoreError> {
-        let path = dir.join(RECORD);
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| StoreError::io("reading", &path)(e.into())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(StoreError::io("reading", &path)(e)),
-        }
+        let id = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        read_record(&id, &dir.join(RECORD))
     }
 
-    /// Writes the record atomically (temp file + rename).
+    /// Writes the record durably: after a crash it is the previous record or this one,
+    /// whole ([`crate::write_durably`]).
     pub fn write_record(&self, record: &ContainerRecord) -> Result<(), StoreError> {
-        let base = self.layout.container(&record.id);
-        let tmp = base.join(format!(".{RECORD}.tmp"));
-        let path = base.join(RECORD);
+        let path = self.layout.container(&record.id).join(RECORD);
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
-        fs::write(&tmp, json).map_err(StoreError::io("writing", &tmp))?;
-        fs::rename(&tmp, &path).map_err(StoreError::io("writing", &path))
+        crate::write_durably(&path, &json)
     }
 
     pub fn record(&self, id: &str) -> Result<ContainerRecord, StoreError> {
         validate_id(id)?;
-        let path = self.layout.container(id).join(RECORD);
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| StoreError::io("reading", &path)(e.into())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(StoreError::NotFound(id.into()))
-            }
-            Err(e) => Err(StoreError::io("reading", &path)(e)),
-        }
+        read_record(id, &self.layout.container(id).join(RECORD))?
+            .ok_or_else(|| StoreError::NotFound(id.into()))
     }
 
     /// Whether anything (even a half-created container) holds this ID.
@@ -329,23 +319,36 @@ impl Store {
         validate_id(id).is_ok() && self.layout.container(id).exists()
     }
 
-    /// Complete containers, sorted by ID.
+    /// Complete containers with a readable record, sorted by ID. Containers whose record
+    /// is unreadable are left out: callers that must not overlook them (anything that
+    /// removes what a container might use) use [`Store::scan_containers`].
     pub fn containers(&self) -> Result<Vec<ContainerRecord>, StoreError> {
+        Ok(self.scan_containers()?.records)
+    }
+
+    /// Every container in `images/` that has a record: the readable ones, sorted by ID,
+    /// and those whose record is torn or garbage, so one bad record costs its container
+    /// and not the whole store's listing.
+    pub fn scan_containers(&self) -> Result<ContainerScan, StoreError> {
         let images = self.layout.images();
-        let mut out = Vec::new();
+        let mut scan = ContainerScan::default();
         for entry in fs::read_dir(&images).map_err(StoreError::io("listing", &images))? {
             let entry = entry.map_err(StoreError::io("listing", &images))?;
             let Some(id) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
             match self.record(&id) {
-                Ok(record) => out.push(record),
+                Ok(record) => scan.records.push(record),
                 Err(StoreError::NotFound(_) | StoreError::InvalidId { .. }) => {}
+                Err(StoreError::BadRecord { id, path, why }) => {
+                    scan.bad.push(BadRecord { id, path, why });
+                }
                 Err(e) => return Err(e),
             }
         }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
+        scan.records.sort_by(|a, b| a.id.cmp(&b.id));
+        scan.bad.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(scan)
     }
 
     /// Removes a container's directory tree. The caller has unmounted it. The tree is
@@ -367,6 +370,58 @@ impl Store {
 
     pub fn id_from_path(&self, path: &Path) -> Option<String> {
         self.layout.id_from_rootfs_path(path)
+    }
+}
+
+/// The containers in `images/`, as [`Store::scan_containers`] found them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerScan {
+    pub records: Vec<ContainerRecord>,
+    /// Containers whose `container.json` exists but cannot be read.
+    pub bad: Vec<BadRecord>,
+}
+
+/// A container whose record exists but is empty, truncated, garbage or unreadable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRecord {
+    pub id: String,
+    /// The record file itself.
+    pub path: PathBuf,
+    /// Why it could not be read, for an operator.
+    pub why: String,
+}
+
+impl BadRecord {
+    /// The container's directory.
+    pub fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(&self.path)
+    }
+}
+
+/// Reads the record at `path` of container `id`. Anything there that is not a record
+/// (empty, cut short, not JSON, not readable at all) is [`StoreError::BadRecord`], so
+/// callers can tell one broken container from a broken store.
+fn read_record(id: &str, path: &Path) -> Result<Option<ContainerRecord>, StoreError> {
+    let bad = |why: String| StoreError::BadRecord {
+        id: id.to_string(),
+        path: path.to_path_buf(),
+        why,
+    };
+    match fs::read(path) {
+        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Err(bad("it is empty".into())),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| bad(format!("not a container record: {e}"))),
+        // NotADirectory: a stray file in `images/` is no container at all.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(bad(e.to_string())),
     }
 }
 

@@ -14,6 +14,11 @@ pub enum StoreError {
     LayerMissing(String),
     #[error("container `{0}` already exists")]
     AlreadyExists(String),
+    #[error(
+        "container `{id}` is still being created by another lamina process after {waited_secs} s; \
+         retry when it is done"
+    )]
+    ContainerBusy { id: String, waited_secs: u64 },
     #[error("container `{0}` does not exist")]
     NotFound(String),
     #[error("invalid container ID `{id}`: {why}")]
@@ -22,6 +27,26 @@ pub enum StoreError {
     Image(#[from] lamina_image::ImageError),
     #[error("{layer}: {message}")]
     Layer { layer: String, message: String },
+    /// A container record that exists but cannot be read as one (empty, truncated,
+    /// garbage): one container's problem, never the whole store's.
+    #[error("container `{id}`: record {} is unreadable ({why})", path.display())]
+    BadRecord {
+        id: String,
+        path: PathBuf,
+        why: String,
+    },
+    #[error(
+        "gave up after {waited_secs} s waiting for store lock `{lock}` ({}): {holders}; \
+         retry when it is done, or raise --lock-timeout-seconds",
+        path.display()
+    )]
+    LockTimeout {
+        lock: String,
+        path: PathBuf,
+        waited_secs: u64,
+        /// Who holds it, as `held by pid N (`CMD`)`.
+        holders: String,
+    },
     #[error("{op} {}: {source}", path.display())]
     Io {
         op: &'static str,

@@ -11,7 +11,6 @@ use lamina_image::{Digest, HashingReader, Image, LayerBlob, compression};
 
 /// Layers one import fetches and unpacks at once.
 pub const PARALLEL_IMPORTS: usize = 3;
-use rustix::fs::FlockOperation;
 use serde::{Deserialize, Serialize};
 
 use crate::progress::Reported;
@@ -181,12 +180,12 @@ impl Store {
     }
 
     /// Takes layer `chain_id`'s lock: one writer per layer. The lock dies with its
-    /// process, so a crash never blocks.
+    /// process, so a crash never blocks; a live writer stuck on its blob is waited for
+    /// at most the store's lock timeout.
     fn lock_layer(&self, chain_id: &Digest) -> Result<File, StoreError> {
         let lock_path = self.layout.layer_lock(chain_id);
         let lock = File::create(&lock_path).map_err(StoreError::io("creating lock", &lock_path))?;
-        rustix::fs::flock(lock.as_fd(), FlockOperation::LockExclusive)
-            .map_err(StoreError::errno("locking", &lock_path))?;
+        self.wait_for_flock(&lock, &lock_path, false)?;
         Ok(lock)
     }
 

@@ -7,9 +7,13 @@
 //! everything under `tmp/` is unfinished work that may be removed.
 
 mod container;
+mod durable;
+mod container_lock;
 mod error;
+mod file_caps;
 mod import;
 mod layout;
+mod lock_holders;
 mod locks;
 mod pause;
 mod permissions;
@@ -23,14 +27,17 @@ use std::fs;
 use std::path::Path;
 
 pub use container::list_dirs;
+pub use container::{BadRecord, ContainerScan};
+pub use durable::{sync_dir, write_durably};
 pub use container::{
     ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, UpperFsRecord,
     unique_suffix, validate_id,
 };
+pub use container_lock::CONTAINER_WAIT;
 pub use error::StoreError;
 pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};
-pub use locks::StoreLock;
+pub use locks::{DEFAULT_LOCK_TIMEOUT, StoreLock};
 pub use permissions::{create_private_dir, use_fixed_umask};
 pub use progress::ImportProgress;
 pub use properties::{IdMap, IdMapping, StoreProperties};
@@ -46,6 +53,8 @@ pub struct Store {
     max_layer_bytes: u64,
     properties: StoreProperties,
     progress: std::sync::Arc<dyn ImportProgress>,
+    /// The longest any wait for a store lock lasts ([`Store::with_lock_timeout`]).
+    lock_timeout: std::time::Duration,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -100,10 +109,8 @@ impl Store {
                 properties: properties.clone(),
             })
             .map_err(|e| StoreError::io("encoding", root)(e.into()))?;
-            let tmp = root.join(format!(".{MARKER}.tmp"));
-            fs::write(&tmp, marker).map_err(StoreError::io("writing", &tmp))?;
-            fs::rename(&tmp, layout.marker())
-                .map_err(StoreError::io("writing", &layout.marker()))?;
+            // Durable: a torn marker would make the store look like it is not one.
+            write_durably(&layout.marker(), &marker)?;
         }
         Store::open(root)
     }
@@ -131,6 +138,7 @@ impl Store {
             max_layer_bytes: DEFAULT_MAX_LAYER_BYTES,
             properties: marker.properties,
             progress: std::sync::Arc::new(progress::Silent),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
         })
     }
 

@@ -1,13 +1,33 @@
 //! Named store-wide locks (`locks/<name>.lock`, flock). A flock dies with its process, so
 //! a crash never leaves a lock held; whoever takes it next finds the dead holder's work
 //! half done and finishes or removes it.
+//!
+//! A *live* holder can still hold a lock for ever: a pull stuck on a registry, a process
+//! stopped by a debugger. So no wait here is unbounded: a waiter polls with a non-blocking
+//! flock and gives up after the store's lock timeout with an error naming the lock and the
+//! process holding it (read from `/proc/locks`), instead of hanging its caller (Garden, a
+//! `clean` from cron) with it.
 
 use std::fs::File;
 use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use rustix::fs::FlockOperation;
 
-use crate::{Store, StoreError};
+use crate::{Store, StoreError, lock_holders};
+
+/// How long a lock wait lasts unless [`Store::with_lock_timeout`] says otherwise: long
+/// enough to queue behind a legitimate multi-gigabyte import of the same layer, short
+/// enough that a wedged holder surfaces as an error within minutes.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The longest sleep between two attempts: short enough that a waiter picks up a lock
+/// soon after it is released, long enough that hundreds of waiters cost nothing.
+const MAX_POLL: Duration = Duration::from_millis(50);
+
+/// A waiter that has waited this long says so in the log, naming the holder.
+const REPORT_AFTER: Duration = Duration::from_secs(1);
 
 /// A held store lock, released on drop.
 #[derive(Debug)]
@@ -16,33 +36,92 @@ pub struct StoreLock {
 }
 
 impl Store {
-    /// Waits for and takes the lock called `name`.
-    pub fn lock(&self, name: &str) -> Result<StoreLock, StoreError> {
-        self.wait_for_lock(name, FlockOperation::LockExclusive)
+    /// Bounds every wait for a store lock this store makes (default
+    /// [`DEFAULT_LOCK_TIMEOUT`]).
+    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
     }
 
-    /// Takes the lock called `name` in blocking mode `op` (shared or exclusive).
-    fn wait_for_lock(&self, name: &str, op: FlockOperation) -> Result<StoreLock, StoreError> {
+    pub fn lock_timeout(&self) -> Duration {
+        self.lock_timeout
+    }
+
+    /// Waits (at most the lock timeout) for and takes the lock called `name`.
+    pub fn lock(&self, name: &str) -> Result<StoreLock, StoreError> {
+        self.wait_for_lock(name, false)
+    }
+
+    /// Takes the lock called `name`, shared or exclusive, waiting at most the lock timeout.
+    fn wait_for_lock(&self, name: &str, shared: bool) -> Result<StoreLock, StoreError> {
         let path = self.layout.lock(name);
-        // A blocking flock never reports EWOULDBLOCK; if it did, say so.
-        self.take_lock(name, op)?
-            .ok_or_else(|| StoreError::errno("locking", &path)(rustix::io::Errno::WOULDBLOCK))
+        let file = File::create(&path).map_err(StoreError::io("creating lock", &path))?;
+        self.wait_for_flock(&file, &path, shared)?;
+        Ok(StoreLock { _file: file })
+    }
+
+    /// Flocks `file` (the lock file at `path`), polling until it is free or the lock
+    /// timeout has passed; then fails naming the lock and who holds it.
+    pub(crate) fn wait_for_flock(
+        &self,
+        file: &File,
+        path: &Path,
+        shared: bool,
+    ) -> Result<(), StoreError> {
+        let op = if shared {
+            FlockOperation::NonBlockingLockShared
+        } else {
+            FlockOperation::NonBlockingLockExclusive
+        };
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        let mut reported = false;
+        loop {
+            match rustix::fs::flock(file.as_fd(), op) {
+                Ok(()) => return Ok(()),
+                Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(StoreError::errno("locking", path)(e)),
+            }
+            let waited = started.elapsed();
+            if waited >= self.lock_timeout {
+                return Err(StoreError::LockTimeout {
+                    lock: lock_name(path),
+                    path: path.to_path_buf(),
+                    waited_secs: waited.as_secs(),
+                    holders: lock_holders::describe(file),
+                });
+            }
+            if !reported && waited >= REPORT_AFTER {
+                reported = true;
+                tracing::info!(
+                    lock = lock_name(path),
+                    holders = lock_holders::describe(file),
+                    timeout_s = self.lock_timeout.as_secs(),
+                    "waiting for a store lock"
+                );
+            }
+            std::thread::sleep(pause.min(self.lock_timeout - waited));
+            pause = (pause * 2).min(MAX_POLL);
+        }
     }
 
     /// Takes the lock called `name` if nobody holds it.
     pub fn try_lock(&self, name: &str) -> Result<Option<StoreLock>, StoreError> {
-        self.take_lock(name, FlockOperation::NonBlockingLockExclusive)
-    }
-
-    fn take_lock(&self, name: &str, op: FlockOperation) -> Result<Option<StoreLock>, StoreError> {
         let path = self.layout.lock(name);
         let file = File::create(&path).map_err(StoreError::io("creating lock", &path))?;
-        match rustix::fs::flock(file.as_fd(), op) {
+        match rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => Ok(Some(StoreLock { _file: file })),
             Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
             Err(e) => Err(StoreError::errno("locking", &path)(e)),
         }
     }
+}
+
+/// A lock file's name as errors show it: `clean`, `layers-in-use`, `layer-<hex>`.
+fn lock_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 /// Held shared by every process that needs layers to stay (a create from import until its
@@ -51,15 +130,70 @@ impl Store {
 const LAYERS_IN_USE: &str = "layers-in-use";
 
 impl Store {
-    /// Waits until no collection runs, then keeps layers from being collected until the
-    /// returned lock drops.
+    /// Waits (at most the lock timeout) until no collection runs, then keeps layers from
+    /// being collected until the returned lock drops.
     pub fn use_layers(&self) -> Result<StoreLock, StoreError> {
-        self.wait_for_lock(LAYERS_IN_USE, FlockOperation::LockShared)
+        self.wait_for_lock(LAYERS_IN_USE, true)
     }
 
-    /// Waits for every holder of [`Store::use_layers`] to finish; while held, nobody
-    /// starts to use layers.
+    /// Waits (at most the lock timeout) for every holder of [`Store::use_layers`] to
+    /// finish; while held, nobody starts to use layers.
     pub fn collect_layers_lock(&self) -> Result<StoreLock, StoreError> {
         self.lock(LAYERS_IN_USE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::init(&dir.path().join("store")).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn a_held_lock_times_out_naming_the_lock_and_this_process_as_holder() {
+        let (_dir, store) = store();
+        let _held = store.lock("clean").unwrap();
+        let impatient = store.clone().with_lock_timeout(Duration::from_millis(200));
+        let started = Instant::now();
+        let err = impatient.lock("clean").unwrap_err().to_string();
+        assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+        assert!(err.contains("store lock `clean`"), "{err}");
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "the holder is this process: {err}"
+        );
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn collection_times_out_behind_a_user_of_layers_and_users_share() {
+        let (_dir, store) = store();
+        let user = store.use_layers().unwrap();
+        let impatient = store.clone().with_lock_timeout(Duration::from_millis(100));
+        // Users share the lock at once; a collector waits for them and gives up.
+        let _second_user = impatient.use_layers().unwrap();
+        let err = impatient.collect_layers_lock().unwrap_err().to_string();
+        assert!(err.contains("store lock `layers-in-use`"), "{err}");
+        drop(user);
+        drop(_second_user);
+        impatient.collect_layers_lock().unwrap();
+    }
+
+    #[test]
+    fn a_waiter_takes_the_lock_once_its_holder_lets_go() {
+        let (_dir, store) = store();
+        let held = store.lock("reaper").unwrap();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            drop(held);
+        });
+        let started = Instant::now();
+        store.lock("reaper").unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        releaser.join().unwrap();
     }
 }

@@ -11,9 +11,12 @@
 //!
 //! Every open tightens an existing store that is looser than this and logs each change.
 
-use std::fs::{self, DirBuilder};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::fs::DirBuilder;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
+
+use rustix::fs::{Gid, Mode, OFlags, Uid};
+use rustix::io::Errno;
 
 use crate::{Layout, StoreError, StoreProperties};
 
@@ -61,9 +64,9 @@ pub fn secure_store(layout: &Layout, properties: &StoreProperties) -> Result<(),
         .into_iter()
         .map(|dir| (dir, walk_mode, walk_gid))
         .chain(private_dirs(layout).map(|dir| (dir, PRIVATE_MODE, 0)));
-    for (dir, mode, gid) in dirs {
+    for (i, (dir, mode, gid)) in dirs.enumerate() {
         create_private_dir(&dir).map_err(StoreError::io("creating", &dir))?;
-        tighten(&dir, mode, gid)?;
+        tighten(&dir, mode, gid, i == 0)?;
     }
     Ok(())
 }
@@ -85,31 +88,48 @@ fn private_dirs(layout: &Layout) -> [std::path::PathBuf; 9] {
 }
 
 /// Sets `dir` to exactly `mode` (permission bits), owner root and group `gid`, if it is
-/// anything else; logs what it changed.
-fn tighten(dir: &Path, mode: u32, gid: u32) -> Result<(), StoreError> {
-    let meta = fs::symlink_metadata(dir).map_err(StoreError::io("reading", dir))?;
-    if !meta.is_dir() {
-        return Err(StoreError::io("securing", dir)(std::io::Error::other(
-            "expected a directory",
-        )));
-    }
-    let old_mode = meta.mode() & 0o7777;
+/// anything else; logs what it changed. Works through one fd opened without following a
+/// final symlink (the root may be one: operators link stores elsewhere), so a directory
+/// swapped for a symlink between the check and the change is refused, never followed.
+fn tighten(dir: &Path, mode: u32, gid: u32, is_root: bool) -> Result<(), StoreError> {
+    let nofollow = if is_root {
+        OFlags::empty()
+    } else {
+        OFlags::NOFOLLOW
+    };
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | nofollow,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::LOOP | Errno::NOTDIR => StoreError::io("securing", dir)(std::io::Error::other(
+            "expected a directory, found a symlink or a file",
+        )),
+        e => StoreError::errno("securing", dir)(e),
+    })?;
+    let st = rustix::fs::fstat(&fd).map_err(StoreError::errno("securing", dir))?;
+    let old_mode = st.st_mode & 0o7777;
     // Only root can give a directory away; an unprivileged caller (unit tests) keeps
     // its own ownership, which no other user can use either.
-    let owner_wrong = meta.uid() != 0 || meta.gid() != gid;
+    let owner_wrong = st.st_uid != 0 || st.st_gid != gid;
     if owner_wrong && rustix::process::geteuid().is_root() {
-        std::os::unix::fs::chown(dir, Some(0), Some(gid))
-            .map_err(StoreError::io("securing", dir))?;
+        rustix::fs::fchown(
+            &fd,
+            Some(Uid::from_raw(0)),
+            Some(Gid::from_raw(gid)),
+        )
+        .map_err(StoreError::errno("securing", dir))?;
         tracing::warn!(
             path = %dir.display(),
-            from = format!("{}:{}", meta.uid(), meta.gid()),
+            from = format!("{}:{}", st.st_uid, st.st_gid),
             to = format!("0:{gid}"),
             "changed the owner of a store directory"
         );
     }
     if old_mode != mode {
-        fs::set_permissions(dir, fs::Permissions::from_mode(mode))
-            .map_err(StoreError::io("securing", dir))?;
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
+            .map_err(StoreError::errno("securing", dir))?;
         tracing::warn!(
             path = %dir.display(),
             from = format!("{old_mode:04o}"),
@@ -152,7 +172,7 @@ mod tests {
         let made = create_private_dir(&dir);
         rustix::process::umask(old);
         made.unwrap();
-        let mode = fs::metadata(&dir).unwrap().mode() & 0o7777;
+        let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&dir).unwrap()) & 0o7777;
         assert_eq!(mode, PRIVATE_MODE);
     }
 }

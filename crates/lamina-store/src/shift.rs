@@ -8,11 +8,12 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::IdMap;
+use crate::{IdMap, file_caps};
 
 /// Chowns everything under `dir` (and `dir`) through `map`, each inode once (a hardlink
-/// shifted twice would map an already-mapped id). chown clears setuid and setgid bits,
-/// so a file that had them gets its mode back afterwards.
+/// shifted twice would map an already-mapped id). chown clears the setuid and setgid
+/// bits and the file capabilities, so a file that had them gets them back afterwards:
+/// `ping` keeps `cap_net_raw` and `su` its setuid bit.
 pub(crate) fn shift_ownership(dir: &Path, map: &IdMap) -> io::Result<()> {
     let mut shifted = HashSet::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -35,6 +36,13 @@ fn shift_one(path: &Path, map: &IdMap, shifted: &mut HashSet<u64>) -> io::Result
     if !shifted.insert(meta.ino()) {
         return Ok(());
     }
+    let regular = meta.file_type().is_file();
+    // Only regular files carry capabilities the kernel honours.
+    let caps = if regular {
+        file_caps::read(path)?
+    } else {
+        None
+    };
     std::os::unix::fs::lchown(
         path,
         Some(map.host_uid(meta.uid())),
@@ -43,6 +51,9 @@ fn shift_one(path: &Path, map: &IdMap, shifted: &mut HashSet<u64>) -> io::Result
     let special = meta.mode() & 0o6000;
     if special != 0 && !meta.file_type().is_symlink() {
         fs::set_permissions(path, fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    }
+    if let Some(caps) = caps {
+        file_caps::write(path, &file_caps::shifted(&caps, map))?;
     }
     Ok(())
 }

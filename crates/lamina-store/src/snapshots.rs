@@ -8,9 +8,7 @@
 //! between two calls loses nothing and a crash during one leaves the previous version.
 
 use std::collections::{BTreeMap, HashSet};
-use std::fs::{self, File};
-use std::io::Write;
-use std::os::fd::AsFd;
+use std::fs;
 
 use lamina_image::Digest;
 use serde::{Deserialize, Serialize};
@@ -128,19 +126,8 @@ impl Store {
         let dir = self.layout.snapshots();
         fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
         let path = self.layout.snapshot_metadata();
-        let tmp = dir.join(format!(".metadata.json.{}", crate::unique_suffix()));
         let bytes = serde_json::to_vec_pretty(db)
             .map_err(|e| StoreError::io("encoding", &path)(std::io::Error::other(e)))?;
-        let written = File::create(&tmp)
-            .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
-            .map_err(StoreError::io("writing", &tmp));
-        if let Err(e) = written
-            .and_then(|()| fs::rename(&tmp, &path).map_err(StoreError::io("replacing", &path)))
-        {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
-        let dir_file = File::open(&dir).map_err(StoreError::io("opening", &dir))?;
-        rustix::fs::fsync(dir_file.as_fd()).map_err(StoreError::errno("syncing", &dir))
+        crate::write_durably(&path, &bytes)
     }
 }

@@ -33,16 +33,25 @@ pub struct Ctx {
     pub pull: lamina_registry::PullOptions,
     /// Where imports report progress: bars on a terminal, log lines otherwise.
     pub progress: Arc<dyn ImportProgress>,
+    /// The longest any wait for a store lock lasts.
+    pub lock_timeout: std::time::Duration,
 }
 
 impl Ctx {
     /// Opens the store and, as every start does, hands trash a crash left to a reaper.
     pub fn open_store(&self) -> anyhow::Result<Store> {
-        let store = Store::open(&self.store_path)?
+        let store = self
+            .open_bare_store()?
             .with_max_layer_bytes(self.max_layer_bytes)
             .with_import_progress(self.progress.clone());
         background::finish_crashed_deletes(&store, self.log_file.as_deref());
         Ok(store)
+    }
+
+    /// Opens the store with only the lock timeout applied: for commands that import
+    /// nothing and must not start a reaper (check, reap, clean).
+    pub fn open_bare_store(&self) -> anyhow::Result<Store> {
+        Ok(Store::open(&self.store_path)?.with_lock_timeout(self.lock_timeout))
     }
 
     pub fn spawn(&self, store: &Store, args: &[&str]) {
@@ -117,7 +126,7 @@ fn delete_store(ctx: &Ctx, mounter: &RealMounter) -> anyhow::Result<()> {
         return Ok(());
     }
     let store = match Store::open(path) {
-        Ok(store) => store,
+        Ok(store) => store.with_lock_timeout(ctx.lock_timeout),
         Err(StoreError::NotInitialised(_) | StoreError::NotAStore(_)) => anyhow::bail!(
             "refusing to delete {}: it is not a lamina store (no valid store marker)",
             path.display()
@@ -170,9 +179,20 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let mut insecure_registries = cli.insecure_registries;
     insecure_registries.extend(config.create.insecure_registries.iter().cloned());
+    let stall_timeout = cli
+        .registry_timeout_seconds
+        .or(config.registry_timeout_seconds)
+        .map_or(lamina_registry::DEFAULT_STALL_TIMEOUT, |secs| {
+            std::time::Duration::from_secs(secs.max(1))
+        });
+    let lock_timeout = cli
+        .lock_timeout_seconds
+        .or(config.lock_timeout_seconds)
+        .map_or(lamina_store::DEFAULT_LOCK_TIMEOUT, std::time::Duration::from_secs);
     let pull = lamina_registry::PullOptions {
         credentials,
         insecure_registries,
+        stall_timeout,
         ..lamina_registry::PullOptions::default()
     };
     let ctx = Ctx {
@@ -182,6 +202,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         max_layer_bytes,
         pull,
         progress,
+        lock_timeout,
     };
     let mounter = RealMounter::new();
 
@@ -226,7 +247,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             );
         }
         Command::Check { repair } => {
-            let store = Store::open(&ctx.store_path)?;
+            let store = ctx.open_bare_store()?;
             let report = lamina_mount::check(&store, &mounter, repair)?;
             println!("{}", serde_json::to_string(&report)?);
             if !report.ok {
@@ -235,18 +256,29 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::List => {
             let store = ctx.open_store()?;
-            for record in store.containers()? {
+            let scan = store.scan_containers()?;
+            for record in &scan.records {
                 println!("{}", store.rootfs_path(&record.id).display());
+            }
+            // One container's torn record must not hide the others: it is named on
+            // stderr (a log line each) and the listing still succeeds.
+            for bad in &scan.bad {
+                tracing::warn!(
+                    container = %bad.id,
+                    record = %bad.path.display(),
+                    why = %bad.why,
+                    "container not listed: its record is unreadable (see `lamina check`)"
+                );
             }
         }
         Command::DeleteStore => delete_store(&ctx, &mounter)?,
         Command::Reap => {
-            let store = Store::open(&ctx.store_path)?;
+            let store = ctx.open_bare_store()?;
             let reaped = lamina_mount::reap(&store, &mounter)?;
             println!("{}", serde_json::to_string(&reaped)?);
         }
         Command::Clean { threshold_bytes } => {
-            let store = Store::open(&ctx.store_path)?;
+            let store = ctx.open_bare_store()?;
             let threshold = threshold_bytes.or(ctx.config.clean.threshold_bytes);
             let report = lamina_mount::clean(&store, &mounter, threshold)?;
             println!("{}", serde_json::to_string(&report)?);
@@ -289,7 +321,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 Store::open(&ctx.store_path)?
             }
-            .with_max_layer_bytes(ctx.max_layer_bytes);
+            .with_max_layer_bytes(ctx.max_layer_bytes)
+            .with_lock_timeout(ctx.lock_timeout);
             daemon::run(
                 &store,
                 std::sync::Arc::new(mounter),
@@ -363,9 +396,10 @@ impl Ctx {
                 &platform,
             )?);
         }
-        Ok(lamina_image::resolve(
+        Ok(lamina_image::resolve_limited(
             &lamina_image::ImageRef::parse(image)?,
             &platform,
+            self.max_layer_bytes,
         )?)
     }
 }

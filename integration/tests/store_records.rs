@@ -1,0 +1,202 @@
+//! One torn container record (issue 20, class 8) costs its own container, never the
+//! store: `list` shows every healthy container and names the bad one on stderr, `check`
+//! reports it as `bad_record`, `clean` goes on past it (keeping every layer, since what
+//! the bad container uses is unknown), and `delete` still removes it, mounts and all.
+
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use lamina_integration::scratch::mounts_under;
+use lamina_integration::{Lamina, Output, ScratchFs, hostile, require_root, sample_image};
+
+/// The damaged containers, each with what its `container.json` is overwritten with.
+fn torn_records(valid: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("torn-empty", Vec::new()),
+        ("torn-garbage", b"\x00\x17{{not json at all".to_vec()),
+        ("torn-truncated", valid[..valid.len() / 2].to_vec()),
+        ("torn-isolated", Vec::new()),
+    ]
+}
+
+fn report_of(out: &Output) -> serde_json::Value {
+    serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
+fn problems_of_kind(report: &serde_json::Value, kind: &str) -> Vec<serde_json::Value> {
+    report["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+fn kinds(report: &serde_json::Value) -> BTreeSet<String> {
+    report["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn listed(out: &Output) -> Vec<PathBuf> {
+    out.stdout.lines().map(PathBuf::from).collect()
+}
+
+/// Layer directories in the store.
+fn layer_dirs(store: &Path) -> BTreeSet<String> {
+    fs::read_dir(store.join("layers"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn a_torn_record_costs_its_own_container_and_never_the_store() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let store = lamina.store.clone();
+    let image = sample_image(&fs.path().join("img")).references()[0].clone();
+
+    // A layer only a deleted container used: collectable, unless something is unknown.
+    let spare_image = hostile::write(
+        &fs.path().join("spare"),
+        &hostile::with_top_file("spare.txt", b"spare\n", lamina_image::Compression::Gzip),
+    );
+    lamina.create(&spare_image, "spare");
+    assert_eq!(lamina.run(&["delete", "spare"]).code, 0);
+
+    let healthy: Vec<PathBuf> = ["healthy-a", "healthy-z"]
+        .iter()
+        .map(|id| lamina.create(&image, id))
+        .collect();
+    let valid = fs::read(store.join("images/healthy-a/container.json")).unwrap();
+    let torn = torn_records(&valid);
+    for (id, bytes) in &torn {
+        let flags: &[&str] = if *id == "torn-isolated" {
+            &["--strategy", "isolated-memory"]
+        } else {
+            &[]
+        };
+        lamina.create_with(flags, &image, id);
+        fs::write(store.join("images").join(id).join("container.json"), bytes).unwrap();
+    }
+    let torn_ids: BTreeSet<&str> = torn.iter().map(|(id, _)| *id).collect();
+    let layers_with_spare = layer_dirs(&store);
+
+    // list: the healthy ones on stdout, each bad one named once on stderr, exit 0.
+    let list = lamina.run(&["list"]);
+    assert_eq!(list.code, 0, "{list:?}");
+    assert_eq!(listed(&list), healthy, "{list:?}");
+    for id in &torn_ids {
+        let naming: Vec<&str> = list
+            .stderr
+            .lines()
+            .filter(|l| l.contains(&format!("\"{id}\"")))
+            .collect();
+        assert_eq!(naming.len(), 1, "stderr names `{id}` once: {list:?}");
+        assert!(naming[0].contains("unreadable"), "{list:?}");
+    }
+
+    // check: one bad_record per torn container, at its record; nothing else is broken
+    // (their mounts are theirs, not orphans). --repair cannot rebuild them and leaves
+    // their rootfs mounted.
+    for args in [&["check"][..], &["check", "--repair"][..]] {
+        let out = lamina.run(args);
+        assert_eq!(out.code, 1, "{args:?}: {out:?}");
+        let report = report_of(&out);
+        assert_eq!(report["ok"], false);
+        assert_eq!(
+            kinds(&report),
+            BTreeSet::from(["bad_record".to_string()]),
+            "{args:?}: {report}"
+        );
+        let bad = problems_of_kind(&report, "bad_record");
+        let paths: BTreeSet<PathBuf> = bad
+            .iter()
+            .map(|p| PathBuf::from(p["path"].as_str().unwrap()))
+            .collect();
+        let expected: BTreeSet<PathBuf> = torn_ids
+            .iter()
+            .map(|id| store.join("images").join(id).join("container.json"))
+            .collect();
+        assert_eq!(paths, expected, "{report}");
+        assert!(bad.iter().all(|p| p["repaired"] == false), "{report}");
+        for (id, _) in &torn {
+            assert!(
+                mounts_under(&store.join("images").join(id)).contains(&lamina.rootfs(id)),
+                "{args:?} left `{id}`'s rootfs mounted"
+            );
+        }
+    }
+
+    // clean: goes on past the bad records, reports them, and keeps every layer.
+    let cleaned = lamina.run(&["clean"]);
+    assert_eq!(cleaned.code, 0, "{cleaned:?}");
+    let report = report_of(&cleaned);
+    let named: BTreeSet<&str> = report["bad_records"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no bad_records: {report}"))
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(named, torn_ids, "{report}");
+    assert_eq!(report["layers_removed"], 0, "{report}");
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("kept every layer"),
+        "{report}"
+    );
+    assert_eq!(
+        layer_dirs(&store),
+        layers_with_spare,
+        "no layer collected while a record is unreadable"
+    );
+
+    // delete: each torn container goes, with everything mounted in it (an isolated
+    // one's own upper filesystem too).
+    for id in &torn_ids {
+        let dir = store.join("images").join(id);
+        let out = lamina.run(&["delete", id]);
+        assert_eq!(out.code, 0, "delete {id}: {out:?}");
+        assert!(!dir.exists(), "{id} still in images/");
+        assert!(mounts_under(&dir).is_empty(), "{id} left mounts");
+    }
+    assert_eq!(lamina.entries("trash"), 0);
+    let leftover: Vec<PathBuf> = mounts_under(&store)
+        .into_iter()
+        .filter(|m| !healthy.iter().any(|h| m.starts_with(h.parent().unwrap())))
+        .filter(|m| *m != store)
+        .collect();
+    assert!(leftover.is_empty(), "mounts left: {leftover:?}");
+
+    // The store is whole again: check passes, list is quiet, clean collects.
+    let check = lamina.run(&["check"]);
+    assert_eq!(check.code, 0, "{check:?}");
+    assert_eq!(report_of(&check)["ok"], true);
+    let list = lamina.run(&["list"]);
+    assert_eq!(list.code, 0, "{list:?}");
+    assert_eq!(listed(&list), healthy);
+    assert!(!list.stderr.contains("unreadable"), "{list:?}");
+    let cleaned = report_of(&lamina.run(&["clean"]));
+    assert!(cleaned.get("bad_records").is_none(), "{cleaned}");
+    assert!(
+        cleaned["layers_removed"].as_u64().unwrap() >= 1,
+        "{cleaned}"
+    );
+
+    for (id, rootfs) in ["healthy-a", "healthy-z"].iter().zip(&healthy) {
+        assert!(rootfs.join("bin/busybox").is_file(), "{id} still mounted");
+        lamina.delete_and_assert_gone(id, "healthy");
+    }
+}
