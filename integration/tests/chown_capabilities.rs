@@ -1,8 +1,8 @@
 //! File capabilities survive a uid-mapped store (issue 20, class 7). With
 //! `--chown-layers`, import chowns every layer file to the mapped ids, and chown makes
-//! the kernel drop `security.capability`: lamina writes it back, a v3 value with its
-//! rootid shifted to the mapped root, a v2 value as it was. An idmapped store chowns
-//! nothing and keeps the image's value on disk.
+//! the kernel drop `security.capability`: lamina writes it back as v3, its rootid shifted
+//! like an owner (a v2 value's implied rootid 0 too, so the image's root's capability is
+//! the mapped root's). An idmapped store chowns nothing and keeps the value on disk.
 
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
@@ -45,10 +45,11 @@ fn capability(path: &Path) -> Option<Vec<u8>> {
         .map(|n| buf[..n].to_vec())
 }
 
-/// An image whose top layer holds a v3 (`ping3`, rootid 0) and a v2 (`ping2`) capable
-/// file, and a setuid one with a capability too (`both`).
+/// An image whose top layer holds capable files: `ping3` (v3, rootid 0), `ping2` (v2),
+/// `ping1000` (v3, rootid 1000: valid where uid 1000 is root), and `both` (setuid too).
 fn capable_image(dir: &Path) -> String {
     let v3 = cap_v3(CAP_NET_RAW, 0);
+    let v3_1000 = cap_v3(CAP_NET_RAW, 1000);
     let v2 = cap_v2(CAP_NET_RAW);
     let tar = LayerBuilder::new()
         .dir("bin", 0o755)
@@ -57,6 +58,14 @@ fn capable_image(dir: &Path) -> String {
         })
         .and_then(|b| {
             b.file_with_xattrs("bin/ping2", 0o755, b"v2\n", &[("security.capability", &v2)])
+        })
+        .and_then(|b| {
+            b.file_with_xattrs(
+                "bin/ping1000",
+                0o755,
+                b"v3 1000\n",
+                &[("security.capability", &v3_1000)],
+            )
         })
         .and_then(|b| {
             b.file_with_xattrs(
@@ -90,12 +99,12 @@ fn mapped_store(fs: &ScratchFs, extra: &[&str]) -> Lamina {
     lamina
 }
 
-/// `name` in the stored layer that holds it.
-fn in_layer(lamina: &Lamina, name: &str) -> PathBuf {
+/// The `diff/` of the stored layer that holds `name`.
+fn layer_with(lamina: &Lamina, name: &str) -> PathBuf {
     std::fs::read_dir(lamina.store.join("layers"))
         .unwrap()
-        .map(|l| l.unwrap().path().join("diff").join(name))
-        .find(|p| p.exists())
+        .map(|l| l.unwrap().path().join("diff"))
+        .find(|diff| diff.join(name).exists())
         .unwrap_or_else(|| panic!("no layer holds {name}"))
 }
 
@@ -107,28 +116,34 @@ fn chowned_layers_keep_file_capabilities_with_a_v3_rootid_shifted_to_the_mapped_
     let image = capable_image(&fs.path().join("img"));
     let rootfs = lamina.create(&image, "capable");
 
-    for place in [rootfs.clone(), in_layer(&lamina, "bin/ping3").join("../..")] {
-        let ping3 = place.join("bin/ping3");
-        let meta = std::fs::metadata(&ping3).unwrap();
-        assert_eq!((meta.uid(), meta.gid()), (MAPPED_ROOT, MAPPED_ROOT));
-        assert_eq!(
-            capability(&ping3),
-            Some(cap_v3(CAP_NET_RAW, MAPPED_ROOT)),
-            "{}: v3 keeps cap_net_raw, rooted at the mapped root",
-            ping3.display()
-        );
-        let ping2 = place.join("bin/ping2");
-        assert_eq!(std::fs::metadata(&ping2).unwrap().uid(), MAPPED_ROOT);
-        assert_eq!(
-            capability(&ping2),
-            Some(cap_v2(CAP_NET_RAW)),
-            "{}: v2 written back unchanged (and not turned into v3)",
-            ping2.display()
-        );
-        let both = place.join("bin/both");
-        let meta = std::fs::metadata(&both).unwrap();
-        assert_eq!(meta.mode() & 0o7777, 0o4755, "setuid restored too");
-        assert_eq!(capability(&both), Some(cap_v2(CAP_NET_RAW)));
+    let rooted_at_mapped_root = cap_v3(CAP_NET_RAW, MAPPED_ROOT);
+    for place in [rootfs.clone(), layer_with(&lamina, "bin/ping3")] {
+        for (name, expected, mode) in [
+            ("bin/ping3", &rooted_at_mapped_root, 0o755),
+            ("bin/ping2", &rooted_at_mapped_root, 0o755),
+            (
+                "bin/ping1000",
+                &cap_v3(CAP_NET_RAW, MAPPED_ROOT + 1000),
+                0o755,
+            ),
+            ("bin/both", &rooted_at_mapped_root, 0o4755),
+        ] {
+            let path = place.join(name);
+            let meta = std::fs::metadata(&path).unwrap();
+            assert_eq!(
+                (meta.uid(), meta.gid()),
+                (MAPPED_ROOT, MAPPED_ROOT),
+                "{}",
+                path.display()
+            );
+            assert_eq!(meta.mode() & 0o7777, mode, "{}", path.display());
+            assert_eq!(
+                capability(&path).as_ref(),
+                Some(expected),
+                "{}: keeps cap_net_raw, rooted at the (shifted) root",
+                path.display()
+            );
+        }
     }
     lamina.delete_and_assert_gone("capable", "chowned store");
 }
@@ -141,28 +156,33 @@ fn idmapped_layers_keep_file_capabilities_as_the_image_has_them() {
     let image = capable_image(&fs.path().join("img"));
     let rootfs = lamina.create(&image, "capable");
 
-    let layer = in_layer(&lamina, "bin/ping3").join("../..");
+    let layer = layer_with(&lamina, "bin/ping3");
     let meta = std::fs::metadata(layer.join("bin/ping3")).unwrap();
     assert_eq!(meta.uid(), 0, "idmapped: nothing is chowned on disk");
-    assert_eq!(
-        capability(&layer.join("bin/ping3")),
-        Some(cap_v3(CAP_NET_RAW, 0))
-    );
-    assert_eq!(
-        capability(&layer.join("bin/ping2")),
-        Some(cap_v2(CAP_NET_RAW))
-    );
-    // Through the idmapped rootfs the files belong to the mapped root and still carry
-    // their capability.
-    for name in ["bin/ping3", "bin/ping2", "bin/both"] {
+    // As the unpacker wrote them: real root's v3 with rootid 0 is stored as v2.
+    for (name, expected) in [
+        ("bin/ping3", cap_v2(CAP_NET_RAW)),
+        ("bin/ping2", cap_v2(CAP_NET_RAW)),
+        ("bin/ping1000", cap_v3(CAP_NET_RAW, 1000)),
+        ("bin/both", cap_v2(CAP_NET_RAW)),
+    ] {
+        assert_eq!(capability(&layer.join(name)), Some(expected), "{name}");
+    }
+    // Through the idmapped rootfs the kernel shows each value rooted at the mapped root:
+    // the very bytes a chowned store now keeps on disk.
+    for (name, expected) in [
+        ("bin/ping3", cap_v3(CAP_NET_RAW, MAPPED_ROOT)),
+        ("bin/ping2", cap_v3(CAP_NET_RAW, MAPPED_ROOT)),
+        ("bin/ping1000", cap_v3(CAP_NET_RAW, MAPPED_ROOT + 1000)),
+        ("bin/both", cap_v3(CAP_NET_RAW, MAPPED_ROOT)),
+    ] {
         let path = rootfs.join(name);
         assert_eq!(
             std::fs::metadata(&path).unwrap().uid(),
             MAPPED_ROOT,
             "{name}"
         );
-        let cap = capability(&path).unwrap_or_else(|| panic!("{name} lost its capability"));
-        assert_eq!(cap[4..8], CAP_NET_RAW.to_le_bytes(), "{name}: {cap:?}");
+        assert_eq!(capability(&path), Some(expected), "{name}");
     }
     lamina.delete_and_assert_gone("capable", "idmapped store");
 }

@@ -164,7 +164,10 @@ fn a_delete_racing_its_create_waits_for_it_then_deletes() {
         assert!(delete.status.success(), "{strategy}: delete {delete:?}");
         assert!(!lamina.store.join("images/racing").exists(), "{strategy}");
         assert_eq!(lamina.run(&["reap"]).code, 0);
-        assert!(mounts_under(&lamina.store.join("images")).is_empty(), "{strategy}");
+        assert!(
+            mounts_under(&lamina.store.join("images")).is_empty(),
+            "{strategy}"
+        );
         let check = lamina.run(&["check"]);
         assert_eq!(check.code, 0, "{strategy}: {check:?}");
         std::fs::remove_file(&paused).unwrap();

@@ -381,11 +381,11 @@ fn decompression_bomb_past_the_configured_limit() {
 #[test]
 fn name_past_path_max() {
     let s = scene();
-    let name = b"deep/".repeat(900);
+    let name = [b"deep/".repeat(900), b"f".to_vec()].concat();
     let img = s.top(pax(layer(), &name, None, &[]).finish().unwrap());
     // Error lines show at most 512 bytes of a name, then its length.
     let shown = format!(
-        "{}… (4500 bytes in all)",
+        "{}… (4501 bytes in all)",
         "deep/".repeat(900).split_at(512).0
     );
     s.refused_entry(&img, &shown, &["past PATH_MAX"]);
@@ -774,7 +774,7 @@ fn pax_record_of_256_mib() {
 #[test]
 fn pax_name_of_900_kib_gives_a_bounded_line() {
     let s = scene();
-    let name = "n/".repeat(450 << 10);
+    let name = format!("{}x", "n/".repeat(450 << 10));
     let img = raw_top(&s, |t| t.pax(&[("path", name.as_bytes())]).file("x", b"x"));
     let out = s.refused(&img, &[], &["past PATH_MAX", "bytes in all)"]);
     assert!(out.stdout.len() < 1200, "{} bytes", out.stdout.len());
@@ -807,4 +807,31 @@ fn unknown_entry_type_is_refused_naming_the_entry() {
             .member(b'Q', "etc/passwd", 0, b"")
     });
     s.refused_entry(&img, "etc/passwd", &["unknown tar entry type `Q`"]);
+}
+
+#[test]
+fn directory_with_data_hiding_an_entry_other_readers_skip() {
+    let s = scene();
+    // Go and GNU tar read a header right after a directory's, whatever its size says;
+    // a reader that skips the size would unpack `hidden`, which they never list.
+    let mut inner = RawTar::default();
+    inner.file("hidden", b"x");
+    let inner = inner.finish();
+    let img = raw_top(&s, |t| t.member(b'5', "d", 512, &inner[..512]));
+    s.refused_entry(&img, "d", &["declares 512 bytes of data"]);
+}
+
+#[test]
+fn gnu_long_name_and_pax_path_on_one_entry() {
+    let s = scene();
+    let img = raw_top(&s, |t| {
+        t.member(b'L', "././@LongLink", 9, b"gnu_name\0")
+            .pax(&[("path", b"pax_name")])
+            .file("header_name", b"x")
+    });
+    s.refused_entry(
+        &img,
+        "pax_name",
+        &["both a GNU long name record and a PAX one"],
+    );
 }

@@ -146,3 +146,28 @@ fn a_mapped_store_lets_only_the_mapped_roots_group_walk_to_rootfses() {
     }
     assert!(!nobody_reaches(&store.join("images/.")));
 }
+
+#[test]
+fn a_symlinked_store_root_works_and_a_symlinked_top_directory_is_refused_untouched() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let link = fs.path().join("link");
+    std::os::unix::fs::symlink(&lamina.store, &link).unwrap();
+    let via_link = Lamina::new(&link);
+    let out = via_link.run(&["list"]);
+    assert_eq!(out.code, 0, "operators link stores elsewhere: {out:?}");
+
+    let victim = fs.path().join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::remove_dir(lamina.store.join("trash")).unwrap();
+    std::os::unix::fs::symlink(&victim, lamina.store.join("trash")).unwrap();
+    let out = lamina.run(&["list"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stdout.contains("trash: expected a directory"),
+        "{out:?}"
+    );
+    assert_eq!(mode(&victim), 0o755, "the symlink's target is untouched");
+}

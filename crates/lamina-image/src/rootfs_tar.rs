@@ -50,3 +50,22 @@ pub fn resolve(path: &Path, max_layer_bytes: u64) -> Result<Image, ImageError> {
         }],
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_naming_pass_stops_at_the_layer_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rootfs.tar.zst");
+        std::fs::write(&path, zstd::encode_all(&vec![0u8; 4 << 20][..], 3).unwrap()).unwrap();
+        let err = resolve(&path, 1 << 20).unwrap_err();
+        assert!(
+            err.message.contains("layer 0") && err.message.contains("limit of 1048576 bytes"),
+            "{err}"
+        );
+        let image = resolve(&path, 4 << 20).unwrap();
+        assert_eq!(image.layers[0].diff_id, Digest::of(&vec![0u8; 4 << 20]));
+    }
+}

@@ -55,7 +55,10 @@ impl<R: Read> BlobStream<R> {
                 ),
             );
         }
-        self.fail(e.kind(), format!("reading: {e}"))
+        io::Error::new(
+            e.kind(),
+            format!("blob {}: reading from {}: {e}", self.digest, self.from),
+        )
     }
 }
 
@@ -81,7 +84,9 @@ impl<R: Read> Read for BlobStream<R> {
                 Err(e) => Err(self.failed_read(e)),
             };
         }
-        let want = buf.len().min(usize::try_from(remaining).unwrap_or(usize::MAX));
+        let want = buf
+            .len()
+            .min(usize::try_from(remaining).unwrap_or(usize::MAX));
         match self.inner.read(&mut buf[..want]) {
             Ok(0) => Err(self.fail(
                 io::ErrorKind::UnexpectedEof,
@@ -103,7 +108,10 @@ impl<R: Read> Read for BlobStream<R> {
 /// Whether a read failed because the transport's timeout ran out. ureq reports its own
 /// timeouts as an `ureq::Error` inside the `io::Error`.
 pub(crate) fn is_timeout(e: &io::Error) -> bool {
-    if matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) {
+    if matches!(
+        e.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+    ) {
         return true;
     }
     e.get_ref()
@@ -145,7 +153,10 @@ mod tests {
         let mut out = Vec::new();
         let err = endless.read_to_end(&mut out).unwrap_err().to_string();
         assert_eq!(out.len(), 29, "nothing past the declared size is handed on");
-        assert!(err.contains(DIGEST) && err.contains("127.0.0.1:5000"), "{err}");
+        assert!(
+            err.contains(DIGEST) && err.contains("127.0.0.1:5000"),
+            "{err}"
+        );
         assert!(err.contains("runs past the 29 bytes"), "{err}");
     }
 
@@ -174,11 +185,36 @@ mod tests {
     }
 
     #[test]
+    fn a_broken_connection_says_where_the_bytes_came_from() {
+        struct Broken;
+        impl Read for Broken {
+            fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+                Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "Peer disconnected",
+                ))
+            }
+        }
+        let err = read_all(stream(Broken, 29)).unwrap_err().to_string();
+        assert!(
+            err.contains("reading from registry 127.0.0.1:5000: Peer disconnected"),
+            "{err}"
+        );
+        assert!(err.contains(DIGEST), "{err}");
+    }
+
+    #[test]
     fn a_stalled_body_is_a_timeout_naming_the_blob() {
         let err = read_all(stream(Stalls(false), 29)).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         let err = err.to_string();
-        assert!(err.contains(DIGEST) && err.contains("127.0.0.1:5000"), "{err}");
-        assert!(err.contains("stalled") && err.contains("after 10 of 29"), "{err}");
+        assert!(
+            err.contains(DIGEST) && err.contains("127.0.0.1:5000"),
+            "{err}"
+        );
+        assert!(
+            err.contains("stalled") && err.contains("after 10 of 29"),
+            "{err}"
+        );
     }
 }

@@ -31,8 +31,11 @@ pub fn resolve(
     let client = Arc::new(Client::new(reference, options));
     let fail = |what: String| RegistryError::new(format!("image `{reference}`: {what}"));
 
-    let (mut bytes, mut media_type) =
-        client.document(&format!("manifests/{}", reference.manifest_ref()), ACCEPT, None)?;
+    let (mut bytes, mut media_type) = client.document(
+        &format!("manifests/{}", reference.manifest_ref()),
+        ACCEPT,
+        None,
+    )?;
     let mut digest = Digest::of(&bytes);
     if let Target::Digest(pinned) = &reference.target
         && *pinned != digest

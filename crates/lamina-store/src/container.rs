@@ -457,3 +457,63 @@ pub fn list_dirs(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
     out.sort();
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str) -> ContainerRecord {
+        ContainerRecord {
+            id: id.into(),
+            image: "oci:///image".into(),
+            image_id: Digest::of(b"config"),
+            layers: vec![Digest::of(b"layer")],
+            env: Vec::new(),
+            strategy: "classic".into(),
+            mounted: true,
+            mount_options: Vec::new(),
+            created_unix: 0,
+            read_only: false,
+            bind_source: None,
+            lease: None,
+            upper_fs: None,
+            disk_limit: None,
+        }
+    }
+
+    #[test]
+    fn a_torn_record_is_reported_beside_the_healthy_ones_not_instead_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::init(&dir.path().join("store")).unwrap();
+        for id in ["a", "empty", "garbage", "z"] {
+            drop(store.create_container_dirs(id).unwrap());
+            store.write_record(&record(id)).unwrap();
+        }
+        let path = |id: &str| store.layout().container(id).join(RECORD);
+        fs::write(path("empty"), b"").unwrap();
+        fs::write(path("garbage"), b"{\"id\": \"gar").unwrap();
+
+        let scan = store.scan_containers().unwrap();
+        let ids: Vec<&str> = scan.records.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["a", "z"]);
+        let bad: Vec<(&str, &Path)> = scan
+            .bad
+            .iter()
+            .map(|b| (b.id.as_str(), b.path.as_path()))
+            .collect();
+        assert_eq!(
+            bad,
+            [
+                ("empty", path("empty").as_path()),
+                ("garbage", path("garbage").as_path())
+            ]
+        );
+        assert_eq!(store.containers().unwrap(), scan.records);
+        let err = store.record("garbage").unwrap_err();
+        assert!(matches!(err, StoreError::BadRecord { .. }), "{err}");
+        assert!(err.to_string().contains("container `garbage`"), "{err}");
+        // Rewritten whole, it is a container again.
+        store.write_record(&record("empty")).unwrap();
+        assert_eq!(store.scan_containers().unwrap().bad.len(), 1);
+    }
+}

@@ -7,8 +7,8 @@
 //! everything under `tmp/` is unfinished work that may be removed.
 
 mod container;
-mod durable;
 mod container_lock;
+mod durable;
 mod error;
 mod file_caps;
 mod import;
@@ -28,12 +28,12 @@ use std::path::Path;
 
 pub use container::list_dirs;
 pub use container::{BadRecord, ContainerScan};
-pub use durable::{sync_dir, write_durably};
 pub use container::{
     ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, UpperFsRecord,
     unique_suffix, validate_id,
 };
 pub use container_lock::CONTAINER_WAIT;
+pub use durable::{sync_dir, write_durably};
 pub use error::StoreError;
 pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};

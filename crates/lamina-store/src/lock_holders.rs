@@ -6,7 +6,7 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 
 /// Command lines are cut here, so an error line stays short.
-const MAX_COMMAND: usize = 160;
+const MAX_COMMAND: usize = 256;
 
 /// `held by pid N (`CMD`)`, `held by pids N (`CMD`), M (`CMD`)`, or why nobody can be named.
 pub(crate) fn describe(file: &File) -> String {
@@ -48,8 +48,7 @@ fn holders(table: &str, dev: Option<(u32, u32)>, ino: u64) -> Vec<u32> {
             continue;
         }
         let mut parts = file.split(':');
-        let (Some(maj), Some(min), Some(inode)) = (parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(maj), Some(min), Some(inode)) = (parts.next(), parts.next(), parts.next()) else {
             continue;
         };
         let same_dev = dev.is_none_or(|(major, minor)| {
@@ -66,16 +65,26 @@ fn holders(table: &str, dev: Option<(u32, u32)>, ino: u64) -> Vec<u32> {
     pids
 }
 
-/// `pid`'s command line, arguments joined by spaces, control characters escaped, any
-/// `--password` value hidden, cut to [`MAX_COMMAND`] bytes.
+/// `pid`'s command line: the program's file name, then its arguments, joined by spaces,
+/// control characters escaped, any `--password` value hidden, cut to [`MAX_COMMAND`]
+/// bytes.
 fn command_of(pid: u32) -> String {
     let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return "exited".into();
     };
     let mut words = Vec::new();
     let mut hide_next = false;
-    for arg in raw.split(|b| *b == 0).filter(|a| !a.is_empty()) {
-        let arg = String::from_utf8_lossy(arg);
+    for (i, arg) in raw.split(|b| *b == 0).filter(|a| !a.is_empty()).enumerate() {
+        let mut arg = String::from_utf8_lossy(arg);
+        if i == 0 {
+            // `/long/path/to/target/debug/lamina` says no more than `lamina`.
+            arg = arg
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_string()
+                .into();
+        }
         if hide_next {
             words.push("***".to_string());
             hide_next = false;

@@ -15,7 +15,9 @@ use std::fs::DirBuilder;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
-use rustix::fs::{Gid, Mode, OFlags, Uid};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::fs::{CWD, Gid, Mode, OFlags, Uid};
 use rustix::io::Errno;
 
 use crate::{Layout, StoreError, StoreProperties};
@@ -53,20 +55,29 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Creates the top-level directories that are missing, then brings the root and each
-/// of them to the mode and group above, logging every change.
+/// of them to the mode and group above, logging every change. The root is opened once
+/// (following a symlink there: operators link stores elsewhere) and everything below is
+/// made and opened relative to that fd without following symlinks, so a directory
+/// swapped for a symlink mid-way is refused, never followed.
 pub fn secure_store(layout: &Layout, properties: &StoreProperties) -> Result<(), StoreError> {
     let (walk_mode, walk_gid) = match traverse_group(properties) {
         Some(gid) => (TRAVERSE_MODE, gid),
         None => (PRIVATE_MODE, 0),
     };
-    let walkable = [layout.root().to_path_buf(), layout.images()];
-    let dirs = walkable
-        .into_iter()
-        .map(|dir| (dir, walk_mode, walk_gid))
+    let root = layout.root();
+    create_private_dir(root).map_err(StoreError::io("creating", root))?;
+    let root_fd = open_dir(CWD, root, OFlags::empty(), root)?;
+    tighten(&root_fd, root, walk_mode, walk_gid)?;
+    let dirs = std::iter::once((layout.images(), walk_mode, walk_gid))
         .chain(private_dirs(layout).map(|dir| (dir, PRIVATE_MODE, 0)));
-    for (i, (dir, mode, gid)) in dirs.enumerate() {
-        create_private_dir(&dir).map_err(StoreError::io("creating", &dir))?;
-        tighten(&dir, mode, gid, i == 0)?;
+    for (dir, mode, gid) in dirs {
+        let name = dir.file_name().unwrap_or_default();
+        match rustix::fs::mkdirat(&root_fd, name, Mode::from_raw_mode(PRIVATE_MODE)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(StoreError::errno("creating", &dir)(e)),
+        }
+        let fd = open_dir(root_fd.as_fd(), Path::new(name), OFlags::NOFOLLOW, &dir)?;
+        tighten(&fd, &dir, mode, gid)?;
     }
     Ok(())
 }
@@ -87,48 +98,48 @@ fn private_dirs(layout: &Layout) -> [std::path::PathBuf; 9] {
     ]
 }
 
-/// Sets `dir` to exactly `mode` (permission bits), owner root and group `gid`, if it is
-/// anything else; logs what it changed. Works through one fd opened without following a
-/// final symlink (the root may be one: operators link stores elsewhere), so a directory
-/// swapped for a symlink between the check and the change is refused, never followed.
-fn tighten(dir: &Path, mode: u32, gid: u32, is_root: bool) -> Result<(), StoreError> {
-    let nofollow = if is_root {
-        OFlags::empty()
-    } else {
-        OFlags::NOFOLLOW
-    };
-    let fd = rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | nofollow,
+fn open_dir(
+    at: BorrowedFd<'_>,
+    path: &Path,
+    extra: OFlags,
+    shown: &Path,
+) -> Result<OwnedFd, StoreError> {
+    rustix::fs::openat(
+        at,
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | extra,
         Mode::empty(),
     )
     .map_err(|e| match e {
-        Errno::LOOP | Errno::NOTDIR => StoreError::io("securing", dir)(std::io::Error::other(
+        Errno::LOOP | Errno::NOTDIR => StoreError::io("securing", shown)(std::io::Error::other(
             "expected a directory, found a symlink or a file",
         )),
-        e => StoreError::errno("securing", dir)(e),
-    })?;
-    let st = rustix::fs::fstat(&fd).map_err(StoreError::errno("securing", dir))?;
-    let old_mode = st.st_mode & 0o7777;
+        e => StoreError::errno("securing", shown)(e),
+    })
+}
+
+/// Sets the directory open as `fd` to exactly `mode` (permission bits), owner root and
+/// group `gid`, if it is anything else; logs what it changed. The mode is read again
+/// after a chown: a previous owner could have changed it in between.
+fn tighten(fd: &OwnedFd, dir: &Path, mode: u32, gid: u32) -> Result<(), StoreError> {
+    let mut st = rustix::fs::fstat(fd).map_err(StoreError::errno("securing", dir))?;
     // Only root can give a directory away; an unprivileged caller (unit tests) keeps
     // its own ownership, which no other user can use either.
     let owner_wrong = st.st_uid != 0 || st.st_gid != gid;
     if owner_wrong && rustix::process::geteuid().is_root() {
-        rustix::fs::fchown(
-            &fd,
-            Some(Uid::from_raw(0)),
-            Some(Gid::from_raw(gid)),
-        )
-        .map_err(StoreError::errno("securing", dir))?;
+        rustix::fs::fchown(fd, Some(Uid::from_raw(0)), Some(Gid::from_raw(gid)))
+            .map_err(StoreError::errno("securing", dir))?;
         tracing::warn!(
             path = %dir.display(),
             from = format!("{}:{}", st.st_uid, st.st_gid),
             to = format!("0:{gid}"),
             "changed the owner of a store directory"
         );
+        st = rustix::fs::fstat(fd).map_err(StoreError::errno("securing", dir))?;
     }
+    let old_mode = st.st_mode & 0o7777;
     if old_mode != mode {
-        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))
             .map_err(StoreError::errno("securing", dir))?;
         tracing::warn!(
             path = %dir.display(),

@@ -113,8 +113,25 @@ impl Pending {
                 Ok(Member::Record)
             }
             // Defaults for the rest of the archive that OCI does not use: skipped
-            // unread (the iterator steps over its data), as containerd does.
-            EntryType::XGlobalHeader => Ok(Member::Record),
+            // unread (the iterator steps over its data), as containerd does. Bounded like
+            // a PAX record (Go's reader caps it the same), and never between an entry's
+            // own records and the entry: Go drops those records there, GNU tar keeps them.
+            EntryType::XGlobalHeader => {
+                if size > MAX_PAX_RECORD {
+                    return Err(Refusal::record(format!(
+                        "PAX global header declares {size} bytes, past the \
+                         {MAX_PAX_RECORD}-byte limit for it"
+                    )));
+                }
+                if !self.is_empty() {
+                    return Err(Refusal::record(
+                        "a PAX global header separates an entry from its extension records; \
+                         tar readers disagree on what that means"
+                            .into(),
+                    ));
+                }
+                Ok(Member::Record)
+            }
             kind => {
                 let pending = std::mem::take(self);
                 pending.describe(member, kind, size).map(Member::Entry)
@@ -129,12 +146,25 @@ impl Pending {
         size: u64,
     ) -> Result<Described, Refusal> {
         let header = member.header();
-        let mut name = self
-            .long_name
-            .unwrap_or_else(|| header.path_bytes().into_owned());
-        let mut link = self
-            .long_link
-            .or_else(|| header.link_name_bytes().map(|l| l.into_owned()));
+        let header_name = header.path_bytes().into_owned();
+        let fields = match &self.pax {
+            Some(pax) => parse_pax(pax).map_err(|why| Refusal::entry(&header_name, why))?,
+            None => Vec::new(),
+        };
+        let pax_value = |key: &[u8]| {
+            fields
+                .iter()
+                .rev()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| *v)
+        };
+        // Go's reader lets a GNU long name win over a PAX path, GNU tar the other way
+        // round: an entry that has both means two different files, so it is refused.
+        let name = pick_name(self.long_name, pax_value(b"path"), header_name, "name")?;
+        let link = match (self.long_link, pax_value(b"linkpath")) {
+            (None, None) => header.link_name_bytes().map(|l| l.into_owned()),
+            (long, pax) => Some(pick_name(long, pax, Vec::new(), "link target")?),
+        };
         let mut meta = Meta {
             mode: header.mode().unwrap_or(0o644),
             uid: header.uid().unwrap_or(0) as u32,
@@ -142,12 +172,28 @@ impl Pending {
             mtime: header.mtime().unwrap_or(0) as i64,
             xattrs: Vec::new(),
         };
-        if let Some(pax) = &self.pax {
-            // PAX `path` wins over a GNU long name and the header, as in Go's archive/tar
-            // (containerd's reader).
-            let fields = apply_pax(pax, &mut meta, size, &name)?;
-            name = fields.path.unwrap_or(name);
-            link = fields.linkpath.or(link);
+        apply_pax(&fields, &mut meta, size, &name)?;
+        // Go's reader and GNU tar read no data after these types, whatever the size
+        // field says; the raw reader would skip `size` bytes, and the two would then see
+        // different archives.
+        let header_only = !matches!(kind, EntryType::Regular | EntryType::Continuous);
+        if header_only && size != 0 && kind != EntryType::GNUSparse {
+            return Err(Refusal::entry(
+                &name,
+                format!(
+                    "a {kind:?} entry declares {size} bytes of data; tar readers disagree on \
+                     whether they follow"
+                ),
+            ));
+        }
+        // Old tars mark a directory by a trailing `/` on a regular file's name: Go and
+        // GNU tar make it a directory, a plain reader a file.
+        if !header_only && name.ends_with(b"/") {
+            return Err(Refusal::entry(
+                &name,
+                "a file entry whose name ends in `/`: tar readers disagree on whether it is \
+                 a directory",
+            ));
         }
         let kind = match kind {
             EntryType::Directory => Kind::Directory,
@@ -198,45 +244,55 @@ impl Pending {
 const SPARSE_REFUSED: &str = "sparse files are not supported: a sparse entry's holes would be \
      written out as data, so a few bytes of tar could fill the disk";
 
-/// The PAX fields that replace header fields.
-#[derive(Debug, Default)]
-struct PaxFields {
-    path: Option<Vec<u8>>,
-    linkpath: Option<Vec<u8>>,
-}
-
-fn apply_pax(pax: &[u8], meta: &mut Meta, size: u64, name: &[u8]) -> Result<PaxFields, Refusal> {
-    let mut fields = PaxFields::default();
-    for record in tar::PaxExtensions::new(pax) {
-        let record =
-            record.map_err(|e| Refusal::entry(name, format!("malformed PAX record: {e}")))?;
-        let (key, value) = (record.key_bytes(), record.value_bytes());
-        let number = || {
-            std::str::from_utf8(value)
-                .ok()
-                .and_then(|s| s.split('.').next()?.parse::<i64>().ok())
+/// Applies the PAX records that change an entry's metadata, and refuses those lamina does
+/// not unpack (sparse files) or that would make it read a different archive than other
+/// readers (a `size` other than the header's).
+fn apply_pax(
+    fields: &[(&[u8], &[u8])],
+    meta: &mut Meta,
+    size: u64,
+    name: &[u8],
+) -> Result<(), Refusal> {
+    let refuse = |why: String| Refusal::entry(name, why);
+    for &(key, value) in fields {
+        let id = || -> Result<u32, Refusal> {
+            decimal(value)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    refuse(format!(
+                        "PAX {} `{}` is not an id",
+                        crate::shown(key),
+                        crate::shown(value)
+                    ))
+                })
         };
         match key {
-            b"path" => fields.path = Some(value.to_vec()),
-            b"linkpath" => fields.linkpath = Some(value.to_vec()),
-            b"uid" => meta.uid = number().unwrap_or(meta.uid as i64) as u32,
-            b"gid" => meta.gid = number().unwrap_or(meta.gid as i64) as u32,
-            b"mtime" => meta.mtime = number().unwrap_or(meta.mtime),
+            b"uid" => meta.uid = id()?,
+            b"gid" => meta.gid = id()?,
+            b"mtime" => {
+                // Seconds, with an optional fraction (which overlay keeps no use for).
+                let whole = value.split(|&b| b == b'.').next().unwrap_or_default();
+                let (negative, digits) = match whole.strip_prefix(b"-") {
+                    Some(digits) => (true, digits),
+                    None => (false, whole),
+                };
+                let secs = decimal(digits)
+                    .and_then(|n| i64::try_from(n).ok())
+                    .ok_or_else(|| {
+                        refuse(format!("PAX mtime `{}` is not a time", crate::shown(value)))
+                    })?;
+                meta.mtime = if negative { -secs } else { secs };
+            }
             // The raw reader steps over the header's size; a different PAX size would
             // make lamina and other readers see different archives.
-            b"size" if number() != i64::try_from(size).ok() => {
-                return Err(Refusal::entry(
-                    name,
-                    format!(
-                        "PAX size `{}` differs from the header's {size} bytes (entries past \
-                         8 GiB are not supported)",
-                        crate::shown(value)
-                    ),
-                ));
+            b"size" if decimal(value) != Some(size) => {
+                return Err(refuse(format!(
+                    "PAX size `{}` differs from the header's {size} bytes (entries past \
+                     8 GiB are not supported)",
+                    crate::shown(value)
+                )));
             }
-            _ if key.starts_with(b"GNU.sparse.") => {
-                return Err(Refusal::entry(name, SPARSE_REFUSED));
-            }
+            _ if key.starts_with(b"GNU.sparse.") => return Err(refuse(SPARSE_REFUSED.into())),
             _ => {
                 if let Some(xattr) = key.strip_prefix(b"SCHILY.xattr.")
                     && !metadata::is_reserved_xattr(xattr)
@@ -246,7 +302,80 @@ fn apply_pax(pax: &[u8], meta: &mut Meta, size: u64, name: &[u8]) -> Result<PaxF
             }
         }
     }
+    Ok(())
+}
+
+/// Plain decimal digits only: no sign, no fraction, no spaces, at most 19 of them.
+fn decimal(text: &[u8]) -> Option<u64> {
+    if text.is_empty() || text.len() > 19 || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
+/// Parses a PAX extended header strictly (`LEN KEY=VALUE\n`, records filling the header
+/// exactly), as Go's reader and GNU tar do. The `tar` crate's parser stops at the first
+/// blank line, which would let records after it slip past every check here.
+fn parse_pax(mut data: &[u8]) -> Result<Vec<(&[u8], &[u8])>, String> {
+    let malformed = |why: &str| format!("malformed PAX extended header: {why}");
+    let mut fields = Vec::new();
+    while !data.is_empty() {
+        let space = data
+            .iter()
+            .position(|&b| b == b' ')
+            .ok_or_else(|| malformed("a record without a length"))?;
+        let len = decimal(&data[..space])
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n > space + 1 && n <= data.len())
+            .ok_or_else(|| malformed("a record length that does not fit"))?;
+        let (record, rest) = data.split_at(len);
+        let body = record[space + 1..]
+            .strip_suffix(b"\n")
+            .ok_or_else(|| malformed("a record not ended by a newline"))?;
+        let equals = body
+            .iter()
+            .position(|&b| b == b'=')
+            .filter(|&at| at > 0)
+            .ok_or_else(|| malformed("a record without a key"))?;
+        let (key, value) = (&body[..equals], &body[equals + 1..]);
+        if matches!(key, b"path" | b"linkpath") && value.contains(&0) {
+            return Err(malformed("a name with a NUL byte"));
+        }
+        fields.push((key, value));
+        data = rest;
+    }
     Ok(fields)
+}
+
+/// The one name an entry has: from a GNU record, a PAX record, or else the header. Both
+/// records at once, or a record that is empty, are refused.
+fn pick_name(
+    long: Option<Vec<u8>>,
+    pax: Option<&[u8]>,
+    header: Vec<u8>,
+    what: &str,
+) -> Result<Vec<u8>, Refusal> {
+    let shown_header = header.clone();
+    let name = match (long, pax) {
+        (Some(_), Some(pax)) => {
+            return Err(Refusal::entry(
+                pax,
+                format!(
+                    "both a GNU long {what} record and a PAX one; tar readers disagree on which wins"
+                ),
+            ));
+        }
+        (Some(long), None) => long,
+        (None, Some(pax)) => pax.to_vec(),
+        (None, None) => return Ok(header),
+    };
+    if name.is_empty() {
+        return Err(Refusal::entry(
+            &shown_header,
+            format!("its {what} record is empty"),
+        ));
+    }
+    Ok(name)
 }
 
 /// Reads an extension record's data, refusing it by its declared size first.

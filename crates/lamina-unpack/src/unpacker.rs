@@ -96,6 +96,8 @@ struct Unpacker {
 impl Unpacker {
     /// A tar or decompression failure outside any entry's data.
     fn stream_error(&self, e: io::Error) -> UnpackError {
+        // The tar crate's messages quote header fields raw: escape them like names.
+        let e = crate::shown(e.to_string().as_bytes());
         match &self.last_entry {
             Some(raw) => UnpackError::entry(raw, format!("reading the tar after this entry: {e}")),
             None => UnpackError::stream(format!("reading layer tar: {e}")),
@@ -145,11 +147,12 @@ impl Unpacker {
 
         let Some(name) = path.name().map(<[u8]>::to_vec) else {
             // `./` itself: the layer root takes the entry's metadata.
-            if entry.kind == Kind::Directory {
-                metadata::apply_fd(self.root.fd().as_fd(), meta)
-                    .map_err(|e| fail(format!("setting metadata: {e}")))?;
-                self.dir_times.push((Vec::new(), meta.mtime));
+            if entry.kind != Kind::Directory {
+                return Err(fail("names the layer root but is not a directory".into()));
             }
+            metadata::apply_fd(self.root.fd().as_fd(), meta)
+                .map_err(|e| fail(format!("setting metadata: {e}")))?;
+            self.dir_times.push((Vec::new(), meta.mtime));
             return Ok(());
         };
         let parent = self

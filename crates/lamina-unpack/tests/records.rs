@@ -42,7 +42,7 @@ fn a_huge_pax_record_is_refused_before_it_is_read() {
 
 #[test]
 fn a_pax_name_past_path_max_is_refused_in_a_bounded_line() {
-    let long = "d/".repeat(400_000);
+    let long = format!("{}f", "d/".repeat(400_000));
     let tar = RawTar::default()
         .pax(&[("path", long.as_bytes())])
         .file("short", b"x")
@@ -168,4 +168,141 @@ fn records_that_describe_no_entry_are_refused() {
     let tar = RawTar::default().pax(&[("path", b"x")]).finish();
     let (err, _dir) = unpack_err(&tar, u64::MAX);
     assert!(err.contains("describe no entry"), "{err}");
+}
+
+/// The raw PAX header body `records`, then `file` named `name` holding `data`.
+fn pax_body_then_file(body: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
+    RawTar::default()
+        .member(b'x', "pax", body.len() as u64, body)
+        .file(name, data)
+        .finish()
+}
+
+#[test]
+fn header_only_types_with_data_are_refused() {
+    // Go and GNU tar read the next header right after a directory's; a reader that
+    // skipped its `size` would unpack a file they never see.
+    let mut hidden = RawTar::default();
+    hidden.file("evil_hidden", b"x");
+    let hidden = hidden.finish();
+    let tar = RawTar::default()
+        .member(b'5', "d", 512, &hidden[..512])
+        .finish();
+    let (err, dir) = unpack_err(&tar, u64::MAX);
+    assert!(
+        err.contains("entry `d`: a Directory entry declares 512 bytes"),
+        "{err}"
+    );
+    assert!(!dir.path().join("evil_hidden").exists());
+    for kind in [b'1', b'2', b'3', b'4', b'6'] {
+        let tar = RawTar::default().member(kind, "n", 1, b"x").finish();
+        let (err, _dir) = unpack_err(&tar, u64::MAX);
+        assert!(
+            err.contains("declares 1 bytes of data"),
+            "{}: {err}",
+            kind as char
+        );
+    }
+}
+
+#[test]
+fn a_file_named_like_a_directory_is_refused() {
+    for kind in [b'\0', b'0'] {
+        let tar = RawTar::default().member(kind, "foo/", 4, b"data").finish();
+        let (err, _dir) = unpack_err(&tar, u64::MAX);
+        assert!(err.contains("name ends in `/`"), "{err}");
+    }
+}
+
+#[test]
+fn records_that_readers_resolve_differently_are_refused() {
+    // A PAX record, then a global header, then the file: Go drops the record.
+    let tar = RawTar::default()
+        .pax(&[("path", b"pax_name")])
+        .member(b'g', "global", 0, b"")
+        .file("header_name", b"x")
+        .finish();
+    let (err, _dir) = unpack_err(&tar, u64::MAX);
+    assert!(err.contains("global header separates"), "{err}");
+
+    // A GNU long name and a PAX path: Go takes one, GNU tar the other.
+    let tar = RawTar::default()
+        .member(b'L', "././@LongLink", 9, b"gnu_name\0")
+        .pax(&[("path", b"pax_name")])
+        .file("header_name", b"x")
+        .finish();
+    let (err, _dir) = unpack_err(&tar, u64::MAX);
+    assert!(
+        err.contains("both a GNU long name record and a PAX one"),
+        "{err}"
+    );
+
+    // A long name of NULs: Go falls back to the header's name, a trimming reader to none.
+    let tar = RawTar::default()
+        .member(b'L', "././@LongLink", 4, b"\0\0\0\0")
+        .file("header_name", b"x")
+        .finish();
+    let (err, _dir) = unpack_err(&tar, u64::MAX);
+    assert!(
+        err.contains("entry `header_name`: its name record is empty"),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_pax_headers_are_refused_not_half_read() {
+    // Records after a blank line: a lenient parser stops there and never sees them.
+    let tar = pax_body_then_file(b"10 uid=77\n\n22 GNU.sparse.major=1\n", "f", b"x");
+    let (err, _dir) = unpack_err(&tar, u64::MAX);
+    assert!(err.contains("malformed PAX extended header"), "{err}");
+
+    let tar = pax_body_then_file(b"12 size=3.9\n", "f", b"abc");
+    let (err, _dir) = unpack_err(&tar, u64::MAX);
+    assert!(err.contains("PAX size `3.9` differs"), "{err}");
+
+    let tar = pax_body_then_file(b"10 uid=-1\n", "f", b"abc");
+    let (err, _dir) = unpack_err(&tar, u64::MAX);
+    assert!(err.contains("PAX uid `-1` is not an id"), "{err}");
+}
+
+#[test]
+fn a_non_directory_at_the_layer_root_is_refused() {
+    let tar = RawTar::default().file(".", b"").finish();
+    let (err, _dir) = unpack_err(&tar, u64::MAX);
+    assert!(
+        err.contains("names the layer root but is not a directory"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_huge_global_header_is_refused_by_its_declared_size() {
+    let tar = RawTar::default()
+        .member(b'g', "global", 64 << 20, &[b'g'; 512])
+        .finish();
+    let (err, _dir) = unpack_err(&tar, u64::MAX);
+    assert!(
+        err.contains("global header declares 67108864 bytes"),
+        "{err}"
+    );
+}
+
+#[test]
+fn tar_errors_quoting_header_fields_are_escaped() {
+    let mut tar = RawTar::default().file("ok", b"x").finish();
+    tar.truncate(1024);
+    let mut bad = [0u8; 512];
+    bad[..10].copy_from_slice(b"evil\x1b[2J\n\r");
+    bad[124..136].copy_from_slice(b"zzzzzzzzzzz\0");
+    bad[156] = b'0';
+    bad[148..156].copy_from_slice(b"        ");
+    let sum: u32 = bad.iter().map(|&b| u32::from(b)).sum();
+    bad[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    tar.extend_from_slice(&bad);
+    tar.extend(std::iter::repeat_n(0, 1024));
+    let (err, _dir) = unpack_err(&tar, u64::MAX);
+    assert!(
+        !err.contains('\x1b') && !err.contains('\n') && !err.contains('\r'),
+        "{err:?}"
+    );
 }

@@ -188,7 +188,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     let lock_timeout = cli
         .lock_timeout_seconds
         .or(config.lock_timeout_seconds)
-        .map_or(lamina_store::DEFAULT_LOCK_TIMEOUT, std::time::Duration::from_secs);
+        .map_or(
+            lamina_store::DEFAULT_LOCK_TIMEOUT,
+            std::time::Duration::from_secs,
+        );
     let pull = lamina_registry::PullOptions {
         credentials,
         insecure_registries,
