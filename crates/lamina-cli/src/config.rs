@@ -129,6 +129,19 @@ mod tests {
     }
 
     #[test]
+    fn registry_and_lock_timeouts_are_top_level_keys() {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            tmp.path(),
+            "registry_timeout_seconds: 5\nlock_timeout_seconds: 7\n",
+        )
+        .unwrap();
+        let config = Config::load(tmp.path()).unwrap();
+        assert_eq!(config.registry_timeout_seconds, Some(5));
+        assert_eq!(config.lock_timeout_seconds, Some(7));
+    }
+
+    #[test]
     fn malformed_yaml_is_one_line_naming_the_file() {
         let tmp = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(tmp.path(), "store: [unclosed\n").unwrap();
