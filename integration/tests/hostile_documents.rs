@@ -335,3 +335,100 @@ fn a_small_zstd_rootfs_tar_still_imports() {
     fs::write(&path, &built.blobs[digest]).unwrap();
     s.accepted(path.to_str().unwrap(), &["--max-layer-bytes", "1048576"]);
 }
+
+// ---- found by review: partial platforms, variants, C1 controls, archives, blobs ----------
+
+#[test]
+fn a_config_naming_only_a_foreign_architecture_is_refused() {
+    let s = scene();
+    let foreign = foreign_platform();
+    let mut image = hostile::build(vec![gzip(hostile::base_layer())], &Platform::host());
+    image.manifest.platform = None;
+    hostile::edit_config(&mut image, |config| {
+        config["architecture"] = foreign.architecture.clone().into();
+        config["os"] = "".into();
+    });
+    let img = hostile::write(&s.dir("img"), &image);
+    s.refused(
+        &img,
+        &[],
+        &[&format!("image is for /{}", foreign.architecture)],
+    );
+}
+
+#[test]
+fn arm64_means_arm64_v8() {
+    let s = scene();
+    let arm64 = Platform::parse("linux/arm64").unwrap();
+    let image = hostile::build(vec![gzip(hostile::base_layer())], &arm64);
+    let img = hostile::write(&s.dir("img"), &image);
+    s.accepted(&img, &["--platform", "linux/arm64/v8"]);
+}
+
+#[test]
+fn del_and_c1_controls_in_the_env_are_escaped_in_the_json() {
+    let s = scene();
+    let mut image = hostile::build(vec![gzip(hostile::base_layer())], &Platform::host());
+    hostile::edit_config(&mut image, |config| {
+        config["config"]["Env"] = serde_json::json!(["X=\u{9b}2J\u{7f}\u{85}"]);
+    });
+    let img = hostile::write(&s.dir("img"), &image);
+    let out = s.run(&["create", &img, "c1"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_no_control_characters(&out);
+    let spec: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        spec["process"]["env"][0], "X=\u{9b}2J\u{7f}\u{85}",
+        "same value"
+    );
+    s.lamina.delete_and_assert_gone("c1", "c1");
+}
+
+#[test]
+fn a_docker_archive_with_a_2_gib_long_name_record_is_refused_by_its_size() {
+    let s = scene();
+    let archive = s.dir("longname.docker.tar");
+    let mut tar = lamina_sample::RawTar::default();
+    tar.member(b'L', "././@LongLink", 2 << 30, &[b'n'; 512]);
+    fs::write(&archive, tar.finish()).unwrap();
+    let img = format!("docker-archive://{}", archive.display());
+    s.refused(
+        &img,
+        &[],
+        &["GNU long-name record declares 2147483648 bytes"],
+    );
+}
+
+#[test]
+fn a_layout_blob_longer_than_its_descriptor_is_refused_unread() {
+    let s = scene();
+    let image = hostile::with_top_file("f", b"data", lamina_image::Compression::Gzip);
+    let img = hostile::write(&s.dir("img"), &image);
+    let (top, _) = &image.layers[1];
+    let blob = s.dir("img/blobs/sha256").join(top.hex());
+    // A sparse gigabyte after the real bytes: reading it would cost the gigabyte.
+    let file = fs::OpenOptions::new().write(true).open(&blob).unwrap();
+    file.set_len(1 << 30).unwrap();
+    s.refused(
+        &img,
+        &[],
+        &["blob size mismatch", &format!("blob has {}", 1u64 << 30)],
+    );
+}
+
+#[test]
+fn an_image_of_501_layers_is_refused_before_any_import() {
+    let s = scene();
+    let layers = (0..501)
+        .map(|i| {
+            let tar = LayerBuilder::new()
+                .file(&format!("f{i}"), 0o644, b"x")
+                .and_then(LayerBuilder::finish)
+                .unwrap();
+            gzip(tar)
+        })
+        .collect();
+    let image = hostile::build(layers, &Platform::host());
+    let img = hostile::write(&s.dir("img"), &image);
+    s.refused(&img, &[], &["501 layers", "at most 500"]);
+}

@@ -200,3 +200,53 @@ fn a_torn_record_costs_its_own_container_and_never_the_store() {
         lamina.delete_and_assert_gone(id, "healthy");
     }
 }
+
+/// A record is input too: one whose lease or bind source climbs out of the store with
+/// `..` (or names another container) is a bad record, so `delete` tears the container
+/// down by what is mounted in its own directory and never removes what the record names.
+#[test]
+fn record_paths_that_leave_the_store_are_never_followed() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = sample_image(&fs.path().join("sample")).references()[0].clone();
+    let victim = fs.path().join("victim");
+    fs::create_dir_all(victim.join("users")).unwrap();
+    fs::write(victim.join("keep"), "keep").unwrap();
+    let escapes = [
+        (
+            "lease",
+            format!("{}/shared/../../victim/users/x", lamina.store.display()),
+        ),
+        (
+            "bind_source",
+            format!("{}/shared/../../victim", lamina.store.display()),
+        ),
+        ("id", "someone-else".to_string()),
+    ];
+    for (field, value) in &escapes {
+        let id = format!("hostile-{}", field.replace('_', "-"));
+        lamina.create_with(&["--strategy", "classic"], &image, &id);
+        let path = lamina.store.join("images").join(&id).join("container.json");
+        let mut record: serde_json::Value =
+            serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        record[*field] = value.clone().into();
+        fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+
+        let check = lamina.run(&["check"]);
+        let report = report_of(&check);
+        let bad = problems_of_kind(&report, "bad_record");
+        assert_eq!(bad.len(), 1, "{field}: {report}");
+        let out = lamina.run(&["delete", &id]);
+        assert_eq!(out.code, 0, "{field}: {out:?}");
+        assert!(!lamina.store.join("images").join(&id).exists(), "{field}");
+        assert_eq!(
+            fs::read_to_string(victim.join("keep")).unwrap(),
+            "keep",
+            "{field}"
+        );
+        assert!(victim.join("users").is_dir(), "{field}");
+    }
+    assert!(mounts_under(&lamina.store).is_empty());
+    assert_eq!(lamina.run(&["check"]).code, 0);
+}

@@ -27,12 +27,54 @@ pub fn init(level: &str, file: Option<&Path>, bars: Option<MultiProgress>) -> an
                 .append(true)
                 .open(path)
                 .map_err(|e| anyhow::anyhow!("log file {}: {e}", path.display()))?;
-            builder.with_writer(std::sync::Mutex::new(file)).init();
+            let file = std::sync::Arc::new(std::sync::Mutex::new(file));
+            builder
+                .with_writer(move || Escaped(LockedFile(file.clone())))
+                .init();
         }
         (None, Some(bars)) => builder.with_writer(AboveBars(bars)).init(),
-        (None, None) => builder.with_writer(std::io::stderr).init(),
+        (None, None) => builder.with_writer(|| Escaped(std::io::stderr())).init(),
     }
     Ok(())
+}
+
+/// A log line's JSON with DEL and C1 controls escaped (see [`crate::output::escape_c1`]):
+/// image strings reach log fields, and serde_json leaves those characters raw. tracing
+/// writes each event with one `write_all` of the whole line, so no character is split.
+struct Escaped<W: Write>(W);
+
+impl<W: Write> Write for Escaped<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match std::str::from_utf8(buf) {
+            Ok(text) => self
+                .0
+                .write_all(crate::output::escape_c1(text).as_bytes())?,
+            Err(_) => self.0.write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// The log file, shared by every event's writer.
+struct LockedFile(std::sync::Arc<std::sync::Mutex<std::fs::File>>);
+
+impl Write for LockedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut file = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        file.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Writes each log line to stderr with the progress bars lifted out of the way.
@@ -69,6 +111,10 @@ impl Write for Line {
 impl Drop for Line {
     fn drop(&mut self) {
         let text = std::mem::take(&mut self.text);
+        let text = match String::from_utf8(text) {
+            Ok(text) => crate::output::escape_c1(&text).into_bytes(),
+            Err(raw) => raw.into_bytes(),
+        };
         self.bars.suspend(|| {
             let _ = std::io::stderr().write_all(&text);
         });

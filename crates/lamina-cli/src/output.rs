@@ -89,6 +89,28 @@ pub fn error_line(message: &str) -> String {
     line
 }
 
+/// `value` as one JSON line for stdout. serde_json escapes only characters below U+0020;
+/// DEL and the C1 controls (U+0080–U+009F, among them the 8-bit CSI a terminal obeys) are
+/// escaped here too, so an image's env or name cannot drive the terminal that shows the
+/// output. The JSON means the same: `\u009b` decodes to the character it replaces.
+pub fn json_line<T: serde::Serialize>(value: &T) -> serde_json::Result<String> {
+    Ok(escape_c1(&serde_json::to_string(value)?))
+}
+
+/// Replaces DEL and C1 characters in JSON text by `\u00XX` escapes. They can only occur
+/// inside strings there, where the escape is valid JSON.
+pub fn escape_c1(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 impl RuntimeSpec {
     pub fn new(
         env: Vec<String>,
@@ -118,6 +140,14 @@ mod tests {
             error_line("bad\r\x1b[2K OK created\nrootfs\t\u{9b}"),
             "bad\\r\\u{1b}[2K OK created rootfs\\t\\u{9b}"
         );
+    }
+
+    #[test]
+    fn json_lines_escape_del_and_c1_controls() {
+        let line = json_line(&serde_json::json!({"env": ["X=\u{9b}2J\u{7f}é"]})).unwrap();
+        assert_eq!(line, r#"{"env":["X=\u009b2J\u007fé"]}"#);
+        let back: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["env"][0], "X=\u{9b}2J\u{7f}é");
     }
 
     #[test]

@@ -94,20 +94,36 @@ impl Members {
         Members::Dir(path.to_path_buf())
     }
 
-    /// Indexes the regular files of a tar archive.
+    /// Indexes the regular files of a tar archive. Members are read raw and described
+    /// by lamina-unpack's record rules, so a long-name or PAX record is refused by its
+    /// declared size before it is buffered, and member data is seeked over, not read.
     pub fn tar(archive: &Path) -> Result<Self, ImageError> {
-        let fail =
-            |e: io::Error| ImageError::new(format!("reading archive {}: {e}", archive.display()));
+        let shown_archive = crate::shown(&archive.display().to_string());
+        let fail = |e: io::Error| {
+            let e = crate::shown(&e.to_string());
+            ImageError::new(format!("reading archive {shown_archive}: {e}"))
+        };
         let file = File::open(archive).map_err(fail)?;
         let mut tar = tar::Archive::new(file);
         let mut index = HashMap::new();
-        for entry in tar.entries().map_err(fail)? {
-            let entry = entry.map_err(fail)?;
-            if !entry.header().entry_type().is_file() {
+        let mut pending = lamina_unpack::Pending::default();
+        for member in tar.entries_with_seek().map_err(fail)?.raw(true) {
+            let mut member = member.map_err(fail)?;
+            let position = member.raw_file_position();
+            let described = match pending.read(&mut member) {
+                Ok(lamina_unpack::Member::Record) => continue,
+                Ok(lamina_unpack::Member::Entry(described)) => described,
+                Err(refusal) => {
+                    return Err(ImageError::new(format!(
+                        "reading archive {shown_archive}: {refusal}"
+                    )));
+                }
+            };
+            if described.kind != lamina_unpack::Kind::File {
                 continue;
             }
-            let name = normalise(&String::from_utf8_lossy(&entry.path_bytes()));
-            index.insert(name, (entry.raw_file_position(), entry.size()));
+            let name = normalise(&String::from_utf8_lossy(&described.name));
+            index.insert(name, (position, described.size));
         }
         Ok(Members::Tar {
             archive: archive.to_path_buf(),

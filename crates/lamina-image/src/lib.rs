@@ -167,9 +167,21 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Checks that the image config lists one diffID per layer and returns them.
+/// Most layers an image may have: overlay mounts at most 500 lower layers, and each
+/// layer imported costs a directory tree and a sync; an image past it is refused before
+/// any is imported.
+pub const MAX_LAYERS: usize = 500;
+
+/// Checks that the image config lists one diffID per layer (and no more than
+/// [`MAX_LAYERS`]) and returns them.
 pub fn check_diff_ids(config: &ImageConfig, layer_count: usize) -> Result<&[Digest], ImageError> {
     let ids = &config.rootfs.diff_ids;
+    if layer_count > MAX_LAYERS {
+        return Err(ImageError::new(format!(
+            "the manifest has {layer_count} layers; overlay stacks at most {MAX_LAYERS}, so \
+             no rootfs could be made of them"
+        )));
+    }
     if ids.len() != layer_count {
         return Err(ImageError::new(format!(
             "image config lists {} diff_ids but the manifest has {layer_count} layers",

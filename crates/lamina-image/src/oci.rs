@@ -179,7 +179,12 @@ pub fn pick_platform(
 ) -> Result<Descriptor, ImageError> {
     candidates
         .iter()
-        .find(|d| d.platform.as_ref().is_some_and(|p| platform.matches(p)))
+        // Choosing among several, an entry must name its platform in full.
+        .find(|d| {
+            d.platform.as_ref().is_some_and(|p| {
+                !p.os.is_empty() && !p.architecture.is_empty() && platform.matches(p)
+            })
+        })
         .map(|d| (*d).clone())
         .ok_or_else(|| {
             let available: Vec<String> = candidates

@@ -51,10 +51,17 @@ impl Platform {
         }
     }
 
+    /// Whether an image declaring `spec` runs here. A field the image leaves empty
+    /// matches anything (old images omit them); variants compare after containerd's
+    /// defaults (arm64 means arm64/v8, arm means arm/v7, amd64 means amd64/v1), so
+    /// `--platform linux/arm64/v8` takes an image that just says `linux/arm64`.
     pub fn matches(&self, spec: &PlatformSpec) -> bool {
-        self.os == spec.os
-            && self.architecture == spec.architecture
-            && (self.variant.is_none() || self.variant == spec.variant)
+        let field = |ours: &str, theirs: &str| theirs.is_empty() || ours == theirs;
+        field(&self.os, &spec.os)
+            && field(&self.architecture, &spec.architecture)
+            && (self.variant.is_none()
+                || default_variant(&self.architecture, self.variant.as_deref())
+                    == default_variant(&self.architecture, spec.variant.as_deref()))
     }
 }
 
@@ -80,6 +87,16 @@ pub fn refuse_foreign(
         "image is for {declared} ({source} says so), not {whose} {}; pass --platform {declared} to use it anyway",
         crate::shown(&wanted.to_string())
     )))
+}
+
+/// A variant with the architecture's default filled in, as containerd normalises it.
+fn default_variant<'a>(architecture: &str, variant: Option<&'a str>) -> Option<&'a str> {
+    match (architecture, variant) {
+        ("arm64", None) => Some("v8"),
+        ("arm", None) => Some("v7"),
+        ("amd64", None) => Some("v1"),
+        (_, v) => v,
+    }
 }
 
 impl std::fmt::Display for Platform {
@@ -124,6 +141,18 @@ mod tests {
         let asked = Platform::parse(&format!("linux/{other}")).unwrap();
         assert!(refuse_foreign(&spec(other), &asked, "its config").is_ok());
         assert!(refuse_foreign(&spec(&host.architecture), &host, "its config").is_ok());
+    }
+
+    #[test]
+    fn empty_fields_match_and_variants_take_their_defaults() {
+        let arm64 = Platform::parse("linux/arm64/v8").unwrap();
+        assert!(arm64.matches(&spec("arm64")));
+        let mut only_arch = spec("s390x");
+        only_arch.os = String::new();
+        assert!(!Platform::host().matches(&only_arch) || Platform::host().architecture == "s390x");
+        let mut no_arch = spec("");
+        no_arch.os = "windows".into();
+        assert!(!Platform::host().matches(&no_arch));
     }
 
     #[test]

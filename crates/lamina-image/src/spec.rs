@@ -97,9 +97,10 @@ pub struct ImageConfig {
 }
 
 impl ImageConfig {
-    /// The platform the config declares, or `None` when it leaves os or architecture empty.
+    /// The platform the config declares, or `None` when it leaves both os and architecture
+    /// empty (then nothing is known to refuse; one field alone is still checked).
     pub fn platform(&self) -> Option<PlatformSpec> {
-        (!self.os.is_empty() && !self.architecture.is_empty()).then(|| PlatformSpec {
+        (!self.os.is_empty() || !self.architecture.is_empty()).then(|| PlatformSpec {
             architecture: self.architecture.clone(),
             os: self.os.clone(),
             variant: self.variant.clone(),

@@ -172,10 +172,12 @@ impl Client {
         urls: &[String],
     ) -> io::Result<Box<dyn Read + Send>> {
         for url in urls {
-            match self.get_once(url) {
-                Ok(response) => {
-                    return self.blob_stream(response, digest, size, shown(url).to_string());
-                }
+            let from = shown(url).to_string();
+            match self.get_once(url).and_then(|response| {
+                self.blob_stream(response, digest, size, from)
+                    .map_err(|e| e.to_string())
+            }) {
+                Ok(stream) => return Ok(stream),
                 Err(why) => {
                     tracing::warn!(
                         url = shown(url),

@@ -4,6 +4,7 @@
 //! is still running. `container.json`, written last by rename, makes a container listed.
 
 use std::fs::{self, File};
+use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +14,8 @@ use rustix::fs::{CWD, FlockOperation, RenameFlags};
 use lamina_image::Digest;
 use serde::{Deserialize, Serialize};
 
-use crate::{Store, StoreError};
+use crate::record_paths::MAX_RECORD_BYTES;
+use crate::{Layout, Store, StoreError};
 
 const RECORD: &str = "container.json";
 /// Held (flock) by whoever is creating the container; free once it is complete or its
@@ -296,7 +298,7 @@ impl Store {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        read_record(&id, &dir.join(RECORD))
+        read_record(&id, &dir.join(RECORD), &self.layout, false)
     }
 
     /// Writes the record durably: after a crash it is the previous record or this one,
@@ -310,8 +312,13 @@ impl Store {
 
     pub fn record(&self, id: &str) -> Result<ContainerRecord, StoreError> {
         validate_id(id)?;
-        read_record(id, &self.layout.container(id).join(RECORD))?
-            .ok_or_else(|| StoreError::NotFound(id.into()))
+        read_record(
+            id,
+            &self.layout.container(id).join(RECORD),
+            &self.layout,
+            true,
+        )?
+        .ok_or_else(|| StoreError::NotFound(id.into()))
     }
 
     /// Whether anything (even a half-created container) holds this ID.
@@ -401,17 +408,22 @@ impl BadRecord {
 /// Reads the record at `path` of container `id`. Anything there that is not a record
 /// (empty, cut short, not JSON, not readable at all) is [`StoreError::BadRecord`], so
 /// callers can tell one broken container from a broken store.
-fn read_record(id: &str, path: &Path) -> Result<Option<ContainerRecord>, StoreError> {
+/// Reads and checks the record at `path` (of container `id`; `named_by_dir`: the
+/// directory is `images/<id>`, so the record must name `id`). Bounded: a record past
+/// [`MAX_RECORD_BYTES`] is bad, not read whole.
+fn read_record(
+    id: &str,
+    path: &Path,
+    layout: &Layout,
+    named_by_dir: bool,
+) -> Result<Option<ContainerRecord>, StoreError> {
     let bad = |why: String| StoreError::BadRecord {
         id: id.to_string(),
         path: path.to_path_buf(),
         why,
     };
-    match fs::read(path) {
-        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Err(bad("it is empty".into())),
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| bad(format!("not a container record: {e}"))),
+    let file = match File::open(path) {
+        Ok(file) => file,
         // NotADirectory: a stray file in `images/` is no container at all.
         Err(e)
             if matches!(
@@ -419,10 +431,25 @@ fn read_record(id: &str, path: &Path) -> Result<Option<ContainerRecord>, StoreEr
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
             ) =>
         {
-            Ok(None)
+            return Ok(None);
         }
-        Err(e) => Err(bad(e.to_string())),
+        Err(e) => return Err(bad(e.to_string())),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| bad(e.to_string()))?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return Err(bad(format!("it is past {MAX_RECORD_BYTES} bytes")));
     }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(bad("it is empty".into()));
+    }
+    let record: ContainerRecord =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a container record: {e}")))?;
+    let expected = if named_by_dir { id } else { record.id.as_str() };
+    crate::record_paths::check(&record, expected, layout).map_err(bad)?;
+    Ok(Some(record))
 }
 
 /// Unique within the store: pid, time and a per-process counter.

@@ -15,17 +15,15 @@ use rustix::fs::FlockOperation;
 use crate::container::LOCK;
 use crate::{DirLock, Store, StoreError, validate_id};
 
-/// How long a delete waits for a create of the same ID. A create holds the lock while it
-/// imports layers, so this is long; a waiter that gives up says so.
-pub const CONTAINER_WAIT: Duration = Duration::from_secs(600);
-
 const POLL: Duration = Duration::from_millis(20);
 
 impl Store {
     /// Waits until nobody works on container `id`, then holds its directory lock until the
     /// returned guard drops. `None`: there is no such container (any more).
     pub fn wait_for_container(&self, id: &str) -> Result<Option<DirLock>, StoreError> {
-        self.wait_for_container_within(id, CONTAINER_WAIT)
+        // A create holds the lock while it imports layers, so this is the store's long
+        // lock wait; a waiter that gives up says so.
+        self.wait_for_container_within(id, self.lock_timeout())
     }
 
     /// [`Store::wait_for_container`] giving up after `wait`.

@@ -227,12 +227,32 @@ impl Store {
             layer: what.clone(),
             message,
         };
+        // A blob is read no further than its descriptor's size (one byte past, to know it
+        // is longer): a layout blob that is endless, or sparse gigabytes of zstd skippable
+        // frames that decode to nothing, costs no more than the manifest admits. A rootfs
+        // tar has no descriptor; its compressed bytes are bounded by the layer limit.
+        let most = match layer.size {
+            Some(expected) => {
+                if let Ok(actual) = layer.location.size()
+                    && actual != expected
+                {
+                    return Err(fail(format!(
+                        "blob size mismatch: manifest says {expected} bytes, blob has {actual}"
+                    )));
+                }
+                expected
+            }
+            None => self
+                .max_layer_bytes
+                .saturating_add(self.max_layer_bytes / 8)
+                .saturating_add(1 << 20),
+        };
         let blob = layer
             .location
             .open()
             .map_err(|e| fail(format!("opening blob: {e}")))?;
         let blob = Reported {
-            inner: blob,
+            inner: std::io::Read::take(blob, most.saturating_add(1)),
             layer,
             progress: &self.progress,
         };
@@ -252,6 +272,14 @@ impl Store {
             return Err(fail(format!(
                 "blob digest mismatch: manifest says {expected}, blob is {blob_digest}"
             )));
+        }
+        if blob_size > most {
+            return Err(fail(match layer.size {
+                Some(expected) => {
+                    format!("blob size mismatch: manifest says {expected} bytes, blob has more")
+                }
+                None => format!("blob is past {most} bytes"),
+            }));
         }
         if let Some(expected) = layer.size
             && expected != blob_size

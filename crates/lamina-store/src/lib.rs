@@ -19,6 +19,7 @@ mod pause;
 mod permissions;
 pub mod progress;
 mod properties;
+mod record_paths;
 mod shift;
 mod snapshots;
 mod usage;
@@ -32,7 +33,6 @@ pub use container::{
     ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, UpperFsRecord,
     unique_suffix, validate_id,
 };
-pub use container_lock::CONTAINER_WAIT;
 pub use durable::{sync_dir, write_durably};
 pub use error::StoreError;
 pub use import::LayerRecord;

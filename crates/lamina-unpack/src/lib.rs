@@ -16,6 +16,7 @@ mod resolve;
 mod unpacker;
 
 pub use entry_path::{EntryPath, PathRejection, shown};
+pub use records::{Described, Kind, Member, Pending, Refusal};
 pub use unpacker::{UnpackSummary, unpack, unpack_limited};
 
 /// A failed unpack, naming the entry at fault where there is one.

@@ -71,6 +71,15 @@ pub struct Refusal {
     pub message: String,
 }
 
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.name {
+            Some(name) => write!(f, "entry `{}`: {}", crate::shown(name), self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
 impl Refusal {
     fn record(message: String) -> Self {
         Self {
@@ -248,7 +257,7 @@ const SPARSE_REFUSED: &str = "sparse files are not supported: a sparse entry's h
 /// not unpack (sparse files) or that would make it read a different archive than other
 /// readers (a `size` other than the header's).
 fn apply_pax(
-    fields: &[(&[u8], &[u8])],
+    fields: &[PaxRecord<'_>],
     meta: &mut Meta,
     size: u64,
     name: &[u8],
@@ -313,10 +322,13 @@ fn decimal(text: &[u8]) -> Option<u64> {
     std::str::from_utf8(text).ok()?.parse().ok()
 }
 
+/// One PAX record: key and value, as bytes.
+type PaxRecord<'a> = (&'a [u8], &'a [u8]);
+
 /// Parses a PAX extended header strictly (`LEN KEY=VALUE\n`, records filling the header
 /// exactly), as Go's reader and GNU tar do. The `tar` crate's parser stops at the first
 /// blank line, which would let records after it slip past every check here.
-fn parse_pax(mut data: &[u8]) -> Result<Vec<(&[u8], &[u8])>, String> {
+fn parse_pax(mut data: &[u8]) -> Result<Vec<PaxRecord<'_>>, String> {
     let malformed = |why: &str| format!("malformed PAX extended header: {why}");
     let mut fields = Vec::new();
     while !data.is_empty() {

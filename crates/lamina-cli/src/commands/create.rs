@@ -57,6 +57,6 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
         created.record.read_only,
         mounts,
     );
-    println!("{}", serde_json::to_string(&spec)?);
+    println!("{}", crate::output::json_line(&spec)?);
     Ok(())
 }

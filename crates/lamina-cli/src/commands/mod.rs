@@ -246,13 +246,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let top = chain_ids.last().map(ToString::to_string);
             println!(
                 "{}",
-                serde_json::json!({ "image": resolved.source, "layers": chain_ids.len(), "top_chain_id": top })
+                crate::output::json_line(
+                    &serde_json::json!({ "image": resolved.source, "layers": chain_ids.len(), "top_chain_id": top })
+                )?
             );
         }
         Command::Check { repair } => {
             let store = ctx.open_bare_store()?;
             let report = lamina_mount::check(&store, &mounter, repair)?;
-            println!("{}", serde_json::to_string(&report)?);
+            println!("{}", crate::output::json_line(&report)?);
             if !report.ok {
                 return Err(AlreadyReported.into());
             }
@@ -278,23 +280,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Reap => {
             let store = ctx.open_bare_store()?;
             let reaped = lamina_mount::reap(&store, &mounter)?;
-            println!("{}", serde_json::to_string(&reaped)?);
+            println!("{}", crate::output::json_line(&reaped)?);
         }
         Command::Clean { threshold_bytes } => {
             let store = ctx.open_bare_store()?;
             let threshold = threshold_bytes.or(ctx.config.clean.threshold_bytes);
             let report = lamina_mount::clean(&store, &mounter, threshold)?;
-            println!("{}", serde_json::to_string(&report)?);
+            println!("{}", crate::output::json_line(&report)?);
         }
         Command::Stats { id_or_path } => {
             let store = ctx.open_store()?;
             let id = container_id(&store, &id_or_path)?;
-            println!("{}", serde_json::to_string(&stats::of(&store, &id)?)?);
+            println!("{}", crate::output::json_line(&stats::of(&store, &id)?)?);
         }
         Command::Capacity => {
             let store = ctx.open_store()?;
             let capacity = stats::capacity(&store, ctx.config.init.store_size_bytes)?;
-            println!("{}", serde_json::json!({ "capacity": capacity }));
+            println!(
+                "{}",
+                crate::output::json_line(&serde_json::json!({ "capacity": capacity }))?
+            );
         }
         Command::Mount { id_or_path } => {
             let store = ctx.open_store()?;
@@ -339,7 +344,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 lamina_mount::probe::probe(&store, &mounter, refresh).with_context(|| {
                     format!("probing overlay support in {}", ctx.store_path.display())
                 })?;
-            println!("{}", serde_json::to_string(&probe)?);
+            println!("{}", crate::output::json_line(&probe)?);
         }
         Command::SampleImage { out_dir, busybox } => {
             let out_dir = absolute(out_dir)?;

@@ -84,15 +84,21 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
                 }
             };
             let filled = lamina_mount::pool::fill(&store, mounter, &kind, size)?;
-            println!("{}", serde_json::to_string(&filled)?);
+            println!("{}", crate::output::json_line(&filled)?);
         }
         PoolCommand::Refill => {
             let added = lamina_mount::pool::refill_all(&store, mounter)?;
-            println!("{}", serde_json::json!({ "added": added }));
+            println!(
+                "{}",
+                crate::output::json_line(&serde_json::json!({ "added": added }))?
+            );
         }
         PoolCommand::Drain => {
             let released = lamina_mount::pool::drain(&store, mounter)?;
-            println!("{}", serde_json::json!({ "released": released }));
+            println!(
+                "{}",
+                crate::output::json_line(&serde_json::json!({ "released": released }))?
+            );
         }
     }
     Ok(())
