@@ -159,3 +159,28 @@ def zstd_zero_frame(blocks):
     return frame
 bomb = zstd_zero_frame(64) * 8
 write("docker_archive", "zstd-zero-frame-layer", archive([("config.json", json.dumps(dict(config, rootfs={"type": "layers", "diff_ids": [digest(bytes(64 << 20))]})).encode()), ("l/layer.tar", bomb), ("manifest.json", dm(["l/layer.tar"]))]))
+
+# container_record: a container.json is input too (issue 20, class 8).
+os.makedirs(os.path.join(HERE, "corpus", "container_record"), exist_ok=True)
+record = {"id": "fuzzed", "image": "oci:///image:latest", "image_id": "sha256:" + "a" * 64,
+          "layers": ["sha256:" + "b" * 64], "env": ["PATH=/bin"], "strategy": "shared-ro", "mounted": True,
+          "mount_options": [], "created_unix": 0, "read_only": True,
+          "bind_source": "/STORE/shared/" + "b" * 64 + "/rootfs", "lease": "/STORE/shared/" + "b" * 64 + "/users/1-2-3"}
+def record_seed(name, **changes):
+    r = dict(record); r.update(changes)
+    write("container_record", name, json.dumps({k: v for k, v in r.items() if v is not None}).encode())
+record_seed("valid", strategy="classic", read_only=False, bind_source=None, lease=None)
+record_seed("shared-ro-outside-this-store")
+record_seed("lease-dotdot", lease="/STORE/shared/../../victim/users/x", bind_source=None)
+record_seed("bind-source-root", bind_source="/", lease=None)
+record_seed("other-id", id="someone-else", bind_source=None, lease=None)
+write("container_record", "empty", b"")
+write("container_record", "torn", json.dumps(record).encode()[:97])
+write("container_record", "garbage", b"\x00\x17{{not json")
+
+# Class 7: a file capability (v3, rootid 0) on a layer file; class 4: a manifest whose
+# layer descriptor declares far more bytes than the blob (a registry's endless body).
+cap_v3 = bytes.fromhex("01000003" "00200000" "00000000" "00000000" "00000000" "00000000")
+write("unpack_layer", "file-capability-v3", tar([("xattr", "bin/ping", {"SCHILY.xattr.security.capability": cap_v3.decode("latin-1")})]))
+huge_layer = dict(manifest, layers=[dict(manifest["layers"][0], size=1 << 40)])
+write("oci_documents", "layer-declares-a-tebibyte", doc(index) + b"\0" + doc(huge_layer) + b"\0" + doc(config))

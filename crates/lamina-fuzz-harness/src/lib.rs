@@ -7,7 +7,9 @@
 
 mod documents;
 mod layer;
+mod record;
 mod scratch;
 
 pub use documents::{docker_archive, oci_documents};
 pub use layer::unpack_layer;
+pub use record::container_record;

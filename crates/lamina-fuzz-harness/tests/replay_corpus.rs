@@ -45,6 +45,11 @@ fn docker_archive_corpus() {
     replay("docker_archive", lamina_fuzz_harness::docker_archive);
 }
 
+#[test]
+fn container_record_corpus() {
+    replay("container_record", lamina_fuzz_harness::container_record);
+}
+
 /// The seeds the fuzzer starts from must reach past parsing, or it explores only errors.
 #[test]
 fn valid_seeds_resolve() {
@@ -56,4 +61,7 @@ fn valid_seeds_resolve() {
     };
     assert!(lamina_fuzz_harness::oci_documents(&seed("oci_documents")));
     assert!(lamina_fuzz_harness::docker_archive(&seed("docker_archive")));
+    assert!(lamina_fuzz_harness::container_record(&seed(
+        "container_record"
+    )));
 }

@@ -1,0 +1,43 @@
+//! `container_record`: a container's `container.json` is input too (torn by a crash,
+//! edited by hand), and lamina unmounts, binds and removes the paths it names. Property:
+//! reading any bytes as a record never panics or hangs, and a record that is accepted names
+//! its own container and only paths inside the store, with no `..`.
+
+use std::path::{Component, Path};
+
+use lamina_store::Store;
+
+const ID: &str = "fuzzed";
+
+/// Returns whether the input was accepted as a record.
+pub fn container_record(data: &[u8]) -> bool {
+    let scratch = crate::scratch::dir();
+    let store = Store::init(&scratch.path().join("store")).expect("making a store");
+    let dir = store.layout().container(ID);
+    std::fs::create_dir(&dir).expect("making the container directory");
+    std::fs::write(dir.join("container.json"), data).expect("writing the record");
+
+    let scan = store
+        .scan_containers()
+        .expect("scanning never fails on a bad record");
+    let Ok(record) = store.record(ID) else {
+        assert!(scan.records.is_empty(), "a record refused alone was listed");
+        return false;
+    };
+    assert_eq!(record.id, ID, "an accepted record names its own container");
+    for path in record.lease.iter().chain(record.bind_source.iter()) {
+        assert!(
+            inside(path, store.root()),
+            "{} is outside the store",
+            path.display()
+        );
+    }
+    true
+}
+
+fn inside(path: &Path, root: &Path) -> bool {
+    path.starts_with(root)
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+}
