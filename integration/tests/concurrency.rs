@@ -136,19 +136,27 @@ fn two_hundred_processes_create_delete_and_clean_at_once() {
 }
 
 /// Garden deletes a container whose create timed out: the delete arrives while the create
-/// holds a mounted, unrecorded rootfs (held there for 2 s by a pause point). The delete
-/// waits for the create, then deletes; neither fails (before: EBUSY on the delete, or
-/// ENOENT on the create's record), and nothing is left.
+/// imports its layers (nothing of the container exists yet), or while it holds a mounted,
+/// unrecorded rootfs (held at either point for 2 s by a pause point). The delete waits for
+/// the create, then deletes; neither fails (before: "not found" and a container that
+/// appeared after it, EBUSY on the delete, or ENOENT on the create's record), and nothing
+/// is left, not even the ID's lock file.
 #[test]
 fn a_delete_racing_its_create_waits_for_it_then_deletes() {
     require_root();
     let fs = ScratchFs::tmpfs();
     let lamina = Lamina::init(&fs.path().join("store"));
     let image = sample_image(&fs.path().join("sample")).references()[0].clone();
-    for strategy in ["classic", "shared-ro", "deferred"] {
+    let cases = [
+        ("classic", "create-imported"),
+        ("classic", "create-provided"),
+        ("shared-ro", "create-provided"),
+        ("deferred", "create-provided"),
+    ];
+    for (strategy, point) in cases {
         let create = lamina
             .command(&["create", "--strategy", strategy, &image, "racing"])
-            .env("LAMINA_PAUSE_AT", "create-provided")
+            .env("LAMINA_PAUSE_AT", point)
             .env("LAMINA_PAUSE_SECS", "2")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -156,13 +164,22 @@ fn a_delete_racing_its_create_waits_for_it_then_deletes() {
             .unwrap();
         let paused = lamina
             .store
-            .join(format!("run/paused-create-provided.{}", create.id()));
+            .join(format!("run/paused-{point}.{}", create.id()));
         lamina_integration::wait_until("the create to hold a made rootfs", || paused.exists());
         let delete = lamina.command(&["delete", "racing"]).output().unwrap();
         let create = create.wait_with_output().unwrap();
         assert!(create.status.success(), "{strategy}: create {create:?}");
         assert!(delete.status.success(), "{strategy}: delete {delete:?}");
+        let out = String::from_utf8_lossy(&delete.stdout);
+        assert!(
+            out.contains("deleted container"),
+            "{strategy} at {point}: {out}"
+        );
         assert!(!lamina.store.join("images/racing").exists(), "{strategy}");
+        assert!(
+            !lamina.store.join("locks/id-racing.lock").exists(),
+            "{strategy}"
+        );
         assert_eq!(lamina.run(&["reap"]).code, 0);
         assert!(
             mounts_under(&lamina.store.join("images")).is_empty(),

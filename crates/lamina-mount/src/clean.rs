@@ -22,6 +22,8 @@ pub struct CleanReport {
     pub crashed_creates: usize,
     /// Unfinished work removed from `tmp/` (imports, flattenings, pool slots, probes).
     pub tmp_removed: usize,
+    /// Per-ID lock files of containers that never came to be (their create was killed).
+    pub id_locks_removed: usize,
     /// Shared read-only image mounts nobody uses any more.
     pub shared_released: usize,
     /// Pool slots with nothing mounted any more (a host restart), removed. Ready slots
@@ -64,6 +66,7 @@ pub fn clean(
     let mut report = CleanReport {
         tmp_removed: sweep_tmp(store, mounter)?,
         crashed_creates: sweep_crashed_creates(store, mounter)?,
+        id_locks_removed: store.sweep_id_locks()?,
         threshold_bytes,
         ..CleanReport::default()
     };

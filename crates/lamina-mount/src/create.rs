@@ -122,11 +122,29 @@ pub fn create_from(
     options: &CreateOptions,
 ) -> Result<Created, RootfsError> {
     lamina_store::validate_id(id)?;
+    // Held for the whole create, import included: a delete of this ID that arrives
+    // meanwhile (Garden's, after a create timed out) waits and then deletes what this made.
+    let id_lock = store.lock_id(id)?;
     // Fail a duplicate before spending time on import; publishing the directory below is
     // the real claim.
     if store.container_exists(id) {
         return Err(StoreError::AlreadyExists(id.into()).into());
     }
+    let created = create_locked(store, mounter, layers, id, options);
+    if created.is_err() && !store.container_exists(id) {
+        id_lock.release_gone();
+    }
+    created
+}
+
+/// [`create_from`] once the ID is held and free.
+fn create_locked(
+    store: &Store,
+    mounter: &dyn Mounter,
+    layers: Layers<'_>,
+    id: &str,
+    options: &CreateOptions,
+) -> Result<Created, RootfsError> {
     let request = Request {
         strategies: options.strategies,
         read_only: options.read_only,

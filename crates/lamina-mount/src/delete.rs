@@ -25,8 +25,20 @@ pub enum Deleted {
 /// every image plugin and each must succeed.
 pub fn delete(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Deleted, RootfsError> {
     lamina_store::validate_id(id)?;
-    // A create of this ID still in flight finishes first (its record written, or its
-    // directory gone); held until the container has left `images/`.
+    // A create of this ID still in flight (importing, mounting, writing its record)
+    // finishes first; then this deletes what it made.
+    let id_lock = store.lock_id(id)?;
+    let deleted = delete_locked(store, mounter, id);
+    if !store.container_exists(id) {
+        id_lock.release_gone();
+    }
+    deleted
+}
+
+/// [`delete`] once no create or delete of `id` runs.
+fn delete_locked(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Deleted, RootfsError> {
+    // Anything else working on the directory (a `clean` removing a crashed create) is
+    // waited for too; held until the container has left `images/`.
     let Some(_one_step_at_a_time) = store.wait_for_container(id)? else {
         return Ok(Deleted::NotFound);
     };

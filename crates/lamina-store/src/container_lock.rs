@@ -1,13 +1,23 @@
-//! One container ID, one lifecycle step at a time. A create holds its container
-//! directory's flock (`images/<id>/lock`) from the moment the directory is published until
-//! its record is written; a delete of the same ID waits for that flock, so it never tears
-//! a half-made rootfs from under its create (EBUSY on a mount being made, ENOENT on the
-//! record being written) — Garden deletes a container whose create timed out. A flock dies
-//! with its process, so a killed create never blocks a delete.
+//! One container ID, one lifecycle step at a time. Garden deletes a container whose create
+//! timed out, so a delete can arrive at any moment of its create: while layers import
+//! (nothing of the container exists yet), while its rootfs is being mounted, before its
+//! record is written. Two locks make that safe:
+//!
+//! - `locks/id-<ID>.lock`, taken by a create for its whole run and by a delete while it
+//!   deletes: a delete waits for the create (bounded, naming the holder) and then deletes
+//!   what the create made, instead of answering "not found" and leaving a container to
+//!   appear after it, or tearing a half-made rootfs from under its create. Removed when the
+//!   container is gone (or was never made), so IDs used once leave no file behind.
+//! - the container directory's own flock (`images/<id>/lock`), held from the moment the
+//!   directory is published until its record is written, which also covers work on the
+//!   directory that does not come from a create (`clean` removing a crashed create).
+//!
+//! flocks die with their process, so a killed create never blocks a delete.
 
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rustix::fs::FlockOperation;
@@ -17,12 +27,76 @@ use crate::{DirLock, Store, StoreError, validate_id};
 
 const POLL: Duration = Duration::from_millis(20);
 
+/// The per-ID lock: dropped, it is released; [`IdLock::release_gone`] also removes its
+/// file, once the container does not exist.
+#[derive(Debug)]
+pub struct IdLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl IdLock {
+    /// Removes the lock file, then releases the lock. Call once the container is gone
+    /// (deleted, or its create failed): a waiter holding the old file sees it replaced and
+    /// takes the new one, so no two processes ever hold "the" lock of one ID.
+    pub fn release_gone(self) {
+        let _ = std::fs::remove_file(&self.path);
+        drop(self.file);
+    }
+}
+
 impl Store {
-    /// Waits until nobody works on container `id`, then holds its directory lock until the
-    /// returned guard drops. `None`: there is no such container (any more).
+    /// Waits (at most the store's lock timeout) for any other create or delete of `id`,
+    /// then holds the ID until the returned lock drops.
+    pub fn lock_id(&self, id: &str) -> Result<IdLock, StoreError> {
+        validate_id(id)?;
+        let path = self.layout.lock(&format!("id-{id}"));
+        loop {
+            let file = File::create(&path).map_err(StoreError::io("creating lock", &path))?;
+            self.wait_for_flock(&file, &path, false)?;
+            // Whoever held it may have removed the file (the container is gone) and a
+            // third process made a new one: hold the file that is there now.
+            if same_file(&file, &path) {
+                return Ok(IdLock { file, path });
+            }
+        }
+    }
+
+    /// Removes the ID lock files of containers that do not exist and that nobody holds:
+    /// what creates killed before they finished leave. Returns how many went.
+    pub fn sweep_id_locks(&self) -> Result<usize, StoreError> {
+        let dir = self.layout.locks();
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&dir).map_err(StoreError::io("listing", &dir))? {
+            let entry = entry.map_err(StoreError::io("listing", &dir))?;
+            let name = entry.file_name();
+            let Some(id) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("id-"))
+                .and_then(|n| n.strip_suffix(".lock"))
+            else {
+                continue;
+            };
+            if validate_id(id).is_err() || self.container_exists(id) {
+                continue;
+            }
+            let path = entry.path();
+            let Ok(file) = File::open(&path) else {
+                continue;
+            };
+            let free =
+                rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive).is_ok();
+            if free && same_file(&file, &path) && !self.container_exists(id) {
+                IdLock { file, path }.release_gone();
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Waits until nobody works on container `id`'s directory, then holds its directory
+    /// lock until the returned guard drops. `None`: there is no such container (any more).
     pub fn wait_for_container(&self, id: &str) -> Result<Option<DirLock>, StoreError> {
-        // A create holds the lock while it imports layers, so this is the store's long
-        // lock wait; a waiter that gives up says so.
         self.wait_for_container_within(id, self.lock_timeout())
     }
 
@@ -37,6 +111,12 @@ impl Store {
         let path = base.join(LOCK);
         let started = Instant::now();
         loop {
+            if started.elapsed() >= wait {
+                return Err(StoreError::ContainerBusy {
+                    id: id.to_string(),
+                    waited_secs: started.elapsed().as_secs(),
+                });
+            }
             let file = match File::open(&path) {
                 Ok(file) => file,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -51,23 +131,15 @@ impl Store {
                 Ok(()) if same_file(&file, &path) => {
                     return Ok(Some(DirLock { _held: Some(file) }));
                 }
-                Ok(()) => continue,
-                Err(rustix::io::Errno::WOULDBLOCK) if started.elapsed() < wait => {
-                    std::thread::sleep(POLL);
-                }
-                Err(rustix::io::Errno::WOULDBLOCK) => {
-                    return Err(StoreError::ContainerBusy {
-                        id: id.to_string(),
-                        waited_secs: started.elapsed().as_secs(),
-                    });
-                }
+                Ok(()) => {}
+                Err(rustix::io::Errno::WOULDBLOCK) => std::thread::sleep(POLL),
                 Err(e) => return Err(StoreError::errno("locking", &path)(e)),
             }
         }
     }
 }
 
-fn same_file(file: &File, path: &std::path::Path) -> bool {
+fn same_file(file: &File, path: &Path) -> bool {
     match (file.metadata(), std::fs::metadata(path)) {
         (Ok(held), Ok(now)) => held.ino() == now.ino() && held.dev() == now.dev(),
         _ => false,

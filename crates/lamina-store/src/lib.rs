@@ -33,6 +33,7 @@ pub use container::{
     ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, UpperFsRecord,
     unique_suffix, validate_id,
 };
+pub use container_lock::IdLock;
 pub use durable::{sync_dir, write_durably};
 pub use error::StoreError;
 pub use import::LayerRecord;

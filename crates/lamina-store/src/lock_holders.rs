@@ -17,14 +17,14 @@ pub(crate) fn describe(file: &File) -> String {
         return "its holder is unknown (/proc/locks is unreadable)".into();
     };
     let (major, minor) = (rustix::fs::major(meta.dev()), rustix::fs::minor(meta.dev()));
-    let mut pids = holders(&table, Some((major, minor)), meta.ino());
+    // Device and inode both: an inode number alone names unrelated files on other
+    // filesystems. A holder that cannot be named is said to be unknown, never guessed.
+    let pids = holders(&table, Some((major, minor)), meta.ino());
     if pids.is_empty() {
-        // Some filesystems (btrfs subvolumes) report a different st_dev than the
-        // superblock /proc/locks names; the inode alone still finds the holder.
-        pids = holders(&table, None, meta.ino());
-    }
-    if pids.is_empty() {
-        return "its holder is not listed in /proc/locks (it just let go?)".into();
+        return "its holder is unknown (not in /proc/locks for this file: it may have just \
+                let go, run in another pid namespace, or the filesystem names its device \
+                differently)"
+            .into();
     }
     let shown: Vec<String> = pids
         .iter()
