@@ -50,6 +50,9 @@ pub struct Choice {
     pub read_only: bool,
     /// Why, for the log line.
     pub reason: String,
+    /// The operator named these strategies (not `auto`): each is honoured or the create
+    /// fails saying why, never silently replaced.
+    pub named: bool,
 }
 
 /// Resolves `request`. `layers` is the image's layer count.
@@ -105,6 +108,7 @@ pub fn choose(
         strategies,
         read_only,
         reason: "requested".into(),
+        named: true,
     })
 }
 
@@ -128,6 +132,7 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
             strategies: s,
             read_only: true,
             reason: why.join("; "),
+            named: false,
         };
     }
     if probe.metacopy {
@@ -145,7 +150,8 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
         }
     }
     s.isolated = choose_upper(request, &s, pools, &mut why);
-    if (pools.overlay_ready)(s.mount_flavor()) {
+    if let Some(flavor) = ready_pool_flavor(pools, s.mount_flavor()) {
+        s.metacopy = flavor.metacopy;
         s.pooled = true;
         why.push("a pre-mounted overlay is ready in the pool");
     }
@@ -153,7 +159,22 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
         strategies: s,
         read_only: false,
         reason: why.join("; "),
+        named: false,
     }
+}
+
+/// The flavor of a ready pool that serves an auto create wanting `flavor`: that flavor,
+/// or the same without metacopy (a pre-mounted overlay saves the mount stall, S2; metacopy
+/// only speeds later copy-ups, S3). Volatile and the upper filesystem never change: they
+/// decide what survives a crash and how much the container may write.
+fn ready_pool_flavor(pools: &Pools<'_>, flavor: Strategies) -> Option<Strategies> {
+    let plain = Strategies {
+        metacopy: false,
+        ..flavor
+    };
+    [flavor, plain]
+        .into_iter()
+        .find(|&candidate| (pools.overlay_ready)(candidate))
 }
 
 /// Whether an auto create gets its own upper filesystem (docs/benchmarks.md, S1, S3 and
@@ -184,7 +205,7 @@ fn choose_upper(
             isolated: Some(backend),
             ..s.mount_flavor()
         };
-        if (pools.overlay_ready)(flavor) || (pools.upper_ready)(backend) {
+        if ready_pool_flavor(pools, flavor).is_some() || (pools.upper_ready)(backend) {
             why.push("an isolated upper filesystem is ready in a pool: no neighbour sync, own rename lock");
             return Some(backend);
         }
@@ -281,12 +302,17 @@ mod tests {
             upper_ready: &|_| false,
         };
         choose(&auto(false, true), &probe(true), 2, &pools).unwrap();
+        // Each flavor auto would mount, then the same without metacopy: a pre-mounted
+        // overlay saves more than metacopy does.
         assert_eq!(
             asked.into_inner(),
             vec![
                 "isolated-memory,metacopy,volatile",
+                "isolated-memory,volatile",
                 "isolated,metacopy,volatile",
-                "metacopy,volatile"
+                "isolated,volatile",
+                "metacopy,volatile",
+                "volatile"
             ]
         );
     }

@@ -155,29 +155,52 @@ fn create_locked(
     if options.without_mount && request.idmapped_layers {
         return Err(RootfsError::WithoutMountIdmapped);
     }
-    let default_upper = |backend| UpperPlan::new(backend, None, options.disk_fs);
-    let choice = if request.strategies == Strategies::CLASSIC
-        && !request.ephemeral
-        && !request.disk_limit
-    {
-        // Classic needs nothing probed: GrootFS's path stays free of the probe's cost.
-        Choice {
-            strategies: Strategies::CLASSIC,
-            read_only: request.read_only,
-            reason: "requested".into(),
-        }
-    } else {
-        let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
-        let chain_ids = layers.chain_ids();
-        let pools = Pools {
-            overlay_ready: &|flavor| {
-                let upper = flavor.isolated.map(default_upper);
-                pool::ready(store, &PoolKind::overlays(&chain_ids, flavor, upper))
-            },
-            upper_ready: &|backend| pool::ready(store, &PoolKind::uppers(default_upper(backend))),
-        };
-        choose(&request, &probe, chain_ids.len(), &pools)?
+    // The upper a create would make: sized by its disk limit when the layers it needs to
+    // measure the image are in the store (they are whenever a pool of them is), so pool
+    // readiness is judged for the size this create would claim.
+    let planned_upper = |backend, chain_ids: &[Digest]| {
+        isolated::plan_for(
+            store,
+            chain_ids,
+            backend,
+            options.disk_limit,
+            options.disk_fs,
+        )
+        .unwrap_or_else(|_| UpperPlan::new(backend, None, options.disk_fs))
     };
+    let choice =
+        if request.strategies == Strategies::CLASSIC && !request.ephemeral && !request.disk_limit {
+            // Classic needs nothing probed: GrootFS's path stays free of the probe's cost.
+            Choice {
+                strategies: Strategies::CLASSIC,
+                read_only: request.read_only,
+                reason: "requested".into(),
+                named: true,
+            }
+        } else {
+            let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
+            let chain_ids = layers.chain_ids();
+            let pools = Pools {
+                overlay_ready: &|flavor| {
+                    let upper = flavor.isolated.map(|b| planned_upper(b, &chain_ids));
+                    pool::ready(store, &PoolKind::overlays(&chain_ids, flavor, upper))
+                },
+                upper_ready: &|backend| {
+                    pool::ready(store, &PoolKind::uppers(planned_upper(backend, &chain_ids)))
+                },
+            };
+            choose(&request, &probe, chain_ids.len(), &pools)?
+        };
+    if choice.named && choice.strategies.pooled {
+        // Pool slots are mounted read-write overlays: a named `pooled` is served from the
+        // pool of exactly its flavor (see `overlay`) or refused, never replaced.
+        if choice.read_only {
+            return Err(RootfsError::PoolReadOnly);
+        }
+        if options.without_mount && !options.claim_pooled_without_mount {
+            return Err(RootfsError::PoolWithoutMount);
+        }
+    }
     // Held until this function returns, after the record names the layers: layer
     // collection never takes a layer from under a create.
     let _layers_in_use = store.use_layers()?;
@@ -322,6 +345,13 @@ fn overlay<'a>(
                 upper_fs,
                 _lease_in_flight: None,
                 claimed_from_pool: true,
+            });
+        }
+        if choice.named {
+            // The operator asked for a pooled overlay; another create took the last slot
+            // between the check and the claim. Said, never silently replaced.
+            return Err(RootfsError::PoolEmpty {
+                flavor: flavor.to_string(),
             });
         }
         tracing::info!(id, "pool is empty: mounting a fresh overlay");

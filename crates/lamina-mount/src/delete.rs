@@ -145,6 +145,13 @@ pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError>
             discard(dir, record.as_ref(), mounts);
         }
         for (dir, record, mounts) in pending {
+            seen.insert(dir.clone());
+            // An inline delete renames its container here and removes it itself, holding
+            // the directory's lock: not the reaper's to touch (both removing one tree
+            // fails one of them with ENOENT).
+            let Ok(Some(_held)) = store.try_lock_dir(&dir) else {
+                continue;
+            };
             match teardown(store, mounter, &dir, record, mounts) {
                 Ok(()) => reaped.removed += 1,
                 Err(e) => {
@@ -152,7 +159,6 @@ pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError>
                     reaped.failed += 1;
                 }
             }
-            seen.insert(dir);
         }
     }
 }

@@ -63,6 +63,18 @@ pub enum RootfsError {
         "--without-mount cannot be served by this uid-mapped store: it idmaps layers when it mounts them, which mount options cannot express (initialise the store with --chown-layers)"
     )]
     WithoutMountIdmapped,
+    #[error(
+        "strategy `pooled`: the image's pool of `{flavor}` overlays has no slot ready (fill it with `lamina pool fill --strategy pooled,{flavor} IMAGE`, or leave `pooled` out)"
+    )]
+    PoolEmpty { flavor: String },
+    #[error(
+        "strategy `pooled` serves read-write overlays; it does not combine with --read-only (use shared-ro or direct)"
+    )]
+    PoolReadOnly,
+    #[error(
+        "strategy `pooled` claims an overlay that is already mounted; it does not combine with --without-mount"
+    )]
+    PoolWithoutMount,
     #[error("rootfs of container `{id}` is busy (a process may still use it): {source}")]
     Busy { id: String, source: MountError },
     #[error(

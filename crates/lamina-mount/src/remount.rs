@@ -86,7 +86,9 @@ pub fn mount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Rootf
     if let Some(source) = &record.bind_source {
         mounter.bind_read_only(source, &dirs.rootfs)?;
     } else {
-        let spec = plan::read_write(store, &record.layers, &dirs, s.mount_flavor());
+        let mut spec = plan::read_write(store, &record.layers, &dirs, s.mount_flavor());
+        // A read-only container comes back read-only, as create mounted it.
+        spec.read_only = record.read_only;
         mounter.mount_overlay(&spec, &dirs.rootfs)?;
         record.mount_options = spec.option_strings();
     }
