@@ -140,3 +140,79 @@ fn auto_with_a_disk_limit_claims_from_a_pool_filled_for_that_limit() {
     assert_eq!(lamina.run(&["pool", "drain"]).code, 0);
     assert!(mounts_under(&lamina.store).is_empty());
 }
+
+#[test]
+fn check_repair_says_repaired_only_when_a_pending_delete_is_gone() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let (lamina, image) = setup(&fs);
+    let rootfs = lamina.create_with(&["--strategy", "deferred"], &image, "stuck");
+    fs::write(rootfs.join("etc/pinned"), "x").unwrap();
+    let pinned = lamina.store.join("images/stuck/upper/etc/pinned");
+    let chattr = |flag: &str| {
+        let ok = std::process::Command::new("chattr")
+            .args([flag, pinned.to_str().unwrap()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "chattr {flag}");
+    };
+    chattr("+i");
+    assert_eq!(lamina.run(&["delete", "stuck"]).code, 0);
+    let reaped = lamina.run(&["reap"]).json();
+    assert_eq!(reaped["failed"], 1, "{reaped}");
+    let pinned_in_trash = fs::read_dir(lamina.store.join("trash"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join("upper/etc/pinned");
+
+    let report = lamina.run(&["check", "--repair"]);
+    assert_eq!(report.code, 1, "{report:?}");
+    let json: serde_json::Value = serde_json::from_str(&report.stdout).unwrap();
+    assert_eq!(json["ok"], false, "{json}");
+    let pending: Vec<_> = json["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["kind"] == "pending_delete")
+        .collect();
+    assert_eq!(pending.len(), 1, "{json}");
+    assert_eq!(pending[0]["repaired"], false, "{json}");
+
+    let ok = std::process::Command::new("chattr")
+        .args(["-i", pinned_in_trash.to_str().unwrap()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let json = lamina.run(&["check", "--repair"]).json();
+    assert_eq!(json["ok"], true, "{json}");
+    assert_eq!(lamina.entries("trash"), 0);
+}
+
+#[test]
+fn clean_keeps_the_standing_order_of_a_pool_whose_slots_all_went() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let (lamina, image) = setup(&fs);
+    assert_eq!(lamina.run(&["pool", "fill", "--size", "1", &image]).code, 0);
+    // A host restart takes the slot's mount: `clean` removes the stale slot, emptying the
+    // pool, but the operator still wants one ready.
+    let slots = mounts_under(&lamina.store.join("pool"));
+    assert_eq!(slots.len(), 1, "{slots:?}");
+    let ok = std::process::Command::new("umount")
+        .arg(&slots[0])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let report = lamina.run(&["clean"]).json();
+    assert_eq!(report["pool_released"], 1, "{report}");
+    let refill = lamina.run(&["pool", "refill"]).json();
+    assert_eq!(refill["added"], 1, "the pool is still wanted: {refill}");
+    assert_eq!(lamina.run(&["pool", "drain"]).code, 0);
+    assert!(mounts_under(&lamina.store).is_empty());
+}

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
-use lamina_store::{LayerRecord, Store};
+use lamina_store::{LayerRecord, Store, StoreError};
 use lamina_sys::Mounter;
 use serde::Serialize;
 
@@ -79,7 +79,18 @@ pub fn check(
                 dir,
                 "a deleted container not yet torn down, and no reaper running",
             );
-            findings.fix(problem, &|| delete::reap(store, mounter).map(|_| ()));
+            // Repaired only if it is gone afterwards: the reaper logs and leaves what it
+            // cannot remove (a busy rootfs, an immutable file), and reports no error.
+            findings.fix(problem, &|| {
+                delete::reap(store, mounter)?;
+                if dir.exists() {
+                    return Err(StoreError::io("tearing down", dir)(std::io::Error::other(
+                        "the reaper could not remove it (busy, or a file it may not delete); it stays queued",
+                    ))
+                    .into());
+                }
+                Ok(())
+            });
         }
     }
 

@@ -319,17 +319,32 @@ pub(crate) fn claim(
 
 /// Unmounts and removes every slot nobody is claiming. Returns how many went.
 pub fn drain(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
-    release(store, mounter, |_| true)
+    release(store, mounter, |_| true, Orders::Cancel)
 }
 
 /// Removes the slots a host restart (or a stray unmount) left with nothing mounted:
 /// `clean` does this, and leaves ready slots to the operator's `pool drain`.
 pub(crate) fn release_stale(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
-    release(store, mounter, |slot| {
-        !["rootfs", "upperfs"]
-            .iter()
-            .any(|dir| mounter.is_mountpoint(&slot.join(dir)).unwrap_or(false))
-    })
+    release(
+        store,
+        mounter,
+        |slot| {
+            !["rootfs", "upperfs"]
+                .iter()
+                .any(|dir| mounter.is_mountpoint(&slot.join(dir)).unwrap_or(false))
+        },
+        Orders::Keep,
+    )
+}
+
+/// What a release does to the pools' standing orders (`.target`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Orders {
+    /// `drain`: an emptied pool is forgotten, so a refill racing the drain adds nothing.
+    Cancel,
+    /// `clean`: a pool whose slots were all claimed (or went stale) is still wanted; the
+    /// next refill makes its slots again.
+    Keep,
 }
 
 /// Unmounts and removes the unclaimed slots `doomed` picks.
@@ -337,6 +352,7 @@ fn release(
     store: &Store,
     mounter: &dyn Mounter,
     doomed: impl Fn(&Path) -> bool,
+    orders: Orders,
 ) -> Result<usize, RootfsError> {
     let mut released = 0;
     for dir in slots(&store.layout().pool()) {
@@ -350,8 +366,7 @@ fn release(
             crate::clean::remove_unmounted(mounter, &slot)?;
             released += 1;
         }
-        if fs::remove_dir(&dir).is_ok() {
-            // Emptied: forget its target, so a refill racing this drain adds nothing.
+        if orders == Orders::Cancel && fs::remove_dir(&dir).is_ok() {
             let _ = fs::remove_file(dir.with_extension("target"));
         }
     }
