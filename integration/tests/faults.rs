@@ -174,9 +174,12 @@ fn deleting_a_busy_rootfs_deferred_returns_and_the_reaper_finishes_later() {
 
     squatter.kill().unwrap();
     squatter.wait().unwrap();
+    // `clean` reaps it, or a background reaper that an earlier command started (every
+    // command that finds trash and no reaper starts one) got there first: `clean` waits
+    // for a running reaper, so either way the trash is empty once it returns.
     let report = lamina.run(&["clean"]).json();
-    assert_eq!(report["reaped"], 1, "{report}");
-    assert_eq!(lamina.entries("trash"), 0);
+    assert!(report["reaped"].as_u64().unwrap() <= 1, "{report}");
+    assert_eq!(lamina.entries("trash"), 0, "{report}");
     assert!(mounts_under(&lamina.store).is_empty());
     assert_eq!(lamina.run(&["check"]).code, 0);
 }

@@ -51,7 +51,7 @@ pub struct Cli {
     /// HOST[:PORT] to pull docker:// images from over plain HTTP, repeatable [default: `create.insecure_registries` in --config]
     #[arg(long = "insecure-registry", global = true, value_name = "HOST")]
     insecure_registries: Vec<String>,
-    /// Fail a registry request that receives nothing (headers, or the next bytes of a body) for this many seconds [default: `registry_timeout_seconds` in --config, else 60]
+    /// Fail a registry connection, lookup or request that gets nothing, or under 1 KiB/s, for this many seconds [default: `registry_timeout_seconds` in --config, else 60]
     #[arg(long, global = true, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     registry_timeout_seconds: Option<u64>,
     /// Give up waiting for a store lock another process holds after this many seconds, naming the holder [default: `lock_timeout_seconds` in --config, else 600]

@@ -68,6 +68,23 @@ impl Challenge {
     }
 }
 
+/// The `host[:port]` of token realm `realm` if it is a plain-HTTP URL. Basic credentials
+/// sent there from an HTTPS registry would cross the network in the clear, to a realm the
+/// registry named (so a registry, or whoever rewrote its challenge, could harvest them).
+pub(crate) fn plain_http_host(realm: &str) -> Option<&str> {
+    let scheme = realm.get(..7)?;
+    if !scheme.eq_ignore_ascii_case("http://") {
+        return None;
+    }
+    let rest = &realm[7..];
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    Some(
+        authority
+            .rsplit_once('@')
+            .map_or(authority, |(_, host)| host),
+    )
+}
+
 /// `key="value",key=value` pairs; commas inside quotes (scopes list actions) are kept.
 fn params_of(s: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
@@ -120,6 +137,20 @@ mod tests {
             Some(Challenge::Basic)
         );
         assert_eq!(Challenge::parse("Negotiate"), None);
+    }
+
+    #[test]
+    fn finds_the_host_of_a_plain_http_realm() {
+        assert_eq!(
+            plain_http_host("http://auth.example:8080/token"),
+            Some("auth.example:8080")
+        );
+        assert_eq!(
+            plain_http_host("HTTP://u@auth.example?x=/y"),
+            Some("auth.example")
+        );
+        assert_eq!(plain_http_host("https://auth.example/token"), None);
+        assert_eq!(plain_http_host("http:"), None);
     }
 
     #[test]

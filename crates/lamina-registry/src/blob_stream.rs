@@ -9,12 +9,16 @@
 use std::io::{self, Read};
 use std::time::Duration;
 
+use crate::pace::too_slow;
+use crate::redact;
+
 /// Reads blob `digest` from `inner`, failing once the body runs past `size` bytes, ends
-/// before it, or stalls for the transport's per-read timeout.
+/// before it, stalls for the transport's per-read timeout, or (`inner` being a
+/// [`crate::pace::MinRate`]) comes too slowly.
 pub(crate) struct BlobStream<R> {
     inner: R,
     digest: String,
-    /// `registry HOST` or a non-distributable layer's URL.
+    /// `registry HOST` or a non-distributable layer's URL (redacted and bounded).
     from: String,
     size: u64,
     read: u64,
@@ -41,8 +45,15 @@ impl<R: Read> BlobStream<R> {
         )
     }
 
-    /// A transport error, named; a timeout says the registry stalled.
+    /// A transport error, named; a timeout says the registry stalled, a body under the
+    /// minimum rate that it was too slow.
     fn failed_read(&self, e: io::Error) -> io::Error {
+        if let Some(slow) = too_slow(&e) {
+            return self.fail(
+                io::ErrorKind::TimedOut,
+                format!("{slow}; {} of {} bytes read", self.read, self.size),
+            );
+        }
         if is_timeout(&e) {
             return self.fail(
                 io::ErrorKind::TimedOut,
@@ -57,7 +68,12 @@ impl<R: Read> BlobStream<R> {
         }
         io::Error::new(
             e.kind(),
-            format!("blob {}: reading from {}: {e}", self.digest, self.from),
+            format!(
+                "blob {}: reading from {}: {}",
+                self.digest,
+                self.from,
+                redact::text(&e.to_string())
+            ),
         )
     }
 }
@@ -201,6 +217,26 @@ mod tests {
             "{err}"
         );
         assert!(err.contains(DIGEST), "{err}");
+    }
+
+    #[test]
+    fn a_body_under_the_minimum_rate_is_too_slow_naming_the_blob() {
+        /// One byte every 20 ms: a 50 ms window wants 52.
+        struct Drip;
+        impl Read for Drip {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                std::thread::sleep(Duration::from_millis(20));
+                buf[0] = b'x';
+                Ok(1)
+            }
+        }
+        let slow = crate::pace::MinRate::new(Drip, Duration::from_millis(50));
+        let err = read_all(stream(slow, 29)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        let err = err.to_string();
+        let prefix = format!("blob {DIGEST} from registry 127.0.0.1:5000: too slow: ");
+        assert!(err.starts_with(&prefix), "{err}");
+        assert!(err.contains(" of 29 bytes read"), "{err}");
     }
 
     #[test]

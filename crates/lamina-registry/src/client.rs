@@ -2,7 +2,10 @@
 //! backoff for what a retry can fix (connection failures, 5xx, 429), one-line errors that
 //! name the registry and never the credentials. Nothing a registry sends is read without
 //! bound: documents stop at [`MAX_DOCUMENT_BYTES`] (or their descriptor's size), blobs at
-//! their descriptor's size, and a read that makes no progress for the stall timeout fails.
+//! their descriptor's size; resolving, connecting (with its TLS handshake) and waiting for
+//! headers each get the stall timeout, a read that makes no progress for it fails, and so
+//! does a body slower than [`crate::MIN_RATE`] over it. Whatever the registry or ureq says
+//! reaches errors and logs through [`redact`]: queries hidden, escaped, bounded.
 
 use std::io::{self, Read};
 use std::sync::Mutex;
@@ -13,14 +16,23 @@ use ureq::http::Response;
 
 use lamina_image::MAX_DOCUMENT_BYTES;
 
-use crate::auth::{Challenge, Credentials};
-use crate::blob_stream::{BlobStream, is_timeout};
-use crate::{RegistryError, RegistryRef};
+use crate::auth::Credentials;
+use crate::blob_stream::BlobStream;
+use crate::pace::{MinRate, read_failure};
+use crate::{RegistryError, RegistryRef, redact};
+
+mod token;
 
 /// How long a registry may send nothing (no headers, no body bytes) before a request
 /// fails, unless [`PullOptions::stall_timeout`] says otherwise. A slow registry is fine;
 /// one that says nothing for a minute has stalled.
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How many entries of a layer's `urls` are looked at. Each one tried may cost a connect
+/// timeout and a stall timeout while the layer's store lock is held, and the manifest
+/// (the registry) decides how many there are; real non-distributable layers list one or
+/// two.
+pub const MAX_LAYER_URLS: usize = 3;
 
 /// How a pull talks to registries.
 #[derive(Debug, Clone)]
@@ -32,8 +44,9 @@ pub struct PullOptions {
     pub retries: u32,
     /// The first retry's delay; each further one doubles it.
     pub backoff: Duration,
-    /// How long one read (response headers, or the next bytes of a body) may make no
-    /// progress before it fails: `--registry-timeout-seconds`.
+    /// `--registry-timeout-seconds`: how long resolving a host, connecting to it (TLS
+    /// handshake included), waiting for response headers, or one read of a body may take;
+    /// and the window over which a body must average [`crate::MIN_RATE`].
     pub stall_timeout: Duration,
 }
 
@@ -72,7 +85,8 @@ impl Client {
         let scheme = if insecure { "http" } else { "https" };
         let agent: Agent = Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(15)))
+            .timeout_resolve(Some(options.stall_timeout))
+            .timeout_connect(Some(options.stall_timeout))
             .timeout_recv_response(Some(options.stall_timeout))
             .timeout_per_read(Some(options.stall_timeout))
             .build()
@@ -138,22 +152,18 @@ impl Client {
             return Err(too_long(length));
         }
         let mut body = Vec::new();
-        response
-            .into_body()
-            .into_reader()
-            .take(limit + 1)
-            .read_to_end(&mut body)
-            .map_err(|e| {
-                self.error(&if is_timeout(&e) {
-                    format!(
-                        "reading {path}: no data for {} s: the registry stalled \
-                         (--registry-timeout-seconds)",
-                        self.options.stall_timeout.as_secs_f64()
-                    )
-                } else {
-                    format!("reading {path}: {e}")
-                })
-            })?;
+        MinRate::new(
+            response.into_body().into_reader(),
+            self.options.stall_timeout,
+        )
+        .take(limit + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| {
+            self.error(&format!(
+                "reading {path}: {}",
+                read_failure(&e, self.options.stall_timeout)
+            ))
+        })?;
         if body.len() as u64 > limit {
             return Err(too_long(body.len() as u64));
         }
@@ -162,25 +172,39 @@ impl Client {
 
     /// Opens a stream of blob `digest`, `size` bytes long by its descriptor: from `urls`
     /// first (a non-distributable layer's own locations, fetched without the registry's
-    /// credentials), then the registry. Each URL is tried once: the next one, and the
+    /// credentials), then the registry. Only the first [`MAX_LAYER_URLS`] entries are
+    /// looked at, and only http and https ones tried, each once: the next one, and the
     /// registry, are the retry. The stream ends with an error if the body is longer or
-    /// shorter than `size`, or stalls; a Content-Length other than `size` fails at once.
+    /// shorter than `size`, stalls or is too slow; a Content-Length other than `size`
+    /// fails at once.
     pub fn open_blob(
         &self,
         digest: &str,
         size: u64,
         urls: &[String],
     ) -> io::Result<Box<dyn Read + Send>> {
-        for url in urls {
-            let from = shown(url).to_string();
+        if urls.len() > MAX_LAYER_URLS {
+            tracing::warn!(
+                blob = digest,
+                listed = urls.len(),
+                tried = MAX_LAYER_URLS,
+                "the layer lists more URLs than lamina tries; ignoring the rest"
+            );
+        }
+        for url in urls.iter().take(MAX_LAYER_URLS) {
+            let from = redact::url(url);
+            if !is_http(url) {
+                tracing::warn!(url = from, "skipping a layer URL that is not http or https");
+                continue;
+            }
             match self.get_once(url).and_then(|response| {
-                self.blob_stream(response, digest, size, from)
+                self.blob_stream(response, digest, size, from.clone())
                     .map_err(|e| e.to_string())
             }) {
                 Ok(stream) => return Ok(stream),
                 Err(why) => {
                     tracing::warn!(
-                        url = shown(url),
+                        url = from,
                         why,
                         "non-distributable layer URL failed; trying the next source"
                     )
@@ -211,7 +235,10 @@ impl Client {
                 ),
             ));
         }
-        let inner = response.into_body().into_reader();
+        let inner = MinRate::new(
+            response.into_body().into_reader(),
+            self.options.stall_timeout,
+        );
         Ok(Box::new(BlobStream::new(
             inner,
             digest,
@@ -247,7 +274,7 @@ impl Client {
                 Attempt::Done(response) => return Ok(response),
                 Attempt::Retry(why) if attempt < self.options.retries => {
                     tracing::warn!(
-                        url,
+                        url = redact::url(url),
                         attempt = attempt + 1,
                         why,
                         delay_ms = delay.as_millis() as u64,
@@ -282,12 +309,19 @@ impl Client {
             Err(e) if url.starts_with("https:") && is_tls_failure(&e) => {
                 // A retry cannot fix a handshake; most often the registry speaks plain HTTP.
                 return Err(self.error(&format!(
-                    "GET {}: TLS failed: {e} (a plain-HTTP registry? pass --insecure-registry {})",
-                    shown(url),
+                    "GET {}: TLS failed: {} (a plain-HTTP registry? pass --insecure-registry {})",
+                    redact::url(url),
+                    redact::text(&e.to_string()),
                     self.host
                 )));
             }
-            Err(e) => return Ok(Attempt::Retry(format!("GET {}: {e}", shown(url)))),
+            Err(e) => {
+                return Ok(Attempt::Retry(format!(
+                    "GET {}: {}",
+                    redact::url(url),
+                    self.transport_failure(&e)
+                )));
+            }
         };
         let status = response.status().as_u16();
         match status {
@@ -307,17 +341,20 @@ impl Client {
             401 | 403 => Err(self.error(&if self.options.credentials.is_some() {
                 format!(
                     "access to {} denied: the credentials were refused",
-                    shown(url)
+                    redact::url(url)
                 )
             } else {
                 format!(
                     "access to {} denied: the registry wants credentials (--username/--password)",
-                    shown(url)
+                    redact::url(url)
                 )
             })),
-            404 => Err(self.error(&format!("{} not found", shown(url)))),
-            429 | 500..=599 => Ok(Attempt::Retry(format!("GET {}: HTTP {status}", shown(url)))),
-            _ => Err(self.error(&format!("GET {}: HTTP {status}", shown(url)))),
+            404 => Err(self.error(&format!("{} not found", redact::url(url)))),
+            429 | 500..=599 => Ok(Attempt::Retry(format!(
+                "GET {}: HTTP {status}",
+                redact::url(url)
+            ))),
+            _ => Err(self.error(&format!("GET {}: HTTP {status}", redact::url(url)))),
         }
     }
 
@@ -325,76 +362,19 @@ impl Client {
         self.authorization.lock().ok().and_then(|a| a.clone())
     }
 
-    /// Answers a challenge: Basic takes the credentials as they are; Bearer trades them
-    /// (or nothing, for anonymous pulls) for a token at the realm.
-    fn authenticate(&self, header: &str) -> Result<(), RegistryError> {
-        let value = match Challenge::parse(header) {
-            Some(Challenge::Basic) => {
-                let creds = self.options.credentials.as_ref().ok_or_else(|| {
-                    self.error("the registry wants credentials (--username/--password)")
-                })?;
-                creds.basic_header()
+    /// A request that got no response, in words: our timeouts by name, anything else as
+    /// ureq says it, queries hidden.
+    fn transport_failure(&self, e: &ureq::Error) -> String {
+        let secs = self.options.stall_timeout.as_secs_f64();
+        match e {
+            ureq::Error::Timeout(ureq::Timeout::Connect) => {
+                format!("no connection within {secs} s (--registry-timeout-seconds)")
             }
-            Some(Challenge::Bearer {
-                realm,
-                service,
-                scope,
-            }) => {
-                let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", self.repository));
-                let mut url = format!("{realm}?scope={}", encode(&scope));
-                if let Some(service) = service {
-                    url.push_str(&format!("&service={}", encode(&service)));
-                }
-                format!("Bearer {}", self.token(&url)?)
+            ureq::Error::Timeout(ureq::Timeout::Resolve) => {
+                format!("the host did not resolve within {secs} s (--registry-timeout-seconds)")
             }
-            None => {
-                return Err(self.error(&format!(
-                    "the registry asks for authentication lamina does not speak: `{header}`"
-                )));
-            }
-        };
-        if let Ok(mut slot) = self.authorization.lock() {
-            *slot = Some(value);
+            _ => redact::text(&e.to_string()),
         }
-        Ok(())
-    }
-
-    fn token(&self, url: &str) -> Result<String, RegistryError> {
-        let mut request = self.agent.get(url);
-        if let Some(creds) = &self.options.credentials {
-            request = request.header("Authorization", &creds.basic_header());
-        }
-        let response = request
-            .call()
-            .map_err(|e| self.error(&format!("token request to {}: {e}", shown(url))))?;
-        let status = response.status().as_u16();
-        if status == 401 || status == 403 {
-            return Err(self.error(if self.options.credentials.is_some() {
-                "the token service refused the credentials"
-            } else {
-                "the token service wants credentials (--username/--password)"
-            }));
-        }
-        if !(200..300).contains(&status) {
-            return Err(self.error(&format!("token request to {}: HTTP {status}", shown(url))));
-        }
-        let body = response
-            .into_body()
-            .with_config()
-            .limit(MAX_DOCUMENT_BYTES)
-            .read_to_vec()
-            .map_err(|e| self.error(&format!("reading token: {e}")))?;
-        #[derive(serde::Deserialize)]
-        struct Token {
-            token: Option<String>,
-            access_token: Option<String>,
-        }
-        let parsed: Token = serde_json::from_slice(&body)
-            .map_err(|e| self.error(&format!("token response is not valid: {e}")))?;
-        parsed
-            .token
-            .or(parsed.access_token)
-            .ok_or_else(|| self.error("token response holds no token"))
     }
 
     fn error(&self, what: &str) -> RegistryError {
@@ -416,19 +396,8 @@ fn is_tls_failure(e: &ureq::Error) -> bool {
         .any(|w| text.contains(w))
 }
 
-/// A URL for messages: without any query (tokens and signed storage URLs live there).
-fn shown(url: &str) -> &str {
-    url.split('?').next().unwrap_or(url)
-}
-
-/// Percent-encodes a query value.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// Whether `url` is one ureq should be asked for: http or https, nothing else.
+fn is_http(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")
 }

@@ -9,11 +9,14 @@
 mod auth;
 mod blob_stream;
 mod client;
+mod pace;
+mod redact;
 mod reference;
 mod resolve;
 
 pub use auth::Credentials;
-pub use client::{Client, DEFAULT_STALL_TIMEOUT, PullOptions};
+pub use client::{Client, DEFAULT_STALL_TIMEOUT, MAX_LAYER_URLS, PullOptions};
+pub use pace::MIN_RATE;
 pub use reference::{RegistryRef, Target};
 pub use resolve::resolve;
 

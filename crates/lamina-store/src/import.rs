@@ -64,50 +64,50 @@ impl Store {
             self.progress.present(layer);
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
+        // Set by the first layer to fail: no worker starts another, and downloads in
+        // flight stop at their next read (their "cancelled" errors are never reported).
         let failed = std::sync::atomic::AtomicBool::new(false);
-        let results: Vec<Result<(), (usize, StoreError)>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..PARALLEL_IMPORTS.min(missing.len()))
-                .map(|_| {
-                    scope.spawn(|| {
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some((layer, chain_id)) = missing.get(i) else {
-                                return Ok(());
-                            };
-                            if failed.load(std::sync::atomic::Ordering::Relaxed) {
-                                return Ok(()); // the image failed: start nothing more
+        let first_error: std::sync::Mutex<Option<StoreError>> = std::sync::Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..PARALLEL_IMPORTS.min(missing.len()) {
+                scope.spawn(|| {
+                    while !failed.load(std::sync::atomic::Ordering::Relaxed) {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((layer, chain_id)) = missing.get(i) else {
+                            return;
+                        };
+                        if let Err(e) = self.ensure_layer(layer, chain_id, &failed) {
+                            let mut first = first_error
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            if !failed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                                *first = Some(e);
                             }
-                            self.ensure_layer(layer, chain_id).map_err(|e| {
-                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                                (i, e)
-                            })?;
+                            return;
                         }
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| {
-                    w.join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                })
-                .collect()
+                    }
+                });
+            }
         });
-        if let Some((_, e)) = results
-            .into_iter()
-            .filter_map(Result::err)
-            .min_by_key(|(i, _)| *i)
-        {
-            return Err(e);
+        let first = first_error
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match first {
+            Some(e) => Err(e),
+            None => Ok(chain_ids),
         }
-        Ok(chain_ids)
     }
 
     pub fn has_layer(&self, chain_id: &Digest) -> bool {
         self.layout.layer(chain_id).is_dir()
     }
 
-    fn ensure_layer(&self, layer: &LayerBlob, chain_id: &Digest) -> Result<(), StoreError> {
+    fn ensure_layer(
+        &self,
+        layer: &LayerBlob,
+        chain_id: &Digest,
+        cancelled: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), StoreError> {
         // One importer per layer: concurrent creates of images that share it wait here,
         // then find it done.
         let _lock = self.lock_layer(chain_id)?;
@@ -116,20 +116,25 @@ impl Store {
             return Ok(());
         }
         self.progress.started(layer);
-        let imported = self.import_locked(layer, chain_id);
+        let imported = self.import_locked(layer, chain_id, cancelled);
         self.progress.finished(layer, imported.is_ok());
         imported
     }
 
     /// Imports `layer` as `chain_id`; the caller holds its lock and found it missing.
-    fn import_locked(&self, layer: &LayerBlob, chain_id: &Digest) -> Result<(), StoreError> {
+    fn import_locked(
+        &self,
+        layer: &LayerBlob,
+        chain_id: &Digest,
+        cancelled: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), StoreError> {
         let staging = self.fresh_staging(chain_id)?;
         let mut guard = RemoveOnDrop(Some(staging.clone()));
         let diff = staging.join("diff");
         fs::create_dir(&diff).map_err(StoreError::io("creating", &diff))?;
 
         let started = std::time::Instant::now();
-        let record = self.unpack_verified(layer, chain_id, &diff)?;
+        let record = self.unpack_verified(layer, chain_id, &diff, cancelled)?;
         if self.properties.chowns_layers() {
             crate::shift::shift_ownership(&diff, &self.properties.id_map).map_err(|e| {
                 StoreError::Layer {
@@ -221,6 +226,7 @@ impl Store {
         layer: &LayerBlob,
         chain_id: &Digest,
         dest: &Path,
+        cancelled: &std::sync::atomic::AtomicBool,
     ) -> Result<LayerRecord, StoreError> {
         let what = layer.describe();
         let fail = |message: String| StoreError::Layer {
@@ -257,6 +263,7 @@ impl Store {
             inner: std::io::Read::take(blob, most.saturating_add(1)),
             layer,
             progress: &self.progress,
+            cancelled,
         };
         let mut stored = HashingReader::new(blob);
         let decoded = compression::decoder(&mut stored, layer.compression, &what)?;

@@ -26,15 +26,23 @@ pub struct Silent;
 
 impl ImportProgress for Silent {}
 
-/// A blob stream that reports every read to `progress`.
+/// A blob stream that reports every read to `progress`, and stops once `cancelled` is
+/// set: another layer of the same image failed, so this one's download is wasted.
 pub(crate) struct Reported<'a, R> {
     pub inner: R,
     pub layer: &'a LayerBlob,
     pub progress: &'a Arc<dyn ImportProgress>,
+    pub cancelled: &'a std::sync::atomic::AtomicBool,
 }
 
 impl<R: Read> Read for Reported<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "cancelled: another layer of this image failed",
+            ));
+        }
         let n = self.inner.read(buf)?;
         if n > 0 {
             self.progress.advanced(self.layer, n as u64);
