@@ -18,11 +18,7 @@ impl RawTar {
         h.set_mode(0o644);
         h.set_size(size);
         h.set_cksum();
-        self.0.extend_from_slice(h.as_bytes());
-        self.0.extend_from_slice(data);
-        let pad = data.len().div_ceil(512) * 512 - data.len();
-        self.0.extend(std::iter::repeat_n(0, pad));
-        self
+        self.push(&h, data)
     }
 
     pub fn file(&mut self, name: &str, data: &[u8]) -> &mut Self {
@@ -69,6 +65,11 @@ impl RawTar {
         octal(&mut gnu.sparse[0].offset, offset);
         octal(&mut gnu.sparse[0].numbytes, data.len() as u64);
         h.set_cksum();
+        self.push(&h, data)
+    }
+
+    /// Appends header `h` and `data`, padded to whole blocks.
+    fn push(&mut self, h: &Header, data: &[u8]) -> &mut Self {
         self.0.extend_from_slice(h.as_bytes());
         self.0.extend_from_slice(data);
         let pad = data.len().div_ceil(512) * 512 - data.len();

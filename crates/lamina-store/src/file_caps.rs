@@ -77,24 +77,12 @@ pub(crate) fn shifted(value: &[u8], map: &IdMap) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::IdMapping;
 
     const CAP_NET_RAW: u32 = 1 << 13;
     const EFFECTIVE: u32 = 0x1;
 
     fn map() -> IdMap {
-        IdMap {
-            uids: vec![IdMapping {
-                ns_id: 0,
-                host_id: 100_000,
-                size: 65_536,
-            }],
-            gids: vec![IdMapping {
-                ns_id: 0,
-                host_id: 200_000,
-                size: 65_536,
-            }],
-        }
+        crate::properties::test_map(100_000, 200_000)
     }
 
     fn v2(permitted: u32) -> Vec<u8> {

@@ -154,24 +154,12 @@ fn tighten(fd: &OwnedFd, dir: &Path, mode: u32, gid: u32) -> Result<(), StoreErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{IdMap, IdMapping};
 
     #[test]
     fn mapped_root_group_traverses() {
         let mut props = StoreProperties::default();
         assert_eq!(traverse_group(&props), None);
-        props.id_map = IdMap {
-            uids: vec![IdMapping {
-                ns_id: 0,
-                host_id: 100_000,
-                size: 65_536,
-            }],
-            gids: vec![IdMapping {
-                ns_id: 0,
-                host_id: 200_000,
-                size: 65_536,
-            }],
-        };
+        props.id_map = crate::properties::test_map(100_000, 200_000);
         assert_eq!(traverse_group(&props), Some(200_000));
     }
 

@@ -55,6 +55,20 @@ impl fmt::Display for IdMapping {
     }
 }
 
+/// 0 → `uid_host` and 0 → `gid_host`, 65536 ids each: the map unit tests use.
+#[cfg(test)]
+pub(crate) fn test_map(uid_host: u32, gid_host: u32) -> IdMap {
+    let line = |host_id| IdMapping {
+        ns_id: 0,
+        host_id,
+        size: 65_536,
+    };
+    IdMap {
+        uids: vec![line(uid_host)],
+        gids: vec![line(gid_host)],
+    }
+}
+
 /// A user namespace's uid and gid maps.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdMap {
