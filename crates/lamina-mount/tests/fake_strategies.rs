@@ -56,15 +56,17 @@ fn a_pooled_create_claims_a_premounted_overlay_without_mounting() {
     let refill = lamina_mount::pool::fill(&store, &fake, &kind, None).unwrap();
     assert_eq!((refill.added, refill.ready), (1, 2));
 
-    // An empty pool (of the metacopy flavor here) falls back to a fresh mount.
-    let created = create(&store, &fake, &image, "q", &with("pooled,volatile")).unwrap();
-    assert_eq!(
-        created.record.strategy, "volatile",
-        "recorded as what happened"
+    // A named `pooled` whose pool (of the volatile flavor here) is empty is refused, not
+    // silently replaced by a fresh mount; nothing of it is left.
+    let err = create(&store, &fake, &image, "q", &with("pooled,volatile")).unwrap_err();
+    assert!(
+        matches!(err, lamina_mount::RootfsError::PoolEmpty { ref flavor } if flavor == "volatile"),
+        "{err}"
     );
+    assert!(!store.container_exists("q"));
 
     assert_eq!(delete(&store, &fake, "p").unwrap(), Deleted::Removed);
-    assert_eq!(delete(&store, &fake, "q").unwrap(), Deleted::Removed);
+    assert_eq!(delete(&store, &fake, "q").unwrap(), Deleted::NotFound);
     assert_eq!(lamina_mount::pool::drain(&store, &fake).unwrap(), 2);
     assert!(fake.mounted().is_empty(), "{:?}", fake.mounted());
     assert_eq!(fs::read_dir(store.layout().pool()).unwrap().count(), 0);
