@@ -38,8 +38,8 @@ pub(crate) struct Reported<'a, R> {
 impl<R: Read> Read for Reported<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(io::Error::new(
-                io::ErrorKind::Interrupted,
+            // Not `Interrupted`: readers retry that kind for ever.
+            return Err(io::Error::other(
                 "cancelled: another layer of this image failed",
             ));
         }
