@@ -190,3 +190,34 @@ fn a_delete_racing_its_create_waits_for_it_then_deletes() {
         std::fs::remove_file(&paused).unwrap();
     }
 }
+
+/// `unmount` (and `mount`) of an ID whose create is still in flight waits for the create,
+/// then acts on the finished container (before: "container does not exist", its record
+/// not yet written).
+#[test]
+fn an_unmount_racing_its_create_waits_for_it() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = sample_image(&fs.path().join("sample")).references()[0].clone();
+    let create = lamina
+        .command(&["create", "--strategy", "classic", &image, "racing"])
+        .env("LAMINA_PAUSE_AT", "create-provided")
+        .env("LAMINA_PAUSE_SECS", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let paused = lamina
+        .store
+        .join(format!("run/paused-create-provided.{}", create.id()));
+    lamina_integration::wait_until("the create to hold a made rootfs", || paused.exists());
+    let unmount = lamina.command(&["unmount", "racing"]).output().unwrap();
+    let create = create.wait_with_output().unwrap();
+    assert!(create.status.success(), "create {create:?}");
+    assert!(unmount.status.success(), "unmount {unmount:?}");
+    assert!(mounts_under(&lamina.store.join("images")).is_empty());
+    assert_eq!(lamina.run(&["mount", "racing"]).code, 0);
+    lamina.delete_and_assert_gone("racing", "after mount");
+    assert!(!lamina.store.join("locks/id-racing.lock").exists());
+}
