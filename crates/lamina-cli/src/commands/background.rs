@@ -28,6 +28,9 @@ pub fn spawn(store: &Store, log_file: Option<&Path>, args: &[&str]) {
         .arg(store.root())
         .arg("--log-file")
         .arg(&log)
+        // The child waits for locks no longer than its parent was told to.
+        .arg("--lock-timeout-seconds")
+        .arg(store.lock_timeout().as_secs().max(1).to_string())
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
