@@ -14,6 +14,7 @@ use lamina_store::{
 use lamina_sys::{DiskFs, Mounter, OverlaySpec};
 
 use crate::choose::{Choice, Pools, Request, choose};
+use crate::one_step::holding_id;
 use crate::pool::PoolKind;
 use crate::{
     DiskLimit, RootfsError, Strategies, UpperPlan, flatten, isolated, plan, pool, probe, shared,
@@ -124,17 +125,14 @@ pub fn create_from(
     lamina_store::validate_id(id)?;
     // Held for the whole create, import included: a delete of this ID that arrives
     // meanwhile (Garden's, after a create timed out) waits and then deletes what this made.
-    let id_lock = store.lock_id(id)?;
-    // Fail a duplicate before spending time on import; publishing the directory below is
-    // the real claim.
-    if store.container_exists(id) {
-        return Err(StoreError::AlreadyExists(id.into()).into());
-    }
-    let created = create_locked(store, mounter, layers, id, options);
-    if created.is_err() && !store.container_exists(id) {
-        id_lock.release_gone();
-    }
-    created
+    holding_id(store, id, || {
+        // Fail a duplicate before spending time on import; publishing the directory
+        // below is the real claim.
+        if store.container_exists(id) {
+            return Err(StoreError::AlreadyExists(id.into()).into());
+        }
+        create_locked(store, mounter, layers, id, options)
+    })
 }
 
 /// [`create_from`] once the ID is held and free.

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use lamina_store::{ContainerDirs, ContainerRecord, Store, StoreError};
 use lamina_sys::Mounter;
 
+use crate::one_step::holding_id;
 use crate::{RootfsError, Strategies, shared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,12 +28,7 @@ pub fn delete(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Deleted,
     lamina_store::validate_id(id)?;
     // A create of this ID still in flight (importing, mounting, writing its record)
     // finishes first; then this deletes what it made.
-    let id_lock = store.lock_id(id)?;
-    let deleted = delete_locked(store, mounter, id);
-    if !store.container_exists(id) {
-        id_lock.release_gone();
-    }
-    deleted
+    holding_id(store, id, || delete_locked(store, mounter, id))
 }
 
 /// [`delete`] once no create or delete of `id` runs.

@@ -14,6 +14,7 @@ mod delete;
 mod delete_store;
 mod flatten;
 pub mod isolated;
+mod one_step;
 pub mod plan;
 pub mod pool;
 pub mod probe;

@@ -14,27 +14,12 @@ use std::fs;
 use lamina_store::{ContainerDirs, ContainerRecord, Store, StoreError};
 use lamina_sys::Mounter;
 
+use crate::one_step::holding_id;
 use crate::{RootfsError, Strategies, UpperPlan, isolated, plan, shared, volatile_marker};
-
-/// Runs `step` on container `id` while holding the ID (see `lamina-store`'s
-/// `container_lock.rs`): a create or delete of the same ID in flight finishes first, so an
-/// `unmount` or `mount` never meets a half-made or half-gone container.
-fn one_step<T>(
-    store: &Store,
-    id: &str,
-    step: impl FnOnce() -> Result<T, RootfsError>,
-) -> Result<T, RootfsError> {
-    let held = store.lock_id(id)?;
-    let result = step();
-    if !store.container_exists(id) {
-        held.release_gone();
-    }
-    result
-}
 
 /// Unmounts container `id`'s rootfs and keeps everything else.
 pub fn unmount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
-    one_step(store, id, || unmount_held(store, mounter, id))
+    holding_id(store, id, || unmount_held(store, mounter, id))
 }
 
 fn unmount_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
@@ -71,7 +56,7 @@ fn unmount_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Ro
 
 /// Mounts container `id`'s rootfs again as its record describes. Already mounted: no-op.
 pub fn mount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
-    one_step(store, id, || mount_held(store, mounter, id))
+    holding_id(store, id, || mount_held(store, mounter, id))
 }
 
 fn mount_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {

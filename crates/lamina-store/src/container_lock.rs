@@ -18,14 +18,11 @@ use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use rustix::fs::FlockOperation;
 
 use crate::container::LOCK;
 use crate::{DirLock, Store, StoreError, validate_id};
-
-const POLL: Duration = Duration::from_millis(20);
 
 /// The per-ID lock: dropped, it is released; [`IdLock::release_gone`] also removes its
 /// file, once the container does not exist.
@@ -94,29 +91,14 @@ impl Store {
         Ok(removed)
     }
 
-    /// Waits until nobody works on container `id`'s directory, then holds its directory
-    /// lock until the returned guard drops. `None`: there is no such container (any more).
+    /// Waits (at most the store's lock timeout, naming the holder, like every store lock)
+    /// until nobody works on container `id`'s directory, then holds its directory lock
+    /// until the returned guard drops. `None`: there is no such container (any more).
     pub fn wait_for_container(&self, id: &str) -> Result<Option<DirLock>, StoreError> {
-        self.wait_for_container_within(id, self.lock_timeout())
-    }
-
-    /// [`Store::wait_for_container`] giving up after `wait`.
-    pub fn wait_for_container_within(
-        &self,
-        id: &str,
-        wait: Duration,
-    ) -> Result<Option<DirLock>, StoreError> {
         validate_id(id)?;
         let base = self.layout.container(id);
         let path = base.join(LOCK);
-        let started = Instant::now();
         loop {
-            if started.elapsed() >= wait {
-                return Err(StoreError::ContainerBusy {
-                    id: id.to_string(),
-                    waited_secs: started.elapsed().as_secs(),
-                });
-            }
             let file = match File::open(&path) {
                 Ok(file) => file,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -125,15 +107,11 @@ impl Store {
                 }
                 Err(e) => return Err(StoreError::io("opening", &path)(e)),
             };
-            match rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive) {
-                // The directory may have been removed (a failed create) or replaced (a
-                // new create of the ID) while we waited: hold the lock of the one there now.
-                Ok(()) if same_file(&file, &path) => {
-                    return Ok(Some(DirLock { _held: Some(file) }));
-                }
-                Ok(()) => {}
-                Err(rustix::io::Errno::WOULDBLOCK) => std::thread::sleep(POLL),
-                Err(e) => return Err(StoreError::errno("locking", &path)(e)),
+            self.wait_for_flock(&file, &path, false)?;
+            // The directory may have been removed (a failed create) or replaced (a new
+            // create of the ID) while we waited: hold the lock of the one there now.
+            if same_file(&file, &path) {
+                return Ok(Some(DirLock { _held: Some(file) }));
             }
         }
     }

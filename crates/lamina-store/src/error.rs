@@ -14,11 +14,6 @@ pub enum StoreError {
     LayerMissing(String),
     #[error("container `{0}` already exists")]
     AlreadyExists(String),
-    #[error(
-        "container `{id}` is still being created by another lamina process after {waited_secs} s; \
-         retry when it is done"
-    )]
-    ContainerBusy { id: String, waited_secs: u64 },
     #[error("container `{0}` does not exist")]
     NotFound(String),
     #[error("invalid container ID `{id}`: {why}")]

@@ -19,7 +19,7 @@ pub(crate) fn describe(file: &File) -> String {
     let (major, minor) = (rustix::fs::major(meta.dev()), rustix::fs::minor(meta.dev()));
     // Device and inode both: an inode number alone names unrelated files on other
     // filesystems. A holder that cannot be named is said to be unknown, never guessed.
-    let pids = holders(&table, Some((major, minor)), meta.ino());
+    let pids = holders(&table, (major, minor), meta.ino());
     if pids.is_empty() {
         return "its holder is unknown (not in /proc/locks for this file: it may have just \
                 let go, run in another pid namespace, or the filesystem names its device \
@@ -34,9 +34,9 @@ pub(crate) fn describe(file: &File) -> String {
     format!("held by {noun} {}", shown.join(", "))
 }
 
-/// Pids holding a granted flock on inode `ino` (of device `dev`, when given) in
+/// Pids holding a granted flock on inode `ino` of device `dev` in
 /// `/proc/locks` text; lines of waiters (`->`) and other lock kinds are skipped.
-fn holders(table: &str, dev: Option<(u32, u32)>, ino: u64) -> Vec<u32> {
+fn holders(table: &str, (major, minor): (u32, u32), ino: u64) -> Vec<u32> {
     let mut pids = Vec::new();
     for line in table.lines() {
         // `1: FLOCK  ADVISORY  WRITE 30662 fe:00:9977960 0 EOF`
@@ -51,9 +51,8 @@ fn holders(table: &str, dev: Option<(u32, u32)>, ino: u64) -> Vec<u32> {
         let (Some(maj), Some(min), Some(inode)) = (parts.next(), parts.next(), parts.next()) else {
             continue;
         };
-        let same_dev = dev.is_none_or(|(major, minor)| {
-            u32::from_str_radix(maj, 16) == Ok(major) && u32::from_str_radix(min, 16) == Ok(minor)
-        });
+        let same_dev =
+            u32::from_str_radix(maj, 16) == Ok(major) && u32::from_str_radix(min, 16) == Ok(minor);
         if same_dev
             && inode.parse::<u64>() == Ok(ino)
             && let Ok(pid) = pid.parse::<u32>()
@@ -121,10 +120,9 @@ mod tests {
 
     #[test]
     fn granted_flocks_of_the_inode_are_found_and_waiters_skipped() {
-        assert_eq!(holders(TABLE, Some((0xfe, 0)), 9977960), vec![30662]);
-        assert_eq!(holders(TABLE, Some((0, 0x2a)), 77), vec![40001, 40002]);
-        assert_eq!(holders(TABLE, Some((0xfe, 1)), 9977960), Vec::<u32>::new());
-        assert_eq!(holders(TABLE, None, 77), vec![40001, 40002]);
+        assert_eq!(holders(TABLE, (0xfe, 0), 9977960), vec![30662]);
+        assert_eq!(holders(TABLE, (0, 0x2a), 77), vec![40001, 40002]);
+        assert_eq!(holders(TABLE, (0xfe, 1), 9977960), Vec::<u32>::new());
     }
 
     #[test]
