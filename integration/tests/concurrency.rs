@@ -135,6 +135,29 @@ fn two_hundred_processes_create_delete_and_clean_at_once() {
     assert!(mounts_under(&lamina.store).is_empty());
 }
 
+/// Starts `create --strategy STRATEGY IMAGE racing` held for 2 s at pause point `point`,
+/// and returns once it is there, with the marker file the pause wrote.
+fn paused_create(
+    lamina: &Lamina,
+    strategy: &str,
+    image: &str,
+    point: &str,
+) -> (Child, std::path::PathBuf) {
+    let create = lamina
+        .command(&["create", "--strategy", strategy, image, "racing"])
+        .env("LAMINA_PAUSE_AT", point)
+        .env("LAMINA_PAUSE_SECS", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let paused = lamina
+        .store
+        .join(format!("run/paused-{point}.{}", create.id()));
+    lamina_integration::wait_until("the create to reach its pause point", || paused.exists());
+    (create, paused)
+}
+
 /// Garden deletes a container whose create timed out: the delete arrives while the create
 /// imports its layers (nothing of the container exists yet), or while it holds a mounted,
 /// unrecorded rootfs (held at either point for 2 s by a pause point). The delete waits for
@@ -154,18 +177,7 @@ fn a_delete_racing_its_create_waits_for_it_then_deletes() {
         ("deferred", "create-provided"),
     ];
     for (strategy, point) in cases {
-        let create = lamina
-            .command(&["create", "--strategy", strategy, &image, "racing"])
-            .env("LAMINA_PAUSE_AT", point)
-            .env("LAMINA_PAUSE_SECS", "2")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let paused = lamina
-            .store
-            .join(format!("run/paused-{point}.{}", create.id()));
-        lamina_integration::wait_until("the create to hold a made rootfs", || paused.exists());
+        let (create, paused) = paused_create(&lamina, strategy, &image, point);
         let delete = lamina.command(&["delete", "racing"]).output().unwrap();
         let create = create.wait_with_output().unwrap();
         assert!(create.status.success(), "{strategy}: create {create:?}");
@@ -200,18 +212,7 @@ fn an_unmount_racing_its_create_waits_for_it() {
     let fs = ScratchFs::tmpfs();
     let lamina = Lamina::init(&fs.path().join("store"));
     let image = sample_image(&fs.path().join("sample")).references()[0].clone();
-    let create = lamina
-        .command(&["create", "--strategy", "classic", &image, "racing"])
-        .env("LAMINA_PAUSE_AT", "create-provided")
-        .env("LAMINA_PAUSE_SECS", "2")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let paused = lamina
-        .store
-        .join(format!("run/paused-create-provided.{}", create.id()));
-    lamina_integration::wait_until("the create to hold a made rootfs", || paused.exists());
+    let (create, _paused) = paused_create(&lamina, "classic", &image, "create-provided");
     let unmount = lamina.command(&["unmount", "racing"]).output().unwrap();
     let create = create.wait_with_output().unwrap();
     assert!(create.status.success(), "create {create:?}");

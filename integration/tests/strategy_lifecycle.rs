@@ -141,6 +141,17 @@ fn auto_with_a_disk_limit_claims_from_a_pool_filled_for_that_limit() {
     assert!(mounts_under(&lamina.store).is_empty());
 }
 
+/// `chattr FLAG PATH`, which must succeed.
+fn chattr(flag: &str, path: &std::path::Path) {
+    let ok = std::process::Command::new("chattr")
+        .arg(flag)
+        .arg(path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "chattr {flag} {}", path.display());
+}
+
 #[test]
 fn check_repair_says_repaired_only_when_a_pending_delete_is_gone() {
     require_root();
@@ -149,15 +160,7 @@ fn check_repair_says_repaired_only_when_a_pending_delete_is_gone() {
     let rootfs = lamina.create_with(&["--strategy", "deferred"], &image, "stuck");
     fs::write(rootfs.join("etc/pinned"), "x").unwrap();
     let pinned = lamina.store.join("images/stuck/upper/etc/pinned");
-    let chattr = |flag: &str| {
-        let ok = std::process::Command::new("chattr")
-            .args([flag, pinned.to_str().unwrap()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "chattr {flag}");
-    };
-    chattr("+i");
+    chattr("+i", &pinned);
     assert_eq!(lamina.run(&["delete", "stuck"]).code, 0);
     let reaped = lamina.run(&["reap"]).json();
     assert_eq!(reaped["failed"], 1, "{reaped}");
@@ -182,12 +185,7 @@ fn check_repair_says_repaired_only_when_a_pending_delete_is_gone() {
     assert_eq!(pending.len(), 1, "{json}");
     assert_eq!(pending[0]["repaired"], false, "{json}");
 
-    let ok = std::process::Command::new("chattr")
-        .args(["-i", pinned_in_trash.to_str().unwrap()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    chattr("-i", &pinned_in_trash);
     let json = lamina.run(&["check", "--repair"]).json();
     assert_eq!(json["ok"], true, "{json}");
     assert_eq!(lamina.entries("trash"), 0);
