@@ -14,7 +14,6 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use lamina_benches::criterion_table::{CASES, GROUP, KERNEL_FLOOR};
 use lamina_benches::rig::Rig;
 use lamina_integration::{FsKind, require_root};
-use lamina_mount::Strategies;
 use lamina_mount::pool::{self, PoolKind};
 use lamina_sys::Mounter;
 
@@ -51,7 +50,7 @@ fn create_delete(c: &mut Criterion) {
         group.bench_function(id, |b| {
             b.iter_custom(|n| {
                 if strategies == "pooled" {
-                    let kind = PoolKind::overlays(&chain, Strategies::CLASSIC, None);
+                    let kind = PoolKind::overlays(&chain, lamina_mount::Flavor::PLAIN, None);
                     pool::fill(&rig.store, &rig.mounter, &kind, Some(n as usize)).unwrap();
                 }
                 let start = Instant::now();

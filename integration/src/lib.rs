@@ -8,6 +8,7 @@ pub mod hostile_registry;
 pub mod http;
 pub mod lamina;
 pub mod proof;
+pub mod records;
 pub mod registry;
 pub mod rng;
 pub mod runc;

@@ -43,10 +43,7 @@ fn writing_past_the_disk_limit_fails_with_enospc_and_the_neighbour_keeps_writing
     ];
     let full = lamina.create_with(&limit, &image, "full");
     let neighbour = lamina.create_with(&limit, &image, "neighbour");
-    let record: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(lamina.store.join("images/full/container.json")).unwrap(),
-    )
-    .unwrap();
+    let record = lamina_integration::records::rootfs_of(&lamina.store, "full");
     assert_eq!(record["upper_fs"]["size_bytes"], 33554432, "{record}");
     assert!(record["strategy"].as_str().unwrap().contains("isolated"));
 

@@ -64,7 +64,7 @@ fn record_of(store: &Path, key: &str) -> serde_json::Value {
     let metadata: serde_json::Value =
         serde_json::from_str(&read(&store.join("snapshots/metadata.json"))).unwrap();
     let id = metadata["snapshots"][key]["container"].as_str().unwrap();
-    serde_json::from_str(&read(&store.join("images").join(id).join("container.json"))).unwrap()
+    lamina_integration::records::rootfs_of(store, id)
 }
 
 /// Every regular file beneath `dir`.

@@ -80,8 +80,7 @@ impl Case {
 }
 
 fn record(lamina: &Lamina, id: &str) -> serde_json::Value {
-    let path = lamina.store.join("images").join(id).join("container.json");
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    lamina_integration::records::rootfs_of(&lamina.store, id)
 }
 
 /// What `auto` must pick, given what the probe found.

@@ -136,7 +136,7 @@ fn timed_creates(rig: &Rig, image: &Image, source: Source, n: usize) -> Samples 
         Source::Fresh(_) => None,
         Source::UpperPool => Some(PoolKind::uppers(plan)),
         Source::OverlayPool => {
-            let flavor = options("isolated", false).strategies;
+            let flavor = lamina_mount::Flavor::of(options("isolated", false).strategies);
             Some(PoolKind::overlays(&image.chain_ids(), flavor, Some(plan)))
         }
     };

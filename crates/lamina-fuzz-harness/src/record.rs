@@ -17,15 +17,14 @@ pub fn container_record(data: &[u8]) -> bool {
     std::fs::create_dir(&dir).expect("making the container directory");
     std::fs::write(dir.join("container.json"), data).expect("writing the record");
 
-    let scan = store
-        .scan_containers()
-        .expect("scanning never fails on a bad record");
-    let Ok(record) = store.record(ID) else {
-        assert!(scan.records.is_empty(), "a record refused alone was listed");
+    let scan = lamina_mount::record::scan(&store).expect("scanning never fails on a bad record");
+    let Ok(container) = lamina_mount::record::read(&store, ID) else {
+        assert!(scan.containers.is_empty(), "a record refused alone was listed");
         return false;
     };
-    assert_eq!(record.id, ID, "an accepted record names its own container");
-    for path in record.lease.iter().chain(record.bind_source.iter()) {
+    assert_eq!(container.id(), ID, "an accepted record names its own container");
+    let rootfs = &container.rootfs;
+    for path in rootfs.lease.iter().chain(rootfs.bind_source.iter()) {
         assert!(
             inside(path, store.root()),
             "{} is outside the store",

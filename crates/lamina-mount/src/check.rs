@@ -94,14 +94,14 @@ pub fn check(
         }
     }
 
-    let scan = store.scan_containers()?;
+    let scan = crate::record::scan(store)?;
     for bad in &scan.bad {
         if store.try_lock_dir(bad.dir())?.is_none() {
             continue; // its create is still running
         }
         findings.problems.push(bad_record(bad));
     }
-    let records = scan.records;
+    let records: Vec<_> = scan.containers.iter().map(|c| &c.record).collect();
     // A container with an unreadable record still owns its directory's mounts and loop
     // devices: nothing of it is an orphan.
     let live: HashSet<String> = records
@@ -110,7 +110,8 @@ pub fn check(
         .chain(scan.bad.iter().map(|b| b.id.clone()))
         .collect();
     let mut referenced: HashSet<Digest> = HashSet::new();
-    for record in &records {
+    for container in &scan.containers {
+        let record = &container.record;
         for layer in &record.layers {
             referenced.insert(layer.clone());
             if !store.layout().layer_diff(layer).is_dir() {
@@ -126,7 +127,7 @@ pub fn check(
             }
         }
         let rootfs = store.rootfs_path(&record.id);
-        if record.mounted && !mounter.is_mountpoint(&rootfs)? {
+        if container.rootfs.mounted && !mounter.is_mountpoint(&rootfs)? {
             let problem = found(
                 "rootfs_not_mounted",
                 &rootfs,

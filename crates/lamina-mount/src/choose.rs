@@ -2,6 +2,7 @@
 //! explicit list against what the kernel supports (as probed), and resolves `auto` to
 //! the fastest safe combination, with the reason, which `create` logs.
 
+use crate::model::{Flavor, Model};
 use crate::probe::Probe;
 use crate::{RootfsError, Strategies, UpperBackend};
 
@@ -23,7 +24,7 @@ pub struct Request {
 /// What the pools hold for this create, asked lazily (each question is one readdir).
 pub struct Pools<'a> {
     /// Whether the image's pool of this mount flavor has a slot.
-    pub overlay_ready: &'a dyn Fn(Strategies) -> bool,
+    pub overlay_ready: &'a dyn Fn(Flavor) -> bool,
     /// Whether bare upper filesystems of this backend wait in a pool.
     pub upper_ready: &'a dyn Fn(UpperBackend) -> bool,
 }
@@ -45,9 +46,8 @@ impl Pools<'_> {
 /// What one create will do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
-    /// Concrete strategies: never `auto`.
-    pub strategies: Strategies,
-    pub read_only: bool,
+    /// The rootfs to provide.
+    pub model: Model,
     /// Why, for the log line.
     pub reason: String,
     /// The operator named these strategies (not `auto`): each is honoured or the create
@@ -80,6 +80,9 @@ pub fn choose(
         // file: the reaper's work, never the caller's wait.
         strategies.deferred = true;
     }
+    if strategies.pooled && read_only {
+        return Err(RootfsError::PoolReadOnly);
+    }
     let unsupported = |strategy, why| Err(RootfsError::Unsupported { strategy, why });
     if strategies.metacopy && !probe.metacopy {
         return unsupported(
@@ -105,8 +108,7 @@ pub fn choose(
         );
     }
     Ok(Choice {
-        strategies,
-        read_only,
+        model: Model::named(strategies, read_only).map_err(RootfsError::Refused)?,
         reason: "requested".into(),
         named: true,
     })
@@ -129,8 +131,7 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
             why.push("read-only multi-layer image: bind the image's shared read-only overlay");
         }
         return Choice {
-            strategies: s,
-            read_only: true,
+            model: Model::named(s, true).expect("auto picks a read-only model"),
             reason: why.join("; "),
             named: false,
         };
@@ -150,14 +151,13 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
         }
     }
     s.isolated = choose_upper(request, &s, pools, &mut why);
-    if let Some(flavor) = ready_pool_flavor(pools, s.mount_flavor()) {
+    if let Some(flavor) = ready_pool_flavor(pools, Flavor::of(s)) {
         s.metacopy = flavor.metacopy;
         s.pooled = true;
         why.push("a pre-mounted overlay is ready in the pool");
     }
     Choice {
-        strategies: s,
-        read_only: false,
+        model: Model::named(s, false).expect("auto picks a read-write model"),
         reason: why.join("; "),
         named: false,
     }
@@ -167,8 +167,8 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
 /// or the same without metacopy (a pre-mounted overlay saves the mount stall, S2; metacopy
 /// only speeds later copy-ups, S3). Volatile and the upper filesystem never change: they
 /// decide what survives a crash and how much the container may write.
-fn ready_pool_flavor(pools: &Pools<'_>, flavor: Strategies) -> Option<Strategies> {
-    let plain = Strategies {
+fn ready_pool_flavor(pools: &Pools<'_>, flavor: Flavor) -> Option<Flavor> {
+    let plain = Flavor {
         metacopy: false,
         ..flavor
     };
@@ -201,9 +201,9 @@ fn choose_upper(
         &[UpperBackend::Disk]
     };
     for &backend in backends {
-        let flavor = Strategies {
+        let flavor = Flavor {
             isolated: Some(backend),
-            ..s.mount_flavor()
+            ..Flavor::of(*s)
         };
         if ready_pool_flavor(pools, flavor).is_some() || (pools.upper_ready)(backend) {
             why.push("an isolated upper filesystem is ready in a pool: no neighbour sync, own rename lock");
@@ -265,7 +265,7 @@ mod tests {
         };
         choose(&request, probe, layers, &pools)
             .unwrap()
-            .strategies
+            .model
             .to_string()
     }
 
@@ -330,7 +330,7 @@ mod tests {
         let pick = |request: Request, pools: &Pools<'_>| {
             choose(&request, &good, 2, pools)
                 .unwrap()
-                .strategies
+                .model
                 .to_string()
         };
         assert_eq!(
@@ -360,7 +360,7 @@ mod tests {
                 &uppers(UpperBackend::Disk)
             )
             .unwrap()
-            .strategies
+            .model
             .to_string(),
             "deferred",
             "without metacopy, whole-file copy-ups through a loop device cost more"
@@ -368,7 +368,7 @@ mod tests {
         assert_eq!(
             choose(&limited, &no_metacopy, 2, &Pools::EMPTY)
                 .unwrap()
-                .strategies
+                .model
                 .to_string(),
             "isolated,deferred",
             "a limit still needs one"
@@ -406,7 +406,7 @@ mod tests {
         assert_eq!(
             choose(&isolated, &probe(true), 2, &Pools::EMPTY)
                 .unwrap()
-                .strategies
+                .model
                 .to_string(),
             "isolated,deferred",
             "an isolated container's delete is always deferred"
@@ -436,7 +436,8 @@ mod tests {
         assert!(
             choose(&direct, &probe(false), 2, &Pools::EMPTY)
                 .unwrap()
-                .read_only,
+                .model
+                .read_only(),
             "a read-only strategy makes the rootfs read-only"
         );
     }

@@ -144,7 +144,7 @@ pub(crate) fn crashed_creates(
 /// Whether `dir` holds a record, readable or not. A container whose record is torn was
 /// created (its record is written last), so it is never taken for a crashed create.
 fn has_record(store: &Store, dir: &Path) -> Result<bool, StoreError> {
-    match store.record_in(dir) {
+    match crate::record::read_in(store, dir) {
         Ok(record) => Ok(record.is_some()),
         Err(StoreError::BadRecord { .. }) => Ok(true),
         Err(e) => Err(e),
@@ -154,7 +154,7 @@ fn has_record(store: &Store, dir: &Path) -> Result<bool, StoreError> {
 /// Containers in `images/` whose record cannot be read: each is reported, and while any
 /// is there no layer is collected (what it uses is unknown).
 fn unreadable_records(store: &Store) -> Result<Vec<String>, StoreError> {
-    let scan = store.scan_containers()?;
+    let scan = crate::record::scan(store)?;
     for bad in &scan.bad {
         tracing::warn!(container = %bad.id, record = %bad.path.display(), why = %bad.why, "container record is unreadable: run `lamina check`");
     }

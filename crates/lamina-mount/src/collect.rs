@@ -97,10 +97,10 @@ fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> 
     let mut unreadable = Vec::new();
     let mut name = |layers: &[Digest]| keep.extend(layers.iter().map(|l| l.hex().to_string()));
     for dir in store.all_container_dirs()? {
-        match store.record_in(&dir) {
-            Ok(Some(record)) => {
-                name(&record.layers);
-                bound.extend(record.bind_source);
+        match crate::record::read_in(store, &dir) {
+            Ok(Some(container)) => {
+                name(&container.record.layers);
+                bound.extend(container.rootfs.bind_source);
             }
             Ok(None) if store.try_lock_dir(&dir)?.is_none() => {
                 return Ok(Err(format!(

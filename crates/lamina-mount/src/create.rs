@@ -9,13 +9,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use lamina_image::{Digest, Image};
 use lamina_store::{
     ContainerClaim, ContainerDirs, ContainerRecord, DiskLimitRecord, Store, StoreError,
-    UpperFsRecord,
 };
 use lamina_sys::{DiskFs, Mounter, OverlaySpec};
 
 use crate::choose::{Choice, Pools, Request, choose};
+use crate::model::{Flavor, Model, Provider};
 use crate::one_step::holding_id;
 use crate::pool::PoolKind;
+use crate::record::{self, Container, RootfsRecord};
 use crate::{
     DiskLimit, RootfsError, Strategies, UpperPlan, flatten, isolated, plan, pool, probe, shared,
 };
@@ -44,7 +45,7 @@ pub struct CreateOptions {
 /// What `create` made.
 #[derive(Debug, Clone)]
 pub struct Created {
-    pub record: ContainerRecord,
+    pub container: Container,
     pub rootfs: PathBuf,
     /// What the caller mounts itself with `--without-mount`.
     pub to_mount: ToMount,
@@ -170,8 +171,8 @@ fn create_locked(
         if request.strategies == Strategies::CLASSIC && !request.ephemeral && !request.disk_limit {
             // Classic needs nothing probed: GrootFS's path stays free of the probe's cost.
             Choice {
-                strategies: Strategies::CLASSIC,
-                read_only: request.read_only,
+                model: Model::named(Strategies::CLASSIC, request.read_only)
+                    .map_err(RootfsError::Refused)?,
                 reason: "requested".into(),
                 named: true,
             }
@@ -179,7 +180,7 @@ fn create_locked(
             let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
             let chain_ids = layers.chain_ids();
             let pools = Pools {
-                overlay_ready: &|flavor| {
+                overlay_ready: &|flavor: Flavor| {
                     let upper = flavor.isolated.map(|b| planned_upper(b, &chain_ids));
                     pool::ready(store, &PoolKind::overlays(&chain_ids, flavor, upper))
                 },
@@ -189,15 +190,15 @@ fn create_locked(
             };
             choose(&request, &probe, chain_ids.len(), &pools)?
         };
-    if choice.named && choice.strategies.pooled {
-        // Pool slots are mounted read-write overlays: a named `pooled` is served from the
-        // pool of exactly its flavor (see `overlay`) or refused, never replaced.
-        if choice.read_only {
-            return Err(RootfsError::PoolReadOnly);
-        }
-        if options.without_mount && !options.claim_pooled_without_mount {
-            return Err(RootfsError::PoolWithoutMount);
-        }
+    // Pool slots are mounted read-write overlays (`choose` refuses a read-only pooled):
+    // a named `pooled` is served from the pool of exactly its flavor (see `overlay`) or
+    // refused, never replaced.
+    if choice.named
+        && matches!(choice.model.provider, Provider::Pooled { .. })
+        && options.without_mount
+        && !options.claim_pooled_without_mount
+    {
+        return Err(RootfsError::PoolWithoutMount);
     }
     // Held until this function returns, after the record names the layers: layer
     // collection never takes a layer from under a create.
@@ -205,8 +206,9 @@ fn create_locked(
     let chain_ids = layers.ensure(store)?;
     store.pause_point("create-imported");
     let upper = choice
-        .strategies
-        .isolated
+        .model
+        .flavor()
+        .and_then(|f| f.isolated)
         .map(|backend| {
             isolated::plan_for(
                 store,
@@ -218,25 +220,25 @@ fn create_locked(
         })
         .transpose()?;
 
-    let made = if choice.strategies.shared_ro {
-        bind_shared(store, mounter, &chain_ids, id, options.without_mount)?
-    } else if choice.strategies.direct {
-        let source = flatten::source(store, &chain_ids)?;
-        let claim = store.create_container_dirs(id)?;
-        bind_dir(store, mounter, claim, source, None, options.without_mount)?
-    } else {
-        overlay(store, mounter, &chain_ids, id, &choice, upper, options)?
+    let made = match choice.model.provider {
+        Provider::SharedRo => {
+            bind_shared(store, mounter, &chain_ids, id, &choice, options.without_mount)?
+        }
+        Provider::Direct => {
+            let source = flatten::source(store, &chain_ids)?;
+            let claim = store.create_container_dirs(id)?;
+            bind_dir(store, mounter, claim, source, None, &choice, options.without_mount)?
+        }
+        Provider::Fresh { .. } | Provider::Pooled { .. } => {
+            overlay(store, mounter, &chain_ids, id, &choice, upper, options)?
+        }
     };
     store.pause_point("create-provided");
     let Made {
         claim,
         mut undo,
         to_mount,
-        mount_options,
-        bind_source,
-        lease,
-        strategies,
-        upper_fs,
+        rootfs,
         claimed_from_pool,
         _lease_in_flight,
     } = made;
@@ -257,36 +259,30 @@ fn create_locked(
             Layers::Image(image) => image.env(),
             Layers::Stored(_) => Vec::new(),
         },
-        strategy: strategies.to_string(),
-        // A claimed pool overlay is mounted whatever the caller mounts.
-        mounted: !options.without_mount || strategies.pooled,
-        mount_options,
         created_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        read_only: choice.read_only,
-        bind_source,
-        lease,
-        upper_fs,
         disk_limit: options.disk_limit.map(|limit| DiskLimitRecord {
             bytes: limit.bytes,
             exclude_image: limit.exclude_image,
         }),
+        rootfs: Default::default(),
     };
-    store.write_record(&record)?;
+    let container = Container { record, rootfs };
+    record::write(store, &container)?;
     undo.armed = false;
     tracing::info!(
         id,
-        strategy = %record.strategy,
+        strategy = %container.model(),
         why = %choice.reason,
-        read_only = record.read_only,
-        layers = record.layers.len(),
-        mounted = record.mounted,
+        read_only = container.model().read_only(),
+        layers = container.record.layers.len(),
+        mounted = container.rootfs.mounted,
         "created rootfs"
     );
     Ok(Created {
-        record,
+        container,
         rootfs: claim.dirs.rootfs.clone(),
         to_mount,
         reason: choice.reason,
@@ -299,12 +295,8 @@ struct Made<'a> {
     claim: ContainerClaim,
     undo: Undo<'a>,
     to_mount: ToMount,
-    mount_options: Vec<String>,
-    bind_source: Option<PathBuf>,
-    lease: Option<PathBuf>,
-    strategies: Strategies,
-    /// isolated: the container's own upper filesystem.
-    upper_fs: Option<UpperFsRecord>,
+    /// What the record says of the rootfs.
+    rootfs: RootfsRecord,
     /// shared-ro: the lease stays flocked until the record naming it is written.
     _lease_in_flight: Option<shared::Acquired>,
     claimed_from_pool: bool,
@@ -320,27 +312,28 @@ fn overlay<'a>(
     options: &CreateOptions,
 ) -> Result<Made<'a>, RootfsError> {
     let without_mount = options.without_mount;
-    let mut strategies = choice.strategies;
-    let flavor = strategies.mount_flavor();
+    let mut model = choice.model;
+    let (flavor, read_only) = match model.provider {
+        Provider::Fresh { flavor, read_only } => (flavor, read_only),
+        Provider::Pooled { flavor } => (flavor, false),
+        Provider::SharedRo | Provider::Direct => unreachable!("binds are not overlays"),
+    };
     let upper_fs = upper.map(|u| u.record());
-    // Pool slots are read-write; a read-only overlay is mounted fresh.
-    if strategies.pooled
+    if matches!(model.provider, Provider::Pooled { .. })
         && (!without_mount || options.claim_pooled_without_mount)
-        && !choice.read_only
     {
         let kind = PoolKind::overlays(chain_ids, flavor, upper);
         if let Some((claim, mount_options)) = pool::claim(store, mounter, &kind, id)? {
             let spec = plan::read_write(store, chain_ids, &claim.dirs, flavor);
             let undo = Undo::new(store, mounter, &claim.dirs, None);
+            // A claimed pool overlay is mounted whatever the caller mounts.
+            let mut rootfs = RootfsRecord::new(model, true, mount_options);
+            rootfs.upper_fs = upper_fs;
             return Ok(Made {
                 claim,
                 undo,
                 to_mount: ToMount::Overlay(spec),
-                mount_options,
-                bind_source: None,
-                lease: None,
-                strategies,
-                upper_fs,
+                rootfs,
                 _lease_in_flight: None,
                 claimed_from_pool: true,
             });
@@ -354,7 +347,7 @@ fn overlay<'a>(
         }
         tracing::info!(id, "pool is empty: mounting a fresh overlay");
     }
-    strategies.pooled = false;
+    model.provider = Provider::Fresh { flavor, read_only };
     let (claim, undo, claimed_from_pool) = match &upper {
         Some(plan) => isolated_dirs(store, mounter, id, plan)?,
         None => {
@@ -367,19 +360,17 @@ fn overlay<'a>(
     spec.options
         .extend(options.extra_overlay_options.iter().cloned());
     // `--read-only` with an overlay strategy: the same overlay, mounted read-only.
-    spec.read_only = choice.read_only;
+    spec.read_only = read_only;
     if !without_mount {
         mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
     }
+    let mut rootfs = RootfsRecord::new(model, !without_mount, spec.option_strings());
+    rootfs.upper_fs = upper_fs;
     Ok(Made {
-        mount_options: spec.option_strings(),
         claim,
         undo,
         to_mount: ToMount::Overlay(spec),
-        bind_source: None,
-        lease: None,
-        strategies,
-        upper_fs,
+        rootfs,
         _lease_in_flight: None,
         claimed_from_pool,
     })
@@ -409,6 +400,7 @@ fn bind_shared<'a>(
     mounter: &'a dyn Mounter,
     chain_ids: &[Digest],
     id: &str,
+    choice: &Choice,
     without_mount: bool,
 ) -> Result<Made<'a>, RootfsError> {
     let acquired = shared::acquire(store, mounter, chain_ids)?;
@@ -425,42 +417,40 @@ fn bind_shared<'a>(
         claim,
         acquired.rootfs.clone(),
         Some(acquired.lease.clone()),
+        choice,
         without_mount,
     )?;
-    made.strategies = Strategies {
-        shared_ro: true,
-        deferred: true,
-        ..Strategies::CLASSIC
-    };
     made._lease_in_flight = Some(acquired);
     Ok(made)
 }
 
+/// A read-only bind of `source` as the rootfs (shared-ro, direct); a failed create
+/// releases `lease`.
 fn bind_dir<'a>(
     store: &'a Store,
     mounter: &'a dyn Mounter,
     claim: ContainerClaim,
     source: PathBuf,
     lease: Option<PathBuf>,
+    choice: &Choice,
     without_mount: bool,
 ) -> Result<Made<'a>, RootfsError> {
     let undo = Undo::new(store, mounter, &claim.dirs, lease.clone());
     if !without_mount {
         mounter.bind_read_only(&source, &claim.dirs.rootfs)?;
     }
+    let mut rootfs = RootfsRecord::new(
+        choice.model,
+        !without_mount,
+        vec!["bind".into(), "ro".into()],
+    );
+    rootfs.bind_source = Some(source.clone());
+    rootfs.lease = lease;
     Ok(Made {
         claim,
         undo,
-        to_mount: ToMount::Bind(source.clone()),
-        mount_options: vec!["bind".into(), "ro".into()],
-        bind_source: Some(source),
-        lease,
-        strategies: Strategies {
-            direct: true,
-            deferred: true,
-            ..Strategies::CLASSIC
-        },
-        upper_fs: None,
+        to_mount: ToMount::Bind(source),
+        rootfs,
         _lease_in_flight: None,
         claimed_from_pool: false,
     })

@@ -8,11 +8,13 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use lamina_store::{ContainerDirs, ContainerRecord, Store, StoreError};
+use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 
+use crate::model::{Provider, Teardown};
 use crate::one_step::holding_id;
-use crate::{RootfsError, Strategies, shared};
+use crate::record::{self, Container};
+use crate::{RootfsError, shared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {
@@ -38,8 +40,8 @@ fn delete_locked(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Delet
     let Some(_one_step_at_a_time) = store.wait_for_container(id)? else {
         return Ok(Deleted::NotFound);
     };
-    let record = match store.record(id) {
-        Ok(record) => Some(record),
+    let container = match record::read(store, id) {
+        Ok(container) => Some(container),
         Err(StoreError::BadRecord { why, .. }) => {
             tracing::warn!(
                 container = id,
@@ -50,7 +52,7 @@ fn delete_locked(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Delet
         }
         Err(_) => None,
     };
-    if record.as_ref().is_some_and(is_deferred) {
+    if container.as_ref().map(|c| c.model().teardown) == Some(Teardown::Deferred) {
         return Ok(match store.trash_container(id)? {
             Some(_) => Deleted::Deferred,
             None => Deleted::NotFound,
@@ -63,7 +65,7 @@ fn delete_locked(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Delet
     if !store.remove_container_dirs(id)? {
         return Ok(Deleted::NotFound);
     }
-    if let Some(lease) = record.and_then(|r| r.lease) {
+    if let Some(lease) = container.and_then(|c| c.rootfs.lease) {
         shared::release(store, mounter, &lease)?;
     }
     Ok(Deleted::Removed)
@@ -89,10 +91,6 @@ fn delete_unrecorded(
     } else {
         Deleted::NotFound
     })
-}
-
-fn is_deferred(record: &ContainerRecord) -> bool {
-    Strategies::parse(&record.strategy).is_ok_and(|s| s.deferred)
 }
 
 /// What a reaper pass did.
@@ -125,7 +123,7 @@ pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError>
         let pending: Vec<_> = pending
             .into_iter()
             .map(|dir| {
-                let record = store.record_in(&dir).unwrap_or(None);
+                let record = record::read_in(store, &dir).unwrap_or(None);
                 let mounts: Vec<PathBuf> = mounted
                     .iter()
                     .filter(|m| m.starts_with(&dir))
@@ -162,14 +160,25 @@ pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError>
 /// Unlinks a trashed read-write overlay's written files through its mount, so its
 /// unmount — and every other unmount on the same upper filesystem — has nothing of it
 /// to write back. Anything else (read-only binds, unmounted dirs) is left alone.
-fn discard(dir: &Path, record: Option<&ContainerRecord>, mounts: &[PathBuf]) {
-    let Some(record) = record.filter(|r| r.bind_source.is_none() && r.mounted) else {
+fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
+    let Some(container) = container.filter(|c| c.rootfs.mounted) else {
         return;
     };
-    if record.upper_fs.as_ref().is_some_and(|u| u.in_memory()) {
+    let flavor = match container.model().provider {
+        Provider::Fresh {
+            flavor,
+            read_only: false,
+        }
+        | Provider::Pooled { flavor } => flavor,
+        // Read-only: nothing written to discard.
+        Provider::Fresh { read_only: true, .. } | Provider::SharedRo | Provider::Direct => {
+            return;
+        }
+    };
+    if flavor.isolated == Some(crate::UpperBackend::Memory) {
         return; // a tmpfs upper is never written back: nothing to save by unlinking
     }
-    let dirs = ContainerDirs::shaped(dir.to_path_buf(), record.upper_fs.is_some());
+    let dirs = container.dirs_in(dir.to_path_buf());
     if mounts.contains(&dirs.rootfs) {
         let discarded = discard_written(&dirs.upper, &dirs.rootfs);
         tracing::debug!(dir = %dir.display(), discarded, "unlinked written files before unmount");
@@ -182,7 +191,7 @@ fn teardown(
     store: &Store,
     mounter: &dyn Mounter,
     dir: &Path,
-    record: Option<ContainerRecord>,
+    container: Option<Container>,
     mounts: Vec<PathBuf>,
 ) -> Result<(), RootfsError> {
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
@@ -192,7 +201,7 @@ fn teardown(
             .map_err(|e| RootfsError::unmounting(&name, e))?;
     }
     fs::remove_dir_all(dir).map_err(StoreError::io("removing", dir))?;
-    if let Some(lease) = record.and_then(|r| r.lease) {
+    if let Some(lease) = container.and_then(|c| c.rootfs.lease) {
         shared::release(store, mounter, &lease)?;
     }
     Ok(())

@@ -10,10 +10,11 @@ use std::fs;
 use std::path::Path;
 
 use lamina_image::Digest;
-use lamina_store::{ContainerDirs, Store, StoreError, UpperFsRecord};
+use lamina_store::{ContainerDirs, Store, StoreError};
 use lamina_sys::{DiskFs, Mounter, UpperFs};
 
 use crate::RootfsError;
+use crate::record::UpperFsRecord;
 use crate::strategy::UpperBackend;
 
 /// A disk-backed upper without a disk limit: sparse, so only written blocks use space.

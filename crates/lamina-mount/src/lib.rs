@@ -5,6 +5,7 @@
 //! Every kernel call goes through [`lamina_sys::Mounter`], so all of this runs against
 //! the fake mounter in unit tests.
 
+mod attach;
 mod check;
 mod choose;
 mod clean;
@@ -13,23 +14,33 @@ mod create;
 mod delete;
 mod delete_store;
 mod flatten;
+mod init_store;
 pub mod isolated;
+pub mod model;
 mod one_step;
 pub mod plan;
 pub mod pool;
+mod pool_fill;
 pub mod probe;
+pub mod record;
 mod remount;
 mod shared;
+mod stats;
 mod strategy;
 
+pub use attach::{Attach, UpperToCommit, attach, create_empty, upper_to_commit};
 pub use check::{CheckReport, Problem, check};
 pub use choose::{Choice, Pools, Request, choose};
 pub use clean::{CleanReport, clean};
 pub use create::{CreateOptions, Created, Layers, StoredLayers, ToMount, create, create_from};
 pub use delete::{Deleted, Reaped, delete, reap};
 pub use delete_store::delete_store;
+pub use init_store::init_store;
 pub use isolated::{DiskLimit, UpperPlan};
+pub use model::{Flavor, Model, Provider, Teardown};
+pub use record::{Container, RootfsRecord, UpperFsRecord};
 pub use remount::{mount, unmount};
+pub use stats::{Stats, stats};
 pub use strategy::{Strategies, UpperBackend};
 
 use lamina_store::StoreError;
@@ -46,6 +57,13 @@ pub enum RootfsError {
         strategy: &'static str,
         why: &'static str,
     },
+    #[error(
+        "its upper is on a filesystem of its own (strategy {strategy}), which a commit cannot move into the store"
+    )]
+    UpperNotCommittable { strategy: String },
+    /// A strategy list that names no rootfs (see `Model::named`).
+    #[error("{0}")]
+    Refused(String),
     #[error("probing overlay support: {0}")]
     Probe(std::io::Error),
     #[error(

@@ -8,7 +8,7 @@ use lamina_image::Digest;
 use lamina_store::{ContainerDirs, IdMap, Store};
 use lamina_sys::{OverlaySpec, UserNsMaps};
 
-use crate::Strategies;
+use crate::Flavor;
 
 /// Layer dirs top-most first, as overlay orders lowers.
 pub fn lowers(store: &Store, chain_ids: &[Digest]) -> Vec<PathBuf> {
@@ -51,15 +51,15 @@ pub fn userns_maps(map: &IdMap) -> UserNsMaps {
     }
 }
 
-/// The classic plan with the options `strategies` add.
+/// The classic plan with the options `flavor` adds.
 pub fn read_write(
     store: &Store,
     chain_ids: &[Digest],
     dirs: &ContainerDirs,
-    strategies: Strategies,
+    flavor: Flavor,
 ) -> OverlaySpec {
     let mut spec = classic(store, chain_ids, dirs);
-    spec.options = strategies.overlay_options();
+    spec.options = flavor.overlay_options();
     spec
 }
 

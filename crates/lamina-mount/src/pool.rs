@@ -13,10 +13,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
-use lamina_store::{ContainerClaim, ContainerDirs, Store, StoreError, UpperFsRecord};
+use lamina_store::{ContainerClaim, ContainerDirs, Store, StoreError};
 use lamina_sys::Mounter;
 use serde::{Deserialize, Serialize};
 
+pub use crate::pool_fill::{FillRequest, fill_for};
+
+use crate::model::Flavor;
+use crate::record::UpperFsRecord;
 use crate::{RootfsError, Strategies, UpperPlan, isolated, plan};
 
 const SLOT_RECORD: &str = "slot.json";
@@ -43,7 +47,7 @@ struct Target {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolKind {
     pub layers: Vec<Digest>,
-    pub flavor: Strategies,
+    pub flavor: Flavor,
     /// The upper filesystem each slot has of its own: set exactly for isolated flavors.
     pub upper: Option<UpperPlan>,
 }
@@ -51,8 +55,7 @@ pub struct PoolKind {
 impl PoolKind {
     /// Overlays of `layers` mounted as `flavor` says; `upper` is used when the flavor is
     /// isolated.
-    pub fn overlays(layers: &[Digest], flavor: Strategies, upper: Option<UpperPlan>) -> Self {
-        let flavor = flavor.mount_flavor();
+    pub fn overlays(layers: &[Digest], flavor: Flavor, upper: Option<UpperPlan>) -> Self {
         PoolKind {
             layers: layers.to_vec(),
             flavor,
@@ -64,9 +67,9 @@ impl PoolKind {
     pub fn uppers(plan: UpperPlan) -> Self {
         PoolKind {
             layers: Vec::new(),
-            flavor: Strategies {
+            flavor: Flavor {
                 isolated: Some(plan.backend),
-                ..Strategies::CLASSIC
+                ..Flavor::PLAIN
             },
             upper: Some(plan),
         }
@@ -248,7 +251,7 @@ pub fn refill_all(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsE
         let Some(target) = read_target(&path) else {
             continue;
         };
-        let Ok(flavor) = Strategies::parse(&target.flavor) else {
+        let Ok(flavor) = Strategies::parse(&target.flavor).map(Flavor::of) else {
             continue;
         };
         let upper = match &target.upper_fs {

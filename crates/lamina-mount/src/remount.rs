@@ -11,11 +11,13 @@
 
 use std::fs;
 
-use lamina_store::{ContainerDirs, ContainerRecord, Store, StoreError};
+use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 
+use crate::model::Provider;
 use crate::one_step::holding_id;
-use crate::{RootfsError, Strategies, UpperPlan, isolated, plan, shared, volatile_marker};
+use crate::record::{self, Container, flavor_of};
+use crate::{RootfsError, UpperPlan, isolated, plan, shared, volatile_marker};
 
 /// Unmounts container `id`'s rootfs and keeps everything else.
 pub fn unmount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
@@ -23,9 +25,9 @@ pub fn unmount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Roo
 }
 
 fn unmount_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
-    let mut record = store.record(id)?;
-    let dirs = dirs_of(store, &record);
-    let volatile = strategies(&record).volatile;
+    let mut container = record::read(store, id)?;
+    let dirs = container.dirs(store);
+    let volatile = flavor_of(&container.rootfs).volatile;
     let mounted = mounter.is_mountpoint(&dirs.rootfs)?;
     let mut writeback = None;
     if mounted {
@@ -36,8 +38,8 @@ fn unmount_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Ro
             .unmount(&dirs.rootfs)
             .map_err(|e| RootfsError::unmounting(id, e))?;
     }
-    record.mounted = false;
-    store.write_record(&record)?;
+    container.rootfs.mounted = false;
+    record::write(store, &container)?;
     if let Some(source) = writeback {
         return Err(RootfsError::VolatileWriteback {
             id: id.into(),
@@ -54,68 +56,82 @@ fn unmount_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Ro
     Ok(())
 }
 
-/// Mounts container `id`'s rootfs again as its record describes. Already mounted: no-op.
+/// Mounts container `id`'s rootfs again as its record describes — the same provider,
+/// flavour and read-only-ness as create gave it. Already mounted: no-op.
 pub fn mount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
     holding_id(store, id, || mount_held(store, mounter, id))
 }
 
 fn mount_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
-    let mut record = store.record(id)?;
-    let dirs = dirs_of(store, &record);
+    let mut container = record::read(store, id)?;
+    let dirs = container.dirs(store);
     if mounter.is_mountpoint(&dirs.rootfs)? {
         return Ok(());
     }
-    let s = strategies(&record);
-    if let Some(upper) = &record.upper_fs {
-        let plan = UpperPlan::from_record(upper).map_err(|why| {
-            StoreError::io("reading the record of", &store.layout().container(id))(
-                std::io::Error::new(std::io::ErrorKind::InvalidData, why),
-            )
+    if let Some(upper) = &container.rootfs.upper_fs {
+        let plan = UpperPlan::from_record(upper).map_err(|why| StoreError::BadRecord {
+            id: id.into(),
+            path: dirs.base.join("container.json"),
+            why,
         })?;
         isolated::remount(mounter, id, &dirs, &plan)?;
     }
-    if s.volatile && volatile_marker(&dirs.work).exists() {
-        return Err(RootfsError::VolatileUnclean { id: id.into() });
-    }
-    if s.shared_ro {
-        // The shared mount may be gone (host restart): take a fresh lease, then drop the old.
-        let acquired = shared::acquire(store, mounter, &record.layers)?;
-        if let Err(e) = mounter.bind_read_only(&acquired.rootfs, &dirs.rootfs) {
-            shared::release(store, mounter, &acquired.lease)?;
-            return Err(e.into());
+    match container.model().provider {
+        Provider::SharedRo => {
+            // The shared mount may be gone (host restart): take a fresh lease, then drop
+            // the old one.
+            let acquired = shared::acquire(store, mounter, &container.record.layers)?;
+            if let Err(e) = mounter.bind_read_only(&acquired.rootfs, &dirs.rootfs) {
+                shared::release(store, mounter, &acquired.lease)?;
+                return Err(e.into());
+            }
+            let old = container.rootfs.lease.replace(acquired.lease.clone());
+            container.rootfs.bind_source = Some(acquired.rootfs.clone());
+            finish(store, &mut container)?;
+            if let Some(old) = old.filter(|o| *o != acquired.lease) {
+                shared::release(store, mounter, &old)?;
+            }
+            return Ok(());
         }
-        let old = record.lease.replace(acquired.lease.clone());
-        record.bind_source = Some(acquired.rootfs.clone());
-        finish(store, &mut record)?;
-        if let Some(old) = old.filter(|o| *o != acquired.lease) {
-            shared::release(store, mounter, &old)?;
+        Provider::Direct => {
+            let source = container.rootfs.bind_source.clone().unwrap_or_default();
+            mounter.bind_read_only(&source, &dirs.rootfs)?;
         }
-        return Ok(());
+        Provider::Fresh { flavor, read_only } => {
+            remount_overlay(store, mounter, &mut container, flavor, read_only)?;
+        }
+        Provider::Pooled { flavor } => {
+            // A claimed pool slot is an ordinary read-write overlay once unmounted.
+            remount_overlay(store, mounter, &mut container, flavor, false)?;
+        }
     }
-    if let Some(source) = &record.bind_source {
-        mounter.bind_read_only(source, &dirs.rootfs)?;
-    } else {
-        let mut spec = plan::read_write(store, &record.layers, &dirs, s.mount_flavor());
-        // A read-only container comes back read-only, as create mounted it.
-        spec.read_only = record.read_only;
-        mounter.mount_overlay(&spec, &dirs.rootfs)?;
-        record.mount_options = spec.option_strings();
-    }
-    finish(store, &mut record)
+    finish(store, &mut container)
 }
 
-fn finish(store: &Store, record: &mut ContainerRecord) -> Result<(), RootfsError> {
-    record.mounted = true;
-    store.write_record(record)?;
+/// Mounts an overlay container's rootfs again: refused if a volatile upper was not
+/// cleanly unmounted; read-only if create mounted it read-only.
+fn remount_overlay(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &mut Container,
+    flavor: crate::Flavor,
+    read_only: bool,
+) -> Result<(), RootfsError> {
+    let dirs = container.dirs(store);
+    if flavor.volatile && volatile_marker(&dirs.work).exists() {
+        return Err(RootfsError::VolatileUnclean {
+            id: container.id().into(),
+        });
+    }
+    let mut spec = plan::read_write(store, &container.record.layers, &dirs, flavor);
+    spec.read_only = read_only;
+    mounter.mount_overlay(&spec, &dirs.rootfs)?;
+    container.rootfs.mount_options = spec.option_strings();
     Ok(())
 }
 
-/// A container's directories in the shape its strategy gave them.
-fn dirs_of(store: &Store, record: &ContainerRecord) -> ContainerDirs {
-    let base = store.layout().container(&record.id);
-    ContainerDirs::shaped(base, record.upper_fs.is_some())
-}
-
-fn strategies(record: &ContainerRecord) -> Strategies {
-    Strategies::parse(&record.strategy).unwrap_or_default()
+fn finish(store: &Store, container: &mut Container) -> Result<(), RootfsError> {
+    container.rootfs.mounted = true;
+    record::write(store, container)?;
+    Ok(())
 }

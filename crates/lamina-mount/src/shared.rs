@@ -158,8 +158,8 @@ fn in_flight(lease: &Path) -> bool {
 fn live_leases(store: &Store) -> Result<Option<HashSet<PathBuf>>, RootfsError> {
     let mut live = HashSet::new();
     for dir in store.all_container_dirs()? {
-        match store.record_in(&dir) {
-            Ok(record) => live.extend(record.and_then(|r| r.lease)),
+        match crate::record::read_in(store, &dir) {
+            Ok(container) => live.extend(container.and_then(|c| c.rootfs.lease)),
             Err(StoreError::BadRecord { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         }

@@ -31,7 +31,8 @@ pub struct Strategies {
 }
 
 /// What an isolated container's own upper filesystem is made of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum UpperBackend {
     /// A sparse image file in the container's directory, formatted and loop-mounted.
     Disk,

@@ -69,7 +69,7 @@ fn clean_removes_layers_no_container_uses_and_keeps_shared_ones() {
 
     // The image comes back by importing again.
     let again = create(&store, &fake, &image, "two", &with("classic")).unwrap();
-    assert!(again.record.layers.iter().all(|l| store.has_layer(l)));
+    assert!(again.container.record.layers.iter().all(|l| store.has_layer(l)));
 }
 
 #[test]
@@ -118,7 +118,7 @@ fn clean_waits_for_a_create_in_flight_and_keeps_a_pools_layers() {
     // A pool's target is an operator's standing order: its layers stay.
     let chain_ids = store.import(&image).unwrap();
     let kind =
-        lamina_mount::pool::PoolKind::overlays(&chain_ids, lamina_mount::Strategies::CLASSIC, None);
+        lamina_mount::pool::PoolKind::overlays(&chain_ids, lamina_mount::Flavor::PLAIN, None);
     lamina_mount::pool::fill(&store, &fake, &kind, Some(1)).unwrap();
     let report = clean(&store, &fake, None).unwrap();
     assert_eq!(

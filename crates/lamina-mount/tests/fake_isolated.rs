@@ -30,7 +30,7 @@ fn an_isolated_overlay_sits_on_a_filesystem_of_its_own_and_goes_through_the_reap
     let fake = FakeMounter::new();
 
     let created = create(&store, &fake, &image, "c", &with("isolated")).unwrap();
-    assert_eq!(created.record.strategy, "isolated,deferred");
+    assert_eq!(created.container.model().to_string(), "isolated,deferred");
     let dirs = ContainerDirs::isolated(store.layout().container("c"));
     match fake.upper_fs_at(&dirs.upper_fs_mount()).unwrap() {
         UpperFs::Disk {
@@ -49,7 +49,7 @@ fn an_isolated_overlay_sits_on_a_filesystem_of_its_own_and_goes_through_the_reap
     assert_eq!(spec.upper.as_deref(), Some(dirs.upper.as_path()));
     assert_eq!(spec.work.as_deref(), Some(dirs.work.as_path()));
     assert!(!store.layout().container("c").join("upper").exists());
-    let upper = created.record.upper_fs.as_ref().unwrap();
+    let upper = created.container.rootfs.upper_fs.as_ref().unwrap();
     assert_eq!(upper.filesystem, "ext4");
 
     assert_eq!(delete(&store, &fake, "c").unwrap(), Deleted::Deferred);
@@ -86,14 +86,14 @@ fn a_create_claims_a_ready_upper_from_the_pool_instead_of_making_one() {
     // choice is unit-tested in choose.rs, and through the binary in integration/).
     let created = create(&store, &fake, &image, "e", &with("auto")).unwrap();
     assert!(
-        !created.record.strategy.contains("isolated"),
+        !created.container.model().to_string().contains("isolated"),
         "no metacopy: auto leaves the pooled uppers alone: {}",
-        created.record.strategy
+        created.container.model().to_string()
     );
     assert_eq!(delete(&store, &fake, "e").unwrap(), Deleted::Deferred);
 
     let created = create(&store, &fake, &image, "e", &with("isolated-memory")).unwrap();
-    assert_eq!(created.record.strategy, "isolated-memory,deferred");
+    assert_eq!(created.container.model().to_string(), "isolated-memory,deferred");
     assert!(created.claimed_from_pool);
     assert_eq!(upper_mounts(&fake), 2, "claimed, not made");
     assert!(
@@ -133,12 +133,12 @@ fn a_disk_limit_sizes_the_upper_with_grootfs_meaning() {
 
     let created = create(&store, &fake, &image, "in", &limited(64 << 20, false)).unwrap();
     assert_eq!(
-        created.record.upper_fs.unwrap().size_bytes,
+        created.container.rootfs.upper_fs.unwrap().size_bytes,
         (64 << 20) - image_bytes,
         "inclusive: the image counts against the limit"
     );
     let created = create(&store, &fake, &image, "ex", &limited(64 << 20, true)).unwrap();
-    assert_eq!(created.record.upper_fs.unwrap().size_bytes, 64 << 20);
+    assert_eq!(created.container.rootfs.upper_fs.unwrap().size_bytes, 64 << 20);
 
     let err = create(&store, &fake, &image, "tiny", &limited(image_bytes, false)).unwrap_err();
     assert!(

@@ -59,7 +59,7 @@ fn a_chowned_store_mounts_plain_lowers_of_layers_owned_by_the_mapped_root() {
     assert_eq!(spec.upper_owner, Some((100000, 100000)));
     let busybox = store
         .layout()
-        .layer_diff(&created.record.layers[0])
+        .layer_diff(&created.container.record.layers[0])
         .join("bin/busybox");
     assert_eq!(std::fs::metadata(busybox).unwrap().uid(), 100000);
 }

@@ -34,7 +34,7 @@ fn create_mounts_layers_top_first_and_delete_unmounts() {
         Some(store.container_dirs("web-1").upper.as_path())
     );
     assert_eq!(
-        store.record("web-1").unwrap().mount_options,
+        lamina_mount::record::read(&store, "web-1").unwrap().rootfs.mount_options,
         spec.option_strings()
     );
 
@@ -76,7 +76,7 @@ fn duplicates_fail_before_import_and_without_mount_mounts_nothing() {
     )
     .unwrap();
     assert!(fake.calls().is_empty());
-    assert!(!created.record.mounted);
+    assert!(!created.container.rootfs.mounted);
     let err = create(&store, &fake, &image, "a", &CreateOptions::default())
         .unwrap_err()
         .to_string();

@@ -12,7 +12,7 @@ use common::{setup, with};
 use std::fs;
 
 use lamina_mount::pool::PoolKind;
-use lamina_mount::{Deleted, RootfsError, Strategies, clean, create, delete, reap};
+use lamina_mount::{Deleted, RootfsError, clean, create, delete, reap};
 use lamina_sys::{Errno, FakeCall, FakeMounter, Mounter};
 
 /// Mounts and binds made for containers, shared images and pools (not the probe's).
@@ -33,7 +33,7 @@ fn a_pooled_create_claims_a_premounted_overlay_without_mounting() {
     let (store, image) = setup(tmp.path());
     let fake = FakeMounter::new();
     let chain_ids = store.import(&image).unwrap();
-    let kind = PoolKind::overlays(&chain_ids, Strategies::CLASSIC, None);
+    let kind = PoolKind::overlays(&chain_ids, lamina_mount::Flavor::PLAIN, None);
     let filled = lamina_mount::pool::fill(&store, &fake, &kind, Some(2)).unwrap();
     assert_eq!((filled.added, filled.ready), (2, 2));
     let before = mounts_made(&fake).len();
@@ -44,7 +44,7 @@ fn a_pooled_create_claims_a_premounted_overlay_without_mounting() {
         before,
         "a claim makes no mount call"
     );
-    assert_eq!(created.record.strategy, "pooled");
+    assert_eq!(created.container.model().to_string(), "pooled");
     assert!(
         fake.is_mountpoint(&created.rootfs).unwrap(),
         "the slot's mount moved with it"
@@ -80,7 +80,7 @@ fn shared_ro_mounts_once_and_releases_after_the_last_container() {
     let options = with("shared-ro");
     let a = create(&store, &fake, &image, "a", &options).unwrap();
     let b = create(&store, &fake, &image, "b", &options).unwrap();
-    assert!(a.record.read_only && a.record.lease.is_some());
+    assert!(a.container.model().read_only() && a.container.rootfs.lease.is_some());
     let made = mounts_made(&fake);
     let overlays = made
         .iter()
@@ -91,8 +91,8 @@ fn shared_ro_mounts_once_and_releases_after_the_last_container() {
         (1, 3),
         "one shared overlay, two binds"
     );
-    assert_eq!(a.record.bind_source, b.record.bind_source);
-    let shared = a.record.bind_source.clone().unwrap();
+    assert_eq!(a.container.rootfs.bind_source, b.container.rootfs.bind_source);
+    let shared = a.container.rootfs.bind_source.clone().unwrap();
 
     // Deferred (shared-ro always is): gone from images/ at once, torn down by the reaper.
     assert_eq!(delete(&store, &fake, "a").unwrap(), Deleted::Deferred);
@@ -112,7 +112,7 @@ fn direct_binds_a_flattened_tree_with_whiteouts_applied() {
     let (store, image) = setup(tmp.path());
     let fake = FakeMounter::new();
     let created = create(&store, &fake, &image, "d", &with("direct")).unwrap();
-    let flat = created.record.bind_source.clone().unwrap();
+    let flat = created.container.rootfs.bind_source.clone().unwrap();
     assert!(
         flat.starts_with(store.layout().flat()),
         "{}",

@@ -44,11 +44,11 @@ impl Snapshotter {
             )));
         }
         let id = active.container.clone().unwrap_or_default();
-        let record = self.store.record(&id)?;
-        if record.upper_fs.is_some() {
+        if let Err(lamina_mount::RootfsError::UpperNotCommittable { strategy }) =
+            lamina_mount::upper_to_commit(&self.store, &id)
+        {
             return Err(SnapshotError::FailedPrecondition(format!(
-                "snapshot `{key}` has its upper on a filesystem of its own (strategy {}), which a commit cannot move into the store; prepare snapshots you will commit with label containerd.io/snapshot/lamina.strategy=classic",
-                record.strategy
+                "snapshot `{key}` has its upper on a filesystem of its own (strategy {strategy}), which a commit cannot move into the store; prepare snapshots you will commit with label containerd.io/snapshot/lamina.strategy=classic"
             )));
         }
         let layer = commit_layer(name, key, &labels, &active.labels);
@@ -78,10 +78,9 @@ impl Snapshotter {
             self.mounter
                 .unmount(&dirs.rootfs)
                 .map_err(lamina_mount::RootfsError::Mount)?;
-            let record = self.store.record(&id)?;
-            if record.mount_options.iter().any(|o| o == "metacopy=on") {
-                let lowers = lamina_mount::plan::lowers(&self.store, &record.layers);
-                let filled = complete_metacopies(&dirs.upper, &lowers).map_err(|e| {
+            let upper = lamina_mount::upper_to_commit(&self.store, &id)?;
+            if let Some(lowers) = upper.metacopy_lowers {
+                let filled = complete_metacopies(&upper.upper, &lowers).map_err(|e| {
                     SnapshotError::FailedPrecondition(format!(
                         "snapshot `{key}`: completing metadata-only copy-ups: {e}"
                     ))
@@ -89,7 +88,7 @@ impl Snapshotter {
                 tracing::debug!(key, filled, "filled metadata-only copy-ups");
             }
             self.store
-                .publish_layer_dir(&committing.layer, &dirs.upper)?;
+                .publish_layer_dir(&committing.layer, &upper.upper)?;
             self.store.pause_point("commit-published");
         }
         db.snapshots.remove(key);

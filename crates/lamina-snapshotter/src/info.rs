@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use lamina_store::{ContainerDirs, SnapshotKind, SnapshotRecord};
+use lamina_store::{SnapshotKind, SnapshotRecord};
 
 use crate::filters::{Fields, Filters};
 use crate::snapshotter::now_ns;
@@ -116,10 +116,9 @@ impl Snapshotter {
         let dir = match (&record.layer, &record.container) {
             (Some(layer), _) => self.store.layout().layer_diff(layer),
             (None, Some(_)) if record.kind == SnapshotKind::View => return Ok(Usage::default()),
-            (None, Some(id)) => {
-                let own_upper_fs = self.store.record(id)?.upper_fs.is_some();
-                ContainerDirs::shaped(self.store.layout().container(id), own_upper_fs).upper
-            }
+            (None, Some(id)) => lamina_mount::record::read(&self.store, id)?
+                .dirs(&self.store)
+                .upper,
             (None, None) => return Ok(Usage::default()),
         };
         let (bytes, inodes) = lamina_store::disk_usage_and_inodes(&dir)?;

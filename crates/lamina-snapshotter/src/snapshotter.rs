@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lamina_image::Digest;
-use lamina_mount::{CreateOptions, Layers, StoredLayers, Strategies};
-use lamina_store::{ContainerRecord, SnapshotDb, SnapshotKind, SnapshotRecord, Store};
+use lamina_mount::{Attach, CreateOptions, Layers, StoredLayers, Strategies};
+use lamina_store::{SnapshotDb, SnapshotKind, SnapshotRecord, Store};
 use lamina_sys::Mounter;
 
 use crate::SnapshotError;
@@ -239,28 +239,8 @@ impl Snapshotter {
 
     /// A snapshot with no parent: an empty directory, bound (read-write for an active).
     fn create_empty(&self, id: &str, key: &str, read_only: bool) -> Result<(), SnapshotError> {
-        let claim = self.store.create_container_dirs(id)?;
-        let record = ContainerRecord {
-            id: id.to_string(),
-            image: format!("containerd snapshot {key}"),
-            image_id: Digest::of(&[]),
-            layers: Vec::new(),
-            env: Vec::new(),
-            strategy: Strategies::CLASSIC.to_string(),
-            mounted: false,
-            mount_options: vec!["rbind".into(), if read_only { "ro" } else { "rw" }.into()],
-            created_unix: (now_ns() / 1_000_000_000) as u64,
-            read_only,
-            bind_source: None,
-            lease: None,
-            upper_fs: None,
-            disk_limit: None,
-        };
-        if let Err(e) = self.store.write_record(&record) {
-            let _ = self.store.remove_container_dirs(id);
-            return Err(e.into());
-        }
-        drop(claim);
+        let source = format!("containerd snapshot {key}");
+        lamina_mount::create_empty(&self.store, id, &source, read_only)?;
         Ok(())
     }
 
@@ -280,26 +260,17 @@ impl Snapshotter {
 
     /// What containerd mounts for the snapshot whose container is `id`.
     pub(crate) fn mounts_of(&self, id: &str) -> Result<Vec<MountSpec>, SnapshotError> {
-        let record = self.store.record(id)?;
-        let access = if record.read_only { "ro" } else { "rw" };
-        let dirs = self.store.container_dirs(id);
-        let bind = |path: &std::path::Path| MountSpec {
-            kind: "bind".into(),
-            source: path.display().to_string(),
-            options: vec!["rbind".into(), access.into()],
-        };
-        Ok(vec![if record.mounted {
-            bind(&dirs.rootfs)
-        } else if record.layers.is_empty() {
-            bind(&dirs.upper)
-        } else if let Some(source) = &record.bind_source {
-            bind(source)
-        } else {
-            MountSpec {
+        Ok(vec![match lamina_mount::attach(&self.store, id)? {
+            Attach::Bind { source, read_only } => MountSpec {
+                kind: "bind".into(),
+                source: source.display().to_string(),
+                options: vec!["rbind".into(), if read_only { "ro" } else { "rw" }.into()],
+            },
+            Attach::Overlay { options } => MountSpec {
                 kind: "overlay".into(),
                 source: "overlay".into(),
-                options: record.mount_options,
-            }
+                options,
+            },
         }])
     }
 }

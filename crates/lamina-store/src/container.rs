@@ -15,14 +15,17 @@ use lamina_image::Digest;
 use serde::{Deserialize, Serialize};
 
 use crate::record_paths::MAX_RECORD_BYTES;
-use crate::{Layout, Store, StoreError};
+use crate::{Store, StoreError};
 
 const RECORD: &str = "container.json";
 /// Held (flock) by whoever is creating the container; free once it is complete or its
 /// creator died.
 pub(crate) const LOCK: &str = "lock";
 
-/// What the store remembers about a container.
+/// What the store remembers about a container: what it was made from. How its rootfs
+/// is provided (provider, upper, teardown, what is mounted) is lamina-mount's part of the
+/// record, kept in [`ContainerRecord::rootfs`] and read and checked there: the store
+/// never mounts, so it never interprets it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ContainerRecord {
     pub id: String,
@@ -33,28 +36,14 @@ pub struct ContainerRecord {
     /// Chain IDs of its layers, bottom-most first.
     pub layers: Vec<Digest>,
     pub env: Vec<String>,
-    /// How the rootfs is provided (`classic` for a fresh overlay).
-    pub strategy: String,
-    /// Whether lamina mounted the rootfs (false with `--without-mount`).
-    pub mounted: bool,
-    /// Overlay options the rootfs is (or is to be) mounted with.
-    pub mount_options: Vec<String>,
     pub created_unix: u64,
-    /// The rootfs is a read-only mount (`--read-only`).
-    #[serde(default)]
-    pub read_only: bool,
-    /// For a rootfs that is a read-only bind (shared-ro, direct): what it binds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bind_source: Option<PathBuf>,
-    /// For a shared-ro rootfs: the lease file that keeps the image's shared mount alive.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease: Option<PathBuf>,
-    /// For an isolated rootfs: its own upper filesystem.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upper_fs: Option<UpperFsRecord>,
     /// Garden's disk limit, as asked for (`stats` reports it as `quota_size_bytes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_limit: Option<DiskLimitRecord>,
+    /// Every other field of `container.json`: lamina-mount's rootfs record (the
+    /// `rootfs` object, or the flat fields records written before it had one).
+    #[serde(flatten)]
+    pub rootfs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A container's disk limit as the caller gave it.
@@ -63,25 +52,6 @@ pub struct DiskLimitRecord {
     pub bytes: u64,
     /// The limit counts only what the container writes (`--exclude-image-from-quota`).
     pub exclude_image: bool,
-}
-
-/// An isolated container's own upper filesystem, as its record remembers it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct UpperFsRecord {
-    /// `ext4` or `xfs` (an image file, loop-mounted), or [`UpperFsRecord::TMPFS`].
-    pub filesystem: String,
-    /// Its size: the most the container can write.
-    pub size_bytes: u64,
-}
-
-impl UpperFsRecord {
-    /// The `filesystem` of a memory-backed upper.
-    pub const TMPFS: &str = "tmpfs";
-
-    /// A tmpfs: nothing of it is ever written back, and a host restart loses it.
-    pub fn in_memory(&self) -> bool {
-        self.filesystem == Self::TMPFS
-    }
 }
 
 /// A container directory this process is creating. Its `lock` stays held until the claim
@@ -298,7 +268,7 @@ impl Store {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        read_record(&id, &dir.join(RECORD), &self.layout, false)
+        read_record(&id, &dir.join(RECORD), false)
     }
 
     /// Writes the record durably: after a crash it is the previous record or this one,
@@ -315,7 +285,6 @@ impl Store {
         read_record(
             id,
             &self.layout.container(id).join(RECORD),
-            &self.layout,
             true,
         )?
         .ok_or_else(|| StoreError::NotFound(id.into()))
@@ -414,7 +383,6 @@ impl BadRecord {
 fn read_record(
     id: &str,
     path: &Path,
-    layout: &Layout,
     named_by_dir: bool,
 ) -> Result<Option<ContainerRecord>, StoreError> {
     let bad = |why: String| StoreError::BadRecord {
@@ -448,7 +416,12 @@ fn read_record(
     let record: ContainerRecord =
         serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a container record: {e}")))?;
     let expected = if named_by_dir { id } else { record.id.as_str() };
-    crate::record_paths::check(&record, expected, layout).map_err(bad)?;
+    if record.id != expected {
+        return Err(bad(format!(
+            "it names container `{}`, not `{expected}`",
+            lamina_image::shown(&record.id)
+        )));
+    }
     Ok(Some(record))
 }
 
@@ -496,15 +469,9 @@ mod tests {
             image_id: Digest::of(b"config"),
             layers: vec![Digest::of(b"layer")],
             env: Vec::new(),
-            strategy: "classic".into(),
-            mounted: true,
-            mount_options: Vec::new(),
             created_unix: 0,
-            read_only: false,
-            bind_source: None,
-            lease: None,
-            upper_fs: None,
             disk_limit: None,
+            rootfs: serde_json::Map::new(),
         }
     }
 

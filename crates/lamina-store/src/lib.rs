@@ -30,11 +30,12 @@ use std::path::Path;
 pub use container::list_dirs;
 pub use container::{BadRecord, ContainerScan};
 pub use container::{
-    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, UpperFsRecord,
+    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord,
     unique_suffix, validate_id,
 };
 pub use container_lock::IdLock;
 pub use durable::{sync_dir, write_durably};
+pub use record_paths::MAX_RECORD_BYTES;
 pub use error::StoreError;
 pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};

@@ -1,47 +1,24 @@
-//! A container record names paths that lamina later unmounts, binds and removes: its
-//! shared-mount lease and the source of its read-only bind. A record is input like any
-//! other — torn by a crash, edited by hand — so a path in it is used only if it has the
-//! exact shape lamina writes, inside this store. Anything else makes the record bad (see
-//! [`crate::StoreError::BadRecord`]), and a bad record's container is torn down by what is
-//! mounted in its own directory, never by what the record says.
+//! A container record names paths that lamina later unmounts, binds and removes (a
+//! shared-mount lease, the source of a read-only bind). A record is input like any other
+//! — torn by a crash, edited by hand — so a path in it is used only if it has the exact
+//! shape lamina writes, inside this store: [`Layout::names`] is that check, which
+//! lamina-mount applies to its part of the record (anything else makes the record bad,
+//! [`crate::StoreError::BadRecord`]).
 
 use std::path::{Component, Path};
 
-use crate::{ContainerRecord, Layout};
+use crate::Layout;
 
 /// Largest `container.json` read: real ones are a few KiB.
 pub const MAX_RECORD_BYTES: u64 = 1024 * 1024;
 
-/// Why `record`, found at `images/<id>/`, cannot be trusted, if it cannot.
-pub fn check(record: &ContainerRecord, id: &str, layout: &Layout) -> Result<(), String> {
-    if record.id != id {
-        return Err(format!(
-            "it names container `{}`, not `{id}`",
-            lamina_image::shown(&record.id)
-        ));
+impl Layout {
+    /// Whether `path` is this store's root followed by one of `shapes` (`*`: any one
+    /// plain name): how a path read from a record is checked before lamina unmounts,
+    /// binds or removes it.
+    pub fn names(&self, path: &Path, shapes: &[&[&str]]) -> bool {
+        has_shape(path, self, shapes)
     }
-    if let Some(lease) = &record.lease
-        && !has_shape(lease, layout, &[&["shared", "*", "users", "*"]])
-    {
-        return Err(format!(
-            "its lease {} is not a lease of this store",
-            lease.display()
-        ));
-    }
-    if let Some(source) = &record.bind_source {
-        let shapes: &[&[&str]] = &[
-            &["shared", "*", "rootfs"],
-            &["flat", "*"],
-            &["layers", "*", "diff"],
-        ];
-        if !has_shape(source, layout, shapes) {
-            return Err(format!(
-                "its bind source {} is not a mount of this store",
-                source.display()
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Whether `path` is this store's root followed by one of `shapes` (`*`: any one plain

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::{ContainerDirs, ContainerRecord, Store, StoreError};
+use crate::{ContainerRecord, Store, StoreError};
 
 /// Bytes allocated under `dir` on `dir`'s own filesystem (a mount beneath it is not
 /// entered), each hardlinked inode counted once. A missing `dir` uses nothing; entries
@@ -62,12 +62,15 @@ pub struct ContainerUsage {
 }
 
 impl Store {
-    /// What the container of `record` uses. Layer sizes are the uncompressed sizes `import`
-    /// recorded, the same numbers an inclusive disk limit subtracts.
-    pub fn container_usage(&self, record: &ContainerRecord) -> Result<ContainerUsage, StoreError> {
-        let dirs =
-            ContainerDirs::shaped(self.layout.container(&record.id), record.upper_fs.is_some());
-        let exclusive = disk_usage(&dirs.upper)?;
+    /// What the container of `record`, whose writes are in `upper`, uses. Layer sizes
+    /// are the uncompressed sizes `import` recorded, the same numbers an inclusive disk
+    /// limit subtracts.
+    pub fn container_usage(
+        &self,
+        record: &ContainerRecord,
+        upper: &Path,
+    ) -> Result<ContainerUsage, StoreError> {
+        let exclusive = disk_usage(upper)?;
         let mut image = 0;
         for layer in &record.layers {
             image += self.layer_record(layer)?.size;

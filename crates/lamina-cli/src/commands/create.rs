@@ -51,10 +51,11 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
             ToMount::Bind(source) => Mount::read_only_bind(source.display().to_string()),
         }]
     });
+    let read_only = created.container.model().read_only();
     let spec = RuntimeSpec::new(
-        created.record.env,
+        created.container.record.env,
         created.rootfs.display().to_string(),
-        created.record.read_only,
+        read_only,
         mounts,
     );
     println!("{}", crate::output::json_line(&spec)?);

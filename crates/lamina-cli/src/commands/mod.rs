@@ -79,7 +79,7 @@ fn init_store(
             .map(|t| IdMapping::parse(t).map_err(|e| anyhow!(e)))
             .collect()
     };
-    let mut properties = StoreProperties {
+    let properties = StoreProperties {
         id_map: IdMap {
             uids: parse(uid_mappings, &init.uid_mappings)?,
             gids: parse(gid_mappings, &init.gid_mappings)?,
@@ -88,24 +88,9 @@ fn init_store(
         chowned_layers: chown_layers,
     };
     let path = &ctx.store_path;
-    if properties.mapped() && !chown_layers {
-        // How an existing store's layers were made is part of it; a new one idmaps its
-        // layers where this kernel and filesystem can, and chowns them at import if not.
-        properties.chowned_layers = match Store::open(path) {
-            Ok(existing) => existing.properties().chowned_layers,
-            Err(_) => {
-                std::fs::create_dir_all(path)
-                    .with_context(|| format!("creating store {}", path.display()))?;
-                let maps = lamina_mount::plan::userns_maps(&properties.id_map);
-                let idmaps = lamina_mount::probe::idmapped_layers_on(path, &maps);
-                if !idmaps {
-                    tracing::warn!("overlay cannot idmap layers here: chowning layers at import");
-                }
-                !idmaps
-            }
-        };
-    }
-    Store::init_with(path, &properties)?;
+    let properties = lamina_mount::init_store(path, properties)?
+        .properties()
+        .clone();
     let how = if properties.idmaps_layers() {
         " (layers idmapped at mount)"
     } else if properties.chowns_layers() {
@@ -291,7 +276,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stats { id_or_path } => {
             let store = ctx.open_store()?;
             let id = container_id(&store, &id_or_path)?;
-            println!("{}", crate::output::json_line(&stats::of(&store, &id)?)?);
+            println!("{}", crate::output::json_line(&lamina_mount::stats(&store, &id)?)?);
         }
         Command::Capacity => {
             let store = ctx.open_store()?;

@@ -1,0 +1,110 @@
+//! For callers that mount a container's rootfs themselves (containerd through the
+//! snapshotter): what to mount, what an empty container is, and which upper a commit
+//! publishes. Each answer comes from the container's model here, so the front-end that
+//! asks holds no strategy logic.
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lamina_image::Digest;
+use lamina_store::{ContainerRecord, Store};
+
+use crate::model::{Model, Provider};
+use crate::one_step::holding_id;
+use crate::record::{self, Container, RootfsRecord};
+use crate::{RootfsError, Strategies};
+
+/// What a caller mounts to see a container's rootfs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attach {
+    /// A recursive bind of this directory.
+    Bind { source: PathBuf, read_only: bool },
+    /// An overlay with these options (lowerdir, upperdir, workdir, flavour, ro).
+    Overlay { options: Vec<String> },
+}
+
+/// What to mount for container `id`: its mounted rootfs if lamina mounted one (a pooled
+/// overlay, a shared-ro or direct bind), the upper of an empty container, the directory
+/// a read-only bind binds, or else the overlay its record describes.
+pub fn attach(store: &Store, id: &str) -> Result<Attach, RootfsError> {
+    let container = record::read(store, id)?;
+    let read_only = container.model().read_only();
+    let dirs = container.dirs(store);
+    let bind = |source: PathBuf| Attach::Bind { source, read_only };
+    Ok(if container.rootfs.mounted {
+        bind(dirs.rootfs)
+    } else if container.record.layers.is_empty() {
+        bind(dirs.upper)
+    } else {
+        match (container.model().provider, container.rootfs.bind_source) {
+            (Provider::SharedRo | Provider::Direct, Some(source)) => bind(source),
+            _ => Attach::Overlay {
+                options: container.rootfs.mount_options,
+            },
+        }
+    })
+}
+
+/// Makes container `id` with no layers: an empty directory (its upper) the caller binds,
+/// read-write unless `read_only`. `source` is what the record says it came from.
+pub fn create_empty(
+    store: &Store,
+    id: &str,
+    source: &str,
+    read_only: bool,
+) -> Result<(), RootfsError> {
+    lamina_store::validate_id(id)?;
+    holding_id(store, id, || {
+        let claim = store.create_container_dirs(id)?;
+        let access = if read_only { "ro" } else { "rw" };
+        let model = Model::named(Strategies::CLASSIC, read_only).map_err(RootfsError::Refused)?;
+        let container = Container {
+            record: ContainerRecord {
+                id: id.to_string(),
+                image: source.to_string(),
+                image_id: Digest::of(&[]),
+                layers: Vec::new(),
+                env: Vec::new(),
+                created_unix: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0),
+                disk_limit: None,
+                rootfs: Default::default(),
+            },
+            rootfs: RootfsRecord::new(model, false, vec!["rbind".into(), access.into()]),
+        };
+        if let Err(e) = record::write(store, &container) {
+            let _ = store.remove_container_dirs(id);
+            return Err(e.into());
+        }
+        drop(claim);
+        Ok(())
+    })
+}
+
+/// The upper directory a commit of container `id` publishes as a layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpperToCommit {
+    pub upper: PathBuf,
+    /// With metacopy, files copied up for metadata only have no data in the upper: the
+    /// lowers (top-most first) to fill them from before the upper can stand alone.
+    pub metacopy_lowers: Option<Vec<PathBuf>>,
+}
+
+/// Which upper a commit of container `id` publishes ([`RootfsError::UpperNotCommittable`]
+/// if its upper cannot become a layer).
+pub fn upper_to_commit(store: &Store, id: &str) -> Result<UpperToCommit, RootfsError> {
+    let container = record::read(store, id)?;
+    let flavor = container.model().flavor();
+    if flavor.is_some_and(|f| f.isolated.is_some()) {
+        return Err(RootfsError::UpperNotCommittable {
+            strategy: container.model().to_string(),
+        });
+    }
+    let metacopy = flavor.is_some_and(|f| f.metacopy);
+    Ok(UpperToCommit {
+        upper: container.dirs(store).upper,
+        metacopy_lowers: metacopy.then(|| crate::plan::lowers(store, &container.record.layers)),
+    })
+}

@@ -1,0 +1,271 @@
+//! What a container's rootfs *is*, as one typed value: a provider (how the rootfs comes
+//! to exist) × an upper flavour (for the overlay providers: metacopy, volatile, where the
+//! upper lives) × a teardown (how delete ends it). Every lifecycle step decides what to do
+//! by matching on this, once; nothing re-parses a strategy string.
+//!
+//! `--strategy` lists ([`Strategies`]) are the operator's words for it; `choose` turns a
+//! list and a request into a [`Model`], refusing combinations that mean nothing. The
+//! container record stores the model itself (see `record.rs`).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Strategies, UpperBackend};
+
+/// One container's rootfs: provider and teardown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Model {
+    #[serde(flatten)]
+    pub provider: Provider,
+    pub teardown: Teardown,
+}
+
+/// How the rootfs comes to exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "provider", rename_all = "kebab-case")]
+pub enum Provider {
+    /// An overlay mounted for this container (GrootFS's way; `classic` when the flavour is
+    /// plain). With `read_only`, the same overlay mounted read-only.
+    Fresh {
+        #[serde(flatten)]
+        flavor: Flavor,
+        read_only: bool,
+    },
+    /// A pre-mounted read-write overlay claimed from the image's pool (stall S2). Pools
+    /// hold read-write overlays only, so there is no read-only pooled rootfs.
+    Pooled {
+        #[serde(flatten)]
+        flavor: Flavor,
+    },
+    /// A read-only bind of the image's one shared read-only overlay (stall S4).
+    SharedRo,
+    /// A read-only bind of the layer, or of a flattened tree of hardlinks: no overlay (S5).
+    Direct,
+}
+
+/// How an overlay's upper behaves: what a pool slot must match to serve a create.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Flavor {
+    /// `metacopy=on`: metadata changes copy up metadata only (stall S3).
+    pub metacopy: bool,
+    /// `volatile`: no sync of the upper filesystem (stall S1); writes may not survive a crash.
+    pub volatile: bool,
+    /// The upper on a filesystem of the container's own, and of what; `None`: in the
+    /// container's directory on the store's filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolated: Option<UpperBackend>,
+}
+
+/// How `delete` ends a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Teardown {
+    /// Unmount and remove before `delete` returns (GrootFS's way).
+    Inline,
+    /// One rename into `trash/`; the reaper unmounts and removes, one at a time (S1).
+    Deferred,
+}
+
+impl Model {
+    /// GrootFS's rootfs: a fresh plain overlay, removed inline.
+    pub const CLASSIC: Model = Model {
+        provider: Provider::Fresh {
+            flavor: Flavor::PLAIN,
+            read_only: false,
+        },
+        teardown: Teardown::Inline,
+    };
+
+    /// The model a concrete (not `auto`) strategy list names, for a rootfs that must be
+    /// read-only or not. Teardown is deferred wherever inline would make the caller wait
+    /// for what only the reaper should do: an isolated upper (loop detach, image removal)
+    /// and the read-only binds (a lease release or nothing at all).
+    pub fn named(s: Strategies, read_only: bool) -> Result<Model, String> {
+        if s.auto {
+            return Err("strategy `auto` is resolved per request, not a model".into());
+        }
+        let flavor = Flavor {
+            metacopy: s.metacopy,
+            volatile: s.volatile,
+            isolated: s.isolated,
+        };
+        let provider = if s.shared_ro {
+            Provider::SharedRo
+        } else if s.direct {
+            Provider::Direct
+        } else if s.pooled {
+            if read_only {
+                return Err("strategy `pooled` serves read-write overlays; it does not combine with --read-only (use shared-ro or direct)".into());
+            }
+            Provider::Pooled { flavor }
+        } else {
+            Provider::Fresh { flavor, read_only }
+        };
+        let deferred = s.deferred || provider.binds() || flavor.isolated.is_some();
+        Ok(Model {
+            provider,
+            teardown: if deferred {
+                Teardown::Deferred
+            } else {
+                Teardown::Inline
+            },
+        })
+    }
+
+    /// The overlay flavour, for the providers that mount an overlay.
+    pub fn flavor(&self) -> Option<Flavor> {
+        self.provider.flavor()
+    }
+
+    pub fn read_only(&self) -> bool {
+        match self.provider {
+            Provider::Fresh { read_only, .. } => read_only,
+            Provider::Pooled { .. } => false,
+            Provider::SharedRo | Provider::Direct => true,
+        }
+    }
+
+    pub fn deferred(&self) -> bool {
+        self.teardown == Teardown::Deferred
+    }
+
+    /// The strategy list that names this model, as `--strategy` and logs spell it.
+    pub fn strategies(&self) -> Strategies {
+        let mut s = match self.provider {
+            Provider::Fresh { flavor, .. } => flavor.strategies(),
+            Provider::Pooled { flavor } => Strategies {
+                pooled: true,
+                ..flavor.strategies()
+            },
+            Provider::SharedRo => Strategies {
+                shared_ro: true,
+                ..Strategies::CLASSIC
+            },
+            Provider::Direct => Strategies {
+                direct: true,
+                ..Strategies::CLASSIC
+            },
+        };
+        s.deferred = self.deferred();
+        s
+    }
+}
+
+impl Provider {
+    pub fn flavor(&self) -> Option<Flavor> {
+        match *self {
+            Provider::Fresh { flavor, .. } | Provider::Pooled { flavor } => Some(flavor),
+            Provider::SharedRo | Provider::Direct => None,
+        }
+    }
+
+    /// A read-only bind of a directory lamina keeps elsewhere (no upper of its own).
+    pub fn binds(&self) -> bool {
+        matches!(self, Provider::SharedRo | Provider::Direct)
+    }
+}
+
+impl Flavor {
+    /// No option at all: classic's upper.
+    pub const PLAIN: Flavor = Flavor {
+        metacopy: false,
+        volatile: false,
+        isolated: None,
+    };
+
+    /// The flavour a strategy list asks for (its metacopy, volatile and isolated).
+    pub fn of(s: Strategies) -> Flavor {
+        Flavor {
+            metacopy: s.metacopy,
+            volatile: s.volatile,
+            isolated: s.isolated,
+        }
+    }
+
+    /// The strategy list that names this flavour alone (how pool targets spell it).
+    pub fn strategies(&self) -> Strategies {
+        Strategies {
+            metacopy: self.metacopy,
+            volatile: self.volatile,
+            isolated: self.isolated,
+            ..Strategies::CLASSIC
+        }
+    }
+
+    /// Overlay options this flavour adds to a read-write mount.
+    pub fn overlay_options(&self) -> Vec<(String, Option<String>)> {
+        self.strategies().overlay_options()
+    }
+}
+
+impl fmt::Display for Model {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.strategies().fmt(f)
+    }
+}
+
+impl fmt::Display for Flavor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.strategies().fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(list: &str, read_only: bool) -> Result<Model, String> {
+        Model::named(Strategies::parse(list).unwrap(), read_only)
+    }
+
+    #[test]
+    fn every_concrete_list_names_a_model_that_prints_back() {
+        for list in [
+            "classic",
+            "metacopy",
+            "volatile,deferred",
+            "pooled,metacopy,volatile",
+            "isolated,metacopy",
+            "isolated-memory,volatile",
+            "pooled,isolated",
+        ] {
+            let model = named(list, false).unwrap();
+            let again = named(&model.to_string(), false).unwrap();
+            assert_eq!(again, model, "{list} → {model}");
+        }
+        assert_eq!(named("classic", false).unwrap(), Model::CLASSIC);
+    }
+
+    #[test]
+    fn binds_and_isolated_uppers_are_always_deferred_and_pooled_is_never_read_only() {
+        assert!(named("shared-ro", false).unwrap().deferred());
+        assert!(named("direct", true).unwrap().read_only());
+        assert!(named("isolated", false).unwrap().deferred());
+        assert!(!named("metacopy", false).unwrap().deferred());
+        let ro = named("classic", true).unwrap();
+        assert!(ro.read_only() && ro.flavor() == Some(Flavor::PLAIN));
+        let err = named("pooled", true).unwrap_err();
+        assert!(err.contains("does not combine with --read-only"), "{err}");
+        assert!(Model::named(Strategies::AUTO, false).is_err());
+    }
+
+    #[test]
+    fn the_record_form_is_tagged_by_provider() {
+        let model = named("pooled,isolated-memory,volatile", false).unwrap();
+        let json = serde_json::to_value(model).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "provider": "pooled",
+                "metacopy": false,
+                "volatile": true,
+                "isolated": "memory",
+                "teardown": "deferred",
+            })
+        );
+        assert_eq!(serde_json::from_value::<Model>(json).unwrap(), model);
+        let bad = serde_json::json!({"provider": "teleport", "teardown": "inline"});
+        assert!(serde_json::from_value::<Model>(bad).is_err());
+    }
+}

@@ -1,0 +1,428 @@
+//! lamina-mount's part of a container record: the [`Model`] and what providing it left
+//! to remember (what is mounted, with which options, what a bind binds, the lease, the
+//! container's own upper filesystem). It is stored as the `rootfs` object of
+//! `container.json`, tagged and versioned:
+//!
+//! ```json
+//! "rootfs": {"version": 2, "provider": "fresh", "metacopy": true, "volatile": false,
+//!            "read_only": false, "teardown": "deferred", "mounted": true, "mount_options": [...]}
+//! ```
+//!
+//! Records written before the model (flat `strategy`, `mounted`, `bind_source`, … fields)
+//! still load: [`RootfsRecord::from_legacy`] reads them into the same model, and the next
+//! write stores them in the new form.
+//!
+//! A record is input: it is only trusted once it is consistent (the fields a provider
+//! needs, nothing it cannot have) and every path in it has the exact shape lamina writes,
+//! inside this store. Anything else makes it [`StoreError::BadRecord`], and a container
+//! with a bad record is torn down by what is mounted in its own directory, never by what
+//! the record says.
+
+use std::path::{Path, PathBuf};
+
+use lamina_store::{BadRecord, ContainerDirs, ContainerRecord, Layout, Store, StoreError};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::model::{Flavor, Model, Provider};
+use crate::{Strategies, UpperBackend};
+
+/// The `rootfs` format this lamina writes; a higher one is refused, not guessed at.
+pub const ROOTFS_RECORD_VERSION: u32 = 2;
+/// The key of lamina-mount's part in `container.json`.
+const KEY: &str = "rootfs";
+
+/// How a container's rootfs was provided.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootfsRecord {
+    pub version: u32,
+    #[serde(flatten)]
+    pub model: Model,
+    /// Whether lamina mounted the rootfs (false with `--without-mount`, after `unmount`).
+    pub mounted: bool,
+    /// Overlay options the rootfs is (or is to be) mounted with.
+    pub mount_options: Vec<String>,
+    /// shared-ro and direct: the directory the rootfs is a read-only bind of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bind_source: Option<PathBuf>,
+    /// shared-ro: the lease file that keeps the image's shared mount alive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<PathBuf>,
+    /// An isolated upper: its own filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper_fs: Option<UpperFsRecord>,
+}
+
+/// An isolated container's own upper filesystem, as its record remembers it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UpperFsRecord {
+    /// `ext4` or `xfs` (an image file, loop-mounted), or [`UpperFsRecord::TMPFS`].
+    pub filesystem: String,
+    /// Its size: the most the container can write.
+    pub size_bytes: u64,
+}
+
+impl UpperFsRecord {
+    /// The `filesystem` of a memory-backed upper.
+    pub const TMPFS: &str = "tmpfs";
+
+    /// A tmpfs: nothing of it is ever written back, and a host restart loses it.
+    pub fn in_memory(&self) -> bool {
+        self.filesystem == Self::TMPFS
+    }
+}
+
+/// A container: the store's record and the rootfs part, read and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    pub record: ContainerRecord,
+    pub rootfs: RootfsRecord,
+}
+
+impl Container {
+    pub fn id(&self) -> &str {
+        &self.record.id
+    }
+
+    pub fn model(&self) -> Model {
+        self.rootfs.model
+    }
+
+    /// The container's directories under `base`, in the shape its model gives them.
+    pub fn dirs_in(&self, base: PathBuf) -> ContainerDirs {
+        let isolated = self.model().flavor().is_some_and(|f| f.isolated.is_some());
+        ContainerDirs::shaped(base, isolated)
+    }
+
+    /// Its directories in `images/`.
+    pub fn dirs(&self, store: &Store) -> ContainerDirs {
+        self.dirs_in(store.layout().container(self.id()))
+    }
+
+    /// Reads the rootfs part of `record` and checks it against `layout`.
+    /// The part is taken out of `record.rootfs`, which stays empty: the typed value is
+    /// the one to read and change.
+    pub fn from_record(mut record: ContainerRecord, layout: &Layout) -> Result<Self, String> {
+        let fields = std::mem::take(&mut record.rootfs);
+        let rootfs = match fields.get(KEY) {
+            // One form or the other: a flat field beside `rootfs` is nothing lamina wrote.
+            Some(_) if fields.len() > 1 => {
+                let extra: Vec<&str> = fields
+                    .keys()
+                    .map(String::as_str)
+                    .filter(|k| *k != KEY)
+                    .collect();
+                return Err(format!(
+                    "it has fields lamina does not write: {}",
+                    lamina_image::shown(&extra.join(", "))
+                ));
+            }
+            Some(value) => RootfsRecord::from_value(value)?,
+            None => RootfsRecord::from_legacy(&fields)?,
+        };
+        rootfs.check(layout)?;
+        Ok(Container { record, rootfs })
+    }
+
+    /// The store's record with this rootfs part in it, in the current form.
+    fn to_record(&self) -> Result<ContainerRecord, serde_json::Error> {
+        let mut record = self.record.clone();
+        let mut part = Map::new();
+        part.insert(KEY.into(), serde_json::to_value(&self.rootfs)?);
+        record.rootfs = part;
+        Ok(record)
+    }
+}
+
+impl RootfsRecord {
+    /// A record of `model`, as providing it left things.
+    pub fn new(model: Model, mounted: bool, mount_options: Vec<String>) -> Self {
+        RootfsRecord {
+            version: ROOTFS_RECORD_VERSION,
+            model,
+            mounted,
+            mount_options,
+            bind_source: None,
+            lease: None,
+            upper_fs: None,
+        }
+    }
+
+    fn from_value(value: &Value) -> Result<Self, String> {
+        let version = value.get("version").and_then(Value::as_u64);
+        match version {
+            Some(v) if v == u64::from(ROOTFS_RECORD_VERSION) => {}
+            Some(v) => {
+                return Err(format!(
+                    "its rootfs record is version {v}; this lamina reads version {ROOTFS_RECORD_VERSION}"
+                ));
+            }
+            None => return Err("its rootfs record has no version".into()),
+        }
+        serde_json::from_value(value.clone()).map_err(|e| format!("its rootfs record: {e}"))
+    }
+
+    /// A record written before the model existed: a `strategy` list and flat fields.
+    pub fn from_legacy(fields: &Map<String, Value>) -> Result<Self, String> {
+        #[derive(Deserialize)]
+        struct Legacy {
+            strategy: String,
+            mounted: bool,
+            mount_options: Vec<String>,
+            #[serde(default)]
+            read_only: bool,
+            #[serde(default)]
+            bind_source: Option<PathBuf>,
+            #[serde(default)]
+            lease: Option<PathBuf>,
+            #[serde(default)]
+            upper_fs: Option<UpperFsRecord>,
+        }
+        let legacy: Legacy = serde_json::from_value(Value::Object(fields.clone()))
+            .map_err(|e| format!("not a container record: {e}"))?;
+        let strategies = Strategies::parse(&legacy.strategy)?;
+        let model = Model::named(strategies, legacy.read_only)?;
+        Ok(RootfsRecord {
+            version: ROOTFS_RECORD_VERSION,
+            model,
+            mounted: legacy.mounted,
+            mount_options: legacy.mount_options,
+            bind_source: legacy.bind_source,
+            lease: legacy.lease,
+            upper_fs: legacy.upper_fs,
+        })
+    }
+
+    /// Why this record cannot be trusted, if it cannot: a field its provider needs is
+    /// missing, one it cannot have is there, or a path is not the store's.
+    fn check(&self, layout: &Layout) -> Result<(), String> {
+        let (needs_source, needs_lease) = match self.model.provider {
+            Provider::SharedRo => (true, true),
+            Provider::Direct => (true, false),
+            Provider::Fresh { .. } | Provider::Pooled { .. } => (false, false),
+        };
+        if self.bind_source.is_some() != needs_source || self.lease.is_some() != needs_lease {
+            return Err(format!(
+                "its rootfs record does not fit provider `{}` (bind source, lease)",
+                self.model
+            ));
+        }
+        let isolated = self.model.flavor().and_then(|f| f.isolated);
+        let memory = self.upper_fs.as_ref().map(UpperFsRecord::in_memory);
+        let fits = match (isolated, memory) {
+            (None, None) => true,
+            (Some(UpperBackend::Memory), Some(true)) => true,
+            (Some(UpperBackend::Disk), Some(false)) => true,
+            _ => false,
+        };
+        if !fits {
+            return Err(format!(
+                "its upper filesystem does not fit strategy `{}`",
+                self.model
+            ));
+        }
+        if let Some(lease) = &self.lease
+            && !layout.names(lease, &[&["shared", "*", "users", "*"]])
+        {
+            return Err(format!(
+                "its lease {} is not a lease of this store",
+                lease.display()
+            ));
+        }
+        if let Some(source) = &self.bind_source {
+            let shapes: &[&[&str]] = &[
+                &["shared", "*", "rootfs"],
+                &["flat", "*"],
+                &["layers", "*", "diff"],
+            ];
+            if !layout.names(source, shapes) {
+                return Err(format!(
+                    "its bind source {} is not a mount of this store",
+                    source.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The flavour an overlay container's record says it has (plain for the binds).
+pub(crate) fn flavor_of(rootfs: &RootfsRecord) -> Flavor {
+    rootfs.model.flavor().unwrap_or(Flavor::PLAIN)
+}
+
+/// Container `id`, read and checked.
+pub fn read(store: &Store, id: &str) -> Result<Container, StoreError> {
+    let record = store.record(id)?;
+    let path = store.layout().container(id).join("container.json");
+    Container::from_record(record, store.layout()).map_err(|why| StoreError::BadRecord {
+        id: id.into(),
+        path,
+        why,
+    })
+}
+
+/// The container whose directory is `dir`, wherever it is (`images/`, `trash/`).
+pub fn read_in(store: &Store, dir: &Path) -> Result<Option<Container>, StoreError> {
+    let Some(record) = store.record_in(dir)? else {
+        return Ok(None);
+    };
+    let id = record.id.clone();
+    Container::from_record(record, store.layout())
+        .map(Some)
+        .map_err(|why| StoreError::BadRecord {
+            id,
+            path: dir.join("container.json"),
+            why,
+        })
+}
+
+/// Writes `container`'s record durably, in the current form.
+pub fn write(store: &Store, container: &Container) -> Result<(), StoreError> {
+    let record = container.to_record().map_err(|e| {
+        StoreError::io("encoding the record of", &store.layout().container(container.id()))(
+            e.into(),
+        )
+    })?;
+    store.write_record(&record)
+}
+
+/// Every container in `images/`: the readable ones, sorted by ID, and those whose record
+/// is torn, garbage, or names a rootfs lamina cannot trust.
+#[derive(Debug, Clone, Default)]
+pub struct Scan {
+    pub containers: Vec<Container>,
+    pub bad: Vec<BadRecord>,
+}
+
+pub fn scan(store: &Store) -> Result<Scan, StoreError> {
+    let found = store.scan_containers()?;
+    let mut scan = Scan {
+        containers: Vec::new(),
+        bad: found.bad,
+    };
+    for record in found.records {
+        let id = record.id.clone();
+        match Container::from_record(record, store.layout()) {
+            Ok(container) => scan.containers.push(container),
+            Err(why) => scan.bad.push(BadRecord {
+                path: store.layout().container(&id).join("container.json"),
+                id,
+                why,
+            }),
+        }
+    }
+    scan.bad.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(scan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn layout() -> Layout {
+        Layout::new(Path::new("/var/lib/lamina"))
+    }
+
+    fn store_record(rootfs: Value) -> ContainerRecord {
+        let mut value = json!({
+            "id": "c",
+            "image": "oci:///image",
+            "image_id": lamina_image::Digest::of(b"config").to_string(),
+            "layers": [],
+            "env": [],
+            "created_unix": 0,
+        });
+        for (k, v) in rootfs.as_object().unwrap() {
+            value[k] = v.clone();
+        }
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn records_written_before_the_model_load_into_it() {
+        let legacy = store_record(json!({
+            "strategy": "shared-ro,deferred",
+            "mounted": true,
+            "mount_options": ["bind", "ro"],
+            "read_only": true,
+            "bind_source": "/var/lib/lamina/shared/abc/rootfs",
+            "lease": "/var/lib/lamina/shared/abc/users/1-2-3",
+        }));
+        let container = Container::from_record(legacy, &layout()).unwrap();
+        assert_eq!(container.model().provider, Provider::SharedRo);
+        assert!(container.model().deferred());
+        assert!(container.record.rootfs.is_empty());
+        let rewritten = container.to_record().unwrap();
+        assert_eq!(rewritten.rootfs.len(), 1, "{:?}", rewritten.rootfs);
+        let again = Container::from_record(rewritten, &layout()).unwrap();
+        assert_eq!(again, container);
+
+        let isolated = store_record(json!({
+            "strategy": "isolated-memory,volatile,deferred",
+            "mounted": true,
+            "mount_options": [],
+            "upper_fs": {"filesystem": "tmpfs", "size_bytes": 1024},
+        }));
+        let model = Container::from_record(isolated, &layout()).unwrap().model();
+        assert_eq!(
+            model.flavor().unwrap().isolated,
+            Some(UpperBackend::Memory)
+        );
+    }
+
+    #[test]
+    fn inconsistent_or_foreign_records_are_refused_with_the_reason() {
+        let cases = [
+            (
+                json!({"rootfs": {"version": 3, "provider": "fresh"}}),
+                "version 3",
+            ),
+            (
+                json!({"rootfs": {"version": 2, "provider": "direct", "teardown": "deferred",
+                       "mounted": true, "mount_options": []}}),
+                "does not fit provider",
+            ),
+            (
+                json!({"rootfs": {"version": 2, "provider": "direct", "teardown": "deferred",
+                       "mounted": true, "mount_options": [], "bind_source": "/etc"}}),
+                "not a mount of this store",
+            ),
+            (
+                json!({"rootfs": {"version": 2, "provider": "fresh", "metacopy": false,
+                       "volatile": false, "read_only": false, "teardown": "inline",
+                       "mounted": true, "mount_options": [],
+                       "upper_fs": {"filesystem": "tmpfs", "size_bytes": 1}}}),
+                "does not fit strategy",
+            ),
+            (
+                json!({"strategy": "pooled", "mounted": true, "mount_options": [],
+                       "read_only": true}),
+                "does not combine with --read-only",
+            ),
+            (
+                json!({"strategy": "teleport", "mounted": true, "mount_options": []}),
+                "unknown strategy",
+            ),
+            (
+                json!({"rootfs": {"version": 2, "provider": "shared-ro", "teardown": "deferred",
+                       "mounted": true, "mount_options": [],
+                       "bind_source": "/var/lib/lamina/shared/abc/rootfs",
+                       "lease": "/var/lib/lamina/shared/../../etc/users/x"}}),
+                "not a lease of this store",
+            ),
+            (
+                json!({"rootfs": {"version": 2, "provider": "direct", "teardown": "deferred",
+                       "mounted": true, "mount_options": [],
+                       "bind_source": "/var/lib/lamina/flat/x"},
+                       "lease": "/etc"}),
+                "fields lamina does not write: lease",
+            ),
+        ];
+        for (rootfs, expect) in cases {
+            let err = Container::from_record(store_record(rootfs.clone()), &layout()).unwrap_err();
+            assert!(err.contains(expect), "{rootfs}: {err}");
+        }
+    }
+}
