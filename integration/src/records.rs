@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-/// Container `id`'s rootfs as `{"strategy", "read_only", "mounted", "upper_fs"}`.
+/// Container `id`'s rootfs as `{"strategy", "read_only", "mounted", "mount_options",
+/// "upper_fs"}`.
 pub fn rootfs_of(store: &Path, id: &str) -> serde_json::Value {
     let store = lamina_store::Store::open(store).expect("opening the store");
     let container = lamina_mount::record::read(&store, id).expect("reading the record");
@@ -12,6 +13,7 @@ pub fn rootfs_of(store: &Path, id: &str) -> serde_json::Value {
         "strategy": model.to_string(),
         "read_only": model.read_only(),
         "mounted": container.rootfs.mounted,
+        "mount_options": container.rootfs.mount_options,
         "upper_fs": container.rootfs.upper_fs,
     })
 }
