@@ -198,14 +198,14 @@ pub fn check(
         });
     }
 
-    for (device, backing) in leaked_loop_devices(store, &live) {
+    for (device, backing) in leaked_loop_devices(store, mounter, &live) {
         let detail = format!(
             "{} is attached to {}, which no container uses",
             device.display(),
             backing.display()
         );
         findings.fix(found("leaked_loop_device", &device, &detail), &|| {
-            lamina_sys::detach_loop_device(&device).map_err(Into::into)
+            mounter.detach_loop_device(&device).map_err(Into::into)
         });
     }
 
@@ -336,9 +336,14 @@ fn orphan_mounts(
 
 /// Loop devices backed by a file in this store that no recorded container or pool slot
 /// uses: the backing file was removed, or lies outside any live container.
-fn leaked_loop_devices(store: &Store, live: &HashSet<String>) -> Vec<(PathBuf, PathBuf)> {
+fn leaked_loop_devices(
+    store: &Store,
+    mounter: &dyn Mounter,
+    live: &HashSet<String>,
+) -> Vec<(PathBuf, PathBuf)> {
     let layout = store.layout();
-    lamina_sys::loop_backing_files()
+    mounter
+        .loop_backing_files()
         .into_iter()
         .filter(|(_, backing)| backing.starts_with(layout.root()))
         .filter(|(_, backing)| {

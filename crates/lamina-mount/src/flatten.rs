@@ -7,16 +7,19 @@
 //! the layer for every container. That is why this tree is only ever bound read-only,
 //! and why a direct rootfs can never be read-write.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io;
-use std::os::fd::AsFd;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
 use lamina_store::{Store, StoreError};
-use rustix::fs::{AtFlags, CWD, Timespec, Timestamps};
+use lamina_sys::{At, HostFs};
+use rustix::fs::{AtFlags, CWD, FileType, Timespec, Timestamps};
+
+// Owners, whiteouts and xattrs are read and set through the store's host (the kernel
+// seam): a layer's owners and overlay markers are what an import through it recorded.
 
 /// The directory a direct container binds: the layer itself when the image has one
 /// layer with nothing for overlay to interpret, otherwise the image's flattened tree.
@@ -50,9 +53,9 @@ pub(crate) fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, Sto
         lamina_store::unique_suffix()
     ));
     let started = std::time::Instant::now();
-    let built = build(store, chain_ids, &staging).and_then(|()| {
-        let dir = fs::File::open(&staging)?;
-        rustix::fs::syncfs(dir.as_fd())?;
+    let host = &**store.host();
+    let built = build(host, store, chain_ids, &staging).and_then(|()| {
+        host.syncfs(&staging)?;
         fs::rename(&staging, &flat)
     });
     if let Err(e) = built {
@@ -63,24 +66,25 @@ pub(crate) fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, Sto
     Ok(flat)
 }
 
-fn build(store: &Store, chain_ids: &[Digest], dest: &Path) -> io::Result<()> {
+fn build(host: &dyn HostFs, store: &Store, chain_ids: &[Digest], dest: &Path) -> io::Result<()> {
     fs::create_dir(dest)?;
     for chain_id in chain_ids {
         let layer = store.layout().layer_diff(chain_id);
-        apply_dir(&layer, dest)?;
-        copy_dir_metadata(&layer, dest)?;
+        apply_dir(host, &layer, dest)?;
+        copy_dir_metadata(host, &layer, dest)?;
     }
     Ok(())
 }
 
 /// Lays the entries of layer directory `src` over the tree at `dst`.
-fn apply_dir(src: &Path, dst: &Path) -> io::Result<()> {
+fn apply_dir(host: &dyn HostFs, src: &Path, dst: &Path) -> io::Result<()> {
     for entry in fs::read_dir(src)? {
         let name = entry?.file_name();
         let (from, to) = (src.join(&name), dst.join(&name));
         let meta = fs::symlink_metadata(&from)?;
         let existing = fs::symlink_metadata(&to).ok();
-        if meta.file_type().is_char_device() && meta.rdev() == 0 {
+        let st = host.stat(At::Path(&from))?;
+        if FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice && st.st_rdev == 0 {
             // A whiteout: the name is gone from here down.
             if let Some(existing) = existing {
                 remove(&to, &existing)?;
@@ -90,7 +94,7 @@ fn apply_dir(src: &Path, dst: &Path) -> io::Result<()> {
         if meta.is_dir() {
             match existing {
                 Some(e) if e.is_dir() => {
-                    if is_opaque(&from) {
+                    if is_opaque(host, &from) {
                         fs::remove_dir_all(&to)?;
                         fs::create_dir(&to)?;
                     }
@@ -101,8 +105,8 @@ fn apply_dir(src: &Path, dst: &Path) -> io::Result<()> {
                 }
                 None => fs::create_dir(&to)?,
             }
-            apply_dir(&from, &to)?;
-            copy_dir_metadata(&from, &to)?;
+            apply_dir(host, &from, &to)?;
+            copy_dir_metadata(host, &from, &to)?;
         } else {
             if let Some(existing) = existing {
                 remove(&to, &existing)?;
@@ -122,17 +126,18 @@ fn remove(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
     }
 }
 
-fn is_opaque(dir: &Path) -> bool {
-    let mut value = [0u8; 4];
-    matches!(rustix::fs::lgetxattr(dir, "trusted.overlay.opaque", &mut value), Ok(1) if value[0] == b'y')
+fn is_opaque(host: &dyn HostFs, dir: &Path) -> bool {
+    let opaque = host.get_xattr(At::Path(dir), OsStr::new("trusted.overlay.opaque"));
+    matches!(opaque, Ok(Some(v)) if v == b"y")
 }
 
 /// Owner, mode (set-id and sticky bits included), xattrs other than overlay's, times.
-fn copy_dir_metadata(from: &Path, to: &Path) -> io::Result<()> {
+fn copy_dir_metadata(host: &dyn HostFs, from: &Path, to: &Path) -> io::Result<()> {
     let meta = fs::symlink_metadata(from)?;
-    std::os::unix::fs::lchown(to, Some(meta.uid()), Some(meta.gid()))?;
+    let st = host.stat(At::Path(from))?;
+    host.chown(At::Path(to), st.st_uid, st.st_gid)?;
     fs::set_permissions(to, fs::Permissions::from_mode(meta.mode() & 0o7777))?;
-    copy_xattrs(from, to)?;
+    copy_xattrs(host, from, to)?;
     let times = Timestamps {
         last_access: Timespec {
             tv_sec: meta.atime(),
@@ -147,17 +152,14 @@ fn copy_dir_metadata(from: &Path, to: &Path) -> io::Result<()> {
     Ok(())
 }
 
-fn copy_xattrs(from: &Path, to: &Path) -> io::Result<()> {
-    let mut names = vec![0u8; 4096];
-    let len = rustix::fs::llistxattr(from, &mut names)?;
-    for name in names[..len].split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        if name.starts_with(b"trusted.overlay.") {
+fn copy_xattrs(host: &dyn HostFs, from: &Path, to: &Path) -> io::Result<()> {
+    for name in host.list_xattrs(At::Path(from))? {
+        if name.as_encoded_bytes().starts_with(b"trusted.overlay.") {
             continue; // overlay's own markers mean nothing outside an overlay
         }
-        let name = std::ffi::OsStr::from_bytes(name);
-        let mut value = vec![0u8; 65536];
-        let n = rustix::fs::lgetxattr(from, name, &mut value)?;
-        rustix::fs::lsetxattr(to, name, &value[..n], rustix::fs::XattrFlags::empty())?;
+        if let Some(value) = host.get_xattr(At::Path(from), &name)? {
+            host.set_xattr(At::Path(to), &name, &value)?;
+        }
     }
     Ok(())
 }

@@ -166,7 +166,7 @@ pub fn fill(
             })
             .map_err(|e| StoreError::io("encoding", &target)(e.into()))?;
             // Durable: layer collection keeps what a pool's target names.
-            lamina_store::write_durably(&target, &json)?;
+            store.write_durably(&target, &json)?;
             size
         }
         None => read_target(&target).map_or(0, |t| t.size),
@@ -180,7 +180,7 @@ pub fn fill(
             let path = staged.base.join(SLOT_RECORD);
             let json = serde_json::to_vec(&record)
                 .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
-            lamina_store::write_durably(&path, &json)?;
+            store.write_durably(&path, &json)?;
             let slot = dir.join(lamina_store::unique_suffix());
             fs::rename(&staged.base, &slot).map_err(StoreError::io("adding to pool", &slot))?;
             Ok(())

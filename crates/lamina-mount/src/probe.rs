@@ -3,13 +3,12 @@
 //! kernel. The result is cached in `<store>/run/probe.json`; a different boot or kernel
 //! release invalidates it, so an upgraded host never trusts a stale answer.
 
+use std::ffi::OsStr;
 use std::fs;
-use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use lamina_store::Store;
-use lamina_sys::{Mounter, OverlaySpec};
+use lamina_sys::{At, HostFs, Mounter, OverlaySpec};
 use serde::{Deserialize, Serialize};
 
 /// Overlay's compiled-in limit; the probe confirms it rather than assuming it.
@@ -47,20 +46,20 @@ pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Re
         return Ok(cached);
     }
     let scratch = Scratch::new(store)?;
-    let api = lamina_sys::probe_mount_api();
+    let api = mounter.probe_mount_api();
     let result = Probe {
         kernel,
         boot_id,
         new_mount_api: api.new_mount_api,
         lowerdir_plus: api.lowerdir_plus,
-        metacopy: probe_metacopy(mounter, &scratch.dir("metacopy")?),
+        metacopy: probe_metacopy(mounter, &**store.host(), &scratch.dir("metacopy")?),
         volatile: mounts_with(mounter, &scratch.dir("volatile")?, ("volatile", None)),
         redirect_dir: mounts_with(
             mounter,
             &scratch.dir("redirect")?,
             ("redirect_dir", Some("on")),
         ),
-        idmapped_layers: probe_idmapped(&scratch.dir("idmap")?),
+        idmapped_layers: probe_idmapped(mounter, &scratch.dir("idmap")?),
         max_lower_layers: probe_max_lowers(mounter, &scratch.dir("lowers")?)?,
     };
     if !result.metacopy {
@@ -163,38 +162,40 @@ fn mounts_with(mounter: &dyn Mounter, dir: &Path, option: (&str, Option<&str>)) 
     .is_some()
 }
 
-fn probe_metacopy(mounter: &dyn Mounter, dir: &Path) -> bool {
+/// The chown and the xattr read go through the store's host, like every ownership call.
+fn probe_metacopy(mounter: &dyn Mounter, host: &dyn HostFs, dir: &Path) -> bool {
     let data = vec![b'm'; 256 * 1024];
     if fs::write(dir.join("lower/file"), &data).is_err() {
         return false;
     }
     let spec = rw_spec(dir, Some(("metacopy", Some("on"))));
     let chowned = with_mount(mounter, &spec, &dir.join("merged"), |merged| {
-        rustix::fs::chown(
-            merged.join("file"),
-            Some(rustix::fs::Uid::from_raw(4242)),
-            None,
-        )
-        .is_ok()
+        let file = merged.join("file");
+        host.stat(At::Path(&file))
+            .and_then(|st| host.chown(At::Path(&file), 4242, st.st_gid))
+            .is_ok()
     });
     if chowned != Some(true) {
         return false;
     }
     let upper = dir.join("upper/file");
-    let has_xattr =
-        rustix::fs::lgetxattr(&upper, "trusted.overlay.metacopy", &mut [0u8; 64]).is_ok();
+    let has_xattr = host
+        .get_xattr(At::Path(&upper), OsStr::new("trusted.overlay.metacopy"))
+        .is_ok_and(|v| v.is_some());
     // Not `blocks == 0`: ext4 charges the upper inode a block for its xattrs. A real
     // copy-up of the data would allocate at least the file's size.
-    let no_data = fs::metadata(&upper)
-        .is_ok_and(|m| m.len() == data.len() as u64 && m.blocks() * 512 < m.len() / 4);
+    let no_data = host
+        .stat(At::Path(&upper))
+        .is_ok_and(|st| st.st_size == data.len() as i64 && st.st_blocks * 512 < st.st_size / 4);
     has_xattr && no_data
 }
 
 /// Builds an overlay (never attached) with an idmapped lower, for a typical Garden
 /// mapping of 65536 ids.
-fn probe_idmapped(dir: &Path) -> bool {
+fn probe_idmapped(mounter: &dyn Mounter, dir: &Path) -> bool {
     let map = "0 100000 65536\n".to_string();
-    idmapped_layers_on(
+    idmapped_layers_through(
+        mounter,
         dir,
         &lamina_sys::UserNsMaps {
             uid_map: map.clone(),
@@ -207,13 +208,20 @@ fn probe_idmapped(dir: &Path) -> bool {
 /// what `init-store` asks before it records a uid-mapped store that idmaps its layers
 /// (else it chowns them at import). Works in a scratch directory it removes.
 pub fn idmapped_layers_on(parent: &Path, maps: &lamina_sys::UserNsMaps) -> bool {
+    idmapped_layers_through(&lamina_sys::RealMounter::new(), parent, maps)
+}
+
+/// [`idmapped_layers_on`], asking `mounter` (the kernel seam).
+pub fn idmapped_layers_through(
+    mounter: &dyn Mounter,
+    parent: &Path,
+    maps: &lamina_sys::UserNsMaps,
+) -> bool {
     let dir = parent.join(format!(".lamina-idmap-probe-{}", std::process::id()));
     let made =
         fs::create_dir_all(dir.join("lower")).and_then(|()| fs::create_dir(dir.join("other")));
-    let supported = made.is_ok()
-        && lamina_sys::user_namespace(maps).is_ok_and(|ns| {
-            lamina_sys::probe_idmapped_layers(&dir.join("lower"), &dir.join("other"), ns.as_fd())
-        });
+    let supported =
+        made.is_ok() && mounter.probe_idmapped_layers(&dir.join("lower"), &dir.join("other"), maps);
     let _ = fs::remove_dir_all(&dir);
     supported
 }

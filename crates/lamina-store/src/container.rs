@@ -277,7 +277,7 @@ impl Store {
         let path = self.layout.container(&record.id).join(RECORD);
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
-        crate::write_durably(&path, &json)
+        self.write_durably(&path, &json)
     }
 
     pub fn record(&self, id: &str) -> Result<ContainerRecord, StoreError> {

@@ -5,8 +5,9 @@
 //! torn record used to wedge `list`, `check` and `clean` for the whole store.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::path::Path;
+
+use lamina_sys::{HostFs, RealHost};
 
 use crate::StoreError;
 
@@ -15,6 +16,16 @@ use crate::StoreError;
 /// fsynced, renamed over `path`, and then the directory is fsynced so the rename itself
 /// survives. On failure the temporary file is removed and `path` is untouched.
 pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    write_durably_with(&RealHost, path, bytes)
+}
+
+/// [`write_durably`] with the write and both fsyncs going through `host`, the kernel
+/// seam: ENOSPC on the write and EIO on an fsync are what a full or failing disk says.
+pub(crate) fn write_durably_with(
+    host: &dyn HostFs,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
     let dir = parent_of(path);
     let name = path
         .file_name()
@@ -25,24 +36,29 @@ pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         .write(true)
         .create_new(true)
         .open(&tmp)
-        .and_then(|mut file| {
-            file.write_all(bytes)?;
-            file.sync_all()
-        })
         .map_err(StoreError::io("writing", &tmp))
+        .and_then(|file| {
+            host.write_all(&file, &tmp, bytes)
+                .and_then(|()| host.fsync(&file, &tmp))
+                .map_err(StoreError::errno("writing", &tmp))
+        })
         .and_then(|()| fs::rename(&tmp, path).map_err(StoreError::io("replacing", path)));
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
-    sync_dir(dir)
+    sync_dir_with(host, dir)
 }
 
 /// Fsyncs a directory, making the renames and creations in it durable.
 pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(StoreError::io("syncing", dir))
+    sync_dir_with(&RealHost, dir)
+}
+
+fn sync_dir_with(host: &dyn HostFs, dir: &Path) -> Result<(), StoreError> {
+    let file = File::open(dir).map_err(StoreError::io("syncing", dir))?;
+    host.fsync(&file, dir)
+        .map_err(StoreError::errno("syncing", dir))
 }
 
 fn parent_of(path: &Path) -> &Path {

@@ -11,10 +11,11 @@
 //! inside its user namespace. The capability then works in the container and, unlike a
 //! v2 value, not for someone executing the layer file on the host.
 
+use std::ffi::OsStr;
 use std::io;
 use std::path::Path;
 
-use rustix::fs::XattrFlags;
+use lamina_sys::{At, HostFs};
 
 use crate::IdMap;
 
@@ -33,20 +34,18 @@ const SIZE_3: usize = 24;
 const ROOTID_AT: usize = 20;
 
 /// The capability xattr of `path` (not followed), if it has one.
-pub(crate) fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    let mut buf = [0u8; 64];
-    match rustix::fs::lgetxattr(path, XATTR, &mut buf) {
-        Ok(n) => Ok(Some(buf[..n].to_vec())),
-        Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+/// Read and written through the kernel seam: writing it needs privilege.
+pub(crate) fn read(host: &dyn HostFs, path: &Path) -> io::Result<Option<Vec<u8>>> {
+    host.get_xattr(At::Path(path), OsStr::new(XATTR))
+        .map_err(Into::into)
 }
 
 /// Writes `value` back as the capability xattr of `path`. lamina runs as real root in
 /// the initial namespace on a layer directory that is not idmapped, so the kernel stores
 /// the value as given (but for a v3 rootid of 0, which it stores as v2).
-pub(crate) fn write(path: &Path, value: &[u8]) -> io::Result<()> {
-    rustix::fs::lsetxattr(path, XATTR, value, XattrFlags::empty()).map_err(Into::into)
+pub(crate) fn write(host: &dyn HostFs, path: &Path, value: &[u8]) -> io::Result<()> {
+    host.set_xattr(At::Path(path), OsStr::new(XATTR), value)
+        .map_err(Into::into)
 }
 
 /// `value` as it must read once the file's owner went through `map`: the rootid of a v3

@@ -4,7 +4,6 @@
 //! always complete and verified; anything else is in `tmp/` and never trusted.
 
 use std::fs::{self, File};
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use lamina_image::{Digest, HashingReader, Image, LayerBlob, compression};
@@ -136,12 +135,12 @@ impl Store {
         let started = std::time::Instant::now();
         let record = self.unpack_verified(layer, chain_id, &diff, cancelled)?;
         if self.properties.chowns_layers() {
-            crate::shift::shift_ownership(&diff, &self.properties.id_map).map_err(|e| {
-                StoreError::Layer {
+            crate::shift::shift_ownership(&*self.host, &diff, &self.properties.id_map).map_err(
+                |e| StoreError::Layer {
                     layer: layer.describe(),
                     message: format!("chowning to the store's id mappings: {e}"),
-                }
-            })?;
+                },
+            )?;
         }
         self.publish_staged(&staging, &record)?;
         guard.0 = None;
@@ -215,8 +214,9 @@ impl Store {
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
         fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
-        let dir = File::open(staging).map_err(StoreError::io("opening", staging))?;
-        rustix::fs::syncfs(dir.as_fd()).map_err(StoreError::errno("syncing", staging))?;
+        self.host
+            .syncfs(staging)
+            .map_err(StoreError::errno("syncing", staging))?;
         let final_dir = self.layout.layer(&record.chain_id);
         fs::rename(staging, &final_dir).map_err(StoreError::io("publishing layer", &final_dir))
     }
@@ -268,7 +268,7 @@ impl Store {
         let mut stored = HashingReader::new(blob);
         let decoded = compression::decoder(&mut stored, layer.compression, &what)?;
         let mut tar = HashingReader::with_limit(decoded, self.max_layer_bytes);
-        let summary = lamina_unpack::unpack_limited(&mut tar, dest, self.max_layer_bytes)
+        let summary = lamina_unpack::unpack_with(&mut tar, dest, self.max_layer_bytes, &*self.host)
             .map_err(|e| fail(e.to_string()))?;
         let (diff_id, size) = tar.finish().map_err(|e| fail(format!("reading: {e}")))?;
         let (blob_digest, blob_size) = stored

@@ -26,6 +26,9 @@ mod usage;
 
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
+
+use lamina_sys::{HostFs, RealHost};
 
 pub use container::list_dirs;
 pub use container::{BadRecord, ContainerScan};
@@ -57,6 +60,9 @@ pub struct Store {
     progress: std::sync::Arc<dyn ImportProgress>,
     /// The longest any wait for a store lock lasts ([`Store::with_lock_timeout`]).
     lock_timeout: std::time::Duration,
+    /// Where ownership, xattr, device-node and durable-write calls go: the kernel, or a
+    /// test's fake ([`Store::init_hosted`]).
+    host: Arc<dyn HostFs>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -77,6 +83,16 @@ impl Store {
     /// store again is fine with the same properties and refused with others: its layers
     /// were made for the recorded ones.
     pub fn init_with(root: &Path, properties: &StoreProperties) -> Result<Store, StoreError> {
+        Store::init_hosted(root, properties, Arc::new(RealHost))
+    }
+
+    /// [`Store::init_with`] making its ownership, metadata and durable-write calls
+    /// through `host` (for the rest of the store's life, too): tests pass the fake.
+    pub fn init_hosted(
+        root: &Path,
+        properties: &StoreProperties,
+        host: Arc<dyn HostFs>,
+    ) -> Result<Store, StoreError> {
         properties
             .validate()
             .map_err(|why| StoreError::Properties {
@@ -85,7 +101,7 @@ impl Store {
             })?;
         let layout = Layout::new(root);
         if layout.marker().exists() {
-            let store = Store::open(root)?;
+            let store = Store::open_hosted(root, host)?;
             if store.properties != *properties {
                 return Err(StoreError::Properties {
                     store: root.to_path_buf(),
@@ -104,7 +120,7 @@ impl Store {
                 return Err(StoreError::NotAStore(root.to_path_buf()));
             }
         }
-        permissions::secure_store(&layout, properties)?;
+        permissions::secure_store(&layout, properties, &*host)?;
         if !layout.marker().exists() {
             let marker = serde_json::to_vec(&Marker {
                 version: STORE_VERSION,
@@ -112,13 +128,18 @@ impl Store {
             })
             .map_err(|e| StoreError::io("encoding", root)(e.into()))?;
             // Durable: a torn marker would make the store look like it is not one.
-            write_durably(&layout.marker(), &marker)?;
+            durable::write_durably_with(&*host, &layout.marker(), &marker)?;
         }
-        Store::open(root)
+        Store::open_hosted(root, host)
     }
 
     /// Opens an initialised store.
     pub fn open(root: &Path) -> Result<Store, StoreError> {
+        Store::open_hosted(root, Arc::new(RealHost))
+    }
+
+    /// [`Store::open`] with the calls [`Store::init_hosted`] describes going to `host`.
+    pub fn open_hosted(root: &Path, host: Arc<dyn HostFs>) -> Result<Store, StoreError> {
         let layout = Layout::new(root);
         let bytes = match fs::read(layout.marker()) {
             Ok(bytes) => bytes,
@@ -134,8 +155,9 @@ impl Store {
         }
         // Stores made by an older lamina lack the newer directories, and were made with
         // the umask's modes: both are put right on every open.
-        permissions::secure_store(&layout, &marker.properties)?;
+        permissions::secure_store(&layout, &marker.properties, &*host)?;
         Ok(Store {
+            host,
             layout,
             max_layer_bytes: DEFAULT_MAX_LAYER_BYTES,
             properties: marker.properties,
@@ -153,6 +175,17 @@ impl Store {
     pub fn with_import_progress(mut self, progress: std::sync::Arc<dyn ImportProgress>) -> Self {
         self.progress = progress;
         self
+    }
+
+    /// Where this store's ownership, metadata and durable-write calls go.
+    pub fn host(&self) -> &Arc<dyn HostFs> {
+        &self.host
+    }
+
+    /// [`write_durably`] through this store's host, so a test can fail its write or
+    /// fsync.
+    pub fn write_durably(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        durable::write_durably_with(&*self.host, path, bytes)
     }
 
     pub fn layout(&self) -> &Layout {

@@ -17,7 +17,8 @@ use std::path::Path;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use rustix::fs::{CWD, Gid, Mode, OFlags, Uid};
+use lamina_sys::{At, HostFs};
+use rustix::fs::{CWD, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::{Layout, StoreError, StoreProperties};
@@ -59,7 +60,14 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 /// (following a symlink there: operators link stores elsewhere) and everything below is
 /// made and opened relative to that fd without following symlinks, so a directory
 /// swapped for a symlink mid-way is refused, never followed.
-pub fn secure_store(layout: &Layout, properties: &StoreProperties) -> Result<(), StoreError> {
+///
+/// The ownership is read and changed through `host` (the kernel seam): giving a
+/// directory to root needs privilege, so the fake records it instead.
+pub fn secure_store(
+    layout: &Layout,
+    properties: &StoreProperties,
+    host: &dyn HostFs,
+) -> Result<(), StoreError> {
     let (walk_mode, walk_gid) = match traverse_group(properties) {
         Some(gid) => (TRAVERSE_MODE, gid),
         None => (PRIVATE_MODE, 0),
@@ -67,7 +75,7 @@ pub fn secure_store(layout: &Layout, properties: &StoreProperties) -> Result<(),
     let root = layout.root();
     create_private_dir(root).map_err(StoreError::io("creating", root))?;
     let root_fd = open_dir(CWD, root, OFlags::empty(), root)?;
-    tighten(&root_fd, root, walk_mode, walk_gid)?;
+    tighten(host, &root_fd, root, walk_mode, walk_gid)?;
     let dirs = std::iter::once((layout.images(), walk_mode, walk_gid))
         .chain(private_dirs(layout).map(|dir| (dir, PRIVATE_MODE, 0)));
     for (dir, mode, gid) in dirs {
@@ -77,7 +85,7 @@ pub fn secure_store(layout: &Layout, properties: &StoreProperties) -> Result<(),
             Err(e) => return Err(StoreError::errno("creating", &dir)(e)),
         }
         let fd = open_dir(root_fd.as_fd(), Path::new(name), OFlags::NOFOLLOW, &dir)?;
-        tighten(&fd, &dir, mode, gid)?;
+        tighten(host, &fd, &dir, mode, gid)?;
     }
     Ok(())
 }
@@ -121,13 +129,20 @@ fn open_dir(
 /// Sets the directory open as `fd` to exactly `mode` (permission bits), owner root and
 /// group `gid`, if it is anything else; logs what it changed. The mode is read again
 /// after a chown: a previous owner could have changed it in between.
-fn tighten(fd: &OwnedFd, dir: &Path, mode: u32, gid: u32) -> Result<(), StoreError> {
-    let mut st = rustix::fs::fstat(fd).map_err(StoreError::errno("securing", dir))?;
-    // Only root can give a directory away; an unprivileged caller (unit tests) keeps
-    // its own ownership, which no other user can use either.
+fn tighten(
+    host: &dyn HostFs,
+    fd: &OwnedFd,
+    dir: &Path,
+    mode: u32,
+    gid: u32,
+) -> Result<(), StoreError> {
+    let at = At::Fd(fd.as_fd());
+    let mut st = host.stat(at).map_err(StoreError::errno("securing", dir))?;
+    // Only root can give a directory away; an unprivileged caller (unit tests on the
+    // real host) keeps its own ownership, which no other user can use either.
     let owner_wrong = st.st_uid != 0 || st.st_gid != gid;
-    if owner_wrong && rustix::process::geteuid().is_root() {
-        rustix::fs::fchown(fd, Some(Uid::from_raw(0)), Some(Gid::from_raw(gid)))
+    if owner_wrong && host.may_chown() {
+        host.chown(at, 0, gid)
             .map_err(StoreError::errno("securing", dir))?;
         tracing::warn!(
             path = %dir.display(),
@@ -135,7 +150,7 @@ fn tighten(fd: &OwnedFd, dir: &Path, mode: u32, gid: u32) -> Result<(), StoreErr
             to = format!("0:{gid}"),
             "changed the owner of a store directory"
         );
-        st = rustix::fs::fstat(fd).map_err(StoreError::errno("securing", dir))?;
+        st = host.stat(at).map_err(StoreError::errno("securing", dir))?;
     }
     let old_mode = st.st_mode & 0o7777;
     if old_mode != mode {

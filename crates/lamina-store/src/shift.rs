@@ -5,8 +5,11 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+
+use lamina_sys::{At, HostFs};
+use rustix::fs::FileType;
 
 use crate::{IdMap, file_caps};
 
@@ -14,15 +17,18 @@ use crate::{IdMap, file_caps};
 /// shifted twice would map an already-mapped id). chown clears the setuid and setgid
 /// bits and the file capabilities, so a file that had them gets them back afterwards:
 /// `ping` keeps `cap_net_raw` and `su` its setuid bit.
-pub(crate) fn shift_ownership(dir: &Path, map: &IdMap) -> io::Result<()> {
+///
+/// Owners are read and set through `host` (the kernel seam), which on the fake records
+/// them instead of chowning.
+pub(crate) fn shift_ownership(host: &dyn HostFs, dir: &Path, map: &IdMap) -> io::Result<()> {
     let mut shifted = HashSet::new();
     let mut stack = vec![dir.to_path_buf()];
-    shift_one(dir, map, &mut shifted)?;
+    shift_one(host, dir, map, &mut shifted)?;
     while let Some(path) = stack.pop() {
         for entry in fs::read_dir(&path)? {
             let entry = entry?;
             let child = entry.path();
-            shift_one(&child, map, &mut shifted)?;
+            shift_one(host, &child, map, &mut shifted)?;
             if entry.file_type()?.is_dir() {
                 stack.push(child);
             }
@@ -31,29 +37,34 @@ pub(crate) fn shift_ownership(dir: &Path, map: &IdMap) -> io::Result<()> {
     Ok(())
 }
 
-fn shift_one(path: &Path, map: &IdMap, shifted: &mut HashSet<u64>) -> io::Result<()> {
-    let meta = fs::symlink_metadata(path)?;
-    if !shifted.insert(meta.ino()) {
+fn shift_one(
+    host: &dyn HostFs,
+    path: &Path,
+    map: &IdMap,
+    shifted: &mut HashSet<(u64, u64)>,
+) -> io::Result<()> {
+    let st = host.stat(At::Path(path))?;
+    if !shifted.insert((st.st_dev, st.st_ino)) {
         return Ok(());
     }
-    let regular = meta.file_type().is_file();
+    let kind = FileType::from_raw_mode(st.st_mode);
     // Only regular files carry capabilities the kernel honours.
-    let caps = if regular {
-        file_caps::read(path)?
+    let caps = if kind == FileType::RegularFile {
+        file_caps::read(host, path)?
     } else {
         None
     };
-    std::os::unix::fs::lchown(
-        path,
-        Some(map.host_uid(meta.uid())),
-        Some(map.host_gid(meta.gid())),
+    host.chown(
+        At::Path(path),
+        map.host_uid(st.st_uid),
+        map.host_gid(st.st_gid),
     )?;
-    let special = meta.mode() & 0o6000;
-    if special != 0 && !meta.file_type().is_symlink() {
-        fs::set_permissions(path, fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    let special = st.st_mode & 0o6000;
+    if special != 0 && kind != FileType::Symlink {
+        fs::set_permissions(path, fs::Permissions::from_mode(st.st_mode & 0o7777))?;
     }
     if let Some(caps) = caps {
-        file_caps::write(path, &file_caps::shifted(&caps, map))?;
+        file_caps::write(host, path, &file_caps::shifted(&caps, map))?;
     }
     Ok(())
 }

@@ -128,6 +128,6 @@ impl Store {
         let path = self.layout.snapshot_metadata();
         let bytes = serde_json::to_vec_pretty(db)
             .map_err(|e| StoreError::io("encoding", &path)(std::io::Error::other(e)))?;
-        crate::write_durably(&path, &bytes)
+        self.write_durably(&path, &bytes)
     }
 }

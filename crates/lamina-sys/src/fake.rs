@@ -2,6 +2,11 @@
 //! kernel would check up front (target and layer directories exist, no double mount) so
 //! tests catch ordering bugs, and records every call for assertions.
 //!
+//! Any call can be made to fail ([`FakeMounter::fail`]). The same fake is also a
+//! [`crate::HostFs`] (see `fake_host.rs`): it records ownership, device nodes and xattrs
+//! in memory instead of asking the kernel, so a store built on it imports layers as an
+//! unprivileged user.
+//!
 //! Like the kernel, it tracks a mount by its directory, not by the path it was mounted
 //! at: a mount follows its directory through renames (pool claims and deferred deletes
 //! rely on that), so mounts are keyed by the target's device and inode.
@@ -13,15 +18,63 @@ use std::sync::Mutex;
 
 use rustix::io::Errno;
 
-use crate::{MountError, Mounter, OverlaySpec, UpperFs};
+use crate::faults::Faults;
+use crate::{Call, MountApiSupport, MountError, Mounter, OverlaySpec, UpperFs, UserNsMaps, When};
 
+/// A recorded call that changes something or asks the kernel a question only a
+/// privileged caller can. Read-only queries (is-mountpoint, mounts-under, stat, xattr
+/// reads, the loop device list) can be failed but are not recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FakeCall {
     Mount(PathBuf, OverlaySpec),
     Unmount(PathBuf),
-    BindReadOnly { source: PathBuf, target: PathBuf },
+    BindReadOnly {
+        source: PathBuf,
+        target: PathBuf,
+    },
     Sync(PathBuf),
     MountUpperFs(PathBuf, UpperFs),
+    ProbeMountApi,
+    ProbeIdmappedLayers {
+        lower: PathBuf,
+        maps: UserNsMaps,
+    },
+    DetachLoopDevice(PathBuf),
+    Chown {
+        path: PathBuf,
+        uid: u32,
+        gid: u32,
+    },
+    Mknod {
+        path: PathBuf,
+        node: crate::Node,
+    },
+    SetXattr {
+        path: PathBuf,
+        name: std::ffi::OsString,
+    },
+    Write(PathBuf),
+    Fsync(PathBuf),
+    Syncfs(PathBuf),
+}
+
+/// What the fake kernel supports, as its probes report it. Everything by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FakeKernel {
+    pub mount_api: MountApiSupport,
+    pub idmapped_layers: bool,
+}
+
+impl Default for FakeKernel {
+    fn default() -> Self {
+        Self {
+            mount_api: MountApiSupport {
+                new_mount_api: true,
+                lowerdir_plus: true,
+            },
+            idmapped_layers: true,
+        }
+    }
 }
 
 /// What the fake has mounted on a directory.
@@ -37,18 +90,35 @@ pub struct FakeMounter {
 }
 
 /// A directory's identity: (device, inode).
-type DirId = (u64, u64);
+pub(crate) type DirId = (u64, u64);
 
 #[derive(Debug, Default)]
-struct State {
+pub(crate) struct State {
     /// Mounted directories, with the path they were mounted at, what is mounted, and
     /// when (a sequence number: siblings unmount latest first, as from the kernel).
     mounted: BTreeMap<DirId, (PathBuf, Mounted, u64)>,
     mounts_made: u64,
-    calls: Vec<FakeCall>,
-    fail_next_mount: Option<Errno>,
-    fail_next_overlay: Option<Errno>,
-    fail_next_sync: Option<Errno>,
+    pub(crate) calls: Vec<FakeCall>,
+    pub(crate) faults: Faults,
+    kernel: FakeKernel,
+    /// What the [`crate::HostFs`] half recorded, per inode.
+    pub(crate) files: BTreeMap<DirId, crate::fake_host::FileMeta>,
+}
+
+impl State {
+    /// Records `call` (if given) and returns the error an injected fault makes of it.
+    pub(crate) fn enter(
+        &mut self,
+        kind: Call,
+        path: &Path,
+        record: Option<FakeCall>,
+    ) -> Result<(), Errno> {
+        self.calls.extend(record);
+        match self.faults.check(kind, path) {
+            Some(errno) => Err(errno),
+            None => Ok(()),
+        }
+    }
 }
 
 fn dir_id(path: &Path) -> Option<DirId> {
@@ -69,21 +139,36 @@ impl FakeMounter {
         Self::default()
     }
 
-    /// Makes the next `mount_overlay` fail with `errno`, as a kernel refusal would.
+    /// Makes calls of kind `call` fail with `errno` when `when` says, before the call
+    /// does anything: `fake.fail(Call::Unmount, When::Nth(1), Errno::BUSY)`. Rules add
+    /// up; the first added that fires decides.
+    pub fn fail(&self, call: Call, when: When, errno: Errno) {
+        self.lock().faults.add(call, when, errno);
+    }
+
+    /// Makes the next mount (an overlay or an upper filesystem, whichever comes first)
+    /// fail with `errno`, as a kernel refusal would.
     pub fn fail_next_mount(&self, errno: Errno) {
-        self.lock().fail_next_mount = Some(errno);
+        self.lock()
+            .faults
+            .add_any(&[Call::Mount, Call::MountUpperFs], When::Nth(1), errno);
     }
 
     /// Makes the next `mount_overlay` fail with `errno` while other mounts succeed: a
     /// failure after an isolated container's own upper filesystem is mounted.
     pub fn fail_next_overlay_mount(&self, errno: Errno) {
-        self.lock().fail_next_overlay = Some(errno);
+        self.fail(Call::Mount, When::Nth(1), errno);
     }
 
     /// Makes the next `sync_filesystem` fail with `errno`, as a volatile overlay reports
     /// a writeback error on its upper filesystem.
     pub fn fail_next_sync(&self, errno: Errno) {
-        self.lock().fail_next_sync = Some(errno);
+        self.fail(Call::Sync, When::Nth(1), errno);
+    }
+
+    /// Sets what the fake kernel's probes report.
+    pub fn set_kernel(&self, kernel: FakeKernel) {
+        self.lock().kernel = kernel;
     }
 
     pub fn calls(&self) -> Vec<FakeCall> {
@@ -117,7 +202,7 @@ impl FakeMounter {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panicking test thread must not hide the state from the assertions after it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -147,17 +232,11 @@ impl FakeMounter {
 impl Mounter for FakeMounter {
     fn mount_overlay(&self, spec: &OverlaySpec, target: &Path) -> Result<(), MountError> {
         let mut state = self.lock();
-        state
-            .calls
-            .push(FakeCall::Mount(target.to_path_buf(), spec.clone()));
         let err = |errno| MountError::new("mount overlay at", target, errno);
-        if let Some(errno) = state
-            .fail_next_mount
-            .take()
-            .or_else(|| state.fail_next_overlay.take())
-        {
-            return Err(err(errno));
-        }
+        let record = FakeCall::Mount(target.to_path_buf(), spec.clone());
+        state
+            .enter(Call::Mount, target, Some(record))
+            .map_err(err)?;
         if spec.lowers.is_empty()
             || spec.lowers.len() > MAX_LOWERS
             || spec.upper.is_some() != spec.work.is_some()
@@ -178,20 +257,30 @@ impl Mounter for FakeMounter {
 
     fn unmount(&self, target: &Path) -> Result<bool, MountError> {
         let mut state = self.lock();
-        state.calls.push(FakeCall::Unmount(target.to_path_buf()));
+        let record = FakeCall::Unmount(target.to_path_buf());
+        state
+            .enter(Call::Unmount, target, Some(record))
+            .map_err(|e| MountError::new("unmount", target, e))?;
         Ok(dir_id(target).is_some_and(|id| state.mounted.remove(&id).is_some()))
     }
 
     fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError> {
-        Ok(dir_id(path).is_some_and(|id| self.lock().mounted.contains_key(&id)))
+        let mut state = self.lock();
+        state
+            .enter(Call::IsMountpoint, path, None)
+            .map_err(|e| MountError::new("statx", path, e))?;
+        Ok(dir_id(path).is_some_and(|id| state.mounted.contains_key(&id)))
     }
 
     fn bind_read_only(&self, source: &Path, target: &Path) -> Result<(), MountError> {
         let mut state = self.lock();
-        state.calls.push(FakeCall::BindReadOnly {
+        let record = FakeCall::BindReadOnly {
             source: source.to_path_buf(),
             target: target.to_path_buf(),
-        });
+        };
+        state
+            .enter(Call::BindReadOnly, target, Some(record))
+            .map_err(|e| MountError::new("attach read-only bind at", target, e))?;
         let Some(source_id) = dir_id(source) else {
             return Err(MountError::new(
                 "clone mount for bind",
@@ -221,22 +310,18 @@ impl Mounter for FakeMounter {
     }
 
     fn sync_filesystem(&self, path: &Path) -> Result<(), MountError> {
-        let mut state = self.lock();
-        state.calls.push(FakeCall::Sync(path.to_path_buf()));
-        match state.fail_next_sync.take() {
-            Some(errno) => Err(MountError::new("syncfs", path, errno)),
-            None => Ok(()),
-        }
+        let record = FakeCall::Sync(path.to_path_buf());
+        self.lock()
+            .enter(Call::Sync, path, Some(record))
+            .map_err(|e| MountError::new("syncfs", path, e))
     }
 
     fn mount_upper_fs(&self, fs: &UpperFs, target: &Path) -> Result<(), MountError> {
         let mut state = self.lock();
+        let record = FakeCall::MountUpperFs(target.to_path_buf(), fs.clone());
         state
-            .calls
-            .push(FakeCall::MountUpperFs(target.to_path_buf(), fs.clone()));
-        if let Some(errno) = state.fail_next_mount.take() {
-            return Err(MountError::new("mount upper filesystem at", target, errno));
-        }
+            .enter(Call::MountUpperFs, target, Some(record))
+            .map_err(|e| MountError::new("mount upper filesystem at", target, e))?;
         // The image file is real, so removal and crash-recovery code see what they would.
         if let UpperFs::Disk { image, format, .. } = fs {
             let made = if *format {
@@ -257,8 +342,57 @@ impl Mounter for FakeMounter {
         )
     }
 
+    fn probe_mount_api(&self) -> MountApiSupport {
+        let mut state = self.lock();
+        let kernel = state.kernel.mount_api;
+        match state.enter(
+            Call::ProbeMountApi,
+            Path::new(""),
+            Some(FakeCall::ProbeMountApi),
+        ) {
+            Ok(()) => kernel,
+            // fsopen refused: the probe reports no new mount API at all.
+            Err(_) => MountApiSupport {
+                new_mount_api: false,
+                lowerdir_plus: false,
+            },
+        }
+    }
+
+    fn probe_idmapped_layers(&self, lower: &Path, _other: &Path, maps: &UserNsMaps) -> bool {
+        let mut state = self.lock();
+        let record = FakeCall::ProbeIdmappedLayers {
+            lower: lower.to_path_buf(),
+            maps: maps.clone(),
+        };
+        let supported = state.kernel.idmapped_layers;
+        state
+            .enter(Call::ProbeIdmappedLayers, lower, Some(record))
+            .is_ok()
+            && supported
+    }
+
+    fn detach_loop_device(&self, device: &Path) -> Result<(), MountError> {
+        let record = FakeCall::DetachLoopDevice(device.to_path_buf());
+        self.lock()
+            .enter(Call::DetachLoopDevice, device, Some(record))
+            .map_err(|e| MountError::new("detach loop device", device, e))
+    }
+
+    /// The fake attaches no loop devices: an image file's "device" lives and dies with
+    /// its mount.
+    fn loop_backing_files(&self) -> Vec<(PathBuf, PathBuf)> {
+        let _ = self
+            .lock()
+            .enter(Call::LoopBackingFiles, Path::new(""), None);
+        Vec::new()
+    }
+
     fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError> {
-        let state = self.lock();
+        let mut state = self.lock();
+        state
+            .enter(Call::MountsUnder, dir, None)
+            .map_err(|e| MountError::new("read /proc/self/mountinfo for", dir, e))?;
         let mut found = Vec::new();
         let mut pending = vec![(dir.to_path_buf(), 0)];
         while let Some((path, depth)) = pending.pop() {

@@ -1,13 +1,34 @@
-//! The one place lamina asks the kernel to mount or unmount anything.
+//! The kernel seam: every call lamina makes that needs privilege, probes a kernel
+//! feature, or whose failure it must handle goes through one of two traits here, so all
+//! of it can be tested with [`FakeMounter`] as an unprivileged user and any such call
+//! made to fail with a chosen errno ([`FakeMounter::fail`]).
 //!
-//! Mount logic elsewhere talks to the [`Mounter`] trait, so it can be tested with
-//! [`FakeMounter`] without root or a kernel overlay module; [`RealMounter`] is the
-//! implementation that really mounts. Keeping every mount syscall here means a reader
-//! auditing what lamina does to the host's mount table reads one crate.
+//! What goes through the seam:
+//! - [`Mounter`]: mounts, unmounts, binds, syncfs of a mounted upper, the container's
+//!   own upper filesystem (tmpfs, or an image on a loop device), the mount-table
+//!   queries, the mount-API and idmapped-layer probes (with the user namespace they
+//!   make), and loop-device listing and detaching. [`RealMounter`] really does them.
+//! - [`HostFs`]: ownership and metadata a layer's files get (chown, device nodes and
+//!   whiteouts, xattrs including `trusted.*` and `security.capability`, and `lstat` to
+//!   read them back), the store's permission tightening, and the write, fsync and
+//!   syncfs of durable records, markers and layers. [`RealHost`] calls the kernel.
+//!
+//! What does not, and why: plain file IO an unprivileged user can do on its own files
+//! (mkdir, rename, remove, open, read, chmod of its own files, timestamps, flock) stays
+//! on `std`/rustix where it is used. It needs no privilege, so it runs the same under
+//! the fake, and faking it would only test the fake. The free functions exported below
+//! are the real implementations the traits call; lamina's other crates reach them only
+//! through the traits.
+//!
+//! Keeping these calls here means a reader auditing what lamina asks of the kernel
+//! reads one crate, and `raw` is the only place with `unsafe`.
 
 mod api_probe;
 mod error;
 mod fake;
+mod fake_host;
+mod faults;
+mod host;
 mod mountinfo;
 mod overlay_spec;
 mod raw;
@@ -18,7 +39,9 @@ mod userns;
 pub use api_probe::{MountApiSupport, probe_idmapped_layers, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
 pub use error::{Errno, MountError};
-pub use fake::{FakeCall, FakeMounter};
+pub use fake::{FakeCall, FakeKernel, FakeMounter};
+pub use faults::{Call, When};
+pub use host::{At, HostFs, Node, RealHost, Stat};
 pub use mountinfo::mounts_under;
 pub use overlay_spec::OverlaySpec;
 pub use real::RealMounter;
@@ -57,4 +80,18 @@ pub trait Mounter: Send + Sync + Debug {
     /// Mount points at or beneath `dir`, deepest first: what crash recovery must unmount
     /// before it may remove `dir`.
     fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError>;
+
+    /// Which parts of the new mount API the kernel has ([`probe_mount_api`]).
+    fn probe_mount_api(&self) -> MountApiSupport;
+
+    /// Whether overlay accepts a lower layer idmapped with `maps`: a user namespace with
+    /// those maps is made, `lower` is cloned and idmapped with it, and an overlay with
+    /// `other` above it is created but never attached.
+    fn probe_idmapped_layers(&self, lower: &Path, other: &Path, maps: &UserNsMaps) -> bool;
+
+    /// Detaches a loop device a crash left attached (`lamina check --repair`).
+    fn detach_loop_device(&self, device: &Path) -> Result<(), MountError>;
+
+    /// Attached loop devices and their backing files.
+    fn loop_backing_files(&self) -> Vec<(PathBuf, PathBuf)>;
 }

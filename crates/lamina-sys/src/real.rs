@@ -14,7 +14,7 @@ use rustix::mount::{
     UnmountFlags,
 };
 
-use crate::{MountError, Mounter, OverlaySpec, UpperFs};
+use crate::{MountError, Mounter, OverlaySpec, UpperFs, UserNsMaps};
 
 /// fsconfig string values longer than this are rejected by the kernel; such layer paths
 /// are passed as O_PATH file descriptors instead.
@@ -123,6 +123,23 @@ impl Mounter for RealMounter {
                 Errno::from_io_error(&e).unwrap_or(Errno::IO),
             )
         })
+    }
+
+    fn probe_mount_api(&self) -> crate::MountApiSupport {
+        crate::probe_mount_api()
+    }
+
+    fn probe_idmapped_layers(&self, lower: &Path, other: &Path, maps: &UserNsMaps) -> bool {
+        crate::user_namespace(maps)
+            .is_ok_and(|ns| crate::probe_idmapped_layers(lower, other, ns.as_fd()))
+    }
+
+    fn detach_loop_device(&self, device: &Path) -> Result<(), MountError> {
+        crate::detach_loop_device(device)
+    }
+
+    fn loop_backing_files(&self) -> Vec<(PathBuf, PathBuf)> {
+        crate::loop_backing_files()
     }
 }
 

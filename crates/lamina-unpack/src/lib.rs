@@ -17,7 +17,7 @@ mod unpacker;
 
 pub use entry_path::{EntryPath, PathRejection, shown};
 pub use records::{Described, Kind, Member, Pending, Refusal};
-pub use unpacker::{UnpackSummary, unpack, unpack_limited};
+pub use unpacker::{UnpackSummary, unpack, unpack_limited, unpack_with};
 
 /// A failed unpack, naming the entry at fault where there is one.
 #[derive(Debug, thiserror::Error)]

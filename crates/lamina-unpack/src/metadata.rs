@@ -1,11 +1,13 @@
-//! Ownership, mode, xattrs and times for an entry once it exists.
+//! Ownership, mode, xattrs and times for an entry once it exists. Ownership and xattrs
+//! go through the kernel seam ([`HostFs`]): they need privilege (a chown to another
+//! user, `trusted.*`, `security.capability`) that a test on the fake does not have.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
 
-use rustix::fs::{AtFlags, Gid, Mode, Timespec, Timestamps, Uid, XattrFlags};
+use lamina_sys::{At, HostFs};
+use rustix::fs::{AtFlags, Mode, Timespec, Timestamps};
 use rustix::io::Errno;
 
 /// What a tar header (and its PAX records) says about an entry's metadata.
@@ -37,15 +39,11 @@ pub fn timestamps(mtime: i64) -> Timestamps {
 
 /// Applies everything through an fd of the object itself (regular files, directories).
 /// Owner first: chown clears setuid/setgid, so the mode must come after it.
-pub fn apply_fd(fd: BorrowedFd<'_>, meta: &Meta) -> Result<(), Errno> {
-    rustix::fs::fchown(
-        fd,
-        Some(Uid::from_raw(meta.uid)),
-        Some(Gid::from_raw(meta.gid)),
-    )?;
+pub fn apply_fd(host: &dyn HostFs, fd: BorrowedFd<'_>, meta: &Meta) -> Result<(), Errno> {
+    host.chown(At::Fd(fd), meta.uid, meta.gid)?;
     rustix::fs::fchmod(fd, Mode::from_raw_mode(meta.mode & 0o7777))?;
     for (name, value) in &meta.xattrs {
-        rustix::fs::fsetxattr(fd, name.as_slice(), value, XattrFlags::empty())?;
+        host.set_xattr(At::Fd(fd), OsStr::from_bytes(name), value)?;
     }
     rustix::fs::futimens(fd, &timestamps(meta.mtime))
 }
@@ -54,18 +52,14 @@ pub fn apply_fd(fd: BorrowedFd<'_>, meta: &Meta) -> Result<(), Errno> {
 /// FIFOs: objects that cannot be opened for this safely). `chmod` is skipped for
 /// symlinks, whose mode Linux ignores.
 pub fn apply_at(
+    host: &dyn HostFs,
     parent: BorrowedFd<'_>,
     name: &[u8],
     meta: &Meta,
     is_symlink: bool,
 ) -> Result<(), Errno> {
-    rustix::fs::chownat(
-        parent,
-        name,
-        Some(Uid::from_raw(meta.uid)),
-        Some(Gid::from_raw(meta.gid)),
-        AtFlags::SYMLINK_NOFOLLOW,
-    )?;
+    let at = At::Child(parent, OsStr::from_bytes(name));
+    host.chown(at, meta.uid, meta.gid)?;
     if !is_symlink {
         rustix::fs::chmodat(
             parent,
@@ -74,13 +68,10 @@ pub fn apply_at(
             AtFlags::empty(),
         )?;
     }
-    if !meta.xattrs.is_empty() {
-        // lsetxattr on /proc/self/fd/N/NAME: the magic link pins the parent we already
-        // resolved safely, and the final component is not followed.
-        let path = via_proc(parent, name);
-        for (xname, value) in &meta.xattrs {
-            rustix::fs::lsetxattr(&path, xname.as_slice(), value, XattrFlags::empty())?;
-        }
+    // The seam sets these with lsetxattr on /proc/self/fd/N/NAME: the magic link pins
+    // the parent we already resolved safely, and the final component is not followed.
+    for (xname, value) in &meta.xattrs {
+        host.set_xattr(at, OsStr::from_bytes(xname), value)?;
     }
     rustix::fs::utimensat(
         parent,
@@ -92,16 +83,15 @@ pub fn apply_at(
 
 /// Sets one xattr on `name` in `parent` without following it.
 pub fn set_xattr_at(
+    host: &dyn HostFs,
     parent: BorrowedFd<'_>,
     name: &[u8],
     xname: &str,
     value: &[u8],
 ) -> Result<(), Errno> {
-    rustix::fs::lsetxattr(via_proc(parent, name), xname, value, XattrFlags::empty())
-}
-
-fn via_proc(parent: BorrowedFd<'_>, name: &[u8]) -> PathBuf {
-    let mut path = PathBuf::from(format!("/proc/self/fd/{}", parent.as_fd().as_raw_fd()));
-    path.push(OsStr::from_bytes(name));
-    path
+    host.set_xattr(
+        At::Child(parent, OsStr::from_bytes(name)),
+        OsStr::new(xname),
+        value,
+    )
 }

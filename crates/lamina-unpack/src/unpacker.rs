@@ -1,14 +1,18 @@
 //! The entry loop: parse each tar entry, create it beneath the root, then fix directory
 //! times last (creating children changes a directory's mtime).
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use tar::EntryType;
+
+use lamina_sys::{At, HostFs, Node, RealHost};
 
 use crate::UnpackError;
 use crate::entry_path::EntryPath;
@@ -46,11 +50,23 @@ pub fn unpack_limited<R: Read>(
     dest: &Path,
     max_bytes: u64,
 ) -> Result<UnpackSummary, UnpackError> {
+    unpack_with(reader, dest, max_bytes, &RealHost)
+}
+
+/// [`unpack_limited`] with owners, device nodes and xattrs set through `host`: the
+/// store passes its own, so an import on the fake host needs no privilege.
+pub fn unpack_with<R: Read>(
+    reader: R,
+    dest: &Path,
+    max_bytes: u64,
+    host: &dyn HostFs,
+) -> Result<UnpackSummary, UnpackError> {
     let root = LayerRoot::open(dest).map_err(|e| {
         UnpackError::stream(format!("opening layer directory {}: {e}", dest.display()))
     })?;
     let mut archive = tar::Archive::new(reader);
     let mut state = Unpacker {
+        host,
         root,
         max_bytes,
         dir_times: Vec::new(),
@@ -84,7 +100,8 @@ pub fn unpack_limited<R: Read>(
     Ok(state.summary)
 }
 
-struct Unpacker {
+struct Unpacker<'h> {
+    host: &'h dyn HostFs,
     root: LayerRoot,
     max_bytes: u64,
     dir_times: Vec<(Vec<Vec<u8>>, i64)>,
@@ -93,7 +110,7 @@ struct Unpacker {
     last_entry: Option<Vec<u8>>,
 }
 
-impl Unpacker {
+impl Unpacker<'_> {
     /// A tar or decompression failure outside any entry's data.
     fn stream_error(&self, e: io::Error) -> UnpackError {
         // The tar crate's messages quote header fields raw: escape them like names.
@@ -150,7 +167,7 @@ impl Unpacker {
             if entry.kind != Kind::Directory {
                 return Err(fail("names the layer root but is not a directory".into()));
             }
-            metadata::apply_fd(self.root.fd().as_fd(), meta)
+            metadata::apply_fd(self.host, self.root.fd().as_fd(), meta)
                 .map_err(|e| fail(format!("setting metadata: {e}")))?;
             self.dir_times.push((Vec::new(), meta.mtime));
             return Ok(());
@@ -170,7 +187,7 @@ impl Unpacker {
                 ));
             }
             self.summary.overlay_markers += 1;
-            return metadata::set_xattr_at(parent, b".", "trusted.overlay.opaque", b"y")
+            return metadata::set_xattr_at(self.host, parent, b".", "trusted.overlay.opaque", b"y")
                 .map_err(|e| fail(format!("marking directory opaque: {e}")));
         }
         if name.starts_with(b".wh..wh.") {
@@ -189,17 +206,13 @@ impl Unpacker {
                     crate::shown(hidden)
                 )));
             }
-            return rustix::fs::mknodat(
-                parent,
-                hidden,
-                FileType::CharacterDevice,
-                Mode::empty(),
-                0,
-            )
-            .map_err(|e| fail(format!("creating whiteout: {e}")));
+            return self
+                .host
+                .mknod(parent, OsStr::from_bytes(hidden), Node::WHITEOUT, 0)
+                .map_err(|e| fail(format!("creating whiteout: {e}")));
         }
 
-        replace_existing(parent, &name, entry.kind == Kind::Directory).map_err(fail)?;
+        replace_existing(self.host, parent, &name, entry.kind == Kind::Directory).map_err(fail)?;
         match &entry.kind {
             Kind::Directory => {
                 match rustix::fs::mkdirat(parent, name.as_slice(), Mode::from_raw_mode(0o700)) {
@@ -208,7 +221,7 @@ impl Unpacker {
                 }
                 let dir = open_nofollow(parent, &name, OFlags::DIRECTORY)
                     .map_err(|e| fail(format!("opening directory: {e}")))?;
-                metadata::apply_fd(dir.as_fd(), meta)
+                metadata::apply_fd(self.host, dir.as_fd(), meta)
                     .map_err(|e| fail(format!("setting metadata: {e}")))?;
                 self.dir_times
                     .push((path.components().to_vec(), meta.mtime));
@@ -228,38 +241,29 @@ impl Unpacker {
                 let mut file = File::from(fd);
                 self.summary.file_bytes +=
                     io::copy(data, &mut file).map_err(|e| fail(format!("writing file: {e}")))?;
-                metadata::apply_fd(file.as_fd(), meta)
+                metadata::apply_fd(self.host, file.as_fd(), meta)
                     .map_err(|e| fail(format!("setting metadata: {e}")))?;
             }
             Kind::Symlink(target) => {
                 rustix::fs::symlinkat(target.as_slice(), parent, name.as_slice())
                     .map_err(|e| fail(format!("creating symlink: {e}")))?;
-                metadata::apply_at(parent, &name, meta, true)
+                metadata::apply_at(self.host, parent, &name, meta, true)
                     .map_err(|e| fail(format!("setting metadata: {e}")))?;
             }
             Kind::Hardlink(target) => {
                 self.hardlink(parent, &name, target).map_err(fail)?;
             }
             Kind::Node { kind, major, minor } => {
-                let (file_type, dev) = match kind {
-                    EntryType::Char => (
-                        FileType::CharacterDevice,
-                        rustix::fs::makedev(*major, *minor),
-                    ),
-                    EntryType::Block => {
-                        (FileType::BlockDevice, rustix::fs::makedev(*major, *minor))
-                    }
-                    _ => (FileType::Fifo, 0),
+                let (major, minor) = (*major, *minor);
+                let node = match kind {
+                    EntryType::Char => Node::Char { major, minor },
+                    EntryType::Block => Node::Block { major, minor },
+                    _ => Node::Fifo,
                 };
-                rustix::fs::mknodat(
-                    parent,
-                    name.as_slice(),
-                    file_type,
-                    Mode::from_raw_mode(0o600),
-                    dev,
-                )
-                .map_err(|e| fail(format!("creating {kind:?} node: {e}")))?;
-                metadata::apply_at(parent, &name, meta, false)
+                self.host
+                    .mknod(parent, OsStr::from_bytes(&name), node, 0o600)
+                    .map_err(|e| fail(format!("creating {kind:?} node: {e}")))?;
+                metadata::apply_at(self.host, parent, &name, meta, false)
                     .map_err(|e| fail(format!("setting metadata: {e}")))?;
             }
         }
@@ -321,8 +325,14 @@ impl Unpacker {
 /// empty, so what exists came from this layer. A directory turned into a non-directory
 /// (or back), or an entry over this layer's own whiteout, is refused: a layer whose
 /// meaning depends on which duplicate a reader honours is how scanners get fooled.
-fn replace_existing(parent: BorrowedFd<'_>, name: &[u8], new_is_dir: bool) -> Result<(), String> {
-    let st = match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+fn replace_existing(
+    host: &dyn HostFs,
+    parent: BorrowedFd<'_>,
+    name: &[u8],
+    new_is_dir: bool,
+) -> Result<(), String> {
+    // Through the seam: a whiteout the fake made is a regular file on disk.
+    let st = match host.stat(At::Child(parent, OsStr::from_bytes(name))) {
         Ok(st) => st,
         Err(Errno::NOENT) => return Ok(()),
         Err(e) => return Err(format!("looking up the earlier entry: {e}")),

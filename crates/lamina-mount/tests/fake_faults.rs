@@ -1,0 +1,141 @@
+//! Kernel calls failing on purpose: each seam call the fake can fail, failed with the
+//! errno the kernel would give, and the step that made it failing cleanly. No root.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::setup_fake;
+
+use lamina_mount::{CreateOptions, RootfsError, create, delete};
+use lamina_sys::{Call, Errno, FakeCall, When};
+
+fn no_mounts_and_no_container(store: &lamina_store::Store, fake: &lamina_sys::FakeMounter) {
+    assert!(fake.mounted().is_empty(), "{:?}", fake.mounted());
+    assert!(!store.container_exists("c"));
+    assert!(store.containers().unwrap().is_empty());
+    assert!(!store.layout().container("c").exists());
+}
+
+#[test]
+fn ebusy_on_unmount_makes_delete_report_busy_and_keeps_the_container() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    let created = create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap();
+    fake.fail(Call::Unmount, When::Nth(1), Errno::BUSY);
+    let err = delete(&store, &*fake, "c").unwrap_err();
+    assert!(matches!(err, RootfsError::Busy { .. }), "{err}");
+    assert!(store.container_exists("c"));
+    assert!(fake.spec_at(&created.rootfs).is_some(), "still mounted");
+    // The fault was one call: the next delete goes through.
+    delete(&store, &*fake, "c").unwrap();
+    assert!(fake.mounted().is_empty());
+}
+
+#[test]
+fn enospc_writing_the_record_fails_create_and_leaves_no_container_and_no_mount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    fake.fail(
+        Call::Write,
+        When::path_contains("container.json"),
+        Errno::NOSPC,
+    );
+    let err = create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("No space left"), "{err}");
+    no_mounts_and_no_container(&store, &fake);
+    assert!(fake.calls().iter().any(
+        |c| matches!(c, FakeCall::Write(p) if p.to_string_lossy().contains("container.json"))
+    ));
+}
+
+#[test]
+fn eio_on_fsync_of_the_record_fails_create_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    fake.fail(
+        Call::Fsync,
+        When::path_contains("container.json"),
+        Errno::IO,
+    );
+    let err = create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("Input/output error"), "{err}");
+    no_mounts_and_no_container(&store, &fake);
+}
+
+#[test]
+fn eio_on_syncfs_of_an_imported_layer_publishes_no_layer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    fake.fail(Call::Syncfs, When::Always, Errno::IO);
+    let err = create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("Input/output error"), "{err}");
+    no_mounts_and_no_container(&store, &fake);
+    for chain_id in image.chain_ids() {
+        assert!(!store.has_layer(&chain_id));
+    }
+}
+
+#[test]
+fn eio_on_syncfs_of_a_volatile_upper_is_a_writeback_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    create(&store, &*fake, &image, "c", &common::with("volatile")).unwrap();
+    fake.fail(Call::Sync, When::Always, Errno::IO);
+    let err = lamina_mount::unmount(&store, &*fake, "c").unwrap_err();
+    assert!(
+        matches!(err, RootfsError::VolatileWriteback { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn eperm_on_chown_fails_the_import_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    fake.fail(Call::Chown, When::Nth(3), Errno::PERM);
+    let err = create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("Operation not permitted"), "{err}");
+    no_mounts_and_no_container(&store, &fake);
+    assert!(
+        std::fs::read_dir(store.layout().tmp())
+            .unwrap()
+            .next()
+            .is_none()
+    );
+}
+
+#[test]
+fn enoent_on_mounting_the_upper_filesystem_fails_an_isolated_create_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    fake.fail(Call::MountUpperFs, When::Always, Errno::NOENT);
+    let err = create(
+        &store,
+        &*fake,
+        &image,
+        "c",
+        &common::with("isolated-memory"),
+    )
+    .unwrap_err();
+    assert!(matches!(err, RootfsError::Mount(_)), "{err}");
+    no_mounts_and_no_container(&store, &fake);
+}
+
+#[test]
+fn the_import_records_owners_and_device_nodes_instead_of_making_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    let created = create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap();
+    let calls = fake.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| matches!(c, FakeCall::Chown { uid: 0, gid: 0, .. }))
+    );
+    let busybox = store
+        .layout()
+        .layer_diff(&created.container.record.layers[0])
+        .join("bin/busybox");
+    assert_eq!(fake.owner_of(&busybox), Some((0, 0)));
+}

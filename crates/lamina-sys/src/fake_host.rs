@@ -1,0 +1,198 @@
+//! The fake's [`HostFs`] half. Ownership, device nodes and xattrs are recorded per inode
+//! (so they follow a staged layer through the rename that publishes it, and hardlinks
+//! share them) and never reach the kernel: no chown, no mknod of a device, no `trusted.*`
+//! xattr — which is what lets a store built on the fake import images as any user.
+//! A device node is a regular empty file on disk; [`HostFs::stat`] reports it as the
+//! node and every file with the owner it was given. Writes happen for real (tests read
+//! the records back); fsync and syncfs do nothing but can be failed.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::BorrowedFd;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::fake::{DirId, FakeMounter};
+use crate::{At, Call, FakeCall, HostFs, Node, RealHost, Stat};
+
+/// What the fake was asked to set on one inode.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FileMeta {
+    owner: Option<(u32, u32)>,
+    node: Option<Node>,
+    xattrs: BTreeMap<OsString, Vec<u8>>,
+}
+
+/// The xattr the kernel removes on every chown.
+const CAPABILITY: &str = "security.capability";
+
+fn id_of(at: At<'_>) -> Result<DirId, Errno> {
+    let st = RealHost.stat(at)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// The path `at` names, with `/proc/self/fd` links read, for records and predicates.
+fn shown(at: At<'_>) -> PathBuf {
+    let link = |fd: BorrowedFd<'_>| {
+        std::fs::read_link(At::Fd(fd).path()).unwrap_or_else(|_| At::Fd(fd).path())
+    };
+    match at {
+        At::Path(p) => p.to_path_buf(),
+        At::Fd(fd) => link(fd),
+        At::Child(fd, name) => link(fd).join(name),
+    }
+}
+
+impl FakeMounter {
+    /// The owner `path` was given through the seam, if any.
+    pub fn owner_of(&self, path: &Path) -> Option<(u32, u32)> {
+        self.meta_of(path).and_then(|m| m.owner)
+    }
+
+    /// The special file `path` stands for, if the seam made one there.
+    pub fn node_of(&self, path: &Path) -> Option<Node> {
+        self.meta_of(path).and_then(|m| m.node)
+    }
+
+    /// The value of xattr `name` set on `path` through the seam.
+    pub fn xattr_of(&self, path: &Path, name: &str) -> Option<Vec<u8>> {
+        self.meta_of(path)
+            .and_then(|m| m.xattrs.get(OsStr::new(name)).cloned())
+    }
+
+    fn meta_of(&self, path: &Path) -> Option<FileMeta> {
+        let id = id_of(At::Path(path)).ok()?;
+        self.lock().files.get(&id).cloned()
+    }
+
+    /// Checks faults for `call` on `at`, records it, and runs `change` on the inode's
+    /// metadata.
+    fn record(
+        &self,
+        call: Call,
+        at: At<'_>,
+        record: impl FnOnce(PathBuf) -> Option<FakeCall>,
+        change: impl FnOnce(&mut FileMeta),
+    ) -> Result<(), Errno> {
+        let path = shown(at);
+        let mut state = self.lock();
+        state.enter(call, &path, record(path.clone()))?;
+        let id = id_of(at)?;
+        change(state.files.entry(id).or_default());
+        Ok(())
+    }
+}
+
+impl HostFs for FakeMounter {
+    fn may_chown(&self) -> bool {
+        true
+    }
+
+    fn chown(&self, at: At<'_>, uid: u32, gid: u32) -> Result<(), Errno> {
+        let record = |path| Some(FakeCall::Chown { path, uid, gid });
+        self.record(Call::Chown, at, record, |meta| {
+            meta.owner = Some((uid, gid));
+            meta.xattrs.remove(OsStr::new(CAPABILITY));
+        })
+    }
+
+    fn mknod(&self, dir: BorrowedFd<'_>, name: &OsStr, node: Node, mode: u32) -> Result<(), Errno> {
+        let at = At::Child(dir, name);
+        let path = shown(at);
+        let mut state = self.lock();
+        let record = FakeCall::Mknod {
+            path: path.clone(),
+            node,
+        };
+        state.enter(Call::Mknod, &path, Some(record))?;
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
+        drop(rustix::fs::openat(
+            dir,
+            name,
+            flags | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )?);
+        // A new inode: whatever was recorded for an earlier one of that number is gone.
+        let meta = FileMeta {
+            node: Some(node),
+            ..FileMeta::default()
+        };
+        state.files.insert(id_of(at)?, meta);
+        Ok(())
+    }
+
+    fn set_xattr(&self, at: At<'_>, name: &OsStr, value: &[u8]) -> Result<(), Errno> {
+        let xattr = name.to_os_string();
+        let record = |path| {
+            Some(FakeCall::SetXattr {
+                path,
+                name: xattr.clone(),
+            })
+        };
+        self.record(Call::SetXattr, at, record, |meta| {
+            meta.xattrs.insert(xattr.clone(), value.to_vec());
+        })
+    }
+
+    fn get_xattr(&self, at: At<'_>, name: &OsStr) -> Result<Option<Vec<u8>>, Errno> {
+        let mut value = None;
+        self.record(
+            Call::GetXattr,
+            at,
+            |_| None,
+            |meta| {
+                value = meta.xattrs.get(name).cloned();
+            },
+        )?;
+        Ok(value)
+    }
+
+    fn list_xattrs(&self, at: At<'_>) -> Result<Vec<OsString>, Errno> {
+        let mut names = Vec::new();
+        self.record(
+            Call::ListXattrs,
+            at,
+            |_| None,
+            |meta| {
+                names = meta.xattrs.keys().cloned().collect();
+            },
+        )?;
+        Ok(names)
+    }
+
+    fn stat(&self, at: At<'_>) -> Result<Stat, Errno> {
+        let mut st = RealHost.stat(at)?;
+        let mut meta = FileMeta::default();
+        self.record(Call::Stat, at, |_| None, |m| meta = m.clone())?;
+        if let Some((uid, gid)) = meta.owner {
+            st.st_uid = uid;
+            st.st_gid = gid;
+        }
+        if let Some(node) = meta.node {
+            st.st_mode = node.file_type().as_raw_mode() | (st.st_mode & 0o7777);
+            st.st_rdev = node.rdev();
+        }
+        Ok(st)
+    }
+
+    fn write_all(&self, mut file: &File, path: &Path, bytes: &[u8]) -> Result<(), Errno> {
+        let record = FakeCall::Write(path.to_path_buf());
+        self.lock().enter(Call::Write, path, Some(record))?;
+        file.write_all(bytes)
+            .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
+    }
+
+    fn fsync(&self, _file: &File, path: &Path) -> Result<(), Errno> {
+        let record = FakeCall::Fsync(path.to_path_buf());
+        self.lock().enter(Call::Fsync, path, Some(record))
+    }
+
+    fn syncfs(&self, path: &Path) -> Result<(), Errno> {
+        let record = FakeCall::Syncfs(path.to_path_buf());
+        self.lock().enter(Call::Syncfs, path, Some(record))
+    }
+}

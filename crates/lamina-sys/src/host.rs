@@ -1,0 +1,213 @@
+//! The ownership and metadata calls lamina makes on files, and the writes and syncs
+//! whose failure it must survive: the second half of the kernel seam, beside
+//! [`crate::Mounter`].
+//!
+//! These are the calls that need privilege (chown to another user, device nodes,
+//! `trusted.*` and `security.capability` xattrs) or whose errors carry meaning
+//! (ENOSPC on a record's write, EIO on its fsync or a layer's syncfs). Going through
+//! [`HostFs`] lets the fake record them — who a file would be owned by, which device
+//! node a layer holds — without root, and fail any of them on demand.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt::Debug;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, CWD, FileType, Gid, Mode, Uid, XattrFlags};
+use rustix::io::Errno;
+
+/// File status as `lstat` reports it (`struct stat`).
+pub use rustix::fs::Stat;
+
+/// Which object a call is about. None of the forms follows a final symlink.
+#[derive(Debug, Clone, Copy)]
+pub enum At<'a> {
+    Path(&'a Path),
+    /// The object open as this fd (a regular file or a directory).
+    Fd(BorrowedFd<'a>),
+    /// `name` inside the directory open as the fd.
+    Child(BorrowedFd<'a>, &'a OsStr),
+}
+
+impl At<'_> {
+    /// A path naming the same object, for messages and the fake's records: through
+    /// `/proc/self/fd` for the fd forms (the magic link pins the directory already
+    /// resolved; the final component is not followed by the `l*` calls).
+    pub fn path(&self) -> PathBuf {
+        match self {
+            At::Path(p) => p.to_path_buf(),
+            At::Fd(fd) => proc_fd(*fd),
+            At::Child(fd, name) => proc_fd(*fd).join(name),
+        }
+    }
+}
+
+fn proc_fd(fd: BorrowedFd<'_>) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// A special file an image may ship.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Node {
+    Char { major: u32, minor: u32 },
+    Block { major: u32, minor: u32 },
+    Fifo,
+}
+
+impl Node {
+    /// Overlay's whiteout: a character device 0/0.
+    pub const WHITEOUT: Node = Node::Char { major: 0, minor: 0 };
+
+    pub fn file_type(self) -> FileType {
+        match self {
+            Node::Char { .. } => FileType::CharacterDevice,
+            Node::Block { .. } => FileType::BlockDevice,
+            Node::Fifo => FileType::Fifo,
+        }
+    }
+
+    pub fn rdev(self) -> u64 {
+        match self {
+            Node::Char { major, minor } | Node::Block { major, minor } => {
+                rustix::fs::makedev(major, minor)
+            }
+            Node::Fifo => 0,
+        }
+    }
+}
+
+/// Ownership, metadata, and durable-write calls on files.
+pub trait HostFs: Send + Sync + Debug {
+    /// Whether files may be given to other users here (real: the process is root).
+    /// The store's permission tightening asks before it chowns its directories.
+    fn may_chown(&self) -> bool;
+
+    /// Sets the owner of `at` (a symlink itself, never its target).
+    fn chown(&self, at: At<'_>, uid: u32, gid: u32) -> Result<(), Errno>;
+
+    /// Creates the special file `name` in `dir` with permission bits `mode`.
+    fn mknod(&self, dir: BorrowedFd<'_>, name: &OsStr, node: Node, mode: u32) -> Result<(), Errno>;
+
+    fn set_xattr(&self, at: At<'_>, name: &OsStr, value: &[u8]) -> Result<(), Errno>;
+
+    /// The value of xattr `name`; `None` when the object has none by that name or the
+    /// filesystem has no xattrs.
+    fn get_xattr(&self, at: At<'_>, name: &OsStr) -> Result<Option<Vec<u8>>, Errno>;
+
+    fn list_xattrs(&self, at: At<'_>) -> Result<Vec<OsString>, Errno>;
+
+    /// `lstat`: ownership, type and device number as the calls above left them.
+    fn stat(&self, at: At<'_>) -> Result<Stat, Errno>;
+
+    /// Writes all of `bytes` to `file` (which is `path`).
+    fn write_all(&self, file: &File, path: &Path, bytes: &[u8]) -> Result<(), Errno>;
+
+    /// `fsync` of `file` (which is `path`): a file's data, or a directory's entries.
+    fn fsync(&self, file: &File, path: &Path) -> Result<(), Errno>;
+
+    /// `syncfs` of the filesystem holding `path`.
+    fn syncfs(&self, path: &Path) -> Result<(), Errno>;
+}
+
+/// The host as it is: every call goes to the kernel.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealHost;
+
+/// Large enough for any xattr value the kernel stores (XATTR_SIZE_MAX).
+const XATTR_MAX: usize = 65536;
+
+impl HostFs for RealHost {
+    fn may_chown(&self) -> bool {
+        rustix::process::geteuid().is_root()
+    }
+
+    fn chown(&self, at: At<'_>, uid: u32, gid: u32) -> Result<(), Errno> {
+        let (uid, gid) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
+        match at {
+            At::Path(p) => rustix::fs::chownat(CWD, p, uid, gid, AtFlags::SYMLINK_NOFOLLOW),
+            At::Fd(fd) => rustix::fs::fchown(fd, uid, gid),
+            At::Child(fd, name) => {
+                rustix::fs::chownat(fd, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)
+            }
+        }
+    }
+
+    fn mknod(&self, dir: BorrowedFd<'_>, name: &OsStr, node: Node, mode: u32) -> Result<(), Errno> {
+        rustix::fs::mknodat(
+            dir,
+            name,
+            node.file_type(),
+            Mode::from_raw_mode(mode),
+            node.rdev(),
+        )
+    }
+
+    fn set_xattr(&self, at: At<'_>, name: &OsStr, value: &[u8]) -> Result<(), Errno> {
+        match at {
+            At::Fd(fd) => rustix::fs::fsetxattr(fd, name, value, XattrFlags::empty()),
+            other => rustix::fs::lsetxattr(other.path(), name, value, XattrFlags::empty()),
+        }
+    }
+
+    fn get_xattr(&self, at: At<'_>, name: &OsStr) -> Result<Option<Vec<u8>>, Errno> {
+        let mut buf = vec![0u8; XATTR_MAX];
+        let got = match at {
+            At::Fd(fd) => rustix::fs::fgetxattr(fd, name, &mut buf),
+            other => rustix::fs::lgetxattr(other.path(), name, &mut buf),
+        };
+        match got {
+            Ok(n) => {
+                buf.truncate(n);
+                Ok(Some(buf))
+            }
+            Err(Errno::NODATA | Errno::NOTSUP) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn list_xattrs(&self, at: At<'_>) -> Result<Vec<OsString>, Errno> {
+        let mut buf = vec![0u8; XATTR_MAX];
+        let got = match at {
+            At::Fd(fd) => rustix::fs::flistxattr(fd, &mut buf),
+            other => rustix::fs::llistxattr(other.path(), &mut buf),
+        };
+        let n = match got {
+            Ok(n) => n,
+            Err(Errno::NOTSUP) => 0,
+            Err(e) => return Err(e),
+        };
+        Ok(buf[..n]
+            .split(|&b| b == 0)
+            .filter(|n| !n.is_empty())
+            .map(|n| OsStr::from_bytes(n).to_os_string())
+            .collect())
+    }
+
+    fn stat(&self, at: At<'_>) -> Result<Stat, Errno> {
+        match at {
+            At::Path(p) => rustix::fs::statat(CWD, p, AtFlags::SYMLINK_NOFOLLOW),
+            At::Fd(fd) => rustix::fs::fstat(fd),
+            At::Child(fd, name) => rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW),
+        }
+    }
+
+    fn write_all(&self, mut file: &File, _path: &Path, bytes: &[u8]) -> Result<(), Errno> {
+        file.write_all(bytes).map_err(|e| io_errno(&e))
+    }
+
+    fn fsync(&self, file: &File, _path: &Path) -> Result<(), Errno> {
+        rustix::fs::fsync(file.as_fd())
+    }
+
+    fn syncfs(&self, path: &Path) -> Result<(), Errno> {
+        let dir = File::open(path).map_err(|e| io_errno(&e))?;
+        rustix::fs::syncfs(dir.as_fd())
+    }
+}
+
+pub(crate) fn io_errno(e: &std::io::Error) -> Errno {
+    Errno::from_io_error(e).unwrap_or(Errno::IO)
+}
