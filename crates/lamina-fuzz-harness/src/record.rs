@@ -19,10 +19,17 @@ pub fn container_record(data: &[u8]) -> bool {
 
     let scan = lamina_mount::record::scan(&store).expect("scanning never fails on a bad record");
     let Ok(container) = lamina_mount::record::read(&store, ID) else {
-        assert!(scan.containers.is_empty(), "a record refused alone was listed");
+        assert!(
+            scan.containers.is_empty(),
+            "a record refused alone was listed"
+        );
         return false;
     };
-    assert_eq!(container.id(), ID, "an accepted record names its own container");
+    assert_eq!(
+        container.id(),
+        ID,
+        "an accepted record names its own container"
+    );
     let rootfs = &container.rootfs;
     for path in rootfs.lease.iter().chain(rootfs.bind_source.iter()) {
         assert!(

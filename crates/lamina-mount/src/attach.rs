@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use lamina_image::Digest;
 use lamina_store::{ContainerRecord, Store};
 
-use crate::model::{Model, Provider};
+use crate::model::Model;
 use crate::one_step::holding_id;
 use crate::record::{self, Container, RootfsRecord};
 use crate::{RootfsError, Strategies};
@@ -36,9 +36,9 @@ pub fn attach(store: &Store, id: &str) -> Result<Attach, RootfsError> {
     } else if container.record.layers.is_empty() {
         bind(dirs.upper)
     } else {
-        match (container.model().provider, container.rootfs.bind_source) {
-            (Provider::SharedRo | Provider::Direct, Some(source)) => bind(source),
-            _ => Attach::Overlay {
+        match container.rootfs.bind_source {
+            Some(source) => bind(source),
+            None => Attach::Overlay {
                 options: container.rootfs.mount_options,
             },
         }

@@ -328,10 +328,7 @@ mod tests {
             },
         };
         let pick = |request: Request, pools: &Pools<'_>| {
-            choose(&request, &good, 2, pools)
-                .unwrap()
-                .model
-                .to_string()
+            choose(&request, &good, 2, pools).unwrap().model.to_string()
         };
         assert_eq!(
             pick(auto(false, false), &uppers(UpperBackend::Disk)),

@@ -221,13 +221,26 @@ fn create_locked(
         .transpose()?;
 
     let made = match choice.model.provider {
-        Provider::SharedRo => {
-            bind_shared(store, mounter, &chain_ids, id, &choice, options.without_mount)?
-        }
+        Provider::SharedRo => bind_shared(
+            store,
+            mounter,
+            &chain_ids,
+            id,
+            &choice,
+            options.without_mount,
+        )?,
         Provider::Direct => {
             let source = flatten::source(store, &chain_ids)?;
             let claim = store.create_container_dirs(id)?;
-            bind_dir(store, mounter, claim, source, None, &choice, options.without_mount)?
+            bind_dir(
+                store,
+                mounter,
+                claim,
+                source,
+                None,
+                &choice,
+                options.without_mount,
+            )?
         }
         Provider::Fresh { .. } | Provider::Pooled { .. } => {
             overlay(store, mounter, &chain_ids, id, &choice, upper, options)?

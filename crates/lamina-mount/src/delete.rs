@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 
-use crate::model::{Provider, Teardown};
+use crate::model::Teardown;
 use crate::one_step::holding_id;
 use crate::record::{self, Container};
 use crate::{RootfsError, shared};
@@ -164,16 +164,9 @@ fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
     let Some(container) = container.filter(|c| c.rootfs.mounted) else {
         return;
     };
-    let flavor = match container.model().provider {
-        Provider::Fresh {
-            flavor,
-            read_only: false,
-        }
-        | Provider::Pooled { flavor } => flavor,
-        // Read-only: nothing written to discard.
-        Provider::Fresh { read_only: true, .. } | Provider::SharedRo | Provider::Direct => {
-            return;
-        }
+    // Read-only: nothing written to discard.
+    let Some(flavor) = container.model().writable() else {
+        return;
     };
     if flavor.isolated == Some(crate::UpperBackend::Memory) {
         return; // a tmpfs upper is never written back: nothing to save by unlinking

@@ -126,6 +126,23 @@ impl Model {
         }
     }
 
+    /// The flavour of a rootfs the container writes to (a read-write overlay): what the
+    /// reaper discards before unmounting, and what `unmount` syncs.
+    pub fn writable(&self) -> Option<Flavor> {
+        match self.provider {
+            Provider::Fresh {
+                flavor,
+                read_only: false,
+            }
+            | Provider::Pooled { flavor } => Some(flavor),
+            Provider::Fresh {
+                read_only: true, ..
+            }
+            | Provider::SharedRo
+            | Provider::Direct => None,
+        }
+    }
+
     pub fn deferred(&self) -> bool {
         self.teardown == Teardown::Deferred
     }
@@ -164,6 +181,29 @@ impl Provider {
     pub fn binds(&self) -> bool {
         matches!(self, Provider::SharedRo | Provider::Direct)
     }
+
+    /// What a record of this provider must name, and nothing else may: the directory
+    /// its rootfs binds, and the lease that keeps that directory mounted.
+    pub fn names(&self) -> Names {
+        match self {
+            Provider::SharedRo => Names {
+                bind_source: true,
+                lease: true,
+            },
+            Provider::Direct => Names {
+                bind_source: true,
+                lease: false,
+            },
+            Provider::Fresh { .. } | Provider::Pooled { .. } => Names::default(),
+        }
+    }
+}
+
+/// Which paths a provider's record names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Names {
+    pub bind_source: bool,
+    pub lease: bool,
 }
 
 impl Flavor {

@@ -24,7 +24,7 @@ use lamina_store::{BadRecord, ContainerDirs, ContainerRecord, Layout, Store, Sto
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::model::{Flavor, Model, Provider};
+use crate::model::{Flavor, Model};
 use crate::{Strategies, UpperBackend};
 
 /// The `rootfs` format this lamina writes; a higher one is refused, not guessed at.
@@ -196,12 +196,8 @@ impl RootfsRecord {
     /// Why this record cannot be trusted, if it cannot: a field its provider needs is
     /// missing, one it cannot have is there, or a path is not the store's.
     fn check(&self, layout: &Layout) -> Result<(), String> {
-        let (needs_source, needs_lease) = match self.model.provider {
-            Provider::SharedRo => (true, true),
-            Provider::Direct => (true, false),
-            Provider::Fresh { .. } | Provider::Pooled { .. } => (false, false),
-        };
-        if self.bind_source.is_some() != needs_source || self.lease.is_some() != needs_lease {
+        let names = self.model.provider.names();
+        if self.bind_source.is_some() != names.bind_source || self.lease.is_some() != names.lease {
             return Err(format!(
                 "its rootfs record does not fit provider `{}` (bind source, lease)",
                 self.model
@@ -209,12 +205,12 @@ impl RootfsRecord {
         }
         let isolated = self.model.flavor().and_then(|f| f.isolated);
         let memory = self.upper_fs.as_ref().map(UpperFsRecord::in_memory);
-        let fits = match (isolated, memory) {
-            (None, None) => true,
-            (Some(UpperBackend::Memory), Some(true)) => true,
-            (Some(UpperBackend::Disk), Some(false)) => true,
-            _ => false,
-        };
+        let fits = matches!(
+            (isolated, memory),
+            (None, None)
+                | (Some(UpperBackend::Memory), Some(true))
+                | (Some(UpperBackend::Disk), Some(false))
+        );
         if !fits {
             return Err(format!(
                 "its upper filesystem does not fit strategy `{}`",
@@ -280,9 +276,10 @@ pub fn read_in(store: &Store, dir: &Path) -> Result<Option<Container>, StoreErro
 /// Writes `container`'s record durably, in the current form.
 pub fn write(store: &Store, container: &Container) -> Result<(), StoreError> {
     let record = container.to_record().map_err(|e| {
-        StoreError::io("encoding the record of", &store.layout().container(container.id()))(
-            e.into(),
-        )
+        StoreError::io(
+            "encoding the record of",
+            &store.layout().container(container.id()),
+        )(e.into())
     })?;
     store.write_record(&record)
 }
@@ -351,7 +348,7 @@ mod tests {
             "lease": "/var/lib/lamina/shared/abc/users/1-2-3",
         }));
         let container = Container::from_record(legacy, &layout()).unwrap();
-        assert_eq!(container.model().provider, Provider::SharedRo);
+        assert_eq!(container.model().provider, crate::Provider::SharedRo);
         assert!(container.model().deferred());
         assert!(container.record.rootfs.is_empty());
         let rewritten = container.to_record().unwrap();
@@ -366,10 +363,7 @@ mod tests {
             "upper_fs": {"filesystem": "tmpfs", "size_bytes": 1024},
         }));
         let model = Container::from_record(isolated, &layout()).unwrap().model();
-        assert_eq!(
-            model.flavor().unwrap().isolated,
-            Some(UpperBackend::Memory)
-        );
+        assert_eq!(model.flavor().unwrap().isolated, Some(UpperBackend::Memory));
     }
 
     #[test]

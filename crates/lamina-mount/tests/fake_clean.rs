@@ -69,7 +69,14 @@ fn clean_removes_layers_no_container_uses_and_keeps_shared_ones() {
 
     // The image comes back by importing again.
     let again = create(&store, &fake, &image, "two", &with("classic")).unwrap();
-    assert!(again.container.record.layers.iter().all(|l| store.has_layer(l)));
+    assert!(
+        again
+            .container
+            .record
+            .layers
+            .iter()
+            .all(|l| store.has_layer(l))
+    );
 }
 
 #[test]

@@ -88,12 +88,15 @@ fn a_create_claims_a_ready_upper_from_the_pool_instead_of_making_one() {
     assert!(
         !created.container.model().to_string().contains("isolated"),
         "no metacopy: auto leaves the pooled uppers alone: {}",
-        created.container.model().to_string()
+        created.container.model()
     );
     assert_eq!(delete(&store, &fake, "e").unwrap(), Deleted::Deferred);
 
     let created = create(&store, &fake, &image, "e", &with("isolated-memory")).unwrap();
-    assert_eq!(created.container.model().to_string(), "isolated-memory,deferred");
+    assert_eq!(
+        created.container.model().to_string(),
+        "isolated-memory,deferred"
+    );
     assert!(created.claimed_from_pool);
     assert_eq!(upper_mounts(&fake), 2, "claimed, not made");
     assert!(
@@ -138,7 +141,10 @@ fn a_disk_limit_sizes_the_upper_with_grootfs_meaning() {
         "inclusive: the image counts against the limit"
     );
     let created = create(&store, &fake, &image, "ex", &limited(64 << 20, true)).unwrap();
-    assert_eq!(created.container.rootfs.upper_fs.unwrap().size_bytes, 64 << 20);
+    assert_eq!(
+        created.container.rootfs.upper_fs.unwrap().size_bytes,
+        64 << 20
+    );
 
     let err = create(&store, &fake, &image, "tiny", &limited(image_bytes, false)).unwrap_err();
     assert!(

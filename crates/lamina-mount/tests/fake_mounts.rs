@@ -34,7 +34,10 @@ fn create_mounts_layers_top_first_and_delete_unmounts() {
         Some(store.container_dirs("web-1").upper.as_path())
     );
     assert_eq!(
-        lamina_mount::record::read(&store, "web-1").unwrap().rootfs.mount_options,
+        lamina_mount::record::read(&store, "web-1")
+            .unwrap()
+            .rootfs
+            .mount_options,
         spec.option_strings()
     );
 

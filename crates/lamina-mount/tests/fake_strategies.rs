@@ -91,7 +91,10 @@ fn shared_ro_mounts_once_and_releases_after_the_last_container() {
         (1, 3),
         "one shared overlay, two binds"
     );
-    assert_eq!(a.container.rootfs.bind_source, b.container.rootfs.bind_source);
+    assert_eq!(
+        a.container.rootfs.bind_source,
+        b.container.rootfs.bind_source
+    );
     let shared = a.container.rootfs.bind_source.clone().unwrap();
 
     // Deferred (shared-ro always is): gone from images/ at once, torn down by the reaper.

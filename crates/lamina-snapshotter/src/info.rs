@@ -116,9 +116,11 @@ impl Snapshotter {
         let dir = match (&record.layer, &record.container) {
             (Some(layer), _) => self.store.layout().layer_diff(layer),
             (None, Some(_)) if record.kind == SnapshotKind::View => return Ok(Usage::default()),
-            (None, Some(id)) => lamina_mount::record::read(&self.store, id)?
-                .dirs(&self.store)
-                .upper,
+            (None, Some(id)) => {
+                lamina_mount::record::read(&self.store, id)?
+                    .dirs(&self.store)
+                    .upper
+            }
             (None, None) => return Ok(Usage::default()),
         };
         let (bytes, inodes) = lamina_store::disk_usage_and_inodes(&dir)?;

@@ -282,12 +282,8 @@ impl Store {
 
     pub fn record(&self, id: &str) -> Result<ContainerRecord, StoreError> {
         validate_id(id)?;
-        read_record(
-            id,
-            &self.layout.container(id).join(RECORD),
-            true,
-        )?
-        .ok_or_else(|| StoreError::NotFound(id.into()))
+        read_record(id, &self.layout.container(id).join(RECORD), true)?
+            .ok_or_else(|| StoreError::NotFound(id.into()))
     }
 
     /// Whether anything (even a half-created container) holds this ID.

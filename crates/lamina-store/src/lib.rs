@@ -33,12 +33,11 @@ use lamina_sys::{HostFs, RealHost};
 pub use container::list_dirs;
 pub use container::{BadRecord, ContainerScan};
 pub use container::{
-    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord,
-    unique_suffix, validate_id,
+    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, unique_suffix,
+    validate_id,
 };
 pub use container_lock::IdLock;
 pub use durable::{sync_dir, write_durably};
-pub use record_paths::MAX_RECORD_BYTES;
 pub use error::StoreError;
 pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};
@@ -46,6 +45,7 @@ pub use locks::{DEFAULT_LOCK_TIMEOUT, StoreLock};
 pub use permissions::{create_private_dir, use_fixed_umask};
 pub use progress::ImportProgress;
 pub use properties::{IdMap, IdMapping, StoreProperties};
+pub use record_paths::MAX_RECORD_BYTES;
 pub use snapshots::{Committing, SnapshotDb, SnapshotKind, SnapshotRecord};
 pub use usage::{ContainerUsage, disk_usage, disk_usage_and_inodes};
 

@@ -276,7 +276,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stats { id_or_path } => {
             let store = ctx.open_store()?;
             let id = container_id(&store, &id_or_path)?;
-            println!("{}", crate::output::json_line(&lamina_mount::stats(&store, &id)?)?);
+            println!(
+                "{}",
+                crate::output::json_line(&lamina_mount::stats(&store, &id)?)?
+            );
         }
         Command::Capacity => {
             let store = ctx.open_store()?;
