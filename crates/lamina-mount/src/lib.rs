@@ -2,8 +2,13 @@
 //! the rootfs (fresh overlay, pooled overlay, shared or direct read-only bind), and
 //! tearing it down — inline or through the reaper — with nothing left behind.
 //!
-//! Every kernel call goes through [`lamina_sys::Mounter`], so all of this runs against
-//! the fake mounter in unit tests.
+//! What a container's rootfs is lives in one typed value, [`Model`] (`model.rs`): every
+//! lifecycle step reads it from the record (`record.rs`) and branches on it there, and
+//! front-ends (CLI, snapshotter) call one function of this crate per operation.
+//!
+//! Every kernel call goes through [`lamina_sys::Mounter`] and the store's
+//! [`lamina_sys::HostFs`], so all of this runs against the fake kernel in tests, as an
+//! unprivileged user.
 
 mod attach;
 mod check;
