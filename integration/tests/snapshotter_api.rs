@@ -416,17 +416,37 @@ fn strategy_and_ephemeral_labels_pick_the_mount() {
     let record = |key: &str| record_of(&f.daemon.store, key);
     let option = |m: &[Mount], want: &str| m[0].options.iter().any(|o| o == want);
 
-    // containerd mounts the overlay itself, with the options the strategy chose.
+    // An ephemeral snapshot gets a volatile upper, which lamina mounts itself (an overlay
+    // containerd unmounted could not be mounted again): containerd binds it, twice over
+    // as a task restart does.
     let ephemeral = labels(&[("containerd.io/snapshot/lamina.ephemeral", "true")]);
     let m = f.api.prepare("eph", "top", ephemeral).unwrap();
-    assert_eq!(m[0].r#type, "overlay", "{m:?}");
-    assert!(option(&m, "volatile"), "ephemeral: volatile upper: {m:?}");
+    assert_eq!(m[0].r#type, "bind", "{m:?}");
+    let eph = record("eph");
     assert!(
-        record("eph")["strategy"]
-            .as_str()
-            .unwrap()
-            .contains("volatile")
+        eph["strategy"].as_str().unwrap().contains("volatile"),
+        "{eph}"
     );
+    assert!(
+        eph["mount_options"].to_string().contains("volatile"),
+        "{eph}"
+    );
+    for _ in 0..2 {
+        let mounted = Mounted::new(&f.api.mounts("eph").unwrap());
+        assert_eq!(read(&mounted.path().join("g")), "y");
+    }
+
+    // containerd mounts other overlays itself, with the options the strategy chose.
+    let m = f
+        .api
+        .prepare(
+            "mc",
+            "top",
+            labels(&[("containerd.io/snapshot/lamina.strategy", "metacopy")]),
+        )
+        .unwrap();
+    assert_eq!(m[0].r#type, "overlay", "{m:?}");
+    assert!(option(&m, "metacopy=on"), "{m:?}");
     let mounted = Mounted::new(&m);
     assert_eq!(read(&mounted.path().join("g")), "y");
     drop(mounted);
@@ -524,4 +544,167 @@ fn metadata_survives_restarts_and_a_crash_mid_commit() {
     );
     drop(api);
     drop(daemon);
+}
+
+/// One row of the snapshotter's strategy table: the label, and what comes of it.
+struct LabelRow {
+    strategy: &'static str,
+    /// The rootfs is read-only (a read-only strategy on Prepare).
+    read_only: bool,
+    /// Commit refuses it (its upper is on a filesystem of its own).
+    commit_refused: bool,
+    /// Prepare itself is refused with this code.
+    refused: Option<Code>,
+}
+
+const fn rw(strategy: &'static str) -> LabelRow {
+    LabelRow {
+        strategy,
+        read_only: false,
+        commit_refused: false,
+        refused: None,
+    }
+}
+
+const fn own_upper(strategy: &'static str) -> LabelRow {
+    LabelRow {
+        commit_refused: true,
+        ..rw(strategy)
+    }
+}
+
+const fn read_only(strategy: &'static str) -> LabelRow {
+    LabelRow {
+        read_only: true,
+        ..rw(strategy)
+    }
+}
+
+/// The conformance table through gRPC (crates/lamina-conformance runs it against the
+/// library): for each strategy label, Prepare on a two-layer parent → write through
+/// containerd-style mounts → Mounts (the same answer, the write still there) → Commit →
+/// View of the commit → Remove; then nothing is left mounted or stored.
+#[test]
+fn every_strategy_label_runs_prepare_write_mounts_commit_view_remove() {
+    let f = fixture();
+    commit_with(&f.api, "base", "p", "", |root| {
+        fs::write(root.join("f"), "x").unwrap()
+    });
+    commit_with(&f.api, "top", "p2", "base", |root| {
+        fs::write(root.join("g"), "y").unwrap()
+    });
+    let table = [
+        rw("classic"),
+        rw("metacopy"),
+        rw("volatile"),
+        rw("metacopy,volatile"),
+        rw("deferred"),
+        rw("metacopy,deferred"),
+        rw("metacopy,volatile,deferred"),
+        rw("auto"),
+        own_upper("isolated"),
+        own_upper("isolated,metacopy"),
+        own_upper("isolated,volatile"),
+        own_upper("isolated-memory"),
+        own_upper("isolated-memory,metacopy,volatile"),
+        read_only("shared-ro"),
+        read_only("direct"),
+        // No pool of these layers: a named `pooled` is refused, never served fresh.
+        LabelRow {
+            refused: Some(Code::FailedPrecondition),
+            ..rw("pooled")
+        },
+    ];
+    let mut failures = Vec::new();
+    for (n, row) in table.iter().enumerate() {
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| label_row(&f, n, row)));
+        if let Err(panic) = outcome {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            failures.push(format!("{}: {why}", row.strategy));
+            // Leave nothing of the failed row for the next.
+            for key in [format!("a{n}"), format!("c{n}"), format!("v{n}")] {
+                let _ = f.api.remove(&key);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    f.api.remove("top").unwrap();
+    f.api.remove("base").unwrap();
+    f.api.cleanup().unwrap();
+    wait_until("deferred deletes", || {
+        fs::read_dir(f.daemon.store.join("images")).unwrap().count() == 0
+    });
+    assert!(mounts_under(&f.daemon.store).is_empty());
+    assert_eq!(
+        fs::read_dir(f.daemon.store.join("layers")).unwrap().count(),
+        0
+    );
+}
+
+fn label_row(f: &Fixture, n: usize, row: &LabelRow) {
+    let label = labels(&[("containerd.io/snapshot/lamina.strategy", row.strategy)]);
+    let (active, committed, view) = (format!("a{n}"), format!("c{n}"), format!("v{n}"));
+    let mounts = match (f.api.prepare(&active, "top", label), row.refused) {
+        (Err(status), Some(code)) => {
+            assert_eq!(status.code(), code, "{status}");
+            assert!(status.message().contains(row.strategy), "{status}");
+            assert_eq!(f.api.stat(&active).unwrap_err().code(), Code::NotFound);
+            return;
+        }
+        (Ok(mounts), Some(code)) => panic!("prepare was not refused with {code:?}: {mounts:?}"),
+        (Err(status), None) => panic!("prepare: {status}"),
+        (Ok(mounts), None) => mounts,
+    };
+    let written = format!("written by {}", row.strategy);
+    {
+        let mounted = Mounted::new(&mounts);
+        let root = mounted.path();
+        assert_eq!(read(&root.join("f")), "x");
+        assert_eq!(read(&root.join("g")), "y");
+        let wrote = fs::write(root.join("new"), &written);
+        if row.read_only {
+            assert_eq!(
+                wrote.unwrap_err().raw_os_error(),
+                Some(libc_erofs()),
+                "read-only"
+            );
+        } else {
+            wrote.unwrap();
+        }
+    }
+    let again = f.api.mounts(&active).unwrap();
+    assert_eq!(again, mounts, "Mounts answers what Prepare did");
+    if !row.read_only {
+        let mounted = Mounted::new(&again);
+        assert_eq!(read(&mounted.path().join("new")), written, "kept");
+    }
+    if row.read_only {
+        f.api.remove(&active).unwrap();
+        return;
+    }
+    match f.api.commit(&committed, &active, none()) {
+        Err(status) if row.commit_refused => {
+            assert_eq!(status.code(), Code::FailedPrecondition, "{status}");
+            f.api.remove(&active).unwrap();
+            return;
+        }
+        Err(status) => panic!("commit: {status}"),
+        Ok(()) if row.commit_refused => panic!("commit of an isolated upper succeeded"),
+        Ok(()) => {}
+    }
+    let mounts = f.api.view(&view, &committed).unwrap();
+    {
+        let mounted = Mounted::new(&mounts);
+        assert_eq!(read(&mounted.path().join("new")), written, "committed");
+        assert_eq!(read(&mounted.path().join("g")), "y");
+    }
+    f.api.remove(&view).unwrap();
+    f.api.remove(&committed).unwrap();
+    assert_eq!(f.api.stat(&committed).unwrap_err().code(), Code::NotFound);
 }

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use lamina_image::Digest;
 use lamina_store::{ContainerRecord, Store};
+use lamina_sys::Mounter;
 
 use crate::model::Model;
 use crate::one_step::holding_id;
@@ -106,5 +107,30 @@ pub fn upper_to_commit(store: &Store, id: &str) -> Result<UpperToCommit, RootfsE
     Ok(UpperToCommit {
         upper: container.dirs(store).upper,
         metacopy_lowers: metacopy.then(|| crate::plan::lowers(store, &container.record.layers)),
+    })
+}
+
+/// Publishes container `id`'s upper with `publish`, holding the ID: the rootfs lamina
+/// mounted (a pooled, volatile or classic container) is unmounted first, since an upper
+/// must be still when it becomes a layer, and no `mount` of the ID can slip in between.
+pub fn commit_upper<T>(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+    publish: impl FnOnce(&UpperToCommit) -> T,
+) -> Result<T, RootfsError> {
+    holding_id(store, id, || {
+        let upper = upper_to_commit(store, id)?;
+        let mut container = record::read(store, id)?;
+        let rootfs = container.dirs(store).rootfs;
+        mounter
+            .unmount(&rootfs)
+            .map_err(|e| RootfsError::unmounting(id, e))?;
+        if container.rootfs.mounted {
+            // Should the publish fail, the snapshot's next `Mounts` is the overlay.
+            container.rootfs.mounted = false;
+            record::write(store, &container)?;
+        }
+        Ok(publish(&upper))
     })
 }

@@ -30,6 +30,12 @@ pub struct CreateOptions {
     /// With `without_mount`, a pooled strategy still claims a ready pre-mounted overlay
     /// (the caller binds it: containerd's snapshotter), and the record says it is mounted.
     pub claim_pooled_without_mount: bool,
+    /// With `without_mount`, a volatile overlay is still mounted by lamina (the caller
+    /// binds it: containerd's snapshotter). The kernel marks a volatile upper's work dir
+    /// when it mounts it and refuses every later mount until the marker goes, which
+    /// only lamina's own `unmount` does after a clean sync; an overlay the caller
+    /// mounted and unmounted itself could never be mounted again (a task restart).
+    pub mount_volatile_without_mount: bool,
     pub strategies: Strategies,
     pub read_only: bool,
     pub ephemeral: bool,
@@ -374,10 +380,11 @@ fn overlay<'a>(
         .extend(options.extra_overlay_options.iter().cloned());
     // `--read-only` with an overlay strategy: the same overlay, mounted read-only.
     spec.read_only = read_only;
-    if !without_mount {
+    let mounts = !without_mount || (flavor.volatile && options.mount_volatile_without_mount);
+    if mounts {
         mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
     }
-    let mut rootfs = RootfsRecord::new(model, !without_mount, spec.option_strings());
+    let mut rootfs = RootfsRecord::new(model, mounts, spec.option_strings());
     rootfs.upper_fs = upper_fs;
     Ok(Made {
         claim,

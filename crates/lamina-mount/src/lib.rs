@@ -33,7 +33,7 @@ mod shared;
 mod stats;
 mod strategy;
 
-pub use attach::{Attach, UpperToCommit, attach, create_empty, upper_to_commit};
+pub use attach::{Attach, UpperToCommit, attach, commit_upper, create_empty, upper_to_commit};
 pub use check::{CheckReport, Problem, check};
 pub use choose::{Choice, Pools, Request, choose};
 pub use clean::{CleanReport, clean};

@@ -71,24 +71,21 @@ impl Snapshotter {
             return Ok(());
         };
         let id = active.container.clone().unwrap_or_default();
-        let dirs = self.store.container_dirs(&id);
         if !self.store.has_layer(&committing.layer) {
-            // A rootfs lamina mounted (a pooled or classic container) is unmounted first:
-            // its upper must be still when it becomes a layer.
-            self.mounter
-                .unmount(&dirs.rootfs)
-                .map_err(lamina_mount::RootfsError::Mount)?;
-            let upper = lamina_mount::upper_to_commit(&self.store, &id)?;
-            if let Some(lowers) = upper.metacopy_lowers {
-                let filled = complete_metacopies(&upper.upper, &lowers).map_err(|e| {
-                    SnapshotError::FailedPrecondition(format!(
-                        "snapshot `{key}`: completing metadata-only copy-ups: {e}"
-                    ))
-                })?;
-                tracing::debug!(key, filled, "filled metadata-only copy-ups");
-            }
-            self.store
-                .publish_layer_dir(&committing.layer, &upper.upper)?;
+            let publish = |upper: &lamina_mount::UpperToCommit| -> Result<(), SnapshotError> {
+                if let Some(lowers) = &upper.metacopy_lowers {
+                    let filled = complete_metacopies(&upper.upper, lowers).map_err(|e| {
+                        SnapshotError::FailedPrecondition(format!(
+                            "snapshot `{key}`: completing metadata-only copy-ups: {e}"
+                        ))
+                    })?;
+                    tracing::debug!(key, filled, "filled metadata-only copy-ups");
+                }
+                self.store
+                    .publish_layer_dir(&committing.layer, &upper.upper)?;
+                Ok(())
+            };
+            lamina_mount::commit_upper(&self.store, self.mounter.as_ref(), &id, publish)??;
             self.store.pause_point("commit-published");
         }
         db.snapshots.remove(key);

@@ -28,9 +28,22 @@ impl From<SnapshotError> for tonic::Status {
             SnapshotError::AlreadyExists(_) => tonic::Status::already_exists(message),
             SnapshotError::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
             SnapshotError::InvalidArgument(_) => tonic::Status::invalid_argument(message),
-            SnapshotError::Rootfs(RootfsError::Busy { .. }) => {
-                tonic::Status::failed_precondition(message)
-            }
+            // What this host or store cannot give the request now: containerd reports
+            // these as its own failed preconditions, not as internal errors.
+            SnapshotError::Rootfs(
+                RootfsError::Busy { .. }
+                | RootfsError::PoolEmpty { .. }
+                | RootfsError::Unsupported { .. }
+                | RootfsError::UpperNotCommittable { .. }
+                | RootfsError::VolatileUnclean { .. },
+            ) => tonic::Status::failed_precondition(message),
+            // A request that names nothing lamina can provide, whatever the host.
+            SnapshotError::Rootfs(
+                RootfsError::Refused(_)
+                | RootfsError::PoolReadOnly
+                | RootfsError::PoolWithoutMount
+                | RootfsError::DiskLimitNeedsIsolated { .. },
+            ) => tonic::Status::invalid_argument(message),
             SnapshotError::Rootfs(_) | SnapshotError::Store(_) => tonic::Status::unknown(message),
         }
     }

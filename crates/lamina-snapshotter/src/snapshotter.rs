@@ -138,6 +138,7 @@ impl Snapshotter {
                 // the shared mount a shared-ro bind needs) is mounted by lamina.
                 without_mount: true,
                 claim_pooled_without_mount: true,
+                mount_volatile_without_mount: true,
                 strategies: self.strategies_for(extraction, &labels)?,
                 read_only,
                 ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),

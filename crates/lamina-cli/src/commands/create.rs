@@ -30,6 +30,7 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
         extra_overlay_options: Vec::new(),
         // Garden's --without-mount caller mounts everything itself.
         claim_pooled_without_mount: false,
+        mount_volatile_without_mount: false,
     };
     let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)?;
 

@@ -1,0 +1,12 @@
+//! The strategy conformance suite (crates/lamina-conformance) against the fake mounter:
+//! every row of the table, the pool cycle, every injected fault and the recovery cases,
+//! without root. The same body runs on the real kernel in integration/tests/conformance.rs.
+
+use lamina_conformance::{FakeRig, run};
+
+#[test]
+fn every_strategy_passes_the_conformance_suite_on_the_fake() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let rig = FakeRig::new(tmp.path());
+    run(&rig).assert_passed();
+}
