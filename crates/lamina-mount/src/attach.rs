@@ -25,8 +25,8 @@ pub enum Attach {
 }
 
 /// What to mount for container `id`: its mounted rootfs if lamina mounted one (a pooled
-/// overlay, a shared-ro or direct bind), the upper of an empty container, the directory
-/// a read-only bind binds, or else the overlay its record describes.
+/// or volatile overlay, a shared-ro or direct bind), the upper of an empty container,
+/// the directory a read-only bind binds, or else the overlay its model describes.
 pub fn attach(store: &Store, id: &str) -> Result<Attach, RootfsError> {
     let container = record::read(store, id)?;
     let read_only = container.model().read_only();
@@ -39,9 +39,17 @@ pub fn attach(store: &Store, id: &str) -> Result<Attach, RootfsError> {
     } else {
         match container.rootfs.bind_source {
             Some(source) => bind(source),
-            None => Attach::Overlay {
-                options: container.rootfs.mount_options,
-            },
+            None => {
+                // Rebuilt from the model, as `mount` does: the options name host paths,
+                // and the ones a record holds are not trusted to be the store's.
+                let flavor = container.model().flavor().unwrap_or_default();
+                let mut spec =
+                    crate::plan::read_write(store, &container.record.layers, &dirs, flavor);
+                spec.read_only = read_only;
+                Attach::Overlay {
+                    options: spec.option_strings(),
+                }
+            }
         }
     })
 }

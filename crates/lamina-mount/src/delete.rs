@@ -173,7 +173,7 @@ fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
     }
     let dirs = container.dirs_in(dir.to_path_buf());
     if mounts.contains(&dirs.rootfs) {
-        let discarded = discard_written(&dirs.upper, &dirs.rootfs);
+        let discarded = lamina_sys::unlink_written(&dirs.upper, &dirs.rootfs);
         tracing::debug!(dir = %dir.display(), discarded, "unlinked written files before unmount");
     }
 }
@@ -198,30 +198,4 @@ fn teardown(
         shared::release(store, mounter, &lease)?;
     }
     Ok(())
-}
-
-/// Unlinks, through the merged `rootfs`, every regular file with data in `upper`: the
-/// kernel then drops its dirty pages rather than writing them back at unmount. Errors are
-/// ignored — the unmount and removal that follow are what must succeed. Returns how many
-/// files were unlinked.
-fn discard_written(upper: &Path, rootfs: &Path) -> usize {
-    let Ok(entries) = fs::read_dir(upper) else {
-        return 0;
-    };
-    let mut count = 0;
-    for entry in entries.flatten() {
-        let Ok(kind) = entry.file_type() else {
-            continue;
-        };
-        let merged = rootfs.join(entry.file_name());
-        if kind.is_dir() {
-            count += discard_written(&entry.path(), &merged);
-        } else if kind.is_file()
-            && entry.metadata().is_ok_and(|m| m.len() > 0)
-            && fs::remove_file(&merged).is_ok()
-        {
-            count += 1;
-        }
-    }
-    count
 }

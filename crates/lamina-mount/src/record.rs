@@ -20,6 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
+use lamina_image::Digest;
 use lamina_store::{BadRecord, ContainerDirs, ContainerRecord, Layout, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -120,7 +121,7 @@ impl Container {
             Some(value) => RootfsRecord::from_value(value)?,
             None => RootfsRecord::from_legacy(&fields)?,
         };
-        rootfs.check(layout)?;
+        rootfs.check(layout, record.layers.last())?;
         Ok(Container { record, rootfs })
     }
 
@@ -159,7 +160,21 @@ impl RootfsRecord {
             }
             None => return Err("its rootfs record has no version".into()),
         }
-        serde_json::from_value(value.clone()).map_err(|e| format!("its rootfs record: {e}"))
+        let record: RootfsRecord =
+            serde_json::from_value(value.clone()).map_err(|e| format!("its rootfs record: {e}"))?;
+        // Exactly the fields lamina writes for this model: a field another provider has
+        // (a `metacopy` on a direct bind) would be silently ignored otherwise.
+        let written = serde_json::to_value(&record).map_err(|e| e.to_string())?;
+        if let (Some(given), Some(written)) = (value.as_object(), written.as_object())
+            && let Some(extra) = given.keys().find(|k| !written.contains_key(*k))
+        {
+            return Err(format!(
+                "its rootfs record has a field provider `{}` does not: {}",
+                record.model,
+                lamina_image::shown(extra)
+            ));
+        }
+        Ok(record)
     }
 
     /// A record written before the model existed: a `strategy` list and flat fields.
@@ -193,9 +208,17 @@ impl RootfsRecord {
         })
     }
 
-    /// Why this record cannot be trusted, if it cannot: a field its provider needs is
-    /// missing, one it cannot have is there, or a path is not the store's.
-    fn check(&self, layout: &Layout) -> Result<(), String> {
+    /// Why this record cannot be trusted, if it cannot: its model is not one lamina makes,
+    /// a field its provider needs is missing, one it cannot have is there, or a path is
+    /// not the store's own for this image (`top`: the record's top layer).
+    fn check(&self, layout: &Layout, top: Option<&Digest>) -> Result<(), String> {
+        let read_only = self.model.read_only();
+        if Model::named(self.model.strategies(), read_only).as_ref() != Ok(&self.model) {
+            return Err(format!(
+                "its rootfs record names a model lamina does not make (`{}`, teardown {:?})",
+                self.model, self.model.teardown
+            ));
+        }
         let names = self.model.provider.names();
         if self.bind_source.is_some() != names.bind_source || self.lease.is_some() != names.lease {
             return Err(format!(
@@ -236,6 +259,29 @@ impl RootfsRecord {
                     "its bind source {} is not a mount of this store",
                     source.display()
                 ));
+            }
+        }
+        // A bind of this image's tree, under this image's key: never another image's
+        // shared mount, flattened tree or layer (which collection would not keep for it).
+        let key = top.map(|t| t.hex().to_string());
+        let key_of = |path: &Path, up: usize| {
+            path.ancestors()
+                .nth(up)
+                .and_then(Path::file_name)
+                .map(|n| n.to_string_lossy().into_owned())
+        };
+        let source_key = self.bind_source.as_deref().map(|source| {
+            // shared/<K>/rootfs and layers/<K>/diff name K one up; flat/<K> names it.
+            let flat = source.parent().and_then(Path::file_name) == Some("flat".as_ref());
+            let up = usize::from(!flat);
+            key_of(source, up)
+        });
+        let lease_key = self.lease.as_deref().map(|lease| key_of(lease, 2));
+        for (what, found) in [("bind source", source_key), ("lease", lease_key)] {
+            if let Some(found) = found
+                && found != key
+            {
+                return Err(format!("its {what} is not of the image it was made from"));
             }
         }
         Ok(())
@@ -322,12 +368,22 @@ mod tests {
         Layout::new(Path::new("/var/lib/lamina"))
     }
 
+    /// The top layer of every test record, whose hex keys its shared and flat trees.
+    fn top() -> lamina_image::Digest {
+        lamina_image::Digest::of(b"layer")
+    }
+
+    /// `path` with `{top}` replaced by the top layer's hex.
+    fn at(path: &str) -> String {
+        path.replace("{top}", top().hex())
+    }
+
     fn store_record(rootfs: Value) -> ContainerRecord {
         let mut value = json!({
             "id": "c",
             "image": "oci:///image",
             "image_id": lamina_image::Digest::of(b"config").to_string(),
-            "layers": [],
+            "layers": [top().to_string()],
             "env": [],
             "created_unix": 0,
         });
@@ -344,8 +400,8 @@ mod tests {
             "mounted": true,
             "mount_options": ["bind", "ro"],
             "read_only": true,
-            "bind_source": "/var/lib/lamina/shared/abc/rootfs",
-            "lease": "/var/lib/lamina/shared/abc/users/1-2-3",
+            "bind_source": at("/var/lib/lamina/shared/{top}/rootfs"),
+            "lease": at("/var/lib/lamina/shared/{top}/users/1-2-3"),
         }));
         let container = Container::from_record(legacy, &layout()).unwrap();
         assert_eq!(container.model().provider, crate::Provider::SharedRo);
@@ -402,16 +458,35 @@ mod tests {
             (
                 json!({"rootfs": {"version": 2, "provider": "shared-ro", "teardown": "deferred",
                        "mounted": true, "mount_options": [],
-                       "bind_source": "/var/lib/lamina/shared/abc/rootfs",
+                       "bind_source": at("/var/lib/lamina/shared/{top}/rootfs"),
                        "lease": "/var/lib/lamina/shared/../../etc/users/x"}}),
                 "not a lease of this store",
             ),
             (
                 json!({"rootfs": {"version": 2, "provider": "direct", "teardown": "deferred",
                        "mounted": true, "mount_options": [],
-                       "bind_source": "/var/lib/lamina/flat/x"},
+                       "bind_source": at("/var/lib/lamina/flat/{top}")},
                        "lease": "/etc"}),
                 "fields lamina does not write: lease",
+            ),
+            (
+                json!({"rootfs": {"version": 2, "provider": "direct", "teardown": "deferred",
+                       "mounted": true, "mount_options": [],
+                       "bind_source": "/var/lib/lamina/layers/0123/diff"}}),
+                "not of the image it was made from",
+            ),
+            (
+                json!({"rootfs": {"version": 2, "provider": "shared-ro", "teardown": "inline",
+                       "mounted": true, "mount_options": [],
+                       "bind_source": at("/var/lib/lamina/shared/{top}/rootfs"),
+                       "lease": at("/var/lib/lamina/shared/{top}/users/x")}}),
+                "a model lamina does not make",
+            ),
+            (
+                json!({"rootfs": {"version": 2, "provider": "direct", "teardown": "deferred",
+                       "mounted": true, "mount_options": [], "metacopy": true,
+                       "bind_source": at("/var/lib/lamina/flat/{top}")}}),
+                "a field provider `direct,deferred` does not: metacopy",
             ),
         ];
         for (rootfs, expect) in cases {

@@ -180,10 +180,11 @@ impl Snapshotter {
             .values()
             .filter_map(|s| s.container.clone())
             .collect();
-        for record in self.store.containers()? {
-            if record.id.starts_with(CONTAINER_PREFIX) && !named.contains(&record.id) {
-                tracing::info!(container = %record.id, "removing a container no snapshot names");
-                lamina_mount::delete(&self.store, self.mounter.as_ref(), &record.id)?;
+        for container in lamina_mount::record::scan(&self.store)?.containers {
+            let id = container.id();
+            if id.starts_with(CONTAINER_PREFIX) && !named.contains(id) {
+                tracing::info!(container = %id, "removing a container no snapshot names");
+                lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
             }
         }
         Ok(())

@@ -24,6 +24,7 @@
 //! reads one crate, and `raw` is the only place with `unsafe`.
 
 mod api_probe;
+mod discard;
 mod error;
 mod fake;
 mod fake_host;
@@ -38,6 +39,7 @@ mod userns;
 
 pub use api_probe::{MountApiSupport, probe_idmapped_layers, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
+pub use discard::unlink_written;
 pub use error::{Errno, MountError};
 pub use fake::{FakeCall, FakeKernel, FakeMounter};
 pub use faults::{Call, When};

@@ -246,9 +246,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::List => {
             let store = ctx.open_store()?;
-            let scan = store.scan_containers()?;
-            for record in &scan.records {
-                println!("{}", store.rootfs_path(&record.id).display());
+            let scan = lamina_mount::record::scan(&store)?;
+            for container in &scan.containers {
+                println!("{}", store.rootfs_path(container.id()).display());
             }
             // One container's torn record must not hide the others: it is named on
             // stderr (a log line each) and the listing still succeeds.
