@@ -47,10 +47,11 @@ fn walk(upper: &OwnedFd, rootfs: &OwnedFd) -> usize {
                     count += walk(&sub_upper, &sub_rootfs);
                 }
             }
-            FileType::RegularFile if stat.st_size > 0 => {
-                if rustix::fs::unlinkat(rootfs, name, AtFlags::empty()).is_ok() {
-                    count += 1;
-                }
+            FileType::RegularFile
+                if stat.st_size > 0
+                    && rustix::fs::unlinkat(rootfs, name, AtFlags::empty()).is_ok() =>
+            {
+                count += 1;
             }
             _ => {}
         }
