@@ -5,10 +5,10 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use lamina_image::{Image, ImageRef, Platform, resolve};
-use lamina_store::Store;
+use lamina_store::{Store, StoreProperties};
 use lamina_sys::{
     Errno, FakeMounter, MountApiSupport, MountError, Mounter, OverlaySpec, RealMounter, UpperFs,
     UserNsMaps, When,
@@ -60,17 +60,24 @@ pub fn sample_image(dir: &Path) -> Image {
 /// written to the directories its (recorded) overlay or bind would show.
 #[derive(Debug)]
 pub struct FakeRig {
-    pub fake: FakeMounter,
+    pub fake: Arc<FakeMounter>,
     store: Store,
     image: Image,
 }
 
 impl FakeRig {
+    /// The store's host is the fake too: ownership and device nodes an import sets are
+    /// recorded, not made, so the suite runs as any user.
     pub fn new(dir: &Path) -> FakeRig {
-        let store = Store::init(&dir.join("store")).expect("store");
+        let fake = Arc::new(FakeMounter::new());
+        let store = Store::init_hosted(
+            &dir.join("store"),
+            &StoreProperties::default(),
+            fake.clone(),
+        )
+        .expect("store");
         let image = sample_image(&dir.join("sample"));
-        let fake = FakeMounter::new();
-        adapter::assume_full_probe(&store, &fake).expect("caching a probe");
+        adapter::assume_full_probe(&store, fake.as_ref()).expect("caching a probe");
         FakeRig { fake, store, image }
     }
 }
@@ -112,7 +119,7 @@ impl Rig for FakeRig {
     }
 
     fn mounter(&self) -> &dyn Mounter {
-        &self.fake
+        self.fake.as_ref()
     }
 
     fn image(&self) -> &Image {
