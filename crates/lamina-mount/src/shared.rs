@@ -30,7 +30,7 @@ const EMPTY: &str = "empty";
 pub(crate) struct Acquired {
     pub rootfs: PathBuf,
     pub lease: PathBuf,
-    _in_flight: File,
+    _in_flight: lamina_store::Flocked,
 }
 
 fn lock_name(dir: &Path) -> String {
@@ -72,7 +72,7 @@ pub(crate) fn acquire(
     Ok(Acquired {
         rootfs,
         lease,
-        _in_flight: file,
+        _in_flight: lamina_store::Flocked::new(file),
     })
 }
 

@@ -66,7 +66,7 @@ pub struct ContainerClaim {
 /// nothing for a directory made before lamina kept lock files.
 #[derive(Debug)]
 pub struct DirLock {
-    pub(crate) _held: Option<File>,
+    pub(crate) _held: Option<crate::Flocked>,
 }
 
 /// The directories of one container.
@@ -190,7 +190,12 @@ impl Store {
                 return Err(StoreError::io("creating", dir)(e));
             }
         }
-        Ok((dirs, DirLock { _held: Some(lock) }))
+        Ok((
+            dirs,
+            DirLock {
+                _held: Some(crate::Flocked::new(lock)),
+            },
+        ))
     }
 
     /// Renames a staged (or pooled) container directory, whose `lock` the caller holds,
@@ -224,7 +229,9 @@ impl Store {
             Err(e) => return Err(StoreError::io("opening", &path)(e)),
         };
         match rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(Some(DirLock { _held: Some(file) })),
+            Ok(()) => Ok(Some(DirLock {
+                _held: Some(crate::Flocked::new(file)),
+            })),
             Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
             Err(e) => Err(StoreError::errno("locking", &path)(e)),
         }

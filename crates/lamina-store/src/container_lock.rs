@@ -28,7 +28,7 @@ use crate::{DirLock, Store, StoreError, validate_id};
 /// file, once the container does not exist.
 #[derive(Debug)]
 pub struct IdLock {
-    file: File,
+    file: crate::Flocked,
     path: PathBuf,
 }
 
@@ -54,7 +54,10 @@ impl Store {
             // Whoever held it may have removed the file (the container is gone) and a
             // third process made a new one: hold the file that is there now.
             if same_file(&file, &path) {
-                return Ok(IdLock { file, path });
+                return Ok(IdLock {
+                    file: crate::Flocked::new(file),
+                    path,
+                });
             }
         }
     }
@@ -84,7 +87,11 @@ impl Store {
             let free =
                 rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive).is_ok();
             if free && same_file(&file, &path) && !self.container_exists(id) {
-                IdLock { file, path }.release_gone();
+                IdLock {
+                    file: crate::Flocked::new(file),
+                    path,
+                }
+                .release_gone();
                 removed += 1;
             }
         }
@@ -111,7 +118,9 @@ impl Store {
             // The directory may have been removed (a failed create) or replaced (a new
             // create of the ID) while we waited: hold the lock of the one there now.
             if same_file(&file, &path) {
-                return Ok(Some(DirLock { _held: Some(file) }));
+                return Ok(Some(DirLock {
+                    _held: Some(crate::Flocked::new(file)),
+                }));
             }
         }
     }

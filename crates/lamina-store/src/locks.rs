@@ -32,7 +32,28 @@ const REPORT_AFTER: Duration = Duration::from_secs(1);
 /// A held store lock, released on drop.
 #[derive(Debug)]
 pub struct StoreLock {
-    _file: File,
+    _file: Flocked,
+}
+
+/// A file this process holds an flock on, unlocked explicitly when dropped. Closing the
+/// fd alone would not do: a child another thread forked keeps a copy of the open file
+/// until it execs, and the lock with it, so a lock "released" by closing could still
+/// look held to the next `try` (a daemon spawning mkfs while a create releases a slot).
+/// `LOCK_UN` releases the open file's lock whatever other copies of the fd exist.
+#[derive(Debug)]
+pub struct Flocked(File);
+
+impl Flocked {
+    /// `file`, whose flock the caller just took.
+    pub fn new(file: File) -> Self {
+        Flocked(file)
+    }
+}
+
+impl Drop for Flocked {
+    fn drop(&mut self) {
+        let _ = rustix::fs::flock(self.0.as_fd(), FlockOperation::Unlock);
+    }
 }
 
 impl Store {
@@ -57,7 +78,9 @@ impl Store {
         let path = self.layout.lock(name);
         let file = File::create(&path).map_err(StoreError::io("creating lock", &path))?;
         self.wait_for_flock(&file, &path, shared)?;
-        Ok(StoreLock { _file: file })
+        Ok(StoreLock {
+            _file: Flocked::new(file),
+        })
     }
 
     /// Flocks `file` (the lock file at `path`), polling until it is free or the lock
@@ -110,7 +133,9 @@ impl Store {
         let path = self.layout.lock(name);
         let file = File::create(&path).map_err(StoreError::io("creating lock", &path))?;
         match rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(Some(StoreLock { _file: file })),
+            Ok(()) => Ok(Some(StoreLock {
+                _file: Flocked::new(file),
+            })),
             Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
             Err(e) => Err(StoreError::errno("locking", &path)(e)),
         }
@@ -195,5 +220,22 @@ mod tests {
         store.lock("reaper").unwrap();
         assert!(started.elapsed() >= Duration::from_millis(100));
         releaser.join().unwrap();
+    }
+
+    #[test]
+    fn a_dropped_lock_is_free_though_a_copy_of_its_fd_lives_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l");
+        let file = File::create(&path).unwrap();
+        rustix::fs::flock(file.as_fd(), FlockOperation::LockExclusive).unwrap();
+        // What a child forked by another thread holds until it execs.
+        let copy = file.try_clone().unwrap();
+        drop(Flocked::new(file));
+        let other = File::open(&path).unwrap();
+        assert!(
+            rustix::fs::flock(other.as_fd(), FlockOperation::NonBlockingLockExclusive).is_ok(),
+            "released, whoever else has the open file"
+        );
+        drop(copy);
     }
 }
