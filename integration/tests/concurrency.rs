@@ -2,6 +2,18 @@
 //! base layer (with several strategies), deletes racing those creates, and cleans racing
 //! both. Every process must succeed, every container a create reported must be whole
 //! unless a delete took it, and afterwards `check` finds nothing and nothing is mounted.
+//!
+//! It must pass on a loaded machine every time. Twenty runs in a row beside two
+//! CPU-burning processes (issue 21; run as root from the workspace root):
+//!
+//! ```sh
+//! cargo build -p lamina-cli && cargo test -p lamina-integration --test concurrency --no-run
+//! for n in 1 2; do (while :; do :; done) & done
+//! for run in $(seq 20); do
+//!   cargo test -q -p lamina-integration --test concurrency || { echo "run $run failed"; break; }
+//! done
+//! kill %1 %2
+//! ```
 
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
