@@ -8,7 +8,7 @@
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use lamina_integration::proof::{EXPECTED as MERGED, SCRIPT as PROOF};
 use lamina_integration::scratch::mounts_under;
@@ -707,4 +707,37 @@ fn label_row(f: &Fixture, n: usize, row: &LabelRow) {
     f.api.remove(&view).unwrap();
     f.api.remove(&committed).unwrap();
     assert_eq!(f.api.stat(&committed).unwrap_err().code(), Code::NotFound);
+}
+
+/// A volatile snapshot's overlay is lamina's to mount: once it is gone behind lamina's
+/// back (a host restart takes every mount, the kernel's marker stays), neither Mounts
+/// nor Commit hands out or publishes an upper that may have lost writes; both refuse
+/// with FailedPrecondition, and Remove still tears it down.
+#[test]
+fn a_volatile_snapshot_that_lost_its_mount_is_refused_not_bound_or_published() {
+    let f = fixture();
+    commit_with(&f.api, "base", "p", "", |root| {
+        fs::write(root.join("f"), "x").unwrap()
+    });
+    let volatile = labels(&[("containerd.io/snapshot/lamina.strategy", "volatile")]);
+    let m = f.api.prepare("v", "base", volatile).unwrap();
+    assert_eq!(m[0].r#type, "bind", "{m:?}");
+    {
+        let mounted = Mounted::new(&m);
+        fs::write(mounted.path().join("w"), "written").unwrap();
+    }
+    // What a reboot leaves: lamina's overlay gone, its volatile marker still there.
+    let rootfs = PathBuf::from(&m[0].source);
+    rustix::mount::unmount(&rootfs, rustix::mount::UnmountFlags::empty()).unwrap();
+
+    let err = f.api.mounts("v").unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("not cleanly unmounted"), "{err:?}");
+    let err = f.api.commit("c", "v", none()).unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(f.api.view("c-view", "c").is_err(), "nothing was published");
+
+    f.api.remove("v").unwrap();
+    f.api.remove("base").unwrap();
+    assert!(mounts_under(&f.daemon.store).is_empty());
 }

@@ -24,15 +24,28 @@ pub enum Attach {
     Overlay { options: Vec<String> },
 }
 
-/// What to mount for container `id`: its mounted rootfs if lamina mounted one (a pooled
-/// or volatile overlay, a shared-ro or direct bind), the upper of an empty container,
-/// the directory a read-only bind binds, or else the overlay its model describes.
-pub fn attach(store: &Store, id: &str) -> Result<Attach, RootfsError> {
+/// What to mount for container `id`: its rootfs if lamina mounts it (a pooled or
+/// volatile overlay, a shared-ro or direct bind lamina mounted), the upper of an empty
+/// container, the directory a read-only bind binds, or else the overlay its model
+/// describes. Holding the ID, a rootfs lamina mounts is mounted again first if it is not
+/// (a host restart, an `unmount`): a bind of an empty directory would hand the caller
+/// the store's filesystem, and a volatile overlay the caller mounted itself could never
+/// be mounted a second time.
+pub fn attach(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach, RootfsError> {
+    holding_id(store, id, || attach_held(store, mounter, id))
+}
+
+fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach, RootfsError> {
     let container = record::read(store, id)?;
-    let read_only = container.model().read_only();
+    let model = container.model();
+    let read_only = model.read_only();
     let dirs = container.dirs(store);
     let bind = |source: PathBuf| Attach::Bind { source, read_only };
-    Ok(if container.rootfs.mounted {
+    let volatile = model.flavor().is_some_and(|f| f.volatile);
+    Ok(if container.rootfs.mounted || volatile {
+        if !mounter.is_mountpoint(&dirs.rootfs)? {
+            crate::remount::mount_held(store, mounter, id)?;
+        }
         bind(dirs.rootfs)
     } else if container.record.layers.is_empty() {
         bind(dirs.upper)
@@ -101,15 +114,29 @@ pub struct UpperToCommit {
     pub metacopy_lowers: Option<Vec<PathBuf>>,
 }
 
-/// Which upper a commit of container `id` publishes ([`RootfsError::UpperNotCommittable`]
-/// if its upper cannot become a layer).
-pub fn upper_to_commit(store: &Store, id: &str) -> Result<UpperToCommit, RootfsError> {
+/// Which upper a commit of container `id` publishes: [`RootfsError::UpperNotCommittable`]
+/// if its upper cannot become a layer (its own filesystem), and
+/// [`RootfsError::VolatileUnclean`] if it is a volatile upper whose overlay went away
+/// without a clean unmount (a crash: its writes may be lost).
+pub fn upper_to_commit(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+) -> Result<UpperToCommit, RootfsError> {
     let container = record::read(store, id)?;
     let flavor = container.model().flavor();
     if flavor.is_some_and(|f| f.isolated.is_some()) {
         return Err(RootfsError::UpperNotCommittable {
             strategy: container.model().to_string(),
         });
+    }
+    let dirs = container.dirs(store);
+    // Mounted, the kernel's marker is always there; unmounted, only a crash leaves it.
+    if flavor.is_some_and(|f| f.volatile)
+        && crate::volatile_marker(&dirs.work).exists()
+        && !mounter.is_mountpoint(&dirs.rootfs)?
+    {
+        return Err(RootfsError::VolatileUnclean { id: id.into() });
     }
     let metacopy = flavor.is_some_and(|f| f.metacopy);
     Ok(UpperToCommit {
@@ -119,8 +146,10 @@ pub fn upper_to_commit(store: &Store, id: &str) -> Result<UpperToCommit, RootfsE
 }
 
 /// Publishes container `id`'s upper with `publish`, holding the ID: the rootfs lamina
-/// mounted (a pooled, volatile or classic container) is unmounted first, since an upper
-/// must be still when it becomes a layer, and no `mount` of the ID can slip in between.
+/// mounted (a pooled, volatile or classic container) is unmounted first, as `unmount`
+/// does it, since an upper must be still when it becomes a layer, and no `mount` of the
+/// ID can slip in between. A volatile upper is published only after a clean unmount (no
+/// writeback error, synced); one a crash left marked is refused, never published.
 pub fn commit_upper<T>(
     store: &Store,
     mounter: &dyn Mounter,
@@ -128,16 +157,12 @@ pub fn commit_upper<T>(
     publish: impl FnOnce(&UpperToCommit) -> T,
 ) -> Result<T, RootfsError> {
     holding_id(store, id, || {
-        let upper = upper_to_commit(store, id)?;
-        let mut container = record::read(store, id)?;
-        let rootfs = container.dirs(store).rootfs;
-        mounter
-            .unmount(&rootfs)
-            .map_err(|e| RootfsError::unmounting(id, e))?;
-        if container.rootfs.mounted {
-            // Should the publish fail, the snapshot's next `Mounts` is the overlay.
-            container.rootfs.mounted = false;
-            record::write(store, &container)?;
+        let upper = upper_to_commit(store, mounter, id)?;
+        crate::remount::unmount_held(store, mounter, id)?;
+        let container = record::read(store, id)?;
+        let volatile = container.model().flavor().is_some_and(|f| f.volatile);
+        if volatile && crate::volatile_marker(&container.dirs(store).work).exists() {
+            return Err(RootfsError::VolatileUnclean { id: id.into() });
         }
         Ok(publish(&upper))
     })

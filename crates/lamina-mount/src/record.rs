@@ -25,7 +25,7 @@ use lamina_store::{BadRecord, ContainerDirs, ContainerRecord, Layout, Store, Sto
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::model::{Flavor, Model};
+use crate::model::{Flavor, Model, Provider};
 use crate::{Strategies, UpperBackend};
 
 /// The `rootfs` format this lamina writes; a higher one is refused, not guessed at.
@@ -249,11 +249,13 @@ impl RootfsRecord {
             ));
         }
         if let Some(source) = &self.bind_source {
-            let shapes: &[&[&str]] = &[
-                &["shared", "*", "rootfs"],
-                &["flat", "*"],
-                &["layers", "*", "diff"],
-            ];
+            // What each provider binds: the image's shared mount, or its flattened tree
+            // (a layer itself for a single-layer image). Never the other's: a direct bind
+            // of a shared mount holds no lease, and the mount could go from under it.
+            let shapes: &[&[&str]] = match self.model.provider {
+                Provider::SharedRo => &[&["shared", "*", "rootfs"]],
+                _ => &[&["flat", "*"], &["layers", "*", "diff"]],
+            };
             if !layout.names(source, shapes) {
                 return Err(format!(
                     "its bind source {} is not a mount of this store",
@@ -404,7 +406,7 @@ mod tests {
             "lease": at("/var/lib/lamina/shared/{top}/users/1-2-3"),
         }));
         let container = Container::from_record(legacy, &layout()).unwrap();
-        assert_eq!(container.model().provider, crate::Provider::SharedRo);
+        assert_eq!(container.model().provider, Provider::SharedRo);
         assert!(container.model().deferred());
         assert!(container.record.rootfs.is_empty());
         let rewritten = container.to_record().unwrap();
@@ -474,6 +476,12 @@ mod tests {
                        "mounted": true, "mount_options": [],
                        "bind_source": "/var/lib/lamina/layers/0123/diff"}}),
                 "not of the image it was made from",
+            ),
+            (
+                json!({"rootfs": {"version": 2, "provider": "direct", "teardown": "deferred",
+                       "mounted": true, "mount_options": [],
+                       "bind_source": at("/var/lib/lamina/shared/{top}/rootfs")}}),
+                "not a mount of this store",
             ),
             (
                 json!({"rootfs": {"version": 2, "provider": "shared-ro", "teardown": "inline",

@@ -24,7 +24,11 @@ pub fn unmount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Roo
     holding_id(store, id, || unmount_held(store, mounter, id))
 }
 
-fn unmount_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
+pub(crate) fn unmount_held(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+) -> Result<(), RootfsError> {
     let mut container = record::read(store, id)?;
     let dirs = container.dirs(store);
     let volatile = flavor_of(&container.rootfs).volatile;
@@ -62,7 +66,11 @@ pub fn mount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Rootf
     holding_id(store, id, || mount_held(store, mounter, id))
 }
 
-fn mount_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
+pub(crate) fn mount_held(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+) -> Result<(), RootfsError> {
     let mut container = record::read(store, id)?;
     let dirs = container.dirs(store);
     if mounter.is_mountpoint(&dirs.rootfs)? {

@@ -44,12 +44,15 @@ impl Snapshotter {
             )));
         }
         let id = active.container.clone().unwrap_or_default();
-        if let Err(lamina_mount::RootfsError::UpperNotCommittable { strategy }) =
-            lamina_mount::upper_to_commit(&self.store, &id)
-        {
-            return Err(SnapshotError::FailedPrecondition(format!(
-                "snapshot `{key}` has its upper on a filesystem of its own (strategy {strategy}), which a commit cannot move into the store; prepare snapshots you will commit with label containerd.io/snapshot/lamina.strategy=classic"
-            )));
+        // Refused before the intent is recorded: nothing to finish or undo later.
+        match lamina_mount::upper_to_commit(&self.store, self.mounter.as_ref(), &id) {
+            Err(lamina_mount::RootfsError::UpperNotCommittable { strategy }) => {
+                return Err(SnapshotError::FailedPrecondition(format!(
+                    "snapshot `{key}` has its upper on a filesystem of its own (strategy {strategy}), which a commit cannot move into the store; prepare snapshots you will commit with label containerd.io/snapshot/lamina.strategy=classic"
+                )));
+            }
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
         }
         let layer = commit_layer(name, key, &labels, &active.labels);
         if let Some(active) = db.snapshots.get_mut(key) {

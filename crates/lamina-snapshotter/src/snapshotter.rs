@@ -261,18 +261,20 @@ impl Snapshotter {
 
     /// What containerd mounts for the snapshot whose container is `id`.
     pub(crate) fn mounts_of(&self, id: &str) -> Result<Vec<MountSpec>, SnapshotError> {
-        Ok(vec![match lamina_mount::attach(&self.store, id)? {
-            Attach::Bind { source, read_only } => MountSpec {
-                kind: "bind".into(),
-                source: source.display().to_string(),
-                options: vec!["rbind".into(), if read_only { "ro" } else { "rw" }.into()],
+        Ok(vec![
+            match lamina_mount::attach(&self.store, self.mounter.as_ref(), id)? {
+                Attach::Bind { source, read_only } => MountSpec {
+                    kind: "bind".into(),
+                    source: source.display().to_string(),
+                    options: vec!["rbind".into(), if read_only { "ro" } else { "rw" }.into()],
+                },
+                Attach::Overlay { options } => MountSpec {
+                    kind: "overlay".into(),
+                    source: "overlay".into(),
+                    options,
+                },
             },
-            Attach::Overlay { options } => MountSpec {
-                kind: "overlay".into(),
-                source: "overlay".into(),
-                options,
-            },
-        }])
+        ])
     }
 }
 

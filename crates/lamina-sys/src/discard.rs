@@ -6,19 +6,58 @@
 //! it goes by directory fds, one name at a time, never following a symlink: a directory
 //! swapped for a link to `/etc` mid-walk is skipped, never entered.
 
+use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags};
 
+/// How deep the walk goes. Discarding is only an optimisation, and a container can make
+/// its tree as deep as it likes; below this its files are written back at unmount.
+const MAX_DEPTH: usize = 256;
+/// How many directories wait their turn at most (two fds each): a container's wide tree
+/// must not take the fds a daemon serves its other calls with.
+const MAX_PENDING: usize = 512;
+
 /// Unlinks, through `rootfs`, every non-empty regular file found in `upper` (the same
 /// tree, as overlay lays it out). Errors are skipped: the unmount and removal that follow
 /// are what must succeed. Returns how many files were unlinked.
 pub fn unlink_written(upper: &Path, rootfs: &Path) -> usize {
-    match (open_dir(CWD, upper), open_dir(CWD, rootfs)) {
-        (Some(upper), Some(rootfs)) => walk(&upper, &rootfs),
-        _ => 0,
+    let (Some(upper), Some(rootfs)) = (open_dir(CWD, upper), open_dir(CWD, rootfs)) else {
+        return 0;
+    };
+    let Ok(root) = rustix::fs::fstat(&rootfs) else {
+        return 0;
+    };
+    // Depth-first with an explicit stack: no recursion for a container to exhaust, and a
+    // directory's fds are held only while it waits its turn (at most MAX_PENDING pairs).
+    let mut stack = vec![(upper, rootfs, 0)];
+    let mut count = 0;
+    while let Some((upper, rootfs, depth)) = stack.pop() {
+        for (name, kind, size) in entries(&upper) {
+            match kind {
+                FileType::Directory if depth < MAX_DEPTH && stack.len() < MAX_PENDING => {
+                    let (Some(sub_upper), Some(sub_rootfs)) =
+                        (open_dir(&upper, &name), open_dir(&rootfs, &name))
+                    else {
+                        continue;
+                    };
+                    // Never into another filesystem mounted beneath the rootfs.
+                    if rustix::fs::fstat(&sub_rootfs).is_ok_and(|s| s.st_dev == root.st_dev) {
+                        stack.push((sub_upper, sub_rootfs, depth + 1));
+                    }
+                }
+                FileType::RegularFile
+                    if size > 0
+                        && rustix::fs::unlinkat(&rootfs, &name, AtFlags::empty()).is_ok() =>
+                {
+                    count += 1;
+                }
+                _ => {}
+            }
+        }
     }
+    count
 }
 
 fn open_dir<Fd: AsFd>(at: Fd, name: impl rustix::path::Arg) -> Option<OwnedFd> {
@@ -26,37 +65,21 @@ fn open_dir<Fd: AsFd>(at: Fd, name: impl rustix::path::Arg) -> Option<OwnedFd> {
     rustix::fs::openat(at, name, flags, Mode::empty()).ok()
 }
 
-fn walk(upper: &OwnedFd, rootfs: &OwnedFd) -> usize {
-    let Ok(dir) = Dir::read_from(upper) else {
-        return 0;
+/// The entries of `dir` (not `.` and `..`) with their type and size, read whole and the
+/// directory stream closed before anything is opened beneath it.
+fn entries(dir: &OwnedFd) -> Vec<(CString, FileType, i64)> {
+    let Ok(stream) = Dir::read_from(dir) else {
+        return Vec::new();
     };
-    let mut count = 0;
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        if name.to_bytes() == b"." || name.to_bytes() == b".." {
-            continue;
-        }
-        let Ok(stat) = rustix::fs::statat(upper, name, AtFlags::SYMLINK_NOFOLLOW) else {
-            continue;
-        };
-        match FileType::from_raw_mode(stat.st_mode) {
-            FileType::Directory => {
-                if let (Some(sub_upper), Some(sub_rootfs)) =
-                    (open_dir(upper, name), open_dir(rootfs, name))
-                {
-                    count += walk(&sub_upper, &sub_rootfs);
-                }
-            }
-            FileType::RegularFile
-                if stat.st_size > 0
-                    && rustix::fs::unlinkat(rootfs, name, AtFlags::empty()).is_ok() =>
-            {
-                count += 1;
-            }
-            _ => {}
-        }
-    }
-    count
+    stream
+        .flatten()
+        .map(|entry| entry.file_name().to_owned())
+        .filter(|name| name.to_bytes() != b"." && name.to_bytes() != b"..")
+        .filter_map(|name| {
+            let stat = rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+            Some((name, FileType::from_raw_mode(stat.st_mode), stat.st_size))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -92,5 +115,23 @@ mod tests {
             "an empty file has nothing to drop"
         );
         assert!(outside.join("keep").exists(), "a symlink is never followed");
+    }
+
+    #[test]
+    fn a_tree_deeper_than_the_cap_is_walked_to_the_cap_and_no_further() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (upper, rootfs) = (tmp.path().join("upper"), tmp.path().join("rootfs"));
+        let deep: std::path::PathBuf = std::iter::repeat_n("d", MAX_DEPTH + 5).collect();
+        for base in [&upper, &rootfs] {
+            std::fs::create_dir_all(base.join(&deep)).unwrap();
+            std::fs::write(base.join("d/shallow"), b"x").unwrap();
+            std::fs::write(base.join(&deep).join("deep"), b"x").unwrap();
+        }
+        assert_eq!(unlink_written(&upper, &rootfs), 1);
+        assert!(!rootfs.join("d/shallow").exists());
+        assert!(
+            rootfs.join(&deep).join("deep").exists(),
+            "below the cap: left"
+        );
     }
 }
