@@ -533,18 +533,10 @@ fn pending_delete_is_listed_and_repaired(rig: &dyn Rig, id: &str) {
     assert_eq!(adapter::delete(store, m, id).unwrap(), Gone::Deferred);
     let checked = adapter::check(store, m, false).unwrap();
     assert!(!checked.ok, "{checked:?}");
-    let found: Vec<(&str, bool)> = checked
-        .problems
-        .iter()
-        .map(|p| (p.kind.as_str(), p.repaired))
-        .collect();
+    let found = kinds(&checked);
     assert_eq!(found, [("pending_delete", false)], "{checked:?}");
     let repaired = adapter::check(store, m, true).unwrap();
-    let found: Vec<(&str, bool)> = repaired
-        .problems
-        .iter()
-        .map(|p| (p.kind.as_str(), p.repaired))
-        .collect();
+    let found = kinds(&repaired);
     assert_eq!(found, [("pending_delete", true)], "{repaired:?}");
     assert!(repaired.ok);
     adapter::clean(store, m).unwrap();
@@ -587,11 +579,7 @@ fn unremovable_pending_delete_is_not_repaired(rig: &dyn Rig, id: &str) {
     assert_eq!(adapter::reap(store, m).unwrap(), (0, 1), "the reaper fails");
 
     let repaired = adapter::check(store, m, true).unwrap();
-    let found: Vec<(&str, bool)> = repaired
-        .problems
-        .iter()
-        .map(|p| (p.kind.as_str(), p.repaired))
-        .collect();
+    let found = kinds(&repaired);
     assert_eq!(found, [("pending_delete", false)], "{repaired:?}");
     assert!(!repaired.ok);
 
@@ -601,4 +589,13 @@ fn unremovable_pending_delete_is_not_repaired(rig: &dyn Rig, id: &str) {
     assert!(repaired.ok, "{repaired:?}");
     adapter::clean(store, m).unwrap();
     assert_clean(rig, id);
+}
+
+/// What `check` found, as (problem kind, repaired) pairs.
+fn kinds(checked: &adapter::Checked) -> Vec<(&str, bool)> {
+    checked
+        .problems
+        .iter()
+        .map(|p| (p.kind.as_str(), p.repaired))
+        .collect()
 }

@@ -149,17 +149,6 @@ impl Strategies {
         }
     }
 
-    /// The part of the set that decides how a read-write overlay is mounted, which is
-    /// also what a pool entry must match: metacopy, volatile and the upper's backend.
-    pub fn mount_flavor(&self) -> Strategies {
-        Strategies {
-            metacopy: self.metacopy,
-            volatile: self.volatile,
-            isolated: self.isolated,
-            ..Strategies::CLASSIC
-        }
-    }
-
     /// Overlay options this set adds to a read-write mount.
     pub fn overlay_options(&self) -> Vec<(String, Option<String>)> {
         let mut options = Vec::new();
@@ -215,7 +204,7 @@ mod tests {
         let isolated = Strategies::parse("isolated-memory,volatile").unwrap();
         assert_eq!(isolated.isolated, Some(UpperBackend::Memory));
         assert_eq!(isolated.to_string(), "isolated-memory,volatile");
-        assert_eq!(isolated.mount_flavor(), isolated);
+        assert_eq!(crate::Flavor::of(isolated).strategies(), isolated);
         let all_rw = Strategies::parse("deferred,pooled,volatile,metacopy").unwrap();
         assert_eq!(all_rw.to_string(), "pooled,metacopy,volatile,deferred");
         assert_eq!(
