@@ -194,6 +194,10 @@ pub(crate) fn abandoned_tmp(store: &Store) -> Result<Vec<std::path::PathBuf>, Ro
             true // collected; we hold the clean lock, so no other clean is removing it
         } else if let Some(pid) = name.strip_prefix("probe-") {
             !Path::new("/proc").join(pid).exists()
+        } else if let Some(staged) = name.strip_prefix(lamina_store::STAGING_PREFIX) {
+            // A directory being staged, not yet locked: its creator's while it lives.
+            let pid = staged.split('-').nth(1).unwrap_or_default();
+            pid.is_empty() || !Path::new("/proc").join(pid).exists()
         } else {
             name.starts_with("delete-") // an older lamina's removals
         };

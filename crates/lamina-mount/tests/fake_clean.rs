@@ -137,3 +137,26 @@ fn clean_waits_for_a_create_in_flight_and_keeps_a_pools_layers() {
     assert_eq!(lamina_mount::pool::drain(&store, &fake).unwrap(), 1);
     assert_eq!(clean(&store, &fake, None).unwrap().layers_removed, 2);
 }
+
+/// A container directory is staged under a hidden name until its lock is held: `clean`
+/// leaves one whose creator lives (it used to see a `new-` directory with no lock file
+/// yet and remove it from under the create), and sweeps one a dead creator left.
+#[test]
+fn clean_sweeps_a_half_staged_directory_only_once_its_creator_is_gone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, _image, fake) = common::setup_fake(tmp.path());
+    let staging = |pid: u32| {
+        let dir = store
+            .layout()
+            .tmp()
+            .join(format!("{}new-{pid}-1-0", lamina_store::STAGING_PREFIX));
+        fs::create_dir(&dir).unwrap();
+        dir
+    };
+    let live = staging(std::process::id());
+    // No process has this pid: Linux's pid_max is at most 2^22.
+    let dead = staging(u32::MAX);
+    let report = clean(&store, fake.as_ref(), None).unwrap();
+    assert_eq!(report.tmp_removed, 1, "{report:?}");
+    assert!(live.exists() && !dead.exists());
+}

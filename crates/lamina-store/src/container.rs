@@ -121,6 +121,10 @@ impl ContainerDirs {
     }
 }
 
+/// What a staged directory is called in `tmp/` until its lock is held: then `<pid>-…`,
+/// so a crash in between leaves a name whose creator can be checked for.
+pub const STAGING_PREFIX: &str = ".staging-";
+
 /// The mount point of an isolated container's upper filesystem, in its directory.
 const UPPER_FS: &str = "upperfs";
 
@@ -171,16 +175,20 @@ impl Store {
         &self,
         prefix: &str,
     ) -> Result<(ContainerDirs, DirLock), StoreError> {
-        let dirs = ContainerDirs::under(
-            self.layout
-                .tmp()
-                .join(format!("{prefix}-{}", unique_suffix())),
-        );
-        fs::create_dir(&dirs.base).map_err(StoreError::io("creating", &dirs.base))?;
-        let lock = match lock_new(&dirs.base) {
+        let name = format!("{prefix}-{}", unique_suffix());
+        let dirs = ContainerDirs::under(self.layout.tmp().join(&name));
+        // Made under a hidden name and shown only with its lock held: `clean` judges a
+        // `new-`/`pool-` directory by its lock, and must never see one without it.
+        let hidden = self.layout.tmp().join(format!("{STAGING_PREFIX}{name}"));
+        fs::create_dir(&hidden).map_err(StoreError::io("creating", &hidden))?;
+        let lock = match lock_new(&hidden).and_then(|lock| {
+            fs::rename(&hidden, &dirs.base)
+                .map(|()| lock)
+                .map_err(StoreError::io("staging", &hidden))
+        }) {
             Ok(lock) => lock,
             Err(e) => {
-                let _ = fs::remove_dir_all(&dirs.base);
+                let _ = fs::remove_dir_all(&hidden);
                 return Err(e);
             }
         };

@@ -33,8 +33,8 @@ use lamina_sys::{HostFs, RealHost};
 pub use container::list_dirs;
 pub use container::{BadRecord, ContainerScan};
 pub use container::{
-    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, unique_suffix,
-    validate_id,
+    ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, STAGING_PREFIX,
+    unique_suffix, validate_id,
 };
 pub use container_lock::IdLock;
 pub use durable::{sync_dir, write_durably};
