@@ -143,7 +143,9 @@ fn deleting_a_busy_rootfs_inline_fails_clearly_and_a_retry_succeeds() {
     // Nothing was lost: still listed, still mounted, still readable.
     let listed = lamina.run(&["list"]);
     assert!(
-        listed.stdout.contains(rootfs.to_str().unwrap()),
+        listed
+            .stdout
+            .contains(rootfs.parent().unwrap().to_str().unwrap()),
         "{listed:?}"
     );
     assert!(rootfs.join("bin/busybox").exists());

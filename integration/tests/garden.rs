@@ -73,7 +73,10 @@ fn stats_reports_what_the_container_wrote_on_top_of_its_image() {
         exclusive + image_bytes(&lamina, "limited"),
         "{stats}"
     );
-    assert_eq!(stats["quota_size_bytes"], 67108864, "{stats}");
+    // An inclusive limit: what is left of it once the image is counted.
+    let image = image_bytes(&lamina, "limited");
+    assert_eq!(usage["quota_size_bytes"], 67108864 - image, "{stats}");
+    assert_eq!(usage["committed_space_bytes"], 67108864, "{stats}");
 
     // By rootfs path too (Garden passes either), and no quota without a limit.
     let by_path = lamina.run(&["stats", plain.to_str().unwrap()]).json();
@@ -81,7 +84,12 @@ fn stats_reports_what_the_container_wrote_on_top_of_its_image() {
         .as_u64()
         .unwrap();
     assert!((1 << 20..3 << 20).contains(&plain_exclusive), "{by_path}");
-    assert!(by_path.get("quota_size_bytes").is_none(), "{by_path}");
+    assert_eq!(by_path["disk_usage"]["quota_size_bytes"], 0, "{by_path}");
+    assert_eq!(
+        by_path["disk_usage"]["committed_space_bytes"],
+        image_bytes(&lamina, "plain"),
+        "{by_path}"
+    );
 
     let missing = lamina.run(&["stats", "nope"]);
     assert_eq!(missing.code, 1);

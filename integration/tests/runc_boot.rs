@@ -56,7 +56,7 @@ fn runc_boots_every_image_form_and_delete_leaves_nothing() {
     // Deferred by default: wait for the reaper, then nothing may be left.
     lamina.run(&["reap"]).json();
     assert!(mounts_under(&lamina.store).is_empty());
-    assert_eq!(lamina.run(&["list"]).stdout, "");
+    assert_eq!(lamina.run(&["list"]).stdout, "Store empty");
 }
 
 #[test]

@@ -46,8 +46,12 @@ fn kinds(report: &serde_json::Value) -> BTreeSet<String> {
         .collect()
 }
 
+/// The rootfs of each image directory `list` printed (GrootFS prints `<store>/images/<id>`).
 fn listed(out: &Output) -> Vec<PathBuf> {
-    out.stdout.lines().map(PathBuf::from).collect()
+    out.stdout
+        .lines()
+        .map(|dir| PathBuf::from(dir).join("rootfs"))
+        .collect()
 }
 
 /// Layer directories in the store.

@@ -3,13 +3,16 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct Config {
+    #[serde(deserialize_with = "empty_is_none")]
     pub store: Option<PathBuf>,
+    #[serde(deserialize_with = "empty_is_none")]
     pub log_level: Option<String>,
+    #[serde(deserialize_with = "empty_is_none")]
     pub log_file: Option<PathBuf>,
     /// As `--max-layer-bytes`: the per-layer cap on uncompressed bytes.
     pub max_layer_bytes: Option<u64>,
@@ -53,12 +56,14 @@ pub struct PoolConfig {
 pub struct CreateConfig {
     pub without_mount: bool,
     /// Comma-separated strategies, as `--strategy`.
+    #[serde(deserialize_with = "empty_is_none")]
     pub strategy: Option<String>,
     /// As `--disk-limit-size-bytes`.
     pub disk_limit_size_bytes: Option<u64>,
     /// As `--exclude-image-from-quota`.
     pub exclude_image_from_quota: bool,
     /// What isolated uppers on disk are formatted with: `ext4` (default) or `xfs`.
+    #[serde(deserialize_with = "empty_is_none")]
     pub isolated_filesystem: Option<String>,
     /// As `--with-clean`: after each create, clean in the background.
     pub with_clean: bool,
@@ -99,6 +104,17 @@ impl Config {
     }
 }
 
+/// A string key that is present but empty is unset: GrootFS's tooling writes every key,
+/// `log_file: ""` among them, and an empty path is no path.
+fn empty_is_none<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: From<String>,
+{
+    let text: Option<String> = Option::deserialize(deserializer)?;
+    Ok(text.filter(|t| !t.is_empty()).map(T::from))
+}
+
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -126,6 +142,21 @@ mod tests {
         assert_eq!(config.pool.size, None);
         assert_eq!(config.clean.threshold_bytes, Some(1000));
         assert!(!config.create.with_clean);
+    }
+
+    #[test]
+    fn empty_strings_are_unset() {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            tmp.path(),
+            "store: \"\"\nlog_file: \"\"\nlog_level: \"\"\ncreate:\n  strategy: \"\"\n",
+        )
+        .unwrap();
+        let config = Config::load(tmp.path()).unwrap();
+        assert_eq!(config.store, None);
+        assert_eq!(config.log_file, None);
+        assert_eq!(config.log_level, None);
+        assert_eq!(config.create.strategy, None);
     }
 
     #[test]

@@ -11,11 +11,14 @@ use tracing_subscriber::fmt::MakeWriter;
 /// `bars`: progress bars drawn on stderr, which log lines on stderr must go above.
 pub fn init(level: &str, file: Option<&Path>, bars: Option<MultiProgress>) -> anyhow::Result<()> {
     // EnvFilter would take any word as a target name; only plain levels are a level.
-    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
-    if !LEVELS.contains(&level.to_ascii_lowercase().as_str()) {
+    const LEVELS: [&str; 7] = ["off", "fatal", "error", "warn", "info", "debug", "trace"];
+    let lower = level.to_ascii_lowercase();
+    if !LEVELS.contains(&lower.as_str()) {
         anyhow::bail!("log level `{level}` is not one of {}", LEVELS.join(", "));
     }
-    let filter = EnvFilter::try_new(level)?;
+    // GrootFS's levels (lager) end at `fatal`, its default; tracing has no level above
+    // `error`, which is the nearest: a GrootFS config works unchanged.
+    let filter = EnvFilter::try_new(if lower == "fatal" { "error" } else { level })?;
     let builder = tracing_subscriber::fmt()
         .json()
         .with_env_filter(filter)

@@ -6,6 +6,7 @@ mod config;
 mod logging;
 mod output;
 mod progress;
+mod usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,7 +29,7 @@ pub struct Cli {
     /// YAML config file (GrootFS keys; unknown keys ignored; flags win)
     #[arg(long, global = true)]
     config: Option<PathBuf>,
-    /// error, warn, info, debug or trace [default: info]
+    /// fatal (GrootFS's default; as error here), error, warn, info, debug or trace [default: info]
     #[arg(long, global = true)]
     log_level: Option<String>,
     /// Append logs to this file instead of stderr
@@ -57,6 +58,8 @@ pub struct Cli {
     /// Give up waiting for a store lock another process holds after this many seconds, naming the holder [default: `lock_timeout_seconds` in --config, else 600]
     #[arg(long, global = true, value_name = "SECONDS")]
     lock_timeout_seconds: Option<u64>,
+    #[command(flatten)]
+    grootfs: usage::GrootfsGlobals,
     #[command(subcommand)]
     command: Command,
 }
@@ -77,6 +80,12 @@ enum Command {
         /// With mappings: chown layers to the mapped ids at import instead of idmapping them at mount (the default where the kernel can; needed for --without-mount)
         #[arg(long)]
         chown_layers: bool,
+        /// Ignored (GrootFS's direct I/O for its loop-mounted XFS store; lamina mounts no store filesystem)
+        #[arg(long)]
+        with_direct_io: bool,
+        /// Ignored (GrootFS's store for an unprivileged caller; lamina's uid-mapped stores serve that)
+        #[arg(long)]
+        rootless: bool,
     },
     /// Create a container rootfs from IMAGE and print its runtime-spec JSON
     Create(CreateArgs),
@@ -98,7 +107,7 @@ enum Command {
         /// Container ID or <store>/images/<ID>/rootfs
         id_or_path: String,
     },
-    /// Print each container's rootfs path, one per line
+    /// Print each container's directory (<store>/images/<ID>), one per line, or `Store empty`
     List,
     /// Unmount everything in the store (containers, pools, shared mounts) and remove it; refuses a directory that is not a lamina store
     DeleteStore,
@@ -107,10 +116,10 @@ enum Command {
     /// Finish work a crash left (trash, half-made containers, tmp/); then, unless the store uses no more than the threshold, release unused shared mounts and pool entries and remove layers no container uses. Prints a JSON report
     Clean {
         /// Remove unused layers only when the store uses more than this many bytes (0: always) [default: `clean.threshold_bytes` in --config]
-        #[arg(long)]
-        threshold_bytes: Option<u64>,
+        #[arg(long, allow_negative_numbers = true)]
+        threshold_bytes: Option<i64>,
     },
-    /// Print a container's disk usage as JSON: {"disk_usage":{"total_bytes_used":N,"exclusive_bytes_used":N}}, plus "quota_size_bytes" when it has a disk limit
+    /// Print a container's disk usage as JSON: {"disk_usage":{"total_bytes_used":N,"exclusive_bytes_used":N,"quota_size_bytes":N,"committed_space_bytes":N}}
     Stats {
         /// Container ID or <store>/images/<ID>/rootfs
         id_or_path: String,
@@ -167,12 +176,15 @@ pub struct CreateArgs {
     /// Mount nothing; print the overlay to mount under "mounts"
     #[arg(long)]
     pub without_mount: bool,
+    /// Mount the rootfs (the default; overrides `create.without_mount` in --config; --without-mount wins over it, as in GrootFS)
+    #[arg(long)]
+    pub with_mount: bool,
     /// Comma-separated mount strategies: auto, classic, shared-ro, direct, isolated, isolated-memory, pooled, metacopy, volatile, deferred [default: auto, or `create.strategy` in --config]
     #[arg(long)]
     pub strategy: Option<String>,
     /// The most the container may use, image included unless --exclude-image-from-quota: its upper gets a filesystem of its own of that size (strategy isolated) [default: `create.disk_limit_size_bytes` in --config]
-    #[arg(long)]
-    pub disk_limit_size_bytes: Option<u64>,
+    #[arg(long, allow_negative_numbers = true)]
+    pub disk_limit_size_bytes: Option<i64>,
     /// The disk limit counts only what the container writes, not the image
     #[arg(long)]
     pub exclude_image_from_quota: bool,
@@ -186,11 +198,20 @@ pub struct CreateArgs {
     #[arg(long)]
     pub platform: Option<String>,
     /// After the create returns, clean the store in the background (with `clean.threshold_bytes`) [default: `create.with_clean` in --config]
-    #[arg(long, conflicts_with = "without_clean")]
+    #[arg(long)]
     pub with_clean: bool,
     /// Do not clean after this create, whatever the config says
     #[arg(long)]
     pub without_clean: bool,
+    /// The threshold the --with-clean clean uses [default: `clean.threshold_bytes` in --config]
+    #[arg(long, allow_negative_numbers = true, value_name = "N")]
+    pub threshold_bytes: Option<i64>,
+    /// Where the --with-clean clean logs [default: --log-file]
+    #[arg(long, value_name = "PATH")]
+    pub clean_log_file: Option<PathBuf>,
+    /// Ignored: lamina always checks every layer's digest and size against the manifest
+    #[arg(long)]
+    pub skip_layer_validation: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -223,7 +244,10 @@ enum PoolCommand {
 
 fn main() -> ExitCode {
     lamina_store::use_fixed_umask();
-    let cli = Cli::parse();
+    let cli = match usage::parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<commands::AlreadyReported>() => ExitCode::FAILURE,

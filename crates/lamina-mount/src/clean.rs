@@ -80,7 +80,7 @@ pub fn clean(
         if used <= threshold {
             report.skipped = true;
             report.message = format!(
-                "threshold not reached: the store uses {used} bytes, threshold is {threshold}: no layers removed"
+                "threshold not reached: skipping clean (the store uses {used} bytes, threshold is {threshold}: no layers removed)"
             );
             tracing::info!(?report, "cleaned store");
             return Ok(report);

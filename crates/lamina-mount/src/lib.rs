@@ -45,7 +45,7 @@ pub use isolated::{DiskLimit, UpperPlan};
 pub use model::{Flavor, Model, Provider, Teardown};
 pub use record::{Container, RootfsRecord, UpperFsRecord};
 pub use remount::{mount, unmount};
-pub use stats::{Stats, stats};
+pub use stats::{DiskUsage, Stats, stats};
 pub use strategy::{Strategies, UpperBackend};
 
 use lamina_store::StoreError;
@@ -76,7 +76,7 @@ pub enum RootfsError {
     )]
     MemoryUpperLost { id: String },
     #[error(
-        "disk limit of {limit} bytes leaves no room to write: the image alone takes {image} bytes (raise the limit, or pass --exclude-image-from-quota)"
+        "layers exceed disk quota: disk limit of {limit} bytes leaves no room to write: the image alone takes {image} bytes (raise the limit, or pass --exclude-image-from-quota)"
     )]
     DiskLimitTooSmall { limit: u64, image: u64 },
     #[error(

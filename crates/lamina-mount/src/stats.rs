@@ -2,19 +2,52 @@
 //! container's ID, like every other step on it, so it never measures a container a
 //! create is still making or a delete is taking apart.
 
-use lamina_store::{ContainerUsage, Store};
+use lamina_store::{ContainerUsage, DiskLimitRecord, Store};
 use serde::Serialize;
 
 use crate::RootfsError;
 use crate::one_step::holding_id;
 use crate::record;
 
-/// `{"disk_usage":{...}}`, with `quota_size_bytes` when the container has a disk limit.
+/// `{"disk_usage":{...}}`, GrootFS's shape (its stats_test.go).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Stats {
-    pub disk_usage: ContainerUsage,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quota_size_bytes: Option<u64>,
+    pub disk_usage: DiskUsage,
+}
+
+/// Every field is always present, so a caller never has to tell "no limit" from "field
+/// missing": without a limit the quota is 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DiskUsage {
+    /// The image's layers plus what the container wrote.
+    pub total_bytes_used: u64,
+    /// What the container wrote.
+    pub exclusive_bytes_used: u64,
+    /// What the container may still write in all: the limit, less the image for an
+    /// inclusive one; 0 without a limit.
+    pub quota_size_bytes: u64,
+    /// The disk space this container holds the store to: its limit, or its image
+    /// without one (what Garden adds up against `capacity`).
+    pub committed_space_bytes: u64,
+}
+
+impl DiskUsage {
+    fn new(usage: ContainerUsage, limit: Option<DiskLimitRecord>) -> Self {
+        let image = usage
+            .total_bytes_used
+            .saturating_sub(usage.exclusive_bytes_used);
+        let (quota_size_bytes, committed_space_bytes) = match limit {
+            None => (0, image),
+            Some(limit) if limit.exclude_image => (limit.bytes, limit.bytes),
+            Some(limit) => (limit.bytes.saturating_sub(image), limit.bytes),
+        };
+        DiskUsage {
+            total_bytes_used: usage.total_bytes_used,
+            exclusive_bytes_used: usage.exclusive_bytes_used,
+            quota_size_bytes,
+            committed_space_bytes,
+        }
+    }
 }
 
 /// What container `id` uses: the image's layers plus what it wrote, which is its upper
@@ -24,9 +57,43 @@ pub fn stats(store: &Store, id: &str) -> Result<Stats, RootfsError> {
     holding_id(store, id, || {
         let container = record::read(store, id)?;
         let upper = container.dirs(store).upper;
+        let usage = store.container_usage(&container.record, &upper)?;
         Ok(Stats {
-            disk_usage: store.container_usage(&container.record, &upper)?,
-            quota_size_bytes: container.record.disk_limit.map(|limit| limit.bytes),
+            disk_usage: DiskUsage::new(usage, container.record.disk_limit),
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(total: u64, exclusive: u64) -> ContainerUsage {
+        ContainerUsage {
+            total_bytes_used: total,
+            exclusive_bytes_used: exclusive,
+        }
+    }
+
+    #[test]
+    fn quota_and_committed_space_follow_the_limit() {
+        let limit = |bytes, exclude_image| {
+            Some(DiskLimitRecord {
+                bytes,
+                exclude_image,
+            })
+        };
+        let none = DiskUsage::new(usage(100, 10), None);
+        assert_eq!((none.quota_size_bytes, none.committed_space_bytes), (0, 90));
+        let inclusive = DiskUsage::new(usage(100, 10), limit(1000, false));
+        assert_eq!(
+            (inclusive.quota_size_bytes, inclusive.committed_space_bytes),
+            (910, 1000)
+        );
+        let exclusive = DiskUsage::new(usage(100, 10), limit(1000, true));
+        assert_eq!(
+            (exclusive.quota_size_bytes, exclusive.committed_space_bytes),
+            (1000, 1000)
+        );
+    }
 }

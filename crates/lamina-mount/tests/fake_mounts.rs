@@ -83,7 +83,7 @@ fn duplicates_fail_before_import_and_without_mount_mounts_nothing() {
     let err = create(&store, &fake, &image, "a", &CreateOptions::default())
         .unwrap_err()
         .to_string();
-    assert_eq!(err, "container `a` already exists");
+    assert_eq!(err, "image for id `a` already exists");
     assert_eq!(delete(&store, &fake, "a").unwrap(), Deleted::Removed);
 }
 

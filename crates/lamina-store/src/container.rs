@@ -131,17 +131,17 @@ const UPPER_FS: &str = "upperfs";
 /// IDs become directory names and appear in Garden's paths.
 pub fn validate_id(id: &str) -> Result<(), StoreError> {
     let why = if id.is_empty() {
-        Some("it is empty")
+        Some("is empty")
     } else if id.contains('/') {
-        Some("it contains `/`")
+        Some("contains invalid characters: `/`")
     } else if id == "." || id == ".." {
-        Some("it is `.` or `..`")
+        Some("is `.` or `..`")
     } else if id.contains('\0') {
-        Some("it contains a NUL byte")
+        Some("contains invalid characters: a NUL byte")
     } else if id.len() > 200 {
-        Some("it is longer than 200 bytes")
+        Some("is longer than 200 bytes")
     } else if id.starts_with('.') {
-        Some("it starts with `.`")
+        Some("starts with `.`")
     } else {
         None
     };
@@ -422,7 +422,7 @@ fn read_record(
         return Err(bad(format!("it is past {MAX_RECORD_BYTES} bytes")));
     }
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(bad("it is empty".into()));
+        return Err(bad("is empty".into()));
     }
     let record: ContainerRecord =
         serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a container record: {e}")))?;

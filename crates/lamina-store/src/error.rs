@@ -4,7 +4,10 @@ use std::path::{Path, PathBuf};
 /// fault; the CLI prints it as is.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("store {0} is not initialised: run `lamina --store {0} init-store`")]
+    /// GrootFS's text first (operators grep for it), then which store.
+    #[error(
+        "Store path is not initialized. Please run init-store. (store {0}: run `lamina --store {0} init-store`)"
+    )]
     NotInitialised(PathBuf),
     #[error("{0} exists and is not a lamina store")]
     NotAStore(PathBuf),
@@ -12,11 +15,14 @@ pub enum StoreError {
     Properties { store: PathBuf, why: String },
     #[error("layer {0} is not in the store (collected by `clean`?); import the image again")]
     LayerMissing(String),
-    #[error("container `{0}` already exists")]
+    /// GrootFS's text (`create_test.go`), which operators grep for.
+    #[error("image for id `{0}` already exists")]
     AlreadyExists(String),
-    #[error("container `{0}` does not exist")]
+    /// GrootFS's text for an ID it has no image for (stats, delete).
+    #[error("Image `{0}` not found.")]
     NotFound(String),
-    #[error("invalid container ID `{id}`: {why}")]
+    /// `id `a/b` contains invalid characters: `/``, as GrootFS words the commonest case.
+    #[error("id `{id}` {why}")]
     InvalidId { id: String, why: &'static str },
     #[error("{0}")]
     Image(#[from] lamina_image::ImageError),

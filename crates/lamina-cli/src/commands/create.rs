@@ -18,14 +18,14 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
     let store = ctx.open_store()?;
     let image = ctx.resolve_image(&args.image, args.platform.as_deref())?;
     let options = CreateOptions {
-        without_mount: args.without_mount || ctx.config.create.without_mount,
+        without_mount: args.without_mount || (ctx.config.create.without_mount && !args.with_mount),
         strategies,
         read_only: args.read_only,
         ephemeral: args.ephemeral,
-        disk_limit: ctx
-            .config
-            .create
-            .disk_limit(args.disk_limit_size_bytes, args.exclude_image_from_quota),
+        disk_limit: ctx.config.create.disk_limit(
+            crate::usage::bytes(args.disk_limit_size_bytes),
+            args.exclude_image_from_quota,
+        ),
         disk_fs: ctx.config.create.disk_fs()?,
         extra_overlay_options: Vec::new(),
         // Garden's --without-mount caller mounts everything itself.
@@ -42,8 +42,12 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
     // its rootfs without waiting, and the new container's layers are already in use.
     let with_clean = args.with_clean || (ctx.config.create.with_clean && !args.without_clean);
     if with_clean {
-        let threshold = ctx.config.clean.threshold_bytes.unwrap_or(0).to_string();
-        ctx.spawn(&store, &["clean", "--threshold-bytes", &threshold]);
+        let threshold = crate::usage::bytes(args.threshold_bytes)
+            .or(ctx.config.clean.threshold_bytes)
+            .unwrap_or(0)
+            .to_string();
+        let log = args.clean_log_file.as_deref().or(ctx.log_file.as_deref());
+        super::background::spawn(&store, log, &["clean", "--threshold-bytes", &threshold]);
     }
 
     let mounts = options.without_mount.then(|| {

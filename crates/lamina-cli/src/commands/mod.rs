@@ -200,6 +200,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             uid_mappings,
             gid_mappings,
             chown_layers,
+            ..
         } => init_store(
             &ctx,
             store_size_bytes,
@@ -208,21 +209,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             chown_layers,
         )?,
         Command::Create(args) => create::run(&ctx, &mounter, args)?,
-        Command::Delete { id_or_path } => {
-            let store = ctx.open_store()?;
-            let id = container_id(&store, &id_or_path)?;
-            match lamina_mount::delete(&store, &mounter, &id)? {
-                Deleted::Removed => println!("deleted container `{id}`"),
-                Deleted::Deferred => {
-                    ctx.spawn(&store, &["reap"]);
-                    println!("deleted container `{id}`");
-                }
-                Deleted::NotFound => println!(
-                    "container `{id}` not found in store {}: nothing to delete",
-                    ctx.store_path.display()
-                ),
-            }
-        }
+        Command::Delete { id_or_path } => delete(&ctx, &mounter, &id_or_path)?,
         Command::Pull { image, platform } => {
             let store = ctx.open_store()?;
             let resolved = ctx.resolve_image(&image, platform.as_deref())?;
@@ -247,8 +234,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List => {
             let store = ctx.open_store()?;
             let scan = lamina_mount::record::scan(&store)?;
+            // GrootFS's list_test.go: each image's directory, or `Store empty`.
+            if scan.containers.is_empty() && scan.bad.is_empty() {
+                println!("Store empty");
+            }
             for container in &scan.containers {
-                println!("{}", store.rootfs_path(container.id()).display());
+                println!("{}", store.layout().container(container.id()).display());
             }
             // One container's torn record must not hide the others: it is named on
             // stderr (a log line each) and the listing still succeeds.
@@ -269,7 +260,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Clean { threshold_bytes } => {
             let store = ctx.open_bare_store()?;
-            let threshold = threshold_bytes.or(ctx.config.clean.threshold_bytes);
+            let threshold =
+                crate::usage::bytes(threshold_bytes).or(ctx.config.clean.threshold_bytes);
             let report = lamina_mount::clean(&store, &mounter, threshold)?;
             println!("{}", crate::output::json_line(&report)?);
         }
@@ -282,8 +274,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             );
         }
         Command::Capacity => {
-            let store = ctx.open_store()?;
-            let capacity = stats::capacity(&store, ctx.config.init.store_size_bytes)?;
+            let capacity = stats::capacity(&ctx, ctx.config.init.store_size_bytes)?;
             println!(
                 "{}",
                 crate::output::json_line(&serde_json::json!({ "capacity": capacity }))?
@@ -349,6 +340,34 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// GrootFS's delete (delete_test.go): whatever is not there is already deleted, so an
+/// unknown ID, a path outside the store and a store that does not exist all exit 0 with
+/// a line saying why nothing was done.
+fn delete(ctx: &Ctx, mounter: &RealMounter, id_or_path: &str) -> anyhow::Result<()> {
+    let outside = || format!("path `{id_or_path}` is outside store path");
+    if !ctx.store_path.exists() {
+        match id_or_path.contains('/') {
+            true => println!("{}", outside()),
+            false => println!("Image `{id_or_path}` not found. Skipping delete."),
+        }
+        return Ok(());
+    }
+    let store = ctx.open_store()?;
+    let Ok(id) = container_id(&store, id_or_path) else {
+        println!("{}", outside());
+        return Ok(());
+    };
+    match lamina_mount::delete(&store, mounter, &id)? {
+        Deleted::Removed => println!("deleted container `{id}`"),
+        Deleted::Deferred => {
+            ctx.spawn(&store, &["reap"]);
+            println!("deleted container `{id}`");
+        }
+        Deleted::NotFound => println!("Image `{id}` not found. Skipping delete."),
+    }
+    Ok(())
+}
+
 /// An ID, or the ID of the rootfs path given (Garden passes either).
 fn container_id(store: &Store, arg: &str) -> anyhow::Result<String> {
     if !arg.contains('/') {
@@ -357,7 +376,7 @@ fn container_id(store: &Store, arg: &str) -> anyhow::Result<String> {
     let path = absolute(PathBuf::from(arg))?;
     store.id_from_path(&path).ok_or_else(|| {
         anyhow!(
-            "{} is not a container rootfs in store {}",
+            "path `{}` is outside store path {}",
             path.display(),
             store.root().display()
         )
