@@ -60,6 +60,7 @@ impl ScratchFs {
         match kind {
             FsKind::Ext4 => run_or_detach(&device, "mkfs.ext4", &["-q", "-F", &device]),
             FsKind::Xfs => run_or_detach(&device, "mkfs.xfs", &["-q", "-f", &device]),
+            FsKind::Btrfs => run_or_detach(&device, "mkfs.btrfs", &["-q", "-f", &device]),
         };
         run_or_detach(&device, "mount", &[&device, path_str(dir.path())]);
         run("losetup", &["--detach", &device]);
@@ -67,6 +68,15 @@ impl ScratchFs {
             dir,
             image: Some(image),
         }
+    }
+
+    /// A loop-backed btrfs of `size_mb` with quotas enabled (`btrfs quota enable`): where
+    /// strategy `isolated-quota` puts each container's upper in a subvolume with a qgroup
+    /// limit. Needs btrfs-progs.
+    pub fn btrfs_with_quotas(size_mb: u64) -> Self {
+        let fs = Self::loop_backed(FsKind::Btrfs, size_mb, false);
+        run("btrfs", &["quota", "enable", path_str(fs.path())]);
+        fs
     }
 
     pub fn path(&self) -> &Path {
@@ -99,6 +109,7 @@ fn path_str(p: &Path) -> &str {
 pub enum FsKind {
     Ext4,
     Xfs,
+    Btrfs,
 }
 
 impl FsKind {
@@ -106,6 +117,7 @@ impl FsKind {
         match self {
             FsKind::Ext4 => "ext4",
             FsKind::Xfs => "xfs",
+            FsKind::Btrfs => "btrfs",
         }
     }
 }

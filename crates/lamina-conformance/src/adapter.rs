@@ -117,6 +117,9 @@ fn spec_of(model: Model) -> Spec {
                 None => Upper::Store,
                 Some(UpperBackend::Disk) => Upper::Disk,
                 Some(UpperBackend::Memory) => Upper::Memory,
+                Some(UpperBackend::Quota) => {
+                    unreachable!("the conformance table has no btrfs store (isolated-quota)")
+                }
             },
         },
         teardown: if model.deferred() {

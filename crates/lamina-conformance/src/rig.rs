@@ -287,6 +287,22 @@ impl Mounter for FaultyMounter {
     fn loop_backing_files(&self) -> Vec<(PathBuf, PathBuf)> {
         self.inner.loop_backing_files()
     }
+
+    fn create_subvolume(&self, path: &Path, limit_bytes: u64) -> Result<(), MountError> {
+        self.inner.create_subvolume(path, limit_bytes)
+    }
+
+    fn delete_subvolume(&self, path: &Path) -> Result<bool, MountError> {
+        self.inner.delete_subvolume(path)
+    }
+
+    fn subvolume_usage(&self, path: &Path) -> Result<u64, MountError> {
+        self.inner.subvolume_usage(path)
+    }
+
+    fn btrfs_quotas(&self, dir: &Path) -> bool {
+        self.inner.btrfs_quotas(dir)
+    }
 }
 
 /// The real kernel, on a store the caller put on a filesystem of its choice (a loop-

@@ -16,6 +16,10 @@ pub struct Request {
     pub ephemeral: bool,
     /// The caller set a disk limit, which only an isolated upper enforces here.
     pub disk_limit: bool,
+    /// The store is on btrfs with quotas enabled: `isolated-quota` works, and `auto`
+    /// enforces a disk limit with a qgroup. Asked of the kernel only when it matters
+    /// (a disk limit, or `isolated-quota` named).
+    pub quota_store: bool,
     /// The store idmaps its layers at mount time (a uid-mapped store): a plain bind of a
     /// layer, or of a tree of hardlinks to one, would show host ids.
     pub idmapped_layers: bool,
@@ -75,10 +79,19 @@ pub fn choose(
             strategies: strategies.to_string(),
         });
     }
-    if strategies.isolated.is_some() {
+    if strategies
+        .isolated
+        .is_some_and(crate::model::own_filesystem)
+    {
         // Deleting an isolated container detaches a loop device and removes an image
         // file: the reaper's work, never the caller's wait.
         strategies.deferred = true;
+    }
+    if strategies.isolated == Some(UpperBackend::Quota) && !request.quota_store {
+        return Err(RootfsError::Unsupported {
+            strategy: "isolated-quota",
+            why: "the store is not on btrfs with quotas enabled (`btrfs quota enable <mount point>`)",
+        });
     }
     if strategies.pooled && read_only {
         return Err(RootfsError::PoolReadOnly);
@@ -151,7 +164,10 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
         }
     }
     s.isolated = choose_upper(request, &s, pools, &mut why);
-    if let Some(flavor) = ready_pool_flavor(pools, Flavor::of(s)) {
+    // No pool holds quota uppers: a subvolume costs about what a claim does.
+    if s.isolated != Some(UpperBackend::Quota)
+        && let Some(flavor) = ready_pool_flavor(pools, Flavor::of(s))
+    {
         s.metacopy = flavor.metacopy;
         s.pooled = true;
         why.push("a pre-mounted overlay is ready in the pool");
@@ -183,13 +199,18 @@ fn ready_pool_flavor(pools: &Pools<'_>, flavor: Flavor) -> Option<Flavor> {
 /// and a loop attach (~11 ms against ~0.2 ms), and whole-file copy-ups through its loop
 /// device cost 2–7× classic's: so auto takes one only when one is ready in a pool and
 /// metacopy keeps copy-ups to metadata — or when a disk limit needs one. An ephemeral
-/// container prefers a memory upper when the operator pooled some.
+/// container prefers a memory upper when the operator pooled some. On a btrfs store with
+/// quotas, a disk limit is a qgroup on a subvolume instead: one ioctl, no filesystem.
 fn choose_upper(
     request: &Request,
     s: &Strategies,
     pools: &Pools<'_>,
     why: &mut Vec<&'static str>,
 ) -> Option<UpperBackend> {
+    if request.disk_limit && request.quota_store {
+        why.push("disk limit on a btrfs store with quotas: a subvolume with a qgroup limit");
+        return Some(UpperBackend::Quota);
+    }
     if request.disk_limit {
         why.push("disk limit: an isolated upper filesystem of that size");
     } else if !s.metacopy {
@@ -324,7 +345,7 @@ mod tests {
             overlay_ready: &|_| false,
             upper_ready: match backend {
                 UpperBackend::Disk => &|b| b == UpperBackend::Disk,
-                UpperBackend::Memory => &|_| true,
+                UpperBackend::Memory | UpperBackend::Quota => &|_| true,
             },
         };
         let pick = |request: Request, pools: &Pools<'_>| {
@@ -407,6 +428,72 @@ mod tests {
                 .to_string(),
             "isolated,deferred",
             "an isolated container's delete is always deferred"
+        );
+    }
+
+    #[test]
+    fn a_disk_limit_on_a_btrfs_store_with_quotas_is_a_qgroup() {
+        let good = probe(true);
+        let limited = Request {
+            disk_limit: true,
+            quota_store: true,
+            ..auto(false, false)
+        };
+        let choice = choose(&limited, &good, 2, &Pools::EMPTY).unwrap();
+        assert_eq!(choice.model.to_string(), "isolated-quota,metacopy,deferred");
+        assert!(choice.reason.contains("qgroup"), "{}", choice.reason);
+        let ready = Pools {
+            overlay_ready: &|_| true,
+            upper_ready: &|_| true,
+        };
+        assert_eq!(
+            choose(&limited, &good, 2, &ready)
+                .unwrap()
+                .model
+                .to_string(),
+            "isolated-quota,metacopy,deferred",
+            "a subvolume costs less than any pooled loop-mounted upper"
+        );
+        let read_only = Request {
+            read_only: true,
+            ..limited
+        };
+        assert_eq!(
+            choose(&read_only, &good, 2, &Pools::EMPTY)
+                .unwrap()
+                .model
+                .to_string(),
+            "shared-ro,deferred"
+        );
+        let unlimited = Request {
+            disk_limit: false,
+            ..limited
+        };
+        assert_eq!(
+            choose(&unlimited, &good, 2, &Pools::EMPTY)
+                .unwrap()
+                .model
+                .to_string(),
+            "metacopy,deferred",
+            "without a limit a quota store changes nothing"
+        );
+        let named = Request {
+            strategies: Strategies::parse("isolated-quota").unwrap(),
+            ..Request::default()
+        };
+        let err = choose(&named, &good, 2, &Pools::EMPTY).unwrap_err();
+        assert!(err.to_string().contains("btrfs quota enable"), "{err}");
+        let named = Request {
+            quota_store: true,
+            ..named
+        };
+        assert_eq!(
+            choose(&named, &good, 2, &Pools::EMPTY)
+                .unwrap()
+                .model
+                .to_string(),
+            "isolated-quota",
+            "a subvolume goes in one ioctl: inline unless deferred is asked for"
         );
     }
 

@@ -208,11 +208,13 @@ pub(crate) fn abandoned_tmp(store: &Store) -> Result<Vec<std::path::PathBuf>, Ro
     Ok(found)
 }
 
-/// Unmounts everything beneath `dir` (deepest first), then removes it.
+/// Unmounts everything beneath `dir` (deepest first), deletes a quota upper's subvolume
+/// in it, then removes it.
 pub(crate) fn remove_unmounted(mounter: &dyn Mounter, dir: &Path) -> Result<(), RootfsError> {
     for mount in mounter.mounts_under(dir)? {
         mounter.unmount(&mount)?;
     }
+    crate::isolated::delete_subvolume_in(mounter, dir)?;
     match fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

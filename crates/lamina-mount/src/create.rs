@@ -18,7 +18,8 @@ use crate::one_step::holding_id;
 use crate::pool::PoolKind;
 use crate::record::{self, Container, RootfsRecord};
 use crate::{
-    DiskLimit, RootfsError, Strategies, UpperPlan, flatten, isolated, plan, pool, probe, shared,
+    DiskLimit, RootfsError, Strategies, UpperBackend, UpperPlan, flatten, isolated, plan, pool,
+    probe, shared,
 };
 
 /// Options for one create.
@@ -155,6 +156,9 @@ fn create_locked(
         read_only: options.read_only,
         ephemeral: options.ephemeral,
         disk_limit: options.disk_limit.is_some(),
+        quota_store: (options.disk_limit.is_some()
+            || options.strategies.isolated == Some(UpperBackend::Quota))
+            && mounter.btrfs_quotas(store.root()),
         idmapped_layers: store.properties().idmaps_layers(),
     };
     if options.without_mount && request.idmapped_layers {

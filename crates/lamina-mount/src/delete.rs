@@ -14,7 +14,7 @@ use lamina_sys::Mounter;
 use crate::model::Teardown;
 use crate::one_step::holding_id;
 use crate::record::{self, Container};
-use crate::{RootfsError, shared};
+use crate::{RootfsError, isolated, shared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {
@@ -61,6 +61,8 @@ fn delete_locked(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Delet
     mounter
         .unmount(&store.rootfs_path(id))
         .map_err(|e| RootfsError::unmounting(id, e))?;
+    // An inline `isolated-quota` container: its upper is a subvolume.
+    isolated::delete_subvolume_in(mounter, &store.layout().container(id))?;
     // Racing deletes of one ID: the loser finds nothing left to remove.
     if !store.remove_container_dirs(id)? {
         return Ok(Deleted::NotFound);
@@ -86,6 +88,7 @@ fn delete_unrecorded(
             .unmount(&mount)
             .map_err(|e| RootfsError::unmounting(id, e))?;
     }
+    isolated::delete_subvolume_in(mounter, &dir)?;
     Ok(if store.remove_container_dirs(id)? {
         Deleted::Removed
     } else {
@@ -193,6 +196,7 @@ fn teardown(
             .unmount(&mount)
             .map_err(|e| RootfsError::unmounting(&name, e))?;
     }
+    isolated::delete_subvolume_in(mounter, dir)?;
     fs::remove_dir_all(dir).map_err(StoreError::io("removing", dir))?;
     if let Some(lease) = container.and_then(|c| c.rootfs.lease) {
         shared::release(store, mounter, &lease)?;

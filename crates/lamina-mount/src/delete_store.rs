@@ -1,6 +1,6 @@
 //! `delete-store` (Garden's teardown of a whole store): unmount everything lamina mounted
 //! beneath the store — containers, trash, pool slots, shared image mounts — then remove
-//! the directory. No file is removed until every unmount has succeeded: a busy rootfs
+//! the directory (deleting quota uppers' subvolumes first). No file is removed until every unmount has succeeded: a busy rootfs
 //! fails the command with every directory and record still in place, and a retry once
 //! the process is gone finishes the job.
 
@@ -26,6 +26,19 @@ pub fn delete_store(store: &Store, mounter: &dyn Mounter) -> Result<usize, Rootf
         mounter
             .unmount(mount)
             .map_err(|e| RootfsError::unmounting(&name, e))?;
+    }
+    // Quota uppers are subvolumes: deleted as such, so their qgroups go with them.
+    for parent in [
+        store.layout().images(),
+        store.layout().trash(),
+        store.layout().tmp(),
+    ] {
+        let Ok(entries) = fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            crate::isolated::delete_subvolume_in(mounter, &entry.path())?;
+        }
     }
     fs::remove_dir_all(root).map_err(StoreError::io("removing", root))?;
     tracing::info!(store = %root.display(), unmounted = mounts.len(), "deleted store");

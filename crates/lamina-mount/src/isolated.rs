@@ -5,6 +5,11 @@
 //! this kernel cannot give with quotas. The cost is a loop device and a journal per
 //! container (disk), or memory (tmpfs) — and a mkfs + loop attach + mount at create,
 //! which a pool of ready upper filesystems takes off the create path.
+//!
+//! `isolated-quota` keeps the shape (`<container>/upperfs/{upper,work}`) but makes
+//! `upperfs` a btrfs subvolume of the store's filesystem with a qgroup limit: the disk
+//! limit (EDQUOT) at the cost of one ioctl, with no loop device, journal or kernel thread.
+//! It shares the store's superblock, so it gives the limit only, not S1's or S3's relief.
 
 use std::fs;
 use std::path::Path;
@@ -35,7 +40,7 @@ impl UpperPlan {
     /// `size_bytes` is the container's disk limit, if it has one.
     pub fn new(backend: UpperBackend, size_bytes: Option<u64>, disk_fs: DiskFs) -> Self {
         let default = match backend {
-            UpperBackend::Disk => DEFAULT_DISK_BYTES,
+            UpperBackend::Disk | UpperBackend::Quota => DEFAULT_DISK_BYTES,
             UpperBackend::Memory => DEFAULT_MEMORY_BYTES,
         };
         UpperPlan {
@@ -45,18 +50,20 @@ impl UpperPlan {
         }
     }
 
-    /// What to mount for the container in `dirs`; `format` makes a new image.
-    pub fn spec(&self, dirs: &ContainerDirs, format: bool) -> UpperFs {
+    /// What to mount for the container in `dirs`; `format` makes a new image. `None`
+    /// for a quota upper, which is a subvolume and never mounted.
+    pub fn spec(&self, dirs: &ContainerDirs, format: bool) -> Option<UpperFs> {
         match self.backend {
-            UpperBackend::Memory => UpperFs::Memory {
+            UpperBackend::Memory => Some(UpperFs::Memory {
                 size_bytes: self.size_bytes,
-            },
-            UpperBackend::Disk => UpperFs::Disk {
+            }),
+            UpperBackend::Disk => Some(UpperFs::Disk {
                 image: dirs.upper_image(),
                 size_bytes: self.size_bytes,
                 fs: self.disk_fs,
                 format,
-            },
+            }),
+            UpperBackend::Quota => None,
         }
     }
 
@@ -65,6 +72,7 @@ impl UpperPlan {
         UpperFsRecord {
             filesystem: match self.backend {
                 UpperBackend::Memory => UpperFsRecord::TMPFS.into(),
+                UpperBackend::Quota => UpperFsRecord::SUBVOLUME.into(),
                 UpperBackend::Disk => self.disk_fs.name().into(),
             },
             size_bytes: self.size_bytes,
@@ -73,10 +81,9 @@ impl UpperPlan {
 
     /// The plan a record describes.
     pub fn from_record(record: &UpperFsRecord) -> Result<Self, String> {
-        let (backend, disk_fs) = if record.in_memory() {
-            (UpperBackend::Memory, DiskFs::default())
-        } else {
-            (UpperBackend::Disk, disk_fs(&record.filesystem)?)
+        let (backend, disk_fs) = match record.backend() {
+            UpperBackend::Disk => (UpperBackend::Disk, disk_fs(&record.filesystem)?),
+            other => (other, DiskFs::default()),
         };
         Ok(UpperPlan {
             backend,
@@ -89,6 +96,7 @@ impl UpperPlan {
     pub fn pool_suffix(&self) -> String {
         match self.backend {
             UpperBackend::Memory => format!("tmpfs-{}", self.size_bytes),
+            UpperBackend::Quota => format!("subvolume-{}", self.size_bytes),
             UpperBackend::Disk => format!("{}-{}", self.disk_fs.name(), self.size_bytes),
         }
     }
@@ -161,20 +169,48 @@ pub(crate) fn make(
         fs::remove_dir(unused).map_err(StoreError::io("removing", unused))?;
     }
     let mount_point = dirs.upper_fs_mount();
-    fs::create_dir(&mount_point).map_err(StoreError::io("creating", &mount_point))?;
-    mounter.mount_upper_fs(&plan.spec(&dirs, true), &mount_point)?;
+    let spec = plan.spec(&dirs, true);
+    match &spec {
+        Some(spec) => {
+            fs::create_dir(&mount_point).map_err(StoreError::io("creating", &mount_point))?;
+            mounter.mount_upper_fs(spec, &mount_point)?;
+        }
+        None => mounter.create_subvolume(&mount_point, plan.size_bytes)?,
+    }
     for dir in [&dirs.upper, &dirs.work] {
         if let Err(e) = fs::create_dir(dir) {
-            let _ = mounter.unmount(&mount_point);
+            let _ = match spec {
+                Some(_) => mounter.unmount(&mount_point),
+                None => mounter.delete_subvolume(&mount_point),
+            };
             return Err(StoreError::io("creating", dir)(e).into());
         }
     }
     Ok(dirs)
 }
 
+/// Deletes the quota upper's subvolume in container (or trashed, or staged) directory
+/// `base`, if it has one, so the directory can be removed and the qgroup goes with it.
+/// Every path that removes a container directory calls this first: `rm -rf` would
+/// leave the qgroup to the kernel (which removes it only from Linux 6.9 on), and before
+/// Linux 4.18 could not remove the subvolume at all.
+pub(crate) fn delete_subvolume_in(mounter: &dyn Mounter, base: &Path) -> Result<(), RootfsError> {
+    let subvolume = ContainerDirs::isolated(base.to_path_buf()).upper_fs_mount();
+    if mounter.delete_subvolume(&subvolume)? {
+        tracing::debug!(subvolume = %subvolume.display(), "deleted quota upper subvolume");
+    }
+    Ok(())
+}
+
+/// What a quota upper's qgroup counts: its written bytes, without walking the upper.
+pub(crate) fn quota_usage(mounter: &dyn Mounter, dirs: &ContainerDirs) -> Result<u64, RootfsError> {
+    Ok(mounter.subvolume_usage(&dirs.upper_fs_mount())?)
+}
+
 /// Mounts an isolated container's upper filesystem again if it is not mounted (after a
 /// host restart): a disk image is attached and mounted as it is; a memory upper is gone,
-/// and with it the container's writes.
+/// and with it the container's writes. A quota upper is a subvolume of the store's
+/// filesystem: there is nothing to mount.
 pub(crate) fn remount(
     mounter: &dyn Mounter,
     id: &str,
@@ -182,11 +218,14 @@ pub(crate) fn remount(
     plan: &UpperPlan,
 ) -> Result<(), RootfsError> {
     let mount_point = dirs.upper_fs_mount();
-    if mounter.is_mountpoint(&mount_point)? {
+    if plan.backend == UpperBackend::Quota || mounter.is_mountpoint(&mount_point)? {
         return Ok(());
     }
-    match plan.backend {
-        UpperBackend::Memory => Err(RootfsError::MemoryUpperLost { id: id.into() }),
-        UpperBackend::Disk => Ok(mounter.mount_upper_fs(&plan.spec(dirs, false), &mount_point)?),
+    match plan.spec(dirs, false) {
+        _ if plan.backend == UpperBackend::Memory => {
+            Err(RootfsError::MemoryUpperLost { id: id.into() })
+        }
+        Some(spec) => Ok(mounter.mount_upper_fs(&spec, &mount_point)?),
+        None => Ok(()),
     }
 }

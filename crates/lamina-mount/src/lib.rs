@@ -80,7 +80,7 @@ pub enum RootfsError {
     )]
     DiskLimitTooSmall { limit: u64, image: u64 },
     #[error(
-        "a disk limit needs strategy `isolated` or `isolated-memory` (this host has no filesystem quotas); `{strategies}` cannot enforce one"
+        "a disk limit needs strategy `isolated`, `isolated-memory` or (on a btrfs store with quotas enabled) `isolated-quota`; `{strategies}` cannot enforce one"
     )]
     DiskLimitNeedsIsolated { strategies: String },
     #[error(

@@ -80,7 +80,8 @@ impl Model {
     /// The model a concrete (not `auto`) strategy list names, for a rootfs that must be
     /// read-only or not. Teardown is deferred wherever inline would make the caller wait
     /// for what only the reaper should do: an isolated upper (loop detach, image removal)
-    /// and the read-only binds (a lease release or nothing at all).
+    /// and the read-only binds (a lease release or nothing at all). A quota upper's
+    /// subvolume goes in one ioctl, so `isolated-quota` is inline unless `deferred`.
     pub fn named(s: Strategies, read_only: bool) -> Result<Model, String> {
         if s.auto {
             return Err("strategy `auto` is resolved per request, not a model".into());
@@ -102,7 +103,8 @@ impl Model {
         } else {
             Provider::Fresh { flavor, read_only }
         };
-        let deferred = s.deferred || provider.binds() || flavor.isolated.is_some();
+        let deferred =
+            s.deferred || provider.binds() || flavor.isolated.is_some_and(own_filesystem);
         Ok(Model {
             provider,
             teardown: if deferred {
@@ -167,6 +169,13 @@ impl Model {
         s.deferred = self.deferred();
         s
     }
+}
+
+/// Whether an isolated upper of `backend` is a filesystem of its own (a loop-mounted
+/// image or a tmpfs), whose teardown is always the reaper's; a quota upper is a subvolume
+/// of the store's filesystem.
+pub fn own_filesystem(backend: UpperBackend) -> bool {
+    backend != UpperBackend::Quota
 }
 
 impl Provider {
@@ -269,6 +278,8 @@ mod tests {
             "isolated,metacopy",
             "isolated-memory,volatile",
             "pooled,isolated",
+            "isolated-quota,metacopy",
+            "isolated-quota,volatile,deferred",
         ] {
             let model = named(list, false).unwrap();
             let again = named(&model.to_string(), false).unwrap();
@@ -283,6 +294,8 @@ mod tests {
         assert!(named("direct", true).unwrap().read_only());
         assert!(named("isolated", false).unwrap().deferred());
         assert!(!named("metacopy", false).unwrap().deferred());
+        assert!(!named("isolated-quota", false).unwrap().deferred());
+        assert!(named("isolated-quota,deferred", false).unwrap().deferred());
         let ro = named("classic", true).unwrap();
         assert!(ro.read_only() && ro.flavor() == Some(Flavor::PLAIN));
         let err = named("pooled", true).unwrap_err();

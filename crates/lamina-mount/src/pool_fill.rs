@@ -8,7 +8,7 @@ use lamina_sys::{DiskFs, Mounter};
 
 use crate::choose::{Pools, Request, choose};
 use crate::pool::{self, Filled, PoolKind};
-use crate::{DiskLimit, RootfsError, Strategies, isolated, probe};
+use crate::{DiskLimit, RootfsError, Strategies, UpperBackend, isolated, probe};
 
 /// What to fill a pool with.
 #[derive(Debug, Clone)]
@@ -46,10 +46,16 @@ pub fn fill_for(
                 read_only: false,
                 ephemeral: request.ephemeral,
                 disk_limit: request.disk_limit.is_some(),
+                quota_store: (request.disk_limit.is_some()
+                    || request.strategies.isolated == Some(UpperBackend::Quota))
+                    && mounter.btrfs_quotas(store.root()),
                 idmapped_layers: store.properties().idmaps_layers(),
             };
             let choice = choose(&asked, &probe, image.layers.len(), &Pools::EMPTY)?;
             let flavor = choice.model.flavor().unwrap_or_default();
+            if flavor.isolated == Some(UpperBackend::Quota) {
+                return Err(RootfsError::Refused(QUOTA_NOT_POOLED.into()));
+            }
             let chain_ids = store.import(image)?;
             let upper = flavor
                 .isolated
@@ -71,6 +77,9 @@ pub fn fill_for(
                     "pool fill without an IMAGE makes bare upper filesystems: pass --strategy isolated or isolated-memory".into(),
                 )
             })?;
+            if backend == UpperBackend::Quota {
+                return Err(RootfsError::Refused(QUOTA_NOT_POOLED.into()));
+            }
             // No image, no layers to count: the upper is the limit as given.
             PoolKind::uppers(isolated::plan_for(
                 store,
@@ -83,3 +92,6 @@ pub fn fill_for(
     };
     pool::fill(store, mounter, &kind, request.size)
 }
+
+/// Why no pool holds quota uppers (and create never looks for one).
+const QUOTA_NOT_POOLED: &str = "a quota upper (`isolated-quota`, or a disk limit on a btrfs store with quotas) is a subvolume made in about a millisecond: there is nothing to pool";

@@ -57,7 +57,8 @@ pub struct RootfsRecord {
 /// An isolated container's own upper filesystem, as its record remembers it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct UpperFsRecord {
-    /// `ext4` or `xfs` (an image file, loop-mounted), or [`UpperFsRecord::TMPFS`].
+    /// `ext4` or `xfs` (an image file, loop-mounted), [`UpperFsRecord::TMPFS`], or
+    /// [`UpperFsRecord::SUBVOLUME`] (a btrfs subvolume with a qgroup limit).
     pub filesystem: String,
     /// Its size: the most the container can write.
     pub size_bytes: u64,
@@ -67,9 +68,21 @@ impl UpperFsRecord {
     /// The `filesystem` of a memory-backed upper.
     pub const TMPFS: &str = "tmpfs";
 
+    /// The `filesystem` of a quota upper: a subvolume of the store's btrfs.
+    pub const SUBVOLUME: &str = "btrfs-subvolume";
+
     /// A tmpfs: nothing of it is ever written back, and a host restart loses it.
     pub fn in_memory(&self) -> bool {
         self.filesystem == Self::TMPFS
+    }
+
+    /// Which backend this upper is of (any other name is a disk image's filesystem).
+    pub fn backend(&self) -> UpperBackend {
+        match self.filesystem.as_str() {
+            Self::TMPFS => UpperBackend::Memory,
+            Self::SUBVOLUME => UpperBackend::Quota,
+            _ => UpperBackend::Disk,
+        }
     }
 }
 
@@ -227,13 +240,9 @@ impl RootfsRecord {
             ));
         }
         let isolated = self.model.flavor().and_then(|f| f.isolated);
-        let memory = self.upper_fs.as_ref().map(UpperFsRecord::in_memory);
-        let fits = matches!(
-            (isolated, memory),
-            (None, None)
-                | (Some(UpperBackend::Memory), Some(true))
-                | (Some(UpperBackend::Disk), Some(false))
-        );
+        let fits = isolated == self.upper_fs.as_ref().map(UpperFsRecord::backend)
+            // No pool holds quota uppers (see `Strategies::parse`).
+            && !(self.model.strategies().pooled && isolated == Some(UpperBackend::Quota));
         if !fits {
             return Err(format!(
                 "its upper filesystem does not fit strategy `{}`",
@@ -422,6 +431,49 @@ mod tests {
         }));
         let model = Container::from_record(isolated, &layout()).unwrap().model();
         assert_eq!(model.flavor().unwrap().isolated, Some(UpperBackend::Memory));
+    }
+
+    #[test]
+    fn a_quota_upper_round_trips_and_must_be_a_subvolume() {
+        let quota = |filesystem: &str, isolated: &str, provider: &str| {
+            // Inline only where lamina makes it so: a quota upper named without `deferred`.
+            let teardown = if (isolated, provider) == ("quota", "fresh") {
+                "inline"
+            } else {
+                "deferred"
+            };
+            let mut rootfs = json!({"version": 2, "provider": provider,
+                "metacopy": true, "volatile": false,
+                "isolated": isolated, "teardown": teardown, "mounted": true,
+                "mount_options": [],
+                "upper_fs": {"filesystem": filesystem, "size_bytes": 4096}});
+            if provider == "fresh" {
+                rootfs["read_only"] = json!(false);
+            }
+            store_record(json!({ "rootfs": rootfs }))
+        };
+        let container =
+            Container::from_record(quota("btrfs-subvolume", "quota", "fresh"), &layout()).unwrap();
+        assert_eq!(container.model().to_string(), "isolated-quota,metacopy");
+        let json = serde_json::to_value(&container.rootfs).unwrap();
+        assert_eq!(json["isolated"], "quota");
+        assert_eq!(json["upper_fs"]["filesystem"], "btrfs-subvolume");
+        let again: RootfsRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(again, container.rootfs);
+        for (filesystem, isolated, provider) in [
+            ("ext4", "quota", "fresh"),
+            ("btrfs-subvolume", "disk", "fresh"),
+            ("btrfs-subvolume", "memory", "fresh"),
+            ("btrfs-subvolume", "quota", "pooled"),
+        ] {
+            let err = Container::from_record(quota(filesystem, isolated, provider), &layout())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("does not fit strategy"),
+                "{filesystem} {isolated} {provider}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! create is still making or a delete is taking apart.
 
 use lamina_store::{ContainerUsage, DiskLimitRecord, Store};
+use lamina_sys::Mounter;
 use serde::Serialize;
 
 use crate::RootfsError;
 use crate::one_step::holding_id;
 use crate::record;
+use crate::{UpperBackend, isolated};
 
 /// `{"disk_usage":{...}}`, GrootFS's shape (its stats_test.go).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -51,13 +53,28 @@ impl DiskUsage {
 }
 
 /// What container `id` uses: the image's layers plus what it wrote, which is its upper
-/// wherever its model put it (its own filesystem, for an isolated upper).
-pub fn stats(store: &Store, id: &str) -> Result<Stats, RootfsError> {
+/// wherever its model put it (its own filesystem, for an isolated upper). A quota
+/// upper's writes are what its qgroup counts (as of the last btrfs transaction commit,
+/// at most 30 s old), read from the kernel instead of walking the upper.
+pub fn stats(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Stats, RootfsError> {
     lamina_store::validate_id(id)?;
     holding_id(store, id, || {
         let container = record::read(store, id)?;
-        let upper = container.dirs(store).upper;
-        let usage = store.container_usage(&container.record, &upper)?;
+        let dirs = container.dirs(store);
+        let usage =
+            if container.model().flavor().and_then(|f| f.isolated) == Some(UpperBackend::Quota) {
+                let written = isolated::quota_usage(mounter, &dirs)?;
+                let mut image = 0;
+                for layer in &container.record.layers {
+                    image += store.layer_record(layer)?.size;
+                }
+                ContainerUsage {
+                    total_bytes_used: image + written,
+                    exclusive_bytes_used: written,
+                }
+            } else {
+                store.container_usage(&container.record, &dirs.upper)?
+            };
         Ok(Stats {
             disk_usage: DiskUsage::new(usage, container.record.disk_limit),
         })

@@ -26,7 +26,8 @@ pub struct Strategies {
     pub direct: bool,
     /// The upper on a filesystem of the container's own (stall S1's neighbour sync and
     /// S3's shared rename lock), and a hard disk limit: a loop-mounted image file, or
-    /// a tmpfs for `isolated-memory`.
+    /// a tmpfs for `isolated-memory`; or, for `isolated-quota`, a btrfs subvolume with a
+    /// qgroup limit (a disk limit only: it shares the store's filesystem).
     pub isolated: Option<UpperBackend>,
 }
 
@@ -38,6 +39,10 @@ pub enum UpperBackend {
     Disk,
     /// A tmpfs: nothing is ever written back; for ephemeral containers that write little.
     Memory,
+    /// A btrfs subvolume of the store's own filesystem with a qgroup limit: the disk
+    /// limit without a filesystem, loop device or kernel thread per container. Needs a
+    /// store on btrfs with quotas enabled.
+    Quota,
 }
 
 /// Every name `--strategy` accepts, in the order `Display` prints them.
@@ -47,6 +52,7 @@ pub const NAMES: &[&str] = &[
     "direct",
     "isolated",
     "isolated-memory",
+    "isolated-quota",
     "pooled",
     "metacopy",
     "volatile",
@@ -85,14 +91,14 @@ impl Strategies {
                 "pooled" => set.pooled = true,
                 "shared-ro" => set.shared_ro = true,
                 "direct" => set.direct = true,
-                "isolated" | "isolated-memory" => {
-                    let backend = if name == "isolated" {
-                        UpperBackend::Disk
-                    } else {
-                        UpperBackend::Memory
+                "isolated" | "isolated-memory" | "isolated-quota" => {
+                    let backend = match name {
+                        "isolated" => UpperBackend::Disk,
+                        "isolated-memory" => UpperBackend::Memory,
+                        _ => UpperBackend::Quota,
                     };
                     if set.isolated.is_some_and(|b| b != backend) {
-                        return Err("strategies `isolated` and `isolated-memory` are two backends for one upper: pick one".into());
+                        return Err("strategies `isolated`, `isolated-memory` and `isolated-quota` are backends for one upper: pick one".into());
                     }
                     set.isolated = Some(backend);
                 }
@@ -120,6 +126,9 @@ impl Strategies {
         }
         if self.shared_ro && self.direct {
             return Err("strategies `shared-ro` and `direct` are two ways to give a read-only rootfs: pick one".into());
+        }
+        if self.pooled && self.isolated == Some(UpperBackend::Quota) {
+            return Err("strategy `isolated-quota` makes a subvolume in about a millisecond and pools none: it does not combine with `pooled`".into());
         }
         if let Some(ro) = self.read_only_kind() {
             for (on, name) in [
@@ -175,6 +184,7 @@ impl fmt::Display for Strategies {
                 self.isolated == Some(UpperBackend::Memory),
                 "isolated-memory",
             ),
+            (self.isolated == Some(UpperBackend::Quota), "isolated-quota"),
             (self.pooled, "pooled"),
             (self.metacopy, "metacopy"),
             (self.volatile, "volatile"),
@@ -217,6 +227,10 @@ mod tests {
             "shared-ro,deferred"
         );
         assert_eq!(Strategies::parse("auto").unwrap(), Strategies::AUTO);
+        let quota = Strategies::parse("metacopy,isolated-quota").unwrap();
+        assert_eq!(quota.isolated, Some(UpperBackend::Quota));
+        assert_eq!(quota.to_string(), "isolated-quota,metacopy");
+        assert_eq!(Strategies::parse(&quota.to_string()).unwrap(), quota);
     }
 
     #[test]
@@ -229,6 +243,9 @@ mod tests {
             ("shared-ro,pooled", "no upper for `pooled`"),
             ("direct,isolated", "no upper for `isolated`"),
             ("isolated,isolated-memory", "pick one"),
+            ("isolated-quota,isolated", "pick one"),
+            ("pooled,isolated-quota", "does not combine with `pooled`"),
+            ("shared-ro,isolated-quota", "no upper for `isolated`"),
         ] {
             let err = Strategies::parse(list).unwrap_err();
             assert!(err.contains(expect), "{list}: {err}");

@@ -40,6 +40,9 @@ pub enum FakeCall {
         maps: UserNsMaps,
     },
     DetachLoopDevice(PathBuf),
+    /// A btrfs subvolume and its qgroup limit.
+    CreateSubvolume(PathBuf, u64),
+    DeleteSubvolume(PathBuf),
     Chown {
         path: PathBuf,
         uid: u32,
@@ -63,6 +66,9 @@ pub enum FakeCall {
 pub struct FakeKernel {
     pub mount_api: MountApiSupport,
     pub idmapped_layers: bool,
+    /// The store is on btrfs with quotas enabled (`isolated-quota` works). Off by
+    /// default: the fake's store is on whatever filesystem the test runs on.
+    pub btrfs_quotas: bool,
 }
 
 impl Default for FakeKernel {
@@ -73,6 +79,7 @@ impl Default for FakeKernel {
                 lowerdir_plus: true,
             },
             idmapped_layers: true,
+            btrfs_quotas: false,
         }
     }
 }
@@ -101,6 +108,9 @@ pub(crate) struct State {
     pub(crate) calls: Vec<FakeCall>,
     pub(crate) faults: Faults,
     kernel: FakeKernel,
+    /// Subvolumes made (a real directory each), with their qgroup limit: like a mount,
+    /// a subvolume follows its directory through renames.
+    subvolumes: BTreeMap<DirId, u64>,
     /// What the [`crate::HostFs`] half recorded, per inode.
     pub(crate) files: BTreeMap<DirId, crate::fake_host::FileMeta>,
 }
@@ -200,6 +210,17 @@ impl FakeMounter {
             Some((_, Mounted::UpperFs(fs), _)) => Some(fs.clone()),
             _ => None,
         }
+    }
+
+    /// The qgroup limit of the subvolume at `path`, wherever it has been renamed to.
+    pub fn subvolume_limit(&self, path: &Path) -> Option<u64> {
+        let id = dir_id(path)?;
+        self.lock().subvolumes.get(&id).copied()
+    }
+
+    /// How many subvolumes exist.
+    pub fn subvolume_count(&self) -> usize {
+        self.lock().subvolumes.len()
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -412,4 +433,73 @@ impl Mounter for FakeMounter {
         found.sort_by_key(|(order, p)| std::cmp::Reverse((p.components().count(), *order)));
         Ok(found.into_iter().map(|(_, p)| p).collect())
     }
+
+    /// A real directory, remembered as a subvolume with its limit; nothing is enforced.
+    fn create_subvolume(&self, path: &Path, limit_bytes: u64) -> Result<(), MountError> {
+        let mut state = self.lock();
+        let record = FakeCall::CreateSubvolume(path.to_path_buf(), limit_bytes);
+        state
+            .enter(Call::CreateSubvolume, path, Some(record))
+            .map_err(|e| MountError::new("create subvolume", path, e))?;
+        std::fs::create_dir(path).map_err(|e| {
+            let errno = Errno::from_io_error(&e).unwrap_or(Errno::IO);
+            MountError::new("create subvolume", path, errno)
+        })?;
+        let id = dir_id(path).expect("just made");
+        state.subvolumes.insert(id, limit_bytes);
+        Ok(())
+    }
+
+    fn delete_subvolume(&self, path: &Path) -> Result<bool, MountError> {
+        let mut state = self.lock();
+        let Some(id) = dir_id(path).filter(|id| state.subvolumes.contains_key(id)) else {
+            return Ok(false);
+        };
+        let record = FakeCall::DeleteSubvolume(path.to_path_buf());
+        state
+            .enter(Call::DeleteSubvolume, path, Some(record))
+            .map_err(|e| MountError::new("delete subvolume", path, e))?;
+        std::fs::remove_dir_all(path).map_err(|e| {
+            let errno = Errno::from_io_error(&e).unwrap_or(Errno::IO);
+            MountError::new("delete subvolume", path, errno)
+        })?;
+        state.subvolumes.remove(&id);
+        Ok(true)
+    }
+
+    /// What the files in it take, as `du` counts them: the fake has no qgroup.
+    fn subvolume_usage(&self, path: &Path) -> Result<u64, MountError> {
+        let mut state = self.lock();
+        state
+            .enter(Call::SubvolumeUsage, path, None)
+            .map_err(|e| MountError::new("read qgroup usage", path, e))?;
+        if !dir_id(path).is_some_and(|id| state.subvolumes.contains_key(&id)) {
+            return Err(MountError::new("look up subvolume", path, Errno::NOTTY));
+        }
+        Ok(du(path))
+    }
+
+    fn btrfs_quotas(&self, _dir: &Path) -> bool {
+        self.lock().kernel.btrfs_quotas
+    }
+}
+
+/// Bytes allocated to the files beneath `dir`.
+fn du(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&path) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if let Ok(meta) = entry.path().symlink_metadata() {
+                total += meta.blocks() * 512;
+                if meta.is_dir() {
+                    pending.push(entry.path());
+                }
+            }
+        }
+    }
+    total
 }

@@ -29,6 +29,11 @@ pub enum Call {
     ProbeIdmappedLayers,
     DetachLoopDevice,
     LoopBackingFiles,
+    /// [`crate::Mounter::create_subvolume`]: a subvolume and its qgroup limit.
+    CreateSubvolume,
+    /// [`crate::Mounter::delete_subvolume`].
+    DeleteSubvolume,
+    SubvolumeUsage,
     /// [`crate::HostFs::chown`].
     Chown,
     /// [`crate::HostFs::mknod`]: device nodes, whiteouts and FIFOs.

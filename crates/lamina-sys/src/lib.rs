@@ -7,7 +7,8 @@
 //! - [`Mounter`]: mounts, unmounts, binds, syncfs of a mounted upper, the container's
 //!   own upper filesystem (tmpfs, or an image on a loop device), the mount-table
 //!   queries, the mount-API and idmapped-layer probes (with the user namespace they
-//!   make), and loop-device listing and detaching. [`RealMounter`] really does them.
+//!   make), loop-device listing and detaching, and btrfs subvolumes with qgroup limits
+//!   (create, delete, usage, "are quotas enabled"). [`RealMounter`] really does them.
 //! - [`HostFs`]: ownership and metadata a layer's files get (chown, device nodes and
 //!   whiteouts, xattrs including `trusted.*` and `security.capability`, and `lstat` to
 //!   read them back), the store's permission tightening, and the write, fsync and
@@ -34,6 +35,7 @@ mod mountinfo;
 mod overlay_spec;
 mod raw;
 mod real;
+mod subvolume;
 mod upper_fs;
 mod userns;
 
@@ -96,4 +98,20 @@ pub trait Mounter: Send + Sync + Debug {
 
     /// Attached loop devices and their backing files.
     fn loop_backing_files(&self) -> Vec<(PathBuf, PathBuf)>;
+
+    /// Creates the btrfs subvolume `path` (which must not exist) with its qgroup limited
+    /// to `limit_bytes` referenced bytes (strategy `isolated-quota`). A failure leaves no
+    /// subvolume.
+    fn create_subvolume(&self, path: &Path, limit_bytes: u64) -> Result<(), MountError>;
+
+    /// Deletes the subvolume `path` (and destroys its qgroup). Returns `Ok(false)` when
+    /// `path` is missing or not a subvolume's root, so every removal path can call it
+    /// without knowing what the directory holds.
+    fn delete_subvolume(&self, path: &Path) -> Result<bool, MountError>;
+
+    /// Bytes the qgroup of subvolume `path` counts, as of the last transaction commit.
+    fn subvolume_usage(&self, path: &Path) -> Result<u64, MountError>;
+
+    /// Whether `dir` is on btrfs with quotas enabled: where `isolated-quota` works.
+    fn btrfs_quotas(&self, dir: &Path) -> bool;
 }

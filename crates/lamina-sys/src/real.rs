@@ -141,6 +141,22 @@ impl Mounter for RealMounter {
     fn loop_backing_files(&self) -> Vec<(PathBuf, PathBuf)> {
         crate::loop_backing_files()
     }
+
+    fn create_subvolume(&self, path: &Path, limit_bytes: u64) -> Result<(), MountError> {
+        crate::subvolume::create(path, limit_bytes)
+    }
+
+    fn delete_subvolume(&self, path: &Path) -> Result<bool, MountError> {
+        crate::subvolume::delete(path)
+    }
+
+    fn subvolume_usage(&self, path: &Path) -> Result<u64, MountError> {
+        crate::subvolume::usage(path)
+    }
+
+    fn btrfs_quotas(&self, dir: &Path) -> bool {
+        crate::subvolume::quotas_enabled(dir)
+    }
 }
 
 enum NewApi {

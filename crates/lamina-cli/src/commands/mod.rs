@@ -270,7 +270,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let id = container_id(&store, &id_or_path)?;
             println!(
                 "{}",
-                crate::output::json_line(&lamina_mount::stats(&store, &id)?)?
+                crate::output::json_line(&lamina_mount::stats(&store, &mounter, &id)?)?
             );
         }
         Command::Capacity => {

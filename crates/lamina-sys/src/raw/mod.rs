@@ -1,9 +1,11 @@
-//! The kernel calls rustix does not wrap: `mount_setattr(2)` and the loop device ioctls.
+//! The kernel calls rustix does not wrap: `mount_setattr(2)`, the loop device ioctls and the
+//! btrfs subvolume and qgroup ioctls.
 //! This is the only module in the workspace allowed `unsafe`; each submodule exposes safe
 //! functions over borrowed or owned file descriptors, and every `unsafe` block says why
 //! it is sound.
 
 #![allow(unsafe_code)]
 
+pub mod btrfs;
 pub mod loop_dev;
 pub mod setattr;
