@@ -76,12 +76,17 @@ fn grootfs_command_flags_are_accepted() {
     let fs = ScratchFs::tmpfs();
     let files = sample_image(&fs.path().join("image"));
     let lamina = Lamina::new(&fs.path().join("store"));
+    // GrootFS's --rootless takes the USER:GROUP whose subordinate ids map the store;
+    // lamina refuses it rather than make an unmapped store where a mapped one was meant.
+    let out = lamina.run(&["init-store", "--rootless", "groot:groot"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stdout.contains("--uid-mapping"), "{out:?}");
+    assert!(!lamina.store.exists(), "nothing was made");
     let out = lamina.run(&[
         "init-store",
         "--store-size-bytes",
         "500000000",
         "--with-direct-io",
-        "--rootless",
     ]);
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(lamina.run(&["capacity"]).json()["capacity"], 500000000);

@@ -8,7 +8,9 @@ use serde::{Deserialize, Deserializer};
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct Config {
-    #[serde(deserialize_with = "empty_is_none")]
+    /// Never empty: every command, `delete-store` among them, would act on the default
+    /// store, where an operator running two stores from two configs meant another.
+    #[serde(default, deserialize_with = "not_empty")]
     pub store: Option<PathBuf>,
     #[serde(deserialize_with = "empty_is_none")]
     pub log_level: Option<String>,
@@ -115,6 +117,20 @@ where
     Ok(text.filter(|t| !t.is_empty()).map(T::from))
 }
 
+/// A path that must not be empty when the key is present.
+fn not_empty<'de, D>(deserializer: D) -> Result<Option<PathBuf>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let text: Option<String> = Option::deserialize(deserializer)?;
+    match text {
+        Some(t) if t.is_empty() => Err(serde::de::Error::custom(
+            "`store` is empty: name the store, or leave the key out for the default",
+        )),
+        other => Ok(other.map(PathBuf::from)),
+    }
+}
+
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -149,7 +165,7 @@ mod tests {
         let tmp = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(
             tmp.path(),
-            "store: \"\"\nlog_file: \"\"\nlog_level: \"\"\ncreate:\n  strategy: \"\"\n",
+            "log_file: \"\"\nlog_level: \"\"\ncreate:\n  strategy: \"\"\n",
         )
         .unwrap();
         let config = Config::load(tmp.path()).unwrap();
@@ -157,6 +173,9 @@ mod tests {
         assert_eq!(config.log_file, None);
         assert_eq!(config.log_level, None);
         assert_eq!(config.create.strategy, None);
+        std::fs::write(tmp.path(), "store: \"\"\n").unwrap();
+        let err = Config::load(tmp.path()).unwrap_err();
+        assert!(format!("{err:#}").contains("`store` is empty"), "{err:#}");
     }
 
     #[test]

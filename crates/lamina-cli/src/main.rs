@@ -83,9 +83,11 @@ enum Command {
         /// Ignored (GrootFS's direct I/O for its loop-mounted XFS store; lamina mounts no store filesystem)
         #[arg(long)]
         with_direct_io: bool,
-        /// Ignored (GrootFS's store for an unprivileged caller; lamina's uid-mapped stores serve that)
-        #[arg(long)]
-        rootless: bool,
+        /// GrootFS's `USER:GROUP` whose subordinate ids map a rootless store: refused, since
+        /// accepting and ignoring it would make an unmapped store where a mapped one was
+        /// meant (pass --uid-mapping and --gid-mapping)
+        #[arg(long, value_name = "USER:GROUP")]
+        rootless: Option<String>,
     },
     /// Create a container rootfs from IMAGE and print its runtime-spec JSON
     Create(CreateArgs),

@@ -61,20 +61,24 @@ pub fn stats(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Stats, Ro
     holding_id(store, id, || {
         let container = record::read(store, id)?;
         let dirs = container.dirs(store);
-        let usage =
-            if container.model().flavor().and_then(|f| f.isolated) == Some(UpperBackend::Quota) {
-                let written = isolated::quota_usage(mounter, &dirs)?;
-                let mut image = 0;
-                for layer in &container.record.layers {
-                    image += store.layer_record(layer)?.size;
-                }
-                ContainerUsage {
-                    total_bytes_used: image + written,
-                    exclusive_bytes_used: written,
-                }
-            } else {
-                store.container_usage(&container.record, &dirs.upper)?
-            };
+        let quota =
+            container.model().flavor().and_then(|f| f.isolated) == Some(UpperBackend::Quota);
+        // With quotas turned off the qgroup is gone: walk the upper as for the others.
+        let counted = quota
+            .then(|| isolated::quota_usage(mounter, &dirs).ok())
+            .flatten();
+        let usage = if let Some(written) = counted {
+            let mut image = 0;
+            for layer in &container.record.layers {
+                image += store.layer_record(layer)?.size;
+            }
+            ContainerUsage {
+                total_bytes_used: image + written,
+                exclusive_bytes_used: written,
+            }
+        } else {
+            store.container_usage(&container.record, &dirs.upper)?
+        };
         Ok(Stats {
             disk_usage: DiskUsage::new(usage, container.record.disk_limit),
         })

@@ -58,10 +58,29 @@ pub(crate) fn create(path: &Path, limit_bytes: u64) -> Result<(), MountError> {
 /// (EBUSY until its cleaner thread has freed them) is removed by the kernel itself once
 /// they are freed (Linux 6.9+), so that refusal is not an error.
 pub(crate) fn delete(path: &Path) -> Result<bool, MountError> {
-    let root = match File::open(path) {
-        Ok(root) => root,
+    let (parent, name) = parent_and_name(path)?;
+    let parent_dir = match File::open(&parent) {
+        Ok(dir) => dir,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(MountError::new("open subvolume", path, io_errno(&e))),
+        Err(e) => {
+            return Err(MountError::new(
+                "open subvolume parent",
+                &parent,
+                io_errno(&e),
+            ));
+        }
+    };
+    // `path` may be anything an image put there (a directory being swept from `tmp/`):
+    // never follow a symlink, never wait on a FIFO, never open a device.
+    let flags = rustix::fs::OFlags::RDONLY
+        | rustix::fs::OFlags::DIRECTORY
+        | rustix::fs::OFlags::NOFOLLOW
+        | rustix::fs::OFlags::NONBLOCK
+        | rustix::fs::OFlags::CLOEXEC;
+    let root = match rustix::fs::openat(&parent_dir, name, flags, rustix::fs::Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => return Ok(false),
+        Err(e) => return Err(MountError::new("open subvolume", path, e)),
     };
     let is_root = root
         .metadata()
@@ -72,8 +91,6 @@ pub(crate) fn delete(path: &Path) -> Result<bool, MountError> {
     let id =
         btrfs::subvolume_id(&root).map_err(|e| MountError::new("look up subvolume", path, e))?;
     drop(root);
-    let (parent, name) = parent_and_name(path)?;
-    let parent_dir = open(&parent, "open subvolume parent")?;
     btrfs::delete_subvolume(&parent_dir, name)
         .map_err(|e| MountError::new("delete subvolume", path, e))?;
     match btrfs::destroy_qgroup(&parent_dir, id) {

@@ -196,6 +196,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 
     match cli.command {
         Command::InitStore {
+            rootless: Some(user),
+            ..
+        } => {
+            return Err(anyhow!(
+                "init-store --rootless `{}`: lamina does not read /etc/subuid; pass the mappings with --uid-mapping and --gid-mapping",
+                lamina_image::shown(&user)
+            ));
+        }
+        Command::InitStore {
             store_size_bytes,
             uid_mappings,
             gid_mappings,
@@ -347,25 +356,37 @@ fn delete(ctx: &Ctx, mounter: &RealMounter, id_or_path: &str) -> anyhow::Result<
     let outside = || format!("path `{id_or_path}` is outside store path");
     if !ctx.store_path.exists() {
         match id_or_path.contains('/') {
-            true => println!("{}", outside()),
-            false => println!("Image `{id_or_path}` not found. Skipping delete."),
+            true => say(&outside()),
+            false => say(&format!("Image `{id_or_path}` not found. Skipping delete.")),
         }
         return Ok(());
     }
     let store = ctx.open_store()?;
-    let Ok(id) = container_id(&store, id_or_path) else {
-        println!("{}", outside());
-        return Ok(());
+    let id = match container_id(&store, id_or_path) {
+        Ok(id) => id,
+        // GrootFS's answer for a path that is no rootfs of this store, exit 0. A path
+        // that exists but names the store another way (a symlink) is an error, not a
+        // delete that silently did nothing.
+        Err(e) if std::path::Path::new(id_or_path).exists() => return Err(e),
+        Err(_) => {
+            say(&outside());
+            return Ok(());
+        }
     };
     match lamina_mount::delete(&store, mounter, &id)? {
-        Deleted::Removed => println!("deleted container `{id}`"),
+        Deleted::Removed => say(&format!("deleted container `{id}`")),
         Deleted::Deferred => {
             ctx.spawn(&store, &["reap"]);
-            println!("deleted container `{id}`");
+            say(&format!("deleted container `{id}`"));
         }
-        Deleted::NotFound => println!("Image `{id}` not found. Skipping delete."),
+        Deleted::NotFound => say(&format!("Image `{id}` not found. Skipping delete.")),
     }
     Ok(())
+}
+
+/// One line on stdout naming what the caller gave, its control characters escaped.
+fn say(line: &str) {
+    println!("{}", crate::output::error_line(line));
 }
 
 /// An ID, or the ID of the rootfs path given (Garden passes either).
