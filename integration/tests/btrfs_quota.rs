@@ -140,6 +140,24 @@ fn a_disk_limit_on_btrfs_is_a_qgroup_that_stops_the_writer_and_spares_the_neighb
         "the neighbour's 16 MiB: {neighbour_bytes}"
     );
 
+    // Quotas turned off and on drop every qgroup's limit; mounting the container again
+    // sets its own, and the writer is stopped at it once more.
+    let root = fs.path().to_str().unwrap();
+    btrfs(&["quota", "disable", root]);
+    btrfs(&["quota", "enable", root]);
+    btrfs(&["quota", "rescan", "-w", root]);
+    for step in ["unmount", "mount"] {
+        let out = lamina.run(&[step, "neighbour"]);
+        assert_eq!(out.code, 0, "{step}: {out:?}");
+    }
+    let bundle = Bundle::new(&neighbour, false);
+    let out = bundle.run(
+        &format!("{run_id}-again"),
+        "dd if=/dev/zero of=/more bs=1M count=64 conv=fsync 2>&1; echo status=$?",
+    );
+    assert!(!out.stdout.contains("status=0"), "limit set again: {out:?}");
+    drop(bundle);
+
     lamina.delete_and_assert_gone("full", "full");
     lamina.delete_and_assert_gone("neighbour", "neighbour");
     assert_eq!(subvolumes(fs.path()), Vec::<String>::new());

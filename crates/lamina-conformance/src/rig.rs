@@ -288,6 +288,10 @@ impl Mounter for FaultyMounter {
         self.inner.loop_backing_files()
     }
 
+    fn limit_subvolume(&self, path: &Path, limit_bytes: u64) -> Result<(), MountError> {
+        self.inner.limit_subvolume(path, limit_bytes)
+    }
+
     fn create_subvolume(&self, path: &Path, limit_bytes: u64) -> Result<(), MountError> {
         self.inner.create_subvolume(path, limit_bytes)
     }

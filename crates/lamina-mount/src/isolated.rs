@@ -210,7 +210,8 @@ pub(crate) fn quota_usage(mounter: &dyn Mounter, dirs: &ContainerDirs) -> Result
 /// Mounts an isolated container's upper filesystem again if it is not mounted (after a
 /// host restart): a disk image is attached and mounted as it is; a memory upper is gone,
 /// and with it the container's writes. A quota upper is a subvolume of the store's
-/// filesystem: there is nothing to mount.
+/// filesystem: there is nothing to mount, but its limit is set again, since turning
+/// btrfs quotas off and on drops every qgroup's limit.
 pub(crate) fn remount(
     mounter: &dyn Mounter,
     id: &str,
@@ -218,7 +219,10 @@ pub(crate) fn remount(
     plan: &UpperPlan,
 ) -> Result<(), RootfsError> {
     let mount_point = dirs.upper_fs_mount();
-    if plan.backend == UpperBackend::Quota || mounter.is_mountpoint(&mount_point)? {
+    if plan.backend == UpperBackend::Quota {
+        return Ok(mounter.limit_subvolume(&mount_point, plan.size_bytes)?);
+    }
+    if mounter.is_mountpoint(&mount_point)? {
         return Ok(());
     }
     match plan.spec(dirs, false) {

@@ -92,9 +92,12 @@ fn auto_with_a_disk_limit_on_a_quota_store_makes_a_limited_subvolume_and_reaps_i
     assert_eq!(stats.disk_usage.committed_space_bytes, 32 << 20);
 
     // unmount and mount again: the subvolume is not a mount, nothing to remount.
+    // Quotas turned off and on drop every limit: mounting the container sets its own again.
     lamina_mount::unmount(&store, &fake, "c").unwrap();
+    lamina_sys::Mounter::limit_subvolume(&fake, &dirs.upper_fs_mount(), 0).unwrap();
     lamina_mount::mount(&store, &fake, "c").unwrap();
     assert_eq!(fake.subvolume_count(), 1);
+    assert_eq!(fake.subvolume_limit(&dirs.upper_fs_mount()), Some(32 << 20));
 
     assert_eq!(delete(&store, &fake, "c").unwrap(), Deleted::Deferred);
     assert_eq!(deletes(&fake), 0, "the reaper deletes it, not delete");

@@ -479,6 +479,20 @@ impl Mounter for FakeMounter {
         Ok(du(path))
     }
 
+    fn limit_subvolume(&self, path: &Path, limit_bytes: u64) -> Result<(), MountError> {
+        let mut state = self.lock();
+        state
+            .enter(Call::LimitSubvolume, path, None)
+            .map_err(|e| MountError::new("limit qgroup of subvolume", path, e))?;
+        match dir_id(path).filter(|id| state.subvolumes.contains_key(id)) {
+            Some(id) => {
+                state.subvolumes.insert(id, limit_bytes);
+                Ok(())
+            }
+            None => Err(MountError::new("open subvolume", path, Errno::NOTTY)),
+        }
+    }
+
     fn btrfs_quotas(&self, _dir: &Path) -> bool {
         self.lock().kernel.btrfs_quotas
     }

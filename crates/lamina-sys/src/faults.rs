@@ -34,6 +34,8 @@ pub enum Call {
     /// [`crate::Mounter::delete_subvolume`].
     DeleteSubvolume,
     SubvolumeUsage,
+    /// [`crate::Mounter::limit_subvolume`].
+    LimitSubvolume,
     /// [`crate::HostFs::chown`].
     Chown,
     /// [`crate::HostFs::mknod`]: device nodes, whiteouts and FIFOs.

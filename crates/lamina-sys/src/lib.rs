@@ -109,6 +109,10 @@ pub trait Mounter: Send + Sync + Debug {
     /// without knowing what the directory holds.
     fn delete_subvolume(&self, path: &Path) -> Result<bool, MountError>;
 
+    /// Sets the qgroup limit of subvolume `path` to `limit_bytes` (again): turning btrfs
+    /// quotas off and on drops every limit, and `mount` restores the container's.
+    fn limit_subvolume(&self, path: &Path, limit_bytes: u64) -> Result<(), MountError>;
+
     /// Bytes the qgroup of subvolume `path` counts, as of the last transaction commit.
     fn subvolume_usage(&self, path: &Path) -> Result<u64, MountError>;
 

@@ -154,6 +154,10 @@ impl Mounter for RealMounter {
         crate::subvolume::usage(path)
     }
 
+    fn limit_subvolume(&self, path: &Path, limit_bytes: u64) -> Result<(), MountError> {
+        crate::subvolume::limit(path, limit_bytes)
+    }
+
     fn btrfs_quotas(&self, dir: &Path) -> bool {
         crate::subvolume::quotas_enabled(dir)
     }

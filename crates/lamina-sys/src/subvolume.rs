@@ -53,6 +53,17 @@ pub(crate) fn create(path: &Path, limit_bytes: u64) -> Result<(), MountError> {
     limited
 }
 
+/// Limits the qgroup of subvolume `path` to `limit_bytes` (creating the qgroup's limit
+/// again after quotas were turned off and on).
+pub(crate) fn limit(path: &Path, limit_bytes: u64) -> Result<(), MountError> {
+    let root = open(path, "open subvolume")?;
+    btrfs::limit_qgroup(&root, limit_bytes).map_err(|e| {
+        MountError::new("limit qgroup of subvolume", path, e).with_detail(format!(
+            "{limit_bytes} bytes; are quotas enabled (`btrfs quota enable`)?"
+        ))
+    })
+}
+
 /// Deletes subvolume `path` and its qgroup. `Ok(false)`: `path` is missing or not a
 /// subvolume's root. A qgroup the kernel still counts the dropped subvolume's extents in
 /// (EBUSY until its cleaner thread has freed them) is removed by the kernel itself once
