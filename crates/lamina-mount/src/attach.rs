@@ -75,7 +75,6 @@ pub fn create_empty(
     source: &str,
     read_only: bool,
 ) -> Result<(), RootfsError> {
-    lamina_store::validate_id(id)?;
     holding_id(store, id, || {
         let claim = store.create_container_dirs(id)?;
         let access = if read_only { "ro" } else { "rw" };
@@ -157,13 +156,10 @@ pub fn commit_upper<T>(
     publish: impl FnOnce(&UpperToCommit) -> T,
 ) -> Result<T, RootfsError> {
     holding_id(store, id, || {
+        // A marker a crash left is refused here; a mounted volatile upper is synced and
+        // its marker removed by the unmount, or the unmount fails.
         let upper = upper_to_commit(store, mounter, id)?;
         crate::remount::unmount_held(store, mounter, id)?;
-        let container = record::read(store, id)?;
-        let volatile = container.model().flavor().is_some_and(|f| f.volatile);
-        if volatile && crate::volatile_marker(&container.dirs(store).work).exists() {
-            return Err(RootfsError::VolatileUnclean { id: id.into() });
-        }
         Ok(publish(&upper))
     })
 }

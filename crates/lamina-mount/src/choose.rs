@@ -25,6 +25,30 @@ pub struct Request {
     pub idmapped_layers: bool,
 }
 
+impl Request {
+    /// The request for `strategies` on `store`: what the store is (btrfs with quotas,
+    /// asked of the kernel only when a disk limit or `isolated-quota` makes it matter;
+    /// idmapped layers) filled in from the store itself.
+    pub fn on_store(
+        store: &lamina_store::Store,
+        mounter: &dyn lamina_sys::Mounter,
+        strategies: Strategies,
+        read_only: bool,
+        ephemeral: bool,
+        disk_limit: bool,
+    ) -> Self {
+        let quota_matters = disk_limit || strategies.isolated == Some(UpperBackend::Quota);
+        Request {
+            strategies,
+            read_only,
+            ephemeral,
+            disk_limit,
+            quota_store: quota_matters && mounter.btrfs_quotas(store.root()),
+            idmapped_layers: store.properties().idmaps_layers(),
+        }
+    }
+}
+
 /// What the pools hold for this create, asked lazily (each question is one readdir).
 pub struct Pools<'a> {
     /// Whether the image's pool of this mount flavor has a slot.

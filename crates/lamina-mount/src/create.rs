@@ -18,8 +18,7 @@ use crate::one_step::holding_id;
 use crate::pool::PoolKind;
 use crate::record::{self, Container, RootfsRecord};
 use crate::{
-    DiskLimit, RootfsError, Strategies, UpperBackend, UpperPlan, flatten, isolated, plan, pool,
-    probe, shared,
+    DiskLimit, RootfsError, Strategies, UpperPlan, flatten, isolated, plan, pool, probe, shared,
 };
 
 /// Options for one create.
@@ -130,7 +129,6 @@ pub fn create_from(
     id: &str,
     options: &CreateOptions,
 ) -> Result<Created, RootfsError> {
-    lamina_store::validate_id(id)?;
     // Held for the whole create, import included: a delete of this ID that arrives
     // meanwhile (Garden's, after a create timed out) waits and then deletes what this made.
     holding_id(store, id, || {
@@ -151,16 +149,14 @@ fn create_locked(
     id: &str,
     options: &CreateOptions,
 ) -> Result<Created, RootfsError> {
-    let request = Request {
-        strategies: options.strategies,
-        read_only: options.read_only,
-        ephemeral: options.ephemeral,
-        disk_limit: options.disk_limit.is_some(),
-        quota_store: (options.disk_limit.is_some()
-            || options.strategies.isolated == Some(UpperBackend::Quota))
-            && mounter.btrfs_quotas(store.root()),
-        idmapped_layers: store.properties().idmaps_layers(),
-    };
+    let request = Request::on_store(
+        store,
+        mounter,
+        options.strategies,
+        options.read_only,
+        options.ephemeral,
+        options.disk_limit.is_some(),
+    );
     if options.without_mount && request.idmapped_layers {
         return Err(RootfsError::WithoutMountIdmapped);
     }

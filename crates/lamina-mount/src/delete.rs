@@ -27,7 +27,6 @@ pub enum Deleted {
 /// Deletes container `id`. A missing container is not an error: Garden calls delete on
 /// every image plugin and each must succeed.
 pub fn delete(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Deleted, RootfsError> {
-    lamina_store::validate_id(id)?;
     // A create of this ID still in flight (importing, mounting, writing its record)
     // finishes first; then this deletes what it made.
     holding_id(store, id, || delete_locked(store, mounter, id))

@@ -7,7 +7,8 @@ use lamina_store::Store;
 use crate::RootfsError;
 
 /// Runs `step` on container `id` holding the ID; removes the ID's lock file afterwards
-/// if the container does not exist (deleted, or never made).
+/// if the container does not exist (deleted, or never made). An invalid ID is refused
+/// before anything is locked or touched (`lock_id` validates it).
 pub(crate) fn holding_id<T>(
     store: &Store,
     id: &str,

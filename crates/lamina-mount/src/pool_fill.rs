@@ -41,16 +41,14 @@ pub fn fill_for(
         Some(image) => {
             let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
             // The flavor create would mount for this request, so its claims find these.
-            let asked = Request {
-                strategies: request.strategies,
-                read_only: false,
-                ephemeral: request.ephemeral,
-                disk_limit: request.disk_limit.is_some(),
-                quota_store: (request.disk_limit.is_some()
-                    || request.strategies.isolated == Some(UpperBackend::Quota))
-                    && mounter.btrfs_quotas(store.root()),
-                idmapped_layers: store.properties().idmaps_layers(),
-            };
+            let asked = Request::on_store(
+                store,
+                mounter,
+                request.strategies,
+                false,
+                request.ephemeral,
+                request.disk_limit.is_some(),
+            );
             let choice = choose(&asked, &probe, image.layers.len(), &Pools::EMPTY)?;
             let flavor = choice.model.flavor().unwrap_or_default();
             if flavor.isolated == Some(UpperBackend::Quota) {

@@ -57,7 +57,6 @@ impl DiskUsage {
 /// upper's writes are what its qgroup counts (as of the last btrfs transaction commit,
 /// at most 30 s old), read from the kernel instead of walking the upper.
 pub fn stats(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Stats, RootfsError> {
-    lamina_store::validate_id(id)?;
     holding_id(store, id, || {
         let container = record::read(store, id)?;
         let dirs = container.dirs(store);
@@ -67,18 +66,11 @@ pub fn stats(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Stats, Ro
         let counted = quota
             .then(|| isolated::quota_usage(mounter, &dirs).ok())
             .flatten();
-        let usage = if let Some(written) = counted {
-            let mut image = 0;
-            for layer in &container.record.layers {
-                image += store.layer_record(layer)?.size;
-            }
-            ContainerUsage {
-                total_bytes_used: image + written,
-                exclusive_bytes_used: written,
-            }
-        } else {
-            store.container_usage(&container.record, &dirs.upper)?
+        let written = match counted {
+            Some(written) => written,
+            None => lamina_store::disk_usage(&dirs.upper)?,
         };
+        let usage = store.container_usage(&container.record, written)?;
         Ok(Stats {
             disk_usage: DiskUsage::new(usage, container.record.disk_limit),
         })

@@ -62,15 +62,14 @@ pub struct ContainerUsage {
 }
 
 impl Store {
-    /// What the container of `record`, whose writes are in `upper`, uses. Layer sizes
+    /// What the container of `record`, which wrote `exclusive` bytes, uses. Layer sizes
     /// are the uncompressed sizes `import` recorded, the same numbers an inclusive disk
     /// limit subtracts.
     pub fn container_usage(
         &self,
         record: &ContainerRecord,
-        upper: &Path,
+        exclusive: u64,
     ) -> Result<ContainerUsage, StoreError> {
-        let exclusive = disk_usage(upper)?;
         let mut image = 0;
         for layer in &record.layers {
             image += self.layer_record(layer)?.size;
