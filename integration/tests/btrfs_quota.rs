@@ -67,6 +67,17 @@ fn exclusive_bytes(lamina: &Lamina, id: &str) -> u64 {
         .unwrap()
 }
 
+/// delete-store takes a live quota container's subvolume, and its qgroup, with it.
+fn delete_store_takes_a_live_subvolume(lamina: &Lamina, image: &str, fs: &Path) {
+    lamina.create_with(&["--strategy", "isolated-quota"], image, "last");
+    let out = lamina.run(&["delete-store"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(!lamina.store.exists());
+    assert_eq!(subvolumes(fs), Vec::<String>::new(), "delete-store");
+    wait_dropped(fs);
+    assert_eq!(qgroups(fs), Vec::<String>::new(), "no qgroup left");
+}
+
 #[test]
 fn a_disk_limit_on_btrfs_is_a_qgroup_that_stops_the_writer_and_spares_the_neighbour() {
     require_root();
@@ -165,14 +176,7 @@ fn a_disk_limit_on_btrfs_is_a_qgroup_that_stops_the_writer_and_spares_the_neighb
     assert_eq!(qgroups(fs.path()), Vec::<String>::new(), "no qgroup left");
     assert!(lamina_integration::scratch::mounts_under(&lamina.store).is_empty());
 
-    // delete-store takes a live quota container's subvolume with it.
-    lamina.create_with(&["--strategy", "isolated-quota"], &image, "last");
-    let out = lamina.run(&["delete-store"]);
-    assert_eq!(out.code, 0, "{out:?}");
-    assert!(!lamina.store.exists());
-    assert_eq!(subvolumes(fs.path()), Vec::<String>::new(), "delete-store");
-    wait_dropped(fs.path());
-    assert_eq!(qgroups(fs.path()), Vec::<String>::new(), "no qgroup left");
+    delete_store_takes_a_live_subvolume(&lamina, &image, fs.path());
 }
 
 #[test]
@@ -209,12 +213,5 @@ fn inline_delete_clean_and_delete_store_leave_no_subvolume_and_no_qgroup() {
     assert_eq!(qgroups(fs.path()), Vec::<String>::new(), "no qgroup left");
     assert!(lamina_integration::scratch::mounts_under(&lamina.store).is_empty());
 
-    // delete-store takes a live quota container's subvolume with it.
-    lamina.create_with(&["--strategy", "isolated-quota"], &image, "last");
-    let out = lamina.run(&["delete-store"]);
-    assert_eq!(out.code, 0, "{out:?}");
-    assert!(!lamina.store.exists());
-    assert_eq!(subvolumes(fs.path()), Vec::<String>::new(), "delete-store");
-    wait_dropped(fs.path());
-    assert_eq!(qgroups(fs.path()), Vec::<String>::new(), "no qgroup left");
+    delete_store_takes_a_live_subvolume(&lamina, &image, fs.path());
 }
