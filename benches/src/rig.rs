@@ -23,7 +23,23 @@ pub struct Rig {
 impl Rig {
     pub fn new(kind: FsKind, size_mb: u64) -> Self {
         // xfs refuses filesystems under 300 MB.
-        let fs = ScratchFs::loop_backed(kind, size_mb.max(512), true);
+        Self::on(kind, ScratchFs::loop_backed(kind, size_mb.max(512), true))
+    }
+
+    /// A btrfs rig with quotas enabled: where `isolated-quota` puts each upper in a
+    /// subvolume with a qgroup limit.
+    pub fn btrfs_with_quotas(size_mb: u64) -> Self {
+        let fs = ScratchFs::loop_backed(FsKind::Btrfs, size_mb.max(512), true);
+        let out = std::process::Command::new("btrfs")
+            .args(["quota", "enable"])
+            .arg(fs.path())
+            .output()
+            .expect("btrfs-progs");
+        assert!(out.status.success(), "btrfs quota enable: {out:?}");
+        Self::on(FsKind::Btrfs, fs)
+    }
+
+    fn on(kind: FsKind, fs: ScratchFs) -> Self {
         let store = Store::init(&fs.path().join("store")).expect("initialising the store");
         let mounter = RealMounter::new();
         // The probe runs once per store and boot, then is read from run/probe.json; do it

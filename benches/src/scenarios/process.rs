@@ -1,10 +1,24 @@
 //! Process per call: `lamina create` and `lamina delete` as separate processes, the way
 //! Garden calls an image plugin, on a warm image. Includes process start, store open,
 //! (for `auto`) reading the cached probe, and printing the runtime spec.
+//!
+//! Two baselines are measured in the same loop, interleaved with the calls so a busy
+//! moment costs every column alike:
+//! - `/bin/true` spawned and waited for the same way (stdout and stderr captured, as
+//!   Garden does): what any process per call costs here;
+//! - the kernel floor: what the operation needs the kernel to do, in this process —
+//!   create: the container's three directories and the classic overlay mount; delete:
+//!   its unmount (which syncs the upper filesystem, stall S1) and removing them.
+//!
+//! The binary is the release build beside the bench executable: static and non-PIE, as
+//! every build is (`.cargo/config.toml`), which is most of what a process pays here.
 
-use std::time::Instant;
+use std::fs;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use lamina_integration::{Lamina, wait_until};
+use lamina_sys::Mounter;
 
 use super::{Ctx, progress};
 use crate::report::Table;
@@ -12,24 +26,27 @@ use crate::rig::Rig;
 use crate::stats::{Samples, human};
 
 pub fn run(ctx: &Ctx) -> Vec<Table> {
-    let calls = ctx.mode.pick(100, 3);
+    let calls = ctx.mode.pick(200, 3);
     let mut table = Table::new(
         "process",
         &[
             "fs",
             "strategy",
             "calls",
+            "`/bin/true` p50",
             "create p50",
             "create p99",
             "delete p50",
             "delete p99",
+            "kernel floor create / delete p50",
             "create+delete p50 vs classic",
         ],
     );
     for &kind in &ctx.filesystems {
         let rig = Rig::new(kind, 512);
         let reference = crate::images::sample(&rig.scratch("image"));
-        rig.warm(&reference);
+        let image = rig.warm(&reference);
+        let floor = Floor::new(&rig, &image);
         let lamina = Lamina::new(rig.store.root());
         let mut classic = None;
         for strategy in ["classic", "auto"] {
@@ -38,9 +55,13 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             // per boot, not a per-call cost.
             lamina.create_with(&["--strategy", strategy], &reference, "warmup");
             lamina.run(&["delete", "warmup"]);
+            let mut spawns = Samples::new();
             let mut creates = Samples::new();
             let mut deletes = Samples::new();
+            let mut floor_creates = Samples::new();
+            let mut floor_deletes = Samples::new();
             for i in 0..calls {
+                spawns.push(spawn_true());
                 let id = format!("p-{i}");
                 let t = Instant::now();
                 lamina.create_with(&["--strategy", strategy], &reference, &id);
@@ -49,6 +70,9 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 let out = lamina.run(&["delete", &id]);
                 deletes.push(t.elapsed());
                 assert_eq!(out.code, 0, "delete {id}: {out:?}");
+                let (create, delete) = floor.once();
+                floor_creates.push(create);
+                floor_deletes.push(delete);
             }
             // `auto` deletes are deferred to a detached `lamina reap`.
             wait_until("background reaper", || rig.no_trace());
@@ -59,13 +83,69 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 rig.fs_name().into(),
                 format!("`{strategy}`"),
                 calls.to_string(),
+                human(spawns.summary().p50),
                 human(c.p50),
                 human(c.p99),
                 human(d.p50),
                 human(d.p99),
+                format!(
+                    "{} / {}",
+                    human(floor_creates.summary().p50),
+                    human(floor_deletes.summary().p50)
+                ),
                 crate::stats::ratio(both, base),
             ]);
         }
     }
     vec![table]
+}
+
+/// `/bin/true`, spawned as [`Lamina::run`] spawns lamina.
+fn spawn_true() -> Duration {
+    let t = Instant::now();
+    let out = Command::new("/bin/true").output().expect("/bin/true");
+    let elapsed = t.elapsed();
+    assert!(out.status.success());
+    elapsed
+}
+
+/// The kernel work of a classic create and an inline delete, without lamina.
+struct Floor<'a> {
+    rig: &'a Rig,
+    chain: Vec<lamina_image::Digest>,
+    base: std::path::PathBuf,
+}
+
+impl<'a> Floor<'a> {
+    fn new(rig: &'a Rig, image: &lamina_image::Image) -> Self {
+        Self {
+            rig,
+            chain: image.chain_ids(),
+            base: rig.scratch("floor"),
+        }
+    }
+
+    /// One create's and one delete's kernel work, each timed.
+    fn once(&self) -> (Duration, Duration) {
+        let dir = self.base.join("c");
+        let dirs = lamina_store::ContainerDirs::under(dir.clone());
+        let spec = lamina_mount::plan::classic(&self.rig.store, &self.chain, &dirs);
+        let t = Instant::now();
+        fs::create_dir(&dir).expect("floor dir");
+        for d in [&dirs.rootfs, &dirs.upper, &dirs.work] {
+            fs::create_dir(d).expect("floor dirs");
+        }
+        self.rig
+            .mounter
+            .mount_overlay(&spec, &dirs.rootfs)
+            .expect("floor mount");
+        let create = t.elapsed();
+        let t = Instant::now();
+        self.rig
+            .mounter
+            .unmount(&dirs.rootfs)
+            .expect("floor unmount");
+        fs::remove_dir_all(&dir).expect("floor removal");
+        (create, t.elapsed())
+    }
 }

@@ -23,6 +23,17 @@ const DEFAULT_STORE: &str = "/var/lib/lamina";
     about = "Container root filesystems from OCI images, on OverlayFS"
 )]
 pub struct Cli {
+    #[command(flatten)]
+    globals: Globals,
+    #[command(flatten)]
+    grootfs: usage::GrootfsGlobals,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The flags every command takes (`global`: before or after the command's name).
+#[derive(Debug, clap::Args)]
+pub struct Globals {
     /// Store directory [default: /var/lib/lamina, or `store` in --config]
     #[arg(long, global = true)]
     store: Option<PathBuf>,
@@ -58,10 +69,6 @@ pub struct Cli {
     /// Give up waiting for a store lock another process holds after this many seconds, naming the holder [default: `lock_timeout_seconds` in --config, else 600]
     #[arg(long, global = true, value_name = "SECONDS")]
     lock_timeout_seconds: Option<u64>,
-    #[command(flatten)]
-    grootfs: usage::GrootfsGlobals,
-    #[command(subcommand)]
-    command: Command,
 }
 
 #[derive(Debug, Subcommand)]

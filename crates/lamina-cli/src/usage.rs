@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{CommandFactory, Parser};
 
-use crate::{Cli, Command};
+use crate::{Cli, Command, CreateArgs, Globals};
 
 /// Flags GrootFS accepts that mean nothing to lamina. They are parsed, so a Garden or a
 /// BOSH job written for GrootFS runs lamina unchanged, and otherwise ignored.
@@ -33,7 +33,13 @@ pub struct GrootfsGlobals {
 
 /// The parsed command line, or the exit code after printing why there is none.
 pub fn parse() -> Result<Cli, ExitCode> {
-    match Cli::try_parse() {
+    let parsed = match HotCli::try_parse() {
+        Ok(hot) => Ok(hot.into()),
+        // Anything else, `--help` and every mistake included, is the whole CLI's to
+        // parse and to word.
+        Err(_) => Cli::try_parse(),
+    };
+    match parsed {
         Ok(cli) => match check(&cli.command) {
             Ok(()) => Ok(cli),
             Err(line) => Err(report(&line)),
@@ -44,6 +50,43 @@ pub fn parse() -> Result<Cli, ExitCode> {
             Err(ExitCode::SUCCESS)
         }
         Err(e) => Err(report(&line_for(&e, subcommand().as_deref()))),
+    }
+}
+
+/// The command line of the two commands Garden runs once per container, `create` and
+/// `delete`: the same flag definitions as [`Cli`] (its [`Globals`], [`GrootfsGlobals`]
+/// and [`CreateArgs`]) under a command that has no other subcommands. clap builds every
+/// subcommand and copies each global flag into it before parsing; for the whole CLI
+/// that was about a fifth of a create called as a process (docs/benchmarks.md,
+/// process per call). A line this does not parse goes to [`Cli`], so help texts and
+/// errors are the whole CLI's.
+#[derive(Debug, Parser)]
+#[command(name = "lamina")]
+struct HotCli {
+    #[command(flatten)]
+    globals: Globals,
+    #[command(flatten)]
+    grootfs: GrootfsGlobals,
+    #[command(subcommand)]
+    command: HotCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum HotCommand {
+    Create(CreateArgs),
+    Delete { id_or_path: String },
+}
+
+impl From<HotCli> for Cli {
+    fn from(hot: HotCli) -> Self {
+        Cli {
+            globals: hot.globals,
+            grootfs: hot.grootfs,
+            command: match hot.command {
+                HotCommand::Create(args) => Command::Create(args),
+                HotCommand::Delete { id_or_path } => Command::Delete { id_or_path },
+            },
+        }
     }
 }
 
@@ -119,4 +162,136 @@ const NEGATIVE_THRESHOLD: &str = "invalid argument: clean threshold cannot be ne
 /// A byte count [`check`] has already refused if negative.
 pub fn bytes(value: Option<i64>) -> Option<u64> {
     value.and_then(|v| u64::try_from(v).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Command lines Garden, GrootFS's specs and operators use for create and delete.
+    const LINES: &[&[&str]] = &[
+        &["create", "oci:///img:latest", "c1"],
+        &["--store", "/s", "create", "/rootfs.tar", "c1"],
+        &[
+            "create",
+            "--store=/s",
+            "--strategy",
+            "auto",
+            "oci:///i",
+            "c1",
+        ],
+        &[
+            "--config",
+            "/etc/l.yml",
+            "--log-level",
+            "fatal",
+            "--driver",
+            "overlay-xfs",
+            "--tardis-bin",
+            "/t",
+            "--newuidmap-bin",
+            "/u",
+            "--newgidmap-bin",
+            "/g",
+            "--metron-endpoint",
+            "h:1",
+            "create",
+            "--disk-limit-size-bytes",
+            "10485760",
+            "--exclude-image-from-quota",
+            "--without-mount",
+            "--with-clean",
+            "--threshold-bytes",
+            "0",
+            "--clean-log-file",
+            "/l",
+            "--skip-layer-validation",
+            "--insecure-registry",
+            "r:5000",
+            "--username",
+            "u",
+            "--password",
+            "p",
+            "docker://r:5000/i:t",
+            "c2",
+        ],
+        &[
+            "create",
+            "--read-only",
+            "--ephemeral",
+            "--platform",
+            "linux/amd64",
+            "i",
+            "c",
+        ],
+        &[
+            "create",
+            "--with-mount",
+            "--without-clean",
+            "--disk-limit-size-bytes",
+            "-1",
+            "i",
+            "c",
+        ],
+        &[
+            "--max-layer-bytes",
+            "9",
+            "--registry-timeout-seconds",
+            "3",
+            "create",
+            "i",
+            "c",
+        ],
+        &[
+            "--lock-timeout-seconds",
+            "1",
+            "--log-file",
+            "/f",
+            "delete",
+            "c1",
+        ],
+        &["delete", "/s/images/c1/rootfs"],
+        &["delete", "--store", "/s", "c1"],
+        &["delete", ""],
+    ];
+
+    fn argv(line: &[&str]) -> Vec<String> {
+        std::iter::once("lamina")
+            .chain(line.iter().copied())
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn the_hot_path_parses_create_and_delete_as_the_whole_cli_does() {
+        for line in LINES {
+            let hot =
+                HotCli::try_parse_from(argv(line)).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+            let whole = Cli::try_parse_from(argv(line)).unwrap();
+            assert_eq!(
+                format!("{:?}", Cli::from(hot)),
+                format!("{whole:?}"),
+                "{line:?}"
+            );
+        }
+    }
+
+    /// What the hot path refuses falls to the whole CLI: other commands, help, and the
+    /// mistakes whose GrootFS wording `line_for` gives.
+    #[test]
+    fn the_hot_path_refuses_what_only_the_whole_cli_answers() {
+        for line in [
+            &["list"][..],
+            &["--help"],
+            &["--version"],
+            &["create", "--help"],
+            &["create", "only-image"],
+            &["create", "i", "c", "extra"],
+            &["delete"],
+            &["create", "--no-such-flag", "i", "c"],
+            &["pool", "fill", "i"],
+        ] {
+            assert!(HotCli::try_parse_from(argv(line)).is_err(), "{line:?}");
+        }
+    }
 }

@@ -289,7 +289,7 @@ fn create_locked(
         rootfs: Default::default(),
     };
     let container = Container { record, rootfs };
-    record::write(store, &container)?;
+    record::write_new(store, &container)?;
     undo.armed = false;
     tracing::info!(
         id,

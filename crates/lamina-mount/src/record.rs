@@ -332,13 +332,22 @@ pub fn read_in(store: &Store, dir: &Path) -> Result<Option<Container>, StoreErro
 
 /// Writes `container`'s record durably, in the current form.
 pub fn write(store: &Store, container: &Container) -> Result<(), StoreError> {
-    let record = container.to_record().map_err(|e| {
+    store.write_record(&to_store_record(store, container)?)
+}
+
+/// Writes a new container's first record: whole for every reader, on disk with the
+/// filesystem's next commit ([`Store::write_new_record`]).
+pub fn write_new(store: &Store, container: &Container) -> Result<(), StoreError> {
+    store.write_new_record(&to_store_record(store, container)?)
+}
+
+fn to_store_record(store: &Store, container: &Container) -> Result<ContainerRecord, StoreError> {
+    container.to_record().map_err(|e| {
         StoreError::io(
             "encoding the record of",
             &store.layout().container(container.id()),
         )(e.into())
-    })?;
-    store.write_record(&record)
+    })
 }
 
 /// Every container in `images/`: the readable ones, sorted by ID, and those whose record

@@ -80,6 +80,14 @@ pub fn secure_store(
         .chain(private_dirs(layout).map(|dir| (dir, PRIVATE_MODE, 0)));
     for (dir, mode, gid) in dirs {
         let name = dir.file_name().unwrap_or_default();
+        // Every command opens the store: one lstat settles a directory that is already
+        // right (a check only; anything else takes the fd path below).
+        if host
+            .stat(At::Child(root_fd.as_fd(), name))
+            .is_ok_and(|st| already_right(host, &st, mode, gid))
+        {
+            continue;
+        }
         match rustix::fs::mkdirat(&root_fd, name, Mode::from_raw_mode(PRIVATE_MODE)) {
             Ok(()) | Err(Errno::EXIST) => {}
             Err(e) => return Err(StoreError::errno("creating", &dir)(e)),
@@ -88,6 +96,13 @@ pub fn secure_store(
         tighten(host, &fd, &dir, mode, gid)?;
     }
     Ok(())
+}
+
+/// Whether `st` (an lstat) is a directory [`tighten`] would leave as it is.
+fn already_right(host: &dyn HostFs, st: &rustix::fs::Stat, mode: u32, gid: u32) -> bool {
+    let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+    let owner_right = (st.st_uid == 0 && st.st_gid == gid) || !host.may_chown();
+    is_dir && owner_right && st.st_mode & 0o7777 == mode
 }
 
 /// Every top-level directory but the root and `images/`. `run/` is last: its presence

@@ -127,6 +127,11 @@ fn delete_store(ctx: &Ctx, mounter: &RealMounter) -> anyhow::Result<()> {
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let Cli {
+        globals: cli,
+        command,
+        ..
+    } = cli;
     let config = match &cli.config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
@@ -194,7 +199,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let mounter = RealMounter::new();
 
-    match cli.command {
+    match command {
         Command::InitStore {
             rootless: Some(user),
             ..
