@@ -335,8 +335,8 @@ pub fn write(store: &Store, container: &Container) -> Result<(), StoreError> {
     store.write_record(&to_store_record(store, container)?)
 }
 
-/// Writes a new container's first record: whole for every reader, on disk with the
-/// filesystem's next commit ([`Store::write_new_record`]).
+/// Writes a new container's first record ([`Store::write_new_record`]): whole after any
+/// crash, without a device flush on ext4 and xfs.
 pub fn write_new(store: &Store, container: &Container) -> Result<(), StoreError> {
     store.write_new_record(&to_store_record(store, container)?)
 }

@@ -289,26 +289,20 @@ impl Store {
     /// Writes the record durably: after a crash it is the previous record or this one,
     /// whole ([`crate::write_durably`]).
     pub fn write_record(&self, record: &ContainerRecord) -> Result<(), StoreError> {
-        let (path, json) = self.encoded(record)?;
-        self.write_durably(&path, &json)
-    }
-
-    /// Writes a new container's first record, whole for every reader but without waiting
-    /// for the disk ([`crate::durable::write_atomically_with`]): a container created in the
-    /// few seconds before a host crash comes back without a record, or with an empty one,
-    /// and is then a crashed create (`clean` removes it; see [`read_record`]). Its upper
-    /// is no more durable than that either, so the fsync bought only an empty container.
-    pub fn write_new_record(&self, record: &ContainerRecord) -> Result<(), StoreError> {
-        let (path, json) = self.encoded(record)?;
-        crate::durable::write_atomically_with(&*self.host, &path, &json)
-    }
-
-    /// Where `record` goes, and its bytes.
-    fn encoded(&self, record: &ContainerRecord) -> Result<(PathBuf, Vec<u8>), StoreError> {
         let path = self.layout.container(&record.id).join(RECORD);
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
-        Ok((path, json))
+        self.write_durably(&path, &json)
+    }
+
+    /// Writes a new container's first record, whole after any crash, without waiting for
+    /// the disk where the filesystem's journal makes that safe
+    /// ([`crate::durable::write_new_with`]).
+    pub fn write_new_record(&self, record: &ContainerRecord) -> Result<(), StoreError> {
+        let path = self.layout.container(&record.id).join(RECORD);
+        let json = serde_json::to_vec_pretty(record)
+            .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
+        crate::durable::write_new_with(&**self.host(), &path, &json)
     }
 
     pub fn record(&self, id: &str) -> Result<ContainerRecord, StoreError> {
@@ -437,14 +431,6 @@ fn read_record(
     if bytes.len() as u64 > MAX_RECORD_BYTES {
         return Err(bad(format!("it is past {MAX_RECORD_BYTES} bytes")));
     }
-    if bytes.is_empty() && never_mounted_since_a_crash(path) {
-        tracing::info!(
-            container = id,
-            record = %path.display(),
-            "an empty record with nothing mounted: a create the host crashed under before its record reached the disk"
-        );
-        return Ok(None);
-    }
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(bad("is empty".into()));
     }
@@ -458,18 +444,6 @@ fn read_record(
         )));
     }
     Ok(Some(record))
-}
-
-/// Whether nothing is mounted in the directory of an empty record at `path`. A create's
-/// first record is written without waiting for the disk, so after a host crash it may be
-/// empty (the rename reached the disk, the data did not); nothing the create mounted
-/// survives a reboot either. An empty record over a live mount is damage, not a crash,
-/// and stays a bad record so nothing tears a running container down.
-fn never_mounted_since_a_crash(path: &Path) -> bool {
-    let Some(dir) = path.parent() else {
-        return false;
-    };
-    lamina_sys::mounts_under(dir).is_ok_and(|mounts| mounts.is_empty())
 }
 
 /// Unique within the store: pid, time and a per-process counter.
@@ -526,14 +500,12 @@ mod tests {
     fn a_torn_record_is_reported_beside_the_healthy_ones_not_instead_of_them() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::init(&dir.path().join("store")).unwrap();
-        for id in ["a", "crashed", "empty", "garbage", "z"] {
+        for id in ["a", "empty", "garbage", "z"] {
             drop(store.create_container_dirs(id).unwrap());
             store.write_record(&record(id)).unwrap();
         }
         let path = |id: &str| store.layout().container(id).join(RECORD);
-        // Zero bytes with nothing mounted: a create the host crashed under, not a record.
-        fs::write(path("crashed"), b"").unwrap();
-        fs::write(path("empty"), b"\n").unwrap();
+        fs::write(path("empty"), b"").unwrap();
         fs::write(path("garbage"), b"{\"id\": \"gar").unwrap();
 
         let scan = store.scan_containers().unwrap();
@@ -555,8 +527,6 @@ mod tests {
         let err = store.record("garbage").unwrap_err();
         assert!(matches!(err, StoreError::BadRecord { .. }), "{err}");
         assert!(err.to_string().contains("container `garbage`"), "{err}");
-        let err = store.record("crashed").unwrap_err();
-        assert!(matches!(err, StoreError::NotFound(_)), "{err}");
         // Rewritten whole, it is a container again.
         store.write_record(&record("empty")).unwrap();
         assert_eq!(store.scan_containers().unwrap().bad.len(), 1);

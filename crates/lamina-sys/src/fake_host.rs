@@ -186,6 +186,12 @@ impl HostFs for FakeMounter {
             .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
     }
 
+    /// The fake's filesystem journals nothing in order: writers take their durable path,
+    /// whose calls it records and can fail.
+    fn write_new_direct(&self, _path: &Path, _bytes: &[u8]) -> Result<bool, Errno> {
+        Ok(false)
+    }
+
     fn fsync(&self, _file: &File, path: &Path) -> Result<(), Errno> {
         let record = FakeCall::Fsync(path.to_path_buf());
         self.lock().enter(Call::Fsync, path, Some(record))

@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, CWD, FileType, Gid, Mode, Uid, XattrFlags};
+use rustix::fs::{AtFlags, CWD, FileType, Gid, Mode, OFlags, Uid, XattrFlags};
 use rustix::io::Errno;
 
 /// File status as `lstat` reports it (`struct stat`).
@@ -110,7 +110,27 @@ pub trait HostFs: Send + Sync + Debug {
 
     /// `syncfs` of the filesystem holding `path`.
     fn syncfs(&self, path: &Path) -> Result<(), Errno>;
+
+    /// Creates the file `path` holding `bytes`, padded with spaces to whole 4 KiB blocks,
+    /// with `O_DIRECT`, where the filesystem journals metadata in order (ext4, xfs). When
+    /// this returns the bytes are on the device (in its cache at worst) and the file's size
+    /// is in the journal ahead of anything logged after it, so the first commit that
+    /// carries a later change — a rename of this file, a container's own fsync — carries
+    /// this file whole too, and that commit's flush makes the bytes durable. No flush of
+    /// its own: a buffered write could reach a commit as a name with size 0.
+    /// `Ok(false)`: another filesystem, or one that refuses `O_DIRECT`; nothing created.
+    fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno>;
 }
+
+/// Filesystems whose journal orders a direct write's size update before every later
+/// change (`statfs` magic numbers): ext4 (jbd2 commits transactions in order, with a
+/// flush before each commit block) and xfs (one log, forced in sequence, with a flush
+/// before each log write). btrfs is not: an fsync logs only the inode it syncs.
+const ORDERED_JOURNALS: [u64; 2] = [0xEF53, 0x5846_5342];
+
+/// One page-aligned block, as `O_DIRECT` needs its buffers.
+#[repr(C, align(4096))]
+struct Block([u8; 4096]);
 
 /// The host as it is: every call goes to the kernel.
 #[derive(Debug, Default, Clone, Copy)]
@@ -206,6 +226,40 @@ impl HostFs for RealHost {
         let dir = File::open(path).map_err(|e| io_errno(&e))?;
         rustix::fs::syncfs(dir.as_fd())
     }
+
+    fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let magic = rustix::fs::statfs(dir)?.f_type as u64;
+        if !ORDERED_JOURNALS.contains(&magic) {
+            return Ok(false);
+        }
+        let flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::DIRECT | OFlags::CLOEXEC;
+        let file = match rustix::fs::open(path, flags, Mode::from_raw_mode(0o666)) {
+            Ok(fd) => File::from(fd),
+            Err(Errno::INVAL) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let written = write_blocks(&file, bytes);
+        if written.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        written.map(|()| true)
+    }
+}
+
+/// `bytes` as whole aligned blocks, the last padded with spaces.
+fn write_blocks(mut file: &File, bytes: &[u8]) -> Result<(), Errno> {
+    let mut block = Box::new(Block([b' '; 4096]));
+    for chunk in bytes.chunks(block.0.len()) {
+        block.0.fill(b' ');
+        block.0[..chunk.len()].copy_from_slice(chunk);
+        file.write_all(&block.0).map_err(|e| io_errno(&e))?;
+    }
+    Ok(())
 }
 
 pub(crate) fn io_errno(e: &std::io::Error) -> Errno {
