@@ -150,8 +150,8 @@ mod tests {
     fn a_new_file_reads_back_whole_and_leaves_no_temporary() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("container.json");
-        let json = serde_json::to_vec(&serde_json::json!({"id": "c", "big": "x".repeat(9000)}))
-            .unwrap();
+        let json =
+            serde_json::to_vec(&serde_json::json!({"id": "c", "big": "x".repeat(9000)})).unwrap();
         write_new_with(&RealHost, &path, &json).unwrap();
         let read = fs::read(&path).unwrap();
         assert!(read.starts_with(&json));
