@@ -44,6 +44,16 @@ impl ScratchFs {
     /// writeback stalls need). The loop device is detached as soon as it is mounted, which
     /// makes the kernel release it at unmount: a killed process leaks no loop device.
     pub fn loop_backed(kind: FsKind, size_mb: u64, direct_io: bool) -> Self {
+        let options = LoopOptions {
+            direct_io,
+            ..LoopOptions::default()
+        };
+        Self::loop_backed_with(kind, size_mb, &options)
+    }
+
+    /// [`ScratchFs::loop_backed`] with `mkfs` arguments, mount options or a loop sector
+    /// size of the test's choosing: the configurations a feature must detect.
+    pub fn loop_backed_with(kind: FsKind, size_mb: u64, options: &LoopOptions) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("lamina-test-")
             .tempdir()
@@ -52,17 +62,30 @@ impl ScratchFs {
         let file = std::fs::File::create(&image).expect("image file");
         file.set_len(size_mb * 1024 * 1024).expect("sizing image");
         let mut losetup = vec!["--find", "--show"];
-        if direct_io {
+        if options.direct_io {
             losetup.push("--direct-io=on");
+        }
+        let sector_size = options.sector_size.map(|s| s.to_string());
+        if let Some(size) = &sector_size {
+            losetup.extend(["--sector-size", size]);
         }
         losetup.push(path_str(&image));
         let device = run("losetup", &losetup).trim().to_string();
-        match kind {
-            FsKind::Ext4 => run_or_detach(&device, "mkfs.ext4", &["-q", "-F", &device]),
-            FsKind::Xfs => run_or_detach(&device, "mkfs.xfs", &["-q", "-f", &device]),
-            FsKind::Btrfs => run_or_detach(&device, "mkfs.btrfs", &["-q", "-f", &device]),
+        let (mkfs, force) = match kind {
+            FsKind::Ext4 => ("mkfs.ext4", "-F"),
+            FsKind::Xfs => ("mkfs.xfs", "-f"),
+            FsKind::Btrfs => ("mkfs.btrfs", "-f"),
         };
-        run_or_detach(&device, "mount", &[&device, path_str(dir.path())]);
+        let mut args = vec!["-q", force];
+        args.extend(options.mkfs.iter().copied());
+        args.push(&device);
+        run_or_detach(&device, mkfs, &args);
+        let mut mount = Vec::new();
+        if let Some(opts) = options.mount {
+            mount.extend(["-o", opts]);
+        }
+        mount.extend([device.as_str(), path_str(dir.path())]);
+        run_or_detach(&device, "mount", &mount);
         run("losetup", &["--detach", &device]);
         Self {
             dir,
@@ -136,6 +159,19 @@ pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
 
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")
+}
+
+/// How [`ScratchFs::loop_backed_with`] makes its filesystem.
+#[derive(Debug, Default, Clone)]
+pub struct LoopOptions {
+    /// The loop device writes straight to the disk.
+    pub direct_io: bool,
+    /// The loop device's logical sector size in bytes.
+    pub sector_size: Option<u32>,
+    /// Extra arguments to `mkfs`.
+    pub mkfs: Vec<&'static str>,
+    /// `mount -o` options.
+    pub mount: Option<&'static str>,
 }
 
 /// A filesystem `ScratchFs::loop_backed` can make.

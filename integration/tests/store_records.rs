@@ -320,3 +320,25 @@ fn a_record_survives_a_power_cut_whenever_its_containers_fsync_does() {
         assert_eq!(lamina.run(&["check"]).code, 0, "{kind:?}");
     }
 }
+
+/// An image config may be up to 4 MiB, and its environment goes into the container's
+/// record, which readers refuse past 1 MiB. Such a create is refused when the record is
+/// written, naming the limit, and leaves nothing: no container that `list` cannot show.
+#[test]
+fn a_record_past_the_limit_is_refused_at_create_and_leaves_nothing() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let mut image = hostile::base_only();
+    hostile::edit_config(&mut image, |config| {
+        config["config"]["Env"] = serde_json::json!([format!("BIG={}", "x".repeat(1_100_000))]);
+    });
+    let reference = hostile::write(&fs.path().join("big-env"), &image);
+    let out = lamina.run(&["create", &reference, "big"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stdout.contains("1048576-byte limit"), "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 1, "{out:?}");
+    assert!(!lamina.store.join("images/big").exists());
+    assert!(mounts_under(&lamina.store).is_empty());
+    assert_eq!(lamina.run(&["check"]).code, 0);
+}

@@ -289,9 +289,7 @@ impl Store {
     /// Writes the record durably: after a crash it is the previous record or this one,
     /// whole ([`crate::write_durably`]).
     pub fn write_record(&self, record: &ContainerRecord) -> Result<(), StoreError> {
-        let path = self.layout.container(&record.id).join(RECORD);
-        let json = serde_json::to_vec_pretty(record)
-            .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
+        let (path, json) = self.encoded(record)?;
         self.write_durably(&path, &json)
     }
 
@@ -299,10 +297,26 @@ impl Store {
     /// the disk where the filesystem's journal makes that safe
     /// ([`crate::durable::write_new_with`]).
     pub fn write_new_record(&self, record: &ContainerRecord) -> Result<(), StoreError> {
+        let (path, json) = self.encoded(record)?;
+        crate::durable::write_new_with(&**self.host(), &path, &json)
+    }
+
+    /// Where `record` goes, and its bytes. A record past [`MAX_RECORD_BYTES`] is refused
+    /// here rather than written: every reader would refuse it (an image config may be up
+    /// to 4 MiB, so its environment alone can make one).
+    fn encoded(&self, record: &ContainerRecord) -> Result<(PathBuf, Vec<u8>), StoreError> {
         let path = self.layout.container(&record.id).join(RECORD);
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
-        crate::durable::write_new_with(&**self.host(), &path, &json)
+        if json.len() as u64 > MAX_RECORD_BYTES {
+            return Err(StoreError::io("writing", &path)(std::io::Error::other(
+                format!(
+                    "the record would be {} bytes, past the {MAX_RECORD_BYTES}-byte limit (an image environment this large is refused)",
+                    json.len()
+                ),
+            )));
+        }
+        Ok((path, json))
     }
 
     pub fn record(&self, id: &str) -> Result<ContainerRecord, StoreError> {

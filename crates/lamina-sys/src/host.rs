@@ -112,21 +112,16 @@ pub trait HostFs: Send + Sync + Debug {
     fn syncfs(&self, path: &Path) -> Result<(), Errno>;
 
     /// Creates the file `path` holding `bytes`, padded with spaces to whole 4 KiB blocks,
-    /// with `O_DIRECT`, where the filesystem journals metadata in order (ext4, xfs). When
-    /// this returns the bytes are on the device (in its cache at worst) and the file's size
-    /// is in the journal ahead of anything logged after it, so the first commit that
-    /// carries a later change — a rename of this file, a container's own fsync — carries
-    /// this file whole too, and that commit's flush makes the bytes durable. No flush of
-    /// its own: a buffered write could reach a commit as a name with size 0.
-    /// `Ok(false)`: another filesystem, or one that refuses `O_DIRECT`; nothing created.
+    /// with `O_DIRECT`, where the filesystem's journal puts that write ahead of everything
+    /// it logs later (journaled ext4 and xfs in the configurations `ordered_journal.rs`
+    /// lists) and the file really bypasses the page cache. When this returns the bytes are
+    /// on the device (in its cache at worst) and the file's size is in the journal, so the
+    /// first commit that carries a later change — a rename of this file, a container's own
+    /// fsync — carries this file whole too, and that commit's flush makes the bytes
+    /// durable. No flush of its own: a buffered write could reach a commit as a name with
+    /// size 0. `Ok(false)`: not such a filesystem or file; nothing is left behind.
     fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno>;
 }
-
-/// Filesystems whose journal orders a direct write's size update before every later
-/// change (`statfs` magic numbers): ext4 (jbd2 commits transactions in order, with a
-/// flush before each commit block) and xfs (one log, forced in sequence, with a flush
-/// before each log write). btrfs is not: an fsync logs only the inode it syncs.
-const ORDERED_JOURNALS: [u64; 2] = [0xEF53, 0x5846_5342];
 
 /// One page-aligned block, as `O_DIRECT` needs its buffers.
 #[repr(C, align(4096))]
@@ -232,8 +227,7 @@ impl HostFs for RealHost {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
-        let magic = rustix::fs::statfs(dir)?.f_type as u64;
-        if !ORDERED_JOURNALS.contains(&magic) {
+        if !crate::ordered_journal::orders_direct_writes(dir) {
             return Ok(false);
         }
         let flags =
@@ -243,13 +237,48 @@ impl HostFs for RealHost {
             Err(Errno::INVAL) => return Ok(false),
             Err(e) => return Err(e),
         };
-        let written = write_blocks(&file, bytes);
-        if written.is_err() {
-            let _ = std::fs::remove_file(path);
+        let written = if direct_io_honoured(&file) {
+            write_blocks(&file, bytes).map(|()| true)
+        } else {
+            Ok(false)
+        };
+        match written {
+            Ok(true) => Ok(true),
+            // Not direct after all, or blocks this size are not aligned for the device:
+            // the caller takes the fsync path.
+            Ok(false) | Err(Errno::INVAL) => {
+                let _ = std::fs::remove_file(path);
+                Ok(false)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                Err(e)
+            }
         }
-        written.map(|()| true)
     }
 }
+
+/// Whether writes to `file` really bypass the page cache in 4 KiB blocks: ext4 falls back
+/// to buffered I/O without a word for encrypted files, `data=journal` and inline data,
+/// and says so only here (a zero `dio_offset_align`); a device with larger sectors needs
+/// larger blocks.
+fn direct_io_honoured(file: &File) -> bool {
+    let Ok(st) = rustix::fs::statx(
+        file,
+        "",
+        AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::DIOALIGN,
+    ) else {
+        return false;
+    };
+    let divides_block = |align: u32| align != 0 && BLOCK.is_multiple_of(align);
+    st.stx_mask & rustix::fs::StatxFlags::DIOALIGN.bits() != 0
+        && divides_block(st.stx_dio_offset_align)
+        && divides_block(st.stx_dio_mem_align)
+}
+
+/// The block size records are padded to and written in.
+const BLOCK: u32 = 4096;
 
 /// `bytes` as whole aligned blocks, the last padded with spaces.
 fn write_blocks(mut file: &File, bytes: &[u8]) -> Result<(), Errno> {

@@ -32,6 +32,7 @@ mod fake_host;
 mod faults;
 mod host;
 mod mountinfo;
+mod ordered_journal;
 mod overlay_spec;
 mod raw;
 mod real;

@@ -1,0 +1,91 @@
+//! A create's first record skips the device flush only where the filesystem's journal
+//! puts a direct write ahead of everything after it (docs/store.md, "Durability of
+//! records"; `lamina-sys/src/ordered_journal.rs`). Each configuration here is made for
+//! real and asked; where the answer is no, nothing is left behind and the caller's fsync
+//! path runs. Found by review: ext2-style ext4 without a journal, `journal_async_commit`,
+//! ext4's silent fallback to buffered I/O (`data=journal` stands for encrypted files and
+//! inline data, which take the same fallback) and sectors larger than the record's blocks.
+
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+
+use lamina_integration::{FsKind, LoopOptions, ScratchFs, require_root};
+use lamina_sys::{HostFs, RealHost};
+
+/// Asks for a direct write of a small record into `fs` and checks what was left.
+fn direct(fs: &ScratchFs) -> bool {
+    let path = fs.path().join("record.tmp");
+    let wrote = RealHost
+        .write_new_direct(&path, b"{\"id\":\"c\"}")
+        .unwrap_or_else(|e| panic!("{}: {e}", fs.path().display()));
+    if wrote {
+        let bytes = fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), 4096);
+        assert!(bytes.starts_with(b"{\"id\":\"c\"}"));
+    } else {
+        assert!(!path.exists(), "a refused direct write left its file");
+    }
+    wrote
+}
+
+fn made(kind: FsKind, options: LoopOptions) -> ScratchFs {
+    ScratchFs::loop_backed_with(kind, 512, &options)
+}
+
+#[test]
+fn journaled_ext4_and_xfs_take_the_direct_write() {
+    require_root();
+    assert!(direct(&made(FsKind::Ext4, LoopOptions::default())));
+    assert!(direct(&made(FsKind::Xfs, LoopOptions::default())));
+    let direct_io = LoopOptions {
+        direct_io: true,
+        ..LoopOptions::default()
+    };
+    assert!(direct(&made(FsKind::Xfs, direct_io)));
+}
+
+#[test]
+fn filesystems_without_an_ordered_journal_take_the_fsync_path() {
+    require_root();
+    let cases = [
+        (
+            "ext4 without a journal",
+            FsKind::Ext4,
+            LoopOptions {
+                mkfs: vec!["-O", "^has_journal"],
+                ..LoopOptions::default()
+            },
+        ),
+        (
+            "ext4 journal_async_commit",
+            FsKind::Ext4,
+            LoopOptions {
+                mount: Some("data=writeback,journal_async_commit"),
+                ..LoopOptions::default()
+            },
+        ),
+        (
+            "ext4 data=journal (buffered despite O_DIRECT)",
+            FsKind::Ext4,
+            LoopOptions {
+                mount: Some("data=journal"),
+                ..LoopOptions::default()
+            },
+        ),
+        (
+            "xfs on 16 KiB sectors",
+            FsKind::Xfs,
+            LoopOptions {
+                sector_size: Some(16384),
+                mkfs: vec!["-b", "size=16384", "-s", "size=16384"],
+                ..LoopOptions::default()
+            },
+        ),
+        ("btrfs", FsKind::Btrfs, LoopOptions::default()),
+    ];
+    for (case, kind, options) in cases {
+        assert!(!direct(&made(kind, options)), "{case}");
+    }
+    assert!(!direct(&ScratchFs::tmpfs()), "tmpfs");
+}
