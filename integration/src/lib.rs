@@ -43,6 +43,33 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 /// Writes the busybox sample image in every format under `dir`.
+/// A busybox image `layers` deep: the sample's base layer, then one layer per file
+/// `/deep/<n>` (n from 1), written in every format under `dir`. For the depths containerd
+/// and overlay must take.
+pub fn deep_image(dir: &std::path::Path, layers: usize) -> lamina_sample::SampleFiles {
+    use lamina_sample::{Layer, LayerBuilder};
+    let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX)
+        .expect("Debian's busybox-static (scripts/test installs it)");
+    let mut all = vec![Layer {
+        tar: lamina_sample::base_layer(&busybox).expect("base layer"),
+        compression: lamina_image::Compression::Gzip,
+    }];
+    for n in 1..layers {
+        let tar = LayerBuilder::new()
+            .dir("deep", 0o755)
+            .and_then(|b| b.file(&format!("deep/{n}"), 0o644, format!("{n}\n").as_bytes()))
+            .and_then(LayerBuilder::finish)
+            .expect("a deep layer");
+        all.push(Layer {
+            tar,
+            compression: lamina_image::Compression::Gzip,
+        });
+    }
+    let image = lamina_sample::build_image(&all, &[], &lamina_image::Platform::host())
+        .expect("building a deep image");
+    lamina_sample::write_all_formats(&image, dir).expect("writing a deep image")
+}
+
 pub fn sample_image(dir: &std::path::Path) -> lamina_sample::SampleFiles {
     let busybox = std::path::Path::new(lamina_sample::DEFAULT_BUSYBOX);
     assert!(

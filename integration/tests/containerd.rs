@@ -41,6 +41,19 @@ fn run_on_lamina(ctd: &Containerd, id: &str, script: &str) -> String {
     ctd.ctr_ok(&run_args(id, script))
 }
 
+/// `ctr images import --snapshotter lamina --base-name NAME ARCHIVE`.
+fn import(ctd: &Containerd, name: &str, archive: &std::path::Path) {
+    ctd.ctr_ok(&[
+        "images",
+        "import",
+        "--snapshotter",
+        "lamina",
+        "--base-name",
+        name,
+        archive.to_str().unwrap(),
+    ]);
+}
+
 #[test]
 fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
     require_root();
@@ -51,16 +64,7 @@ fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
     let mut daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
     let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
 
-    let archive = files.oci_archive.to_str().unwrap();
-    ctd.ctr_ok(&[
-        "images",
-        "import",
-        "--snapshotter",
-        "lamina",
-        "--base-name",
-        "docker.io/lamina/sample",
-        archive,
-    ]);
+    import(&ctd, "docker.io/lamina/sample", &files.oci_archive);
     // Each image layer was committed into the store as a lamina layer, named by chain ID.
     assert_eq!(entries(&store.join("layers")), 2, "{}", daemon.log());
     let snapshots = ctd.ctr_ok(&["snapshots", "--snapshotter", "lamina", "ls"]);
@@ -146,6 +150,47 @@ fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
     });
     let leaked = mounts_under(&store);
     assert!(leaked.is_empty(), "mounts left: {leaked:?}");
+    drop(ctd);
+    drop(daemon);
+}
+
+/// Images deeper than one page of mount options used to fail under containerd ("mount
+/// options is too long" past ~50 layers): `Mounts` now names each layer by its short link
+/// in `l/`, which containerd mounts from inside that directory. 128 and 300 layers run;
+/// every layer's file is there.
+#[test]
+fn ctr_runs_images_of_128_and_300_layers_on_lamina() {
+    require_root();
+    let fs = ScratchFs::ext4(2048);
+    let store = fs.path().join("store");
+    let daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
+    let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
+    for depth in [128, 300] {
+        let files = lamina_integration::deep_image(&fs.path().join(format!("deep{depth}")), depth);
+        let name = format!("docker.io/lamina/deep{depth}");
+        import(&ctd, &name, &files.oci_archive);
+        let image = format!("{name}:latest");
+        let id = format!("deep{depth}");
+        let out = ctd.ctr_ok(&[
+            "run",
+            "--rm",
+            "--snapshotter",
+            "lamina",
+            &image,
+            &id,
+            "sh",
+            "-c",
+            "ls /deep | wc -l; cat /deep/1 /deep/$(ls /deep | sort -n | tail -1)",
+        ]);
+        let last = depth - 1;
+        assert_eq!(
+            out.split_whitespace().collect::<Vec<_>>(),
+            [last.to_string(), "1".into(), last.to_string()],
+            "{depth} layers: {out}\n{}",
+            daemon.log()
+        );
+        ctd.ctr_ok(&["images", "rm", "--sync", &image]);
+    }
     drop(ctd);
     drop(daemon);
 }

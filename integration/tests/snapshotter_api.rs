@@ -741,3 +741,64 @@ fn a_volatile_snapshot_that_lost_its_mount_is_refused_not_bound_or_published() {
     f.api.remove("base").unwrap();
     assert!(mounts_under(&f.daemon.store).is_empty());
 }
+
+/// `Mounts` names each layer by its short link (`l/<8 hex>`), so a deep chain fits the
+/// one page of options containerd mounts from (`containerd.rs` runs 128 and 300 layers
+/// through ctr). Past what a page can hold even so, `Prepare` refuses, naming the depth,
+/// instead of answering with options no mount takes.
+#[test]
+fn deep_chains_mount_by_short_links_and_past_a_page_are_refused_naming_the_depth() {
+    let f = fixture();
+    let store = f.fs.path().join("store");
+    let mut parent = String::new();
+    let mut refused = None;
+    for n in 0..500 {
+        let key = format!("k{n}");
+        match f.api.prepare(&key, &parent, classic()) {
+            Ok(_) => {}
+            Err(err) => {
+                refused = Some((n, key, err));
+                break;
+            }
+        }
+        parent = format!("c{n}");
+        f.api.commit(&parent, &key, none()).expect("commit");
+        if n == 127 {
+            let mounts = f.api.prepare("at128", &parent, classic()).unwrap();
+            let lowers: Vec<&str> = mounts[0]
+                .options
+                .iter()
+                .find_map(|o| o.strip_prefix("lowerdir="))
+                .unwrap()
+                .split(':')
+                .collect();
+            assert_eq!(lowers.len(), 128);
+            for lower in &lowers {
+                let link = Path::new(lower);
+                assert_eq!(link.parent(), Some(store.join("l").as_path()), "{lower}");
+                assert_eq!(link.file_name().unwrap().len(), 8, "{lower}");
+                assert!(link.is_dir(), "{lower} resolves");
+            }
+            // mount(8) here would pass the absolute paths and overflow the page;
+            // containerd mounts from inside `l/` (ctr runs it in `containerd.rs`).
+            assert!(lowers.iter().map(|l| l.len() + 1).sum::<usize>() > 4096);
+            f.api.remove("at128").unwrap();
+        }
+    }
+    // About 440 layers fit here; the store's path length does not count (containerd
+    // mounts from inside `l/`), the upper's and work's paths do.
+    let (depth, key, err) = refused.expect("a chain of 500 was accepted");
+    assert!(depth > 400, "refused at only {depth} layers: {err:?}");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains(&format!("{depth} layers")),
+        "{err:?}"
+    );
+    assert!(err.message().contains("one page"), "{err:?}");
+    assert_eq!(f.api.stat(&key).unwrap_err().code(), Code::NotFound);
+    let left: Vec<_> = fs::read_dir(store.join("images"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "the refused prepare left {left:?}");
+}

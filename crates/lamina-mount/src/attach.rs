@@ -60,11 +60,53 @@ fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach,
                     crate::plan::read_write(store, &container.record.layers, &dirs, flavor);
                 spec.read_only = read_only;
                 Attach::Overlay {
-                    options: spec.option_strings(),
+                    options: options_for_one_page(store, spec)?,
                 }
             }
         }
     })
+}
+
+/// One page: what mount(2) takes as its options, and so what a caller mounting the
+/// overlay from an option string can pass.
+const PAGE: usize = 4096;
+
+/// `spec`'s options for a caller that mounts the overlay itself, each layer named by its
+/// short link (`l/<name>`, see `lamina-store/src/layer_links.rs`). containerd mounts
+/// lowerdirs that share a directory from inside it, by their bare names; with them the
+/// options must fit one page, so a chain too deep for that is refused here, naming its
+/// depth, rather than handed to a mount that fails with "mount options is too long".
+fn options_for_one_page(
+    store: &Store,
+    mut spec: lamina_sys::OverlaySpec,
+) -> Result<Vec<String>, RootfsError> {
+    spec.lowers = spec
+        .lowers
+        .iter()
+        .map(|lower| store.short_lower(lower))
+        .collect::<Result<_, _>>()?;
+    let options = spec.option_strings();
+    let compacted: usize = options
+        .iter()
+        .map(|o| match o.strip_prefix("lowerdir=") {
+            Some(_) => {
+                "lowerdir=".len()
+                    + spec
+                        .lowers
+                        .iter()
+                        .map(|l| l.file_name().map_or(0, |n| n.len()) + 1)
+                        .sum::<usize>()
+            }
+            None => o.len() + 1,
+        })
+        .sum();
+    if compacted > PAGE {
+        return Err(RootfsError::Refused(format!(
+            "an overlay of {} layers cannot be mounted from one page of mount options ({compacted} bytes even with short layer names); images this deep need a flattened lower",
+            spec.lowers.len()
+        )));
+    }
+    Ok(options)
 }
 
 /// Makes container `id` with no layers: an empty directory (its upper) the caller binds,

@@ -71,6 +71,8 @@ pub(crate) fn collect_unused(
         doomed.push(set_aside(store, &tree, "flat", &name)?);
         collected.flattened += 1;
     }
+    // Short links (`l/`) to the layers just set aside go with them.
+    store.sweep_layer_links()?;
     store.pause_point("collect-locked");
     drop(lock);
 

@@ -156,6 +156,15 @@ impl Snapshotter {
                 &options,
             )?;
         }
+        // What containerd will mount is worked out before the snapshot is recorded: a
+        // chain too deep for one page of mount options is refused and leaves nothing.
+        let mounts = match self.mounts_of(&id) {
+            Ok(mounts) => mounts,
+            Err(e) => {
+                let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
+                return Err(e);
+            }
+        };
         let now = now_ns();
         db.snapshots.insert(
             key.to_string(),
@@ -175,7 +184,7 @@ impl Snapshotter {
             return Err(e.into());
         }
         tracing::info!(key, container = %id, kind = kind.as_str(), "prepared snapshot");
-        self.mounts_of(&id)
+        Ok(mounts)
     }
 
     /// An unpack about to extract a layer the store already has (imported by `lamina

@@ -86,6 +86,12 @@ impl Layout {
         self.snapshots().join("metadata.json")
     }
 
+    /// Short symlinks to layer trees, for overlays mounted from one option string (see
+    /// `layer_links.rs`).
+    pub fn links(&self) -> PathBuf {
+        self.root.join("l")
+    }
+
     /// Per-boot state, such as the probe cache.
     pub fn run(&self) -> PathBuf {
         self.root.join("run")

@@ -12,6 +12,7 @@ mod durable;
 mod error;
 mod file_caps;
 mod import;
+mod layer_links;
 mod layout;
 mod lock_holders;
 mod locks;

@@ -107,9 +107,10 @@ fn already_right(host: &dyn HostFs, st: &rustix::fs::Stat, mode: u32, gid: u32) 
 
 /// Every top-level directory but the root and `images/`. `run/` is last: its presence
 /// says the rest exist (see [`crate::Store::open`]).
-fn private_dirs(layout: &Layout) -> [std::path::PathBuf; 9] {
+fn private_dirs(layout: &Layout) -> [std::path::PathBuf; 10] {
     [
         layout.layers(),
+        layout.links(),
         layout.tmp(),
         layout.locks(),
         layout.trash(),
