@@ -802,3 +802,56 @@ fn deep_chains_mount_by_short_links_and_past_a_page_are_refused_naming_the_depth
         .collect();
     assert!(left.is_empty(), "the refused prepare left {left:?}");
 }
+
+/// `containerd.io/snapshot/max-size` gives an active snapshot a hard limit on what it
+/// writes (the image not counted, as containerd's overlayfs snapshotter counts it): its
+/// upper gets a filesystem of that size. Writes under it succeed, a write past it fails
+/// with ENOSPC, and a snapshot without the label beside it is not limited. A value that
+/// is not a number of bytes, or a strategy that cannot isolate, is refused.
+#[test]
+fn the_max_size_label_limits_what_a_snapshot_writes() {
+    let f = fixture();
+    commit_with(&f.api, "base", "p", "", |root| {
+        fs::write(root.join("f"), "x").unwrap()
+    });
+    let limit = 16u64 << 20;
+    let limited = labels(&[("containerd.io/snapshot/max-size", &limit.to_string())]);
+    let mounts = f.api.prepare("small", "base", limited).unwrap();
+    let free = f.api.prepare("free", "base", none()).unwrap();
+    {
+        let small = Mounted::new(&mounts);
+        let free = Mounted::new(&free);
+        let chunk = vec![7u8; 1 << 20];
+        let write = |dir: &Path, name: &str, mib: usize| -> std::io::Result<()> {
+            let mut file = fs::File::create(dir.join(name))?;
+            for _ in 0..mib {
+                std::io::Write::write_all(&mut file, &chunk)?;
+            }
+            file.sync_all()
+        };
+        write(small.path(), "under", 8).expect("8 MiB under a 16 MiB limit");
+        let err = write(small.path(), "over", 16).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc_enospc()), "{err}");
+        write(free.path(), "big", 32).expect("the unlimited neighbour");
+    }
+    for (value, strategy) in [("ten", "auto"), ("0", "auto"), ("1048576", "classic")] {
+        let label = labels(&[
+            ("containerd.io/snapshot/max-size", value),
+            ("containerd.io/snapshot/lamina.strategy", strategy),
+        ]);
+        let err = f.api.prepare("refused", "base", label).unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::InvalidArgument,
+            "{value} {strategy}: {err:?}"
+        );
+        assert_eq!(f.api.stat("refused").unwrap_err().code(), Code::NotFound);
+    }
+    for key in ["small", "free", "base"] {
+        f.api.remove(key).unwrap();
+    }
+}
+
+fn libc_enospc() -> i32 {
+    28
+}

@@ -30,6 +30,8 @@ pub const STRATEGY_LABEL: &str = "containerd.io/snapshot/lamina.strategy";
 pub const EPHEMERAL_LABEL: &str = "containerd.io/snapshot/lamina.ephemeral";
 /// The chain ID an unpack is about to extract.
 pub const REF_LABEL: &str = "containerd.io/snapshot.ref";
+/// containerd's hard limit, in bytes, on what an active snapshot may write.
+pub const MAX_SIZE_LABEL: &str = "containerd.io/snapshot/max-size";
 
 /// Prefix of the container IDs of snapshots.
 pub(crate) const CONTAINER_PREFIX: &str = "snap-";
@@ -142,6 +144,7 @@ impl Snapshotter {
                 strategies: self.strategies_for(extraction, &labels)?,
                 read_only,
                 ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
+                disk_limit: max_size(kind, extraction, &labels)?,
                 ..CreateOptions::default()
             };
             let stored = StoredLayers {
@@ -300,6 +303,34 @@ pub(crate) fn extraction_target(key: &str, labels: &BTreeMap<String, String>) ->
         .starts_with("extract-")
         .then(|| Digest::parse(chain_id).ok())
         .flatten()
+}
+
+/// The limit `containerd.io/snapshot/max-size` asks for: what an active snapshot may
+/// write, the image not counted (as containerd's overlayfs snapshotter counts it). It
+/// makes the snapshot's upper a filesystem of that size, or a qgroup-limited subvolume on
+/// a btrfs store with quotas (`auto`; a strategy label that cannot isolate is refused).
+/// A view writes nothing and an unpack's upper becomes a layer: neither is limited.
+fn max_size(
+    kind: SnapshotKind,
+    extraction: bool,
+    labels: &BTreeMap<String, String>,
+) -> Result<Option<lamina_mount::DiskLimit>, SnapshotError> {
+    let Some(value) = labels.get(MAX_SIZE_LABEL) else {
+        return Ok(None);
+    };
+    if kind != SnapshotKind::Active || extraction {
+        return Ok(None);
+    }
+    match value.trim().parse::<u64>() {
+        Ok(bytes) if bytes > 0 => Ok(Some(lamina_mount::DiskLimit {
+            bytes,
+            exclude_image: true,
+        })),
+        _ => Err(SnapshotError::InvalidArgument(format!(
+            "{MAX_SIZE_LABEL}: `{}` is not a positive number of bytes",
+            lamina_image::shown(value)
+        ))),
+    }
 }
 
 /// Layers of committed snapshot `key` and its ancestors, bottom-most first.
