@@ -785,10 +785,10 @@ fn deep_chains_mount_by_short_links_and_past_a_page_are_refused_naming_the_depth
             f.api.remove("at128").unwrap();
         }
     }
-    // About 440 layers fit here; the store's path length does not count (containerd
-    // mounts from inside `l/`), the upper's and work's paths do.
+    // About 370 layers fit: containerd also mounts the answer read-only, with the upper
+    // at the front of `lowerdir`, where each layer costs `l/` more (docs/containerd.md).
     let (depth, key, err) = refused.expect("a chain of 500 was accepted");
-    assert!(depth > 400, "refused at only {depth} layers: {err:?}");
+    assert!(depth > 350, "refused at only {depth} layers: {err:?}");
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(
         err.message().contains(&format!("{depth} layers")),

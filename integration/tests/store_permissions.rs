@@ -85,7 +85,7 @@ fn no_host_user_reaches_a_setuid_file_through_any_store_path() {
         assert!(!nobody_reaches(copy), "nobody reached {}", copy.display());
     }
     for dir in [
-        "", "layers", "images", "tmp", "trash", "shared", "flat", "pool", "locks",
+        "", "layers", "images", "tmp", "trash", "shared", "flat", "pool", "locks", "l",
     ] {
         let path = lamina.store.join(dir);
         assert!(!nobody_reaches(&path.join(".")), "{}", path.display());
