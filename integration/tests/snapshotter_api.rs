@@ -833,6 +833,25 @@ fn the_max_size_label_limits_what_a_snapshot_writes() {
         let err = write(small.path(), "over", 16).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc_enospc()), "{err}");
         write(free.path(), "big", 32).expect("the unlimited neighbour");
+
+        // Usage comes from the upper filesystem's own statfs, not a walk of the upper:
+        // a file beside the upper on that filesystem is counted too.
+        fs::remove_file(small.path().join("over")).unwrap();
+        let metadata: serde_json::Value =
+            serde_json::from_str(&read(&f.daemon.store.join("snapshots/metadata.json"))).unwrap();
+        let id = metadata["snapshots"]["small"]["container"]
+            .as_str()
+            .unwrap();
+        let upper_fs = f.daemon.store.join("images").join(id).join("upperfs");
+        write(&upper_fs, "beside-the-upper", 2).unwrap();
+        let (bytes, inodes) = f.api.usage("small").unwrap();
+        let mib = 1i64 << 20;
+        assert!(
+            (10 * mib..11 * mib).contains(&bytes),
+            "{bytes} bytes: 8 MiB written, 2 MiB beside"
+        );
+        assert!(inodes >= 3, "{inodes}");
+        fs::remove_file(upper_fs.join("beside-the-upper")).unwrap();
     }
     for (value, strategy) in [("ten", "auto"), ("0", "auto"), ("1048576", "classic")] {
         let label = labels(&[

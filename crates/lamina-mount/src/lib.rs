@@ -45,7 +45,7 @@ pub use isolated::{DiskLimit, UpperPlan};
 pub use model::{Flavor, Model, Provider, Teardown};
 pub use record::{Container, RootfsRecord, UpperFsRecord};
 pub use remount::{mount, unmount};
-pub use stats::{DiskUsage, Stats, stats};
+pub use stats::{DiskUsage, Stats, Written, stats, written};
 pub use strategy::{Strategies, UpperBackend};
 
 use lamina_store::StoreError;

@@ -117,9 +117,12 @@ impl Snapshotter {
             (Some(layer), _) => self.store.layout().layer_diff(layer),
             (None, Some(_)) if record.kind == SnapshotKind::View => return Ok(Usage::default()),
             (None, Some(id)) => {
-                lamina_mount::record::read(&self.store, id)?
-                    .dirs(&self.store)
-                    .upper
+                // Its own filesystem's or qgroup's account where it has one, not a walk.
+                let written = lamina_mount::written(&self.store, self.mounter.as_ref(), id)?;
+                return Ok(Usage {
+                    bytes: written.bytes,
+                    inodes: written.inodes,
+                });
             }
             (None, None) => return Ok(Usage::default()),
         };
