@@ -807,7 +807,8 @@ fn deep_chains_mount_by_short_links_and_past_a_page_are_refused_naming_the_depth
 /// writes (the image not counted, as containerd's overlayfs snapshotter counts it): its
 /// upper gets a filesystem of that size. Writes under it succeed, a write past it fails
 /// with ENOSPC, and a snapshot without the label beside it is not limited. A value that
-/// is not a number of bytes, or a strategy that cannot isolate, is refused.
+/// is not a number of bytes, is below 8 MiB or above the store's size, or a strategy that
+/// cannot isolate, is refused.
 #[test]
 fn the_max_size_label_limits_what_a_snapshot_writes() {
     let f = fixture();
@@ -853,7 +854,17 @@ fn the_max_size_label_limits_what_a_snapshot_writes() {
         assert!(inodes >= 3, "{inodes}");
         fs::remove_file(upper_fs.join("beside-the-upper")).unwrap();
     }
-    for (value, strategy) in [("ten", "auto"), ("0", "auto"), ("1048576", "classic")] {
+    // Not a number, below the smallest upper filesystem, more than the store holds (a
+    // pod annotation can set it: that would be minutes of mkfs under the snapshot lock),
+    // and a strategy that cannot isolate.
+    for (value, strategy) in [
+        ("ten", "auto"),
+        ("0", "auto"),
+        ("4096", "auto"),
+        ("1000000000000000000", "auto"),
+        ("18446744073709551615", "isolated-memory"),
+        ("16777216", "classic"),
+    ] {
         let label = labels(&[
             ("containerd.io/snapshot/max-size", value),
             ("containerd.io/snapshot/lamina.strategy", strategy),
@@ -866,6 +877,10 @@ fn the_max_size_label_limits_what_a_snapshot_writes() {
         );
         assert_eq!(f.api.stat("refused").unwrap_err().code(), Code::NotFound);
     }
+    // Checked on a snapshot it would not limit too (no parent: an empty directory).
+    let bad = labels(&[("containerd.io/snapshot/max-size", "ten")]);
+    let err = f.api.prepare("no-parent", "", bad).unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     for key in ["small", "free", "base"] {
         f.api.remove(key).unwrap();
     }

@@ -90,40 +90,64 @@ pub struct Written {
 ///   used blocks and inodes. That counts the filesystem's own root, `lost+found` and the
 ///   overlay's work directory too: a few KiB and about 15 inodes more than a walk, never
 ///   less;
-/// - a quota upper: its qgroup for the bytes; a qgroup counts no inodes, so those are
-///   walked;
-/// - any other upper: walked, as containerd's overlayfs snapshotter does.
+/// - a quota upper: its qgroup for the bytes (as of btrfs's last transaction commit, at
+///   most 30 s old); a qgroup counts no inodes, so those are walked;
+/// - any other upper, or an upper filesystem that is not mounted: walked, as
+///   containerd's overlayfs snapshotter does.
+///
+/// The record is read and the filesystem asked while holding the ID; a walk, which can
+/// take seconds on a large upper, runs after it is released, so a `Remove` or `Mounts`
+/// of the container never waits for it.
 pub fn written(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Written, RootfsError> {
-    holding_id(store, id, || {
-        let container = record::read(store, id)?;
-        let dirs = container.dirs(store);
-        let walk = |dir: &std::path::Path| -> Result<Written, RootfsError> {
-            let (bytes, inodes) = lamina_store::disk_usage_and_inodes(dir)?;
-            Ok(Written { bytes, inodes })
-        };
-        match container.model().flavor().and_then(|f| f.isolated) {
-            Some(UpperBackend::Disk | UpperBackend::Memory) => {
-                let mount = dirs.upper_fs_mount();
-                if !mounter.is_mountpoint(&mount)? {
-                    return walk(&dirs.upper);
-                }
-                let fs = rustix::fs::statvfs(&mount)
-                    .map_err(|e| lamina_store::StoreError::errno("measuring", &mount)(e))?;
-                Ok(Written {
-                    bytes: fs.f_blocks.saturating_sub(fs.f_bfree) * fs.f_frsize,
-                    inodes: fs.f_files.saturating_sub(fs.f_ffree),
-                })
+    let account = holding_id(store, id, || account_of(store, mounter, id))?;
+    let walk = |dir: &std::path::Path| -> Result<Written, RootfsError> {
+        let (bytes, inodes) = lamina_store::disk_usage_and_inodes(dir)?;
+        Ok(Written { bytes, inodes })
+    };
+    match account {
+        Account::Counted(written) => Ok(written),
+        Account::Bytes(bytes, upper) => Ok(Written {
+            bytes,
+            inodes: walk(&upper)?.inodes,
+        }),
+        Account::Walk(upper) => walk(&upper),
+    }
+}
+
+/// What [`written`] can learn while holding the ID, and what is left to walk.
+enum Account {
+    Counted(Written),
+    /// The bytes; the inodes of this upper are still to be counted.
+    Bytes(u64, std::path::PathBuf),
+    Walk(std::path::PathBuf),
+}
+
+fn account_of(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Account, RootfsError> {
+    let container = record::read(store, id)?;
+    let dirs = container.dirs(store);
+    Ok(match container.model().flavor().and_then(|f| f.isolated) {
+        Some(UpperBackend::Disk | UpperBackend::Memory) => {
+            let mount = dirs.upper_fs_mount();
+            if !mounter.is_mountpoint(&mount)? {
+                return Ok(Account::Walk(dirs.upper));
             }
-            Some(UpperBackend::Quota) => match isolated::quota_usage(mounter, &dirs) {
-                Ok(bytes) => Ok(Written {
-                    bytes,
-                    inodes: walk(&dirs.upper)?.inodes,
-                }),
-                // Quotas turned off: the qgroup is gone.
-                Err(_) => walk(&dirs.upper),
-            },
-            None => walk(&dirs.upper),
+            let fs = rustix::fs::statvfs(&mount)
+                .map_err(|e| lamina_store::StoreError::errno("measuring", &mount)(e))?;
+            // A tmpfs without a size reports no blocks at all: nothing to subtract from.
+            if fs.f_blocks == 0 {
+                return Ok(Account::Walk(dirs.upper));
+            }
+            Account::Counted(Written {
+                bytes: fs.f_blocks.saturating_sub(fs.f_bfree) * fs.f_frsize,
+                inodes: fs.f_files.saturating_sub(fs.f_ffree),
+            })
         }
+        // Quotas turned off: the qgroup is gone.
+        Some(UpperBackend::Quota) => match isolated::quota_usage(mounter, &dirs) {
+            Ok(bytes) => Account::Bytes(bytes, dirs.upper),
+            Err(_) => Account::Walk(dirs.upper),
+        },
+        None => Account::Walk(dirs.upper),
     })
 }
 

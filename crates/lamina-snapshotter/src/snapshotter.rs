@@ -129,6 +129,8 @@ impl Snapshotter {
             return Err(SnapshotError::AlreadyExists(labels[REF_LABEL].clone()));
         }
 
+        // A bad value is refused whatever the snapshot, even one it would not limit.
+        max_size(SnapshotKind::Active, false, &labels, &self.store)?;
         let id = format!("{CONTAINER_PREFIX}{}", db.next_id);
         db.next_id += 1;
         let read_only = kind == SnapshotKind::View;
@@ -144,7 +146,7 @@ impl Snapshotter {
                 strategies: self.strategies_for(extraction, &labels)?,
                 read_only,
                 ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
-                disk_limit: max_size(kind, extraction, &labels)?,
+                disk_limit: max_size(kind, extraction, &labels, &self.store)?,
                 ..CreateOptions::default()
             };
             let stored = StoredLayers {
@@ -306,31 +308,54 @@ pub(crate) fn extraction_target(key: &str, labels: &BTreeMap<String, String>) ->
 }
 
 /// The limit `containerd.io/snapshot/max-size` asks for: what an active snapshot may
-/// write, the image not counted (as containerd's overlayfs snapshotter counts it). It
-/// makes the snapshot's upper a filesystem of that size, or a qgroup-limited subvolume on
-/// a btrfs store with quotas (`auto`; a strategy label that cannot isolate is refused).
-/// A view writes nothing and an unpack's upper becomes a layer: neither is limited.
+/// write, the image not counted. It makes the snapshot's upper a filesystem of that size,
+/// or a qgroup-limited subvolume on a btrfs store with quotas (`auto`; a strategy label
+/// that cannot isolate is refused). A view writes nothing and an unpack's upper becomes a
+/// layer: neither is limited; nor is a snapshot without a parent, an empty directory.
+///
+/// Labels under `containerd.io/snapshot/` reach lamina from images and, for a pod's
+/// sandbox, from pod annotations, so the value is bounded: from the smallest upper
+/// filesystem lamina can make (8 MiB) to the size of the store's own filesystem. Above
+/// that a sparse image would still cost minutes of mkfs and gigabytes of metadata under
+/// the snapshot lock, and a tmpfs upper could take all of the host's memory.
 fn max_size(
     kind: SnapshotKind,
     extraction: bool,
     labels: &BTreeMap<String, String>,
+    store: &Store,
 ) -> Result<Option<lamina_mount::DiskLimit>, SnapshotError> {
     let Some(value) = labels.get(MAX_SIZE_LABEL) else {
         return Ok(None);
     };
+    let refused = |why: String| {
+        SnapshotError::InvalidArgument(format!(
+            "{MAX_SIZE_LABEL}: `{}` {why}",
+            lamina_image::shown(value)
+        ))
+    };
+    let bytes = value
+        .trim()
+        .parse::<u64>()
+        .map_err(|_| refused("is not a number of bytes".into()))?;
+    let floor = lamina_sys::DiskFs::Ext4.min_bytes();
+    if bytes < floor {
+        return Err(refused(format!(
+            "is below the smallest limit, {floor} bytes"
+        )));
+    }
+    let ceiling = store.filesystem_size()?;
+    if bytes > ceiling {
+        return Err(refused(format!(
+            "is more than the store's filesystem holds ({ceiling} bytes)"
+        )));
+    }
     if kind != SnapshotKind::Active || extraction {
         return Ok(None);
     }
-    match value.trim().parse::<u64>() {
-        Ok(bytes) if bytes > 0 => Ok(Some(lamina_mount::DiskLimit {
-            bytes,
-            exclude_image: true,
-        })),
-        _ => Err(SnapshotError::InvalidArgument(format!(
-            "{MAX_SIZE_LABEL}: `{}` is not a positive number of bytes",
-            lamina_image::shown(value)
-        ))),
-    }
+    Ok(Some(lamina_mount::DiskLimit {
+        bytes,
+        exclude_image: true,
+    }))
 }
 
 /// Layers of committed snapshot `key` and its ancestors, bottom-most first.
