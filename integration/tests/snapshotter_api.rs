@@ -854,6 +854,28 @@ fn the_max_size_label_limits_what_a_snapshot_writes() {
         assert!(inodes >= 3, "{inodes}");
         fs::remove_file(upper_fs.join("beside-the-upper")).unwrap();
     }
+
+    // A host restart leaves the upper filesystem unmounted; `Mounts` mounts it again
+    // (it used to answer an overlay whose upperdir did not exist).
+    let metadata: serde_json::Value =
+        serde_json::from_str(&read(&f.daemon.store.join("snapshots/metadata.json"))).unwrap();
+    let id = metadata["snapshots"]["small"]["container"]
+        .as_str()
+        .unwrap();
+    let upper_fs = f.daemon.store.join("images").join(id).join("upperfs");
+    let out = std::process::Command::new("umount")
+        .arg(&upper_fs)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let again = f.api.mounts("small").unwrap();
+    {
+        let small = Mounted::new(&again);
+        assert_eq!(
+            fs::metadata(small.path().join("under")).unwrap().len(),
+            8 << 20
+        );
+    }
     // Not a number, below the smallest upper filesystem, more than the store holds (a
     // pod annotation can set it: that would be minutes of mkfs under the snapshot lock),
     // and a strategy that cannot isolate.
