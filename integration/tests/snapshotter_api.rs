@@ -61,10 +61,17 @@ fn commit_with(api: &Api, name: &str, key: &str, parent: &str, write: impl FnOnc
 
 /// The container record behind snapshot `key` (an active snapshot or a view).
 fn record_of(store: &Path, key: &str) -> serde_json::Value {
+    lamina_integration::records::rootfs_of(store, &container_of(store, key))
+}
+
+/// The container (`images/<id>`) behind snapshot `key`, from the snapshot metadata.
+fn container_of(store: &Path, key: &str) -> String {
     let metadata: serde_json::Value =
         serde_json::from_str(&read(&store.join("snapshots/metadata.json"))).unwrap();
-    let id = metadata["snapshots"][key]["container"].as_str().unwrap();
-    lamina_integration::records::rootfs_of(store, id)
+    metadata["snapshots"][key]["container"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 /// Every regular file beneath `dir`.
@@ -819,6 +826,12 @@ fn the_max_size_label_limits_what_a_snapshot_writes() {
     let limited = labels(&[("containerd.io/snapshot/max-size", &limit.to_string())]);
     let mounts = f.api.prepare("small", "base", limited).unwrap();
     let free = f.api.prepare("free", "base", none()).unwrap();
+    let upper_fs = f
+        .daemon
+        .store
+        .join("images")
+        .join(container_of(&f.daemon.store, "small"))
+        .join("upperfs");
     {
         let small = Mounted::new(&mounts);
         let free = Mounted::new(&free);
@@ -838,12 +851,6 @@ fn the_max_size_label_limits_what_a_snapshot_writes() {
         // Usage comes from the upper filesystem's own statfs, not a walk of the upper:
         // a file beside the upper on that filesystem is counted too.
         fs::remove_file(small.path().join("over")).unwrap();
-        let metadata: serde_json::Value =
-            serde_json::from_str(&read(&f.daemon.store.join("snapshots/metadata.json"))).unwrap();
-        let id = metadata["snapshots"]["small"]["container"]
-            .as_str()
-            .unwrap();
-        let upper_fs = f.daemon.store.join("images").join(id).join("upperfs");
         write(&upper_fs, "beside-the-upper", 2).unwrap();
         let (bytes, inodes) = f.api.usage("small").unwrap();
         let mib = 1i64 << 20;
@@ -857,12 +864,6 @@ fn the_max_size_label_limits_what_a_snapshot_writes() {
 
     // A host restart leaves the upper filesystem unmounted; `Mounts` mounts it again
     // (it used to answer an overlay whose upperdir did not exist).
-    let metadata: serde_json::Value =
-        serde_json::from_str(&read(&f.daemon.store.join("snapshots/metadata.json"))).unwrap();
-    let id = metadata["snapshots"]["small"]["container"]
-        .as_str()
-        .unwrap();
-    let upper_fs = f.daemon.store.join("images").join(id).join("upperfs");
     let out = std::process::Command::new("umount")
         .arg(&upper_fs)
         .output()

@@ -56,16 +56,7 @@ fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach,
                 // An upper filesystem of its own is lamina's to mount: after a host
                 // restart it is mounted again here (a memory upper is gone, and that is
                 // an error), or the overlay's upperdir would not exist.
-                if let Some(upper) = &container.rootfs.upper_fs {
-                    let plan = crate::UpperPlan::from_record(upper).map_err(|why| {
-                        lamina_store::StoreError::BadRecord {
-                            id: id.into(),
-                            path: dirs.base.join("container.json"),
-                            why,
-                        }
-                    })?;
-                    crate::isolated::remount(mounter, id, &dirs, &plan)?;
-                }
+                crate::remount::mount_upper_fs(mounter, &container, &dirs)?;
                 // Rebuilt from the model, as `mount` does: the options name host paths,
                 // and the ones a record holds are not trusted to be the store's.
                 let flavor = container.model().flavor().unwrap_or_default();

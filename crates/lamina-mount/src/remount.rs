@@ -11,7 +11,7 @@
 
 use std::fs;
 
-use lamina_store::{Store, StoreError};
+use lamina_store::{ContainerDirs, Store, StoreError};
 use lamina_sys::Mounter;
 
 use crate::model::Provider;
@@ -66,6 +66,24 @@ pub fn mount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), Rootf
     holding_id(store, id, || mount_held(store, mounter, id))
 }
 
+/// Mounts `container`'s own upper filesystem again if it has one and it is not mounted
+/// (after a host restart); a memory upper is gone, which is an error.
+pub(crate) fn mount_upper_fs(
+    mounter: &dyn Mounter,
+    container: &Container,
+    dirs: &ContainerDirs,
+) -> Result<(), RootfsError> {
+    let Some(upper) = &container.rootfs.upper_fs else {
+        return Ok(());
+    };
+    let plan = UpperPlan::from_record(upper).map_err(|why| StoreError::BadRecord {
+        id: container.id().into(),
+        path: dirs.base.join("container.json"),
+        why,
+    })?;
+    isolated::remount(mounter, container.id(), dirs, &plan)
+}
+
 pub(crate) fn mount_held(
     store: &Store,
     mounter: &dyn Mounter,
@@ -76,14 +94,7 @@ pub(crate) fn mount_held(
     if mounter.is_mountpoint(&dirs.rootfs)? {
         return Ok(());
     }
-    if let Some(upper) = &container.rootfs.upper_fs {
-        let plan = UpperPlan::from_record(upper).map_err(|why| StoreError::BadRecord {
-            id: id.into(),
-            path: dirs.base.join("container.json"),
-            why,
-        })?;
-        isolated::remount(mounter, id, &dirs, &plan)?;
-    }
+    mount_upper_fs(mounter, &container, &dirs)?;
     match container.model().provider {
         Provider::SharedRo => {
             // The shared mount may be gone (host restart): take a fresh lease, then drop

@@ -129,8 +129,8 @@ impl Snapshotter {
             return Err(SnapshotError::AlreadyExists(labels[REF_LABEL].clone()));
         }
 
-        // A bad value is refused whatever the snapshot, even one it would not limit.
-        max_size(SnapshotKind::Active, false, &labels, &self.store)?;
+        // Checked whatever the snapshot, even one it does not limit.
+        let disk_limit = max_size(kind, extraction, &labels, &self.store)?;
         let id = format!("{CONTAINER_PREFIX}{}", db.next_id);
         db.next_id += 1;
         let read_only = kind == SnapshotKind::View;
@@ -146,7 +146,7 @@ impl Snapshotter {
                 strategies: self.strategies_for(extraction, &labels)?,
                 read_only,
                 ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
-                disk_limit: max_size(kind, extraction, &labels, &self.store)?,
+                disk_limit,
                 ..CreateOptions::default()
             };
             let stored = StoredLayers {

@@ -28,7 +28,7 @@ pub(crate) fn orders_direct_writes(dir: &Path) -> bool {
         return false;
     };
     let (major, minor) = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
-    let Some(options) = super_options(major, minor) else {
+    let Some(options) = crate::mountinfo::super_options(major, minor) else {
         return false;
     };
     let has = |option: &str| {
@@ -48,20 +48,6 @@ pub(crate) fn orders_direct_writes(dir: &Path) -> bool {
     }
 }
 
-/// The superblock options of the mount whose device is `major:minor`, from mountinfo.
-fn super_options(major: u32, minor: u32) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    super_options_in(&info, &format!("{major}:{minor}"))
-}
-
-fn super_options_in(info: &str, device: &str) -> Option<String> {
-    info.lines()
-        .find(|line| line.split(' ').nth(2) == Some(device))
-        .and_then(|line| line.split_once(" - "))
-        .and_then(|(_, rest)| rest.split(' ').nth(2))
-        .map(str::to_string)
-}
-
 /// Whether jbd2 runs a journal for the block device `major:minor` from the filesystem's
 /// own journal inode.
 fn internal_journal(major: u32, minor: u32) -> bool {
@@ -72,29 +58,4 @@ fn internal_journal(major: u32, minor: u32) -> bool {
         return false;
     };
     Path::new(&format!("/proc/fs/jbd2/{name}-{EXT4_JOURNAL_INODE}")).is_dir()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const INFO: &str = "\
-22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,errors=remount-ro
-97 22 7:3 / /tmp/a rw,relatime shared:50 - ext4 /dev/loop3 rw,data=writeback,journal_async_commit
-98 22 7:4 / /tmp/b\\040c rw - xfs /dev/loop4 rw,attr2,inode64,logdev=/dev/loop5,noquota
-";
-
-    #[test]
-    fn the_superblock_options_are_the_mounts_of_that_device() {
-        assert_eq!(
-            super_options_in(INFO, "254:0").as_deref(),
-            Some("rw,errors=remount-ro")
-        );
-        assert_eq!(
-            super_options_in(INFO, "7:3").as_deref(),
-            Some("rw,data=writeback,journal_async_commit")
-        );
-        assert!(super_options_in(INFO, "7:4").unwrap().contains("logdev="));
-        assert_eq!(super_options_in(INFO, "7:9"), None);
-    }
 }
