@@ -19,7 +19,7 @@ pub mod tree;
 
 pub use lamina::{Lamina, Output};
 pub use runc::Bundle;
-pub use scratch::{FsKind, LoopOptions, ScratchFs};
+pub use scratch::{FsKind, LoopOptions, ScratchFs, SecondDevice};
 
 /// End-to-end tests need root; say so plainly instead of failing obscurely.
 pub fn require_root() {

@@ -9,6 +9,8 @@ use std::process::Command;
 pub struct ScratchFs {
     dir: tempfile::TempDir,
     image: Option<PathBuf>,
+    /// The backing file of a [`SecondDevice`].
+    second_image: Option<PathBuf>,
 }
 
 impl ScratchFs {
@@ -29,7 +31,11 @@ impl ScratchFs {
                 path_str(dir.path()),
             ],
         );
-        Self { dir, image: None }
+        Self {
+            dir,
+            image: None,
+            second_image: None,
+        }
     }
 
     /// A loop-backed ext4 of `size_mb` (the loop device is released on unmount): the
@@ -76,20 +82,59 @@ impl ScratchFs {
             FsKind::Xfs => ("mkfs.xfs", "-f"),
             FsKind::Btrfs => ("mkfs.btrfs", "-f"),
         };
-        let mut args = vec!["-q", force];
-        args.extend(options.mkfs.iter().copied());
-        args.push(&device);
-        run_or_detach(&device, mkfs, &args);
+        let second = options
+            .second_device
+            .map(|kind| (kind, SecondImage::attach(dir.path(), &device)));
+        let detach_all = |e: String| -> ! {
+            for dev in std::iter::once(&device).chain(second.as_ref().map(|(_, s)| &s.device)) {
+                let _ = Command::new("losetup").args(["--detach", dev]).status();
+            }
+            panic!("{e}")
+        };
+        let mut args: Vec<String> = vec!["-q".into(), force.into()];
+        args.extend(options.mkfs.iter().map(|a| a.to_string()));
+        let mut mount_options: Vec<String> = options.mount.iter().map(|o| o.to_string()).collect();
+        if let Some((kind, second)) = &second {
+            let dev = &second.device;
+            match kind {
+                SecondDevice::XfsLog => {
+                    args.extend(["-l".into(), format!("logdev={dev}")]);
+                    mount_options.push(format!("logdev={dev}"));
+                }
+                SecondDevice::Ext4Journal => {
+                    try_run(
+                        "mke2fs",
+                        &["-q", "-F", "-O", "journal_dev", "-b", "4096", dev],
+                    )
+                    .unwrap_or_else(|e| detach_all(e));
+                    args.extend([
+                        "-b".into(),
+                        "4096".into(),
+                        "-J".into(),
+                        format!("device={dev}"),
+                    ]);
+                }
+            }
+        }
+        args.push(device.clone());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        try_run(mkfs, &args).unwrap_or_else(|e| detach_all(e));
+        let joined = mount_options.join(",");
         let mut mount = Vec::new();
-        if let Some(opts) = options.mount {
-            mount.extend(["-o", opts]);
+        if !joined.is_empty() {
+            mount.extend(["-o", joined.as_str()]);
         }
         mount.extend([device.as_str(), path_str(dir.path())]);
-        run_or_detach(&device, "mount", &mount);
+        try_run("mount", &mount).unwrap_or_else(|e| detach_all(e));
+        // Detached while mounted: the kernel releases each device at unmount.
         run("losetup", &["--detach", &device]);
+        if let Some((_, second)) = &second {
+            run("losetup", &["--detach", &second.device]);
+        }
         Self {
             dir,
             image: Some(image),
+            second_image: second.map(|(_, s)| s.image),
         }
     }
 
@@ -146,7 +191,7 @@ impl Drop for ScratchFs {
         for mount in mounts_under(self.path()) {
             let _ = rustix::mount::unmount(&mount, rustix::mount::UnmountFlags::DETACH);
         }
-        if let Some(image) = &self.image {
+        for image in self.image.iter().chain(&self.second_image) {
             let _ = std::fs::remove_file(image);
         }
     }
@@ -172,6 +217,40 @@ pub struct LoopOptions {
     pub mkfs: Vec<&'static str>,
     /// `mount -o` options.
     pub mount: Option<&'static str>,
+    /// A second loop device the filesystem is made across.
+    pub second_device: Option<SecondDevice>,
+}
+
+/// What a [`LoopOptions::second_device`] holds: configurations where a filesystem's log
+/// or data is not on its main device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecondDevice {
+    /// xfs's log (`mkfs.xfs -l logdev=`, `mount -o logdev=`).
+    XfsLog,
+    /// ext4's journal (`mke2fs -O journal_dev`, then `mkfs.ext4 -J device=`).
+    Ext4Journal,
+}
+
+/// A 64 MiB file attached to a loop device, beside the scratch filesystem's image.
+struct SecondImage {
+    image: PathBuf,
+    device: String,
+}
+
+impl SecondImage {
+    fn attach(dir: &Path, main_device: &str) -> Self {
+        let image = dir.with_extension("second.img");
+        let file = std::fs::File::create(&image).expect("second image file");
+        file.set_len(64 * 1024 * 1024).expect("sizing second image");
+        let device = run_or_detach(
+            main_device,
+            "losetup",
+            &["--find", "--show", path_str(&image)],
+        )
+        .trim()
+        .to_string();
+        Self { image, device }
+    }
 }
 
 /// A filesystem `ScratchFs::loop_backed` can make.

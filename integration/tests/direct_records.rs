@@ -4,13 +4,15 @@
 //! real and asked; where the answer is no, nothing is left behind and the caller's fsync
 //! path runs. Found by review: ext2-style ext4 without a journal, `journal_async_commit`,
 //! ext4's silent fallback to buffered I/O (`data=journal` stands for encrypted files and
-//! inline data, which take the same fallback) and sectors larger than the record's blocks.
+//! inline data, which take the same fallback) and sectors larger than the record's blocks;
+//! and the ones a second device makes: an external ext4 journal, an xfs log of its own.
+//! (An xfs realtime section, also refused, cannot be mounted here: no CONFIG_XFS_RT.)
 
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
 
-use lamina_integration::{FsKind, LoopOptions, ScratchFs, require_root};
+use lamina_integration::{FsKind, LoopOptions, ScratchFs, SecondDevice, require_root};
 use lamina_sys::{HostFs, RealHost};
 
 /// Asks for a direct write of a small record into `fs` and checks what was left.
@@ -79,6 +81,30 @@ fn filesystems_without_an_ordered_journal_take_the_fsync_path() {
             LoopOptions {
                 sector_size: Some(16384),
                 mkfs: vec!["-b", "size=16384", "-s", "size=16384"],
+                ..LoopOptions::default()
+            },
+        ),
+        (
+            "ext4 mounted noload (no journal replayed or written)",
+            FsKind::Ext4,
+            LoopOptions {
+                mount: Some("ro,noload"),
+                ..LoopOptions::default()
+            },
+        ),
+        (
+            "ext4 with an external journal",
+            FsKind::Ext4,
+            LoopOptions {
+                second_device: Some(SecondDevice::Ext4Journal),
+                ..LoopOptions::default()
+            },
+        ),
+        (
+            "xfs with an external log",
+            FsKind::Xfs,
+            LoopOptions {
+                second_device: Some(SecondDevice::XfsLog),
                 ..LoopOptions::default()
             },
         ),

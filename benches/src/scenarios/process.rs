@@ -10,6 +10,9 @@
 //!   create: the container's three directories and the classic overlay mount; delete:
 //!   its unmount (which syncs the upper filesystem, stall S1) and removing them.
 //!
+//! The auto rows run again with 300 other containers mounted, as on a busy Garden cell:
+//! a call that reads the mount table pays for every one of them.
+//!
 //! The binary is the release build beside the bench executable: static and non-PIE, as
 //! every build is (`.cargo/config.toml`), which is most of what a process pays here.
 
@@ -27,11 +30,13 @@ use crate::stats::{Samples, human};
 
 pub fn run(ctx: &Ctx) -> Vec<Table> {
     let calls = ctx.mode.pick(200, 3);
+    let live_count = ctx.mode.pick(300, 2);
     let mut table = Table::new(
         "process",
         &[
             "fs",
             "strategy",
+            "live containers",
             "calls",
             "`/bin/true` p50",
             "create p50",
@@ -49,8 +54,16 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         let floor = Floor::new(&rig, &image);
         let lamina = Lamina::new(rig.store.root());
         let mut classic = None;
-        for strategy in ["classic", "auto"] {
-            progress(&format!("process {} {strategy} × {calls}", rig.fs_name()));
+        for (strategy, live) in [("classic", 0), ("auto", 0), ("auto", live_count)] {
+            progress(&format!(
+                "process {} {strategy} × {calls}, {live} live",
+                rig.fs_name()
+            ));
+            // Other containers mounted meanwhile, as on a busy Garden cell: what a call
+            // reads in proportion to the mount table shows here.
+            for n in 0..live {
+                lamina.create_with(&["--strategy", "classic"], &reference, &format!("live-{n}"));
+            }
             // The first auto create probes the store's filesystem; that is a one-off
             // per boot, not a per-call cost.
             lamina.create_with(&["--strategy", strategy], &reference, "warmup");
@@ -74,6 +87,9 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 floor_creates.push(create);
                 floor_deletes.push(delete);
             }
+            for n in 0..live {
+                lamina.run(&["delete", &format!("live-{n}")]);
+            }
             // `auto` deletes are deferred to a detached `lamina reap`.
             wait_until("background reaper", || rig.no_trace());
             let (c, d) = (creates.summary(), deletes.summary());
@@ -82,6 +98,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             table.row(vec![
                 rig.fs_name().into(),
                 format!("`{strategy}`"),
+                live.to_string(),
                 calls.to_string(),
                 human(spawns.summary().p50),
                 human(c.p50),

@@ -1,7 +1,6 @@
 //! Reading the mount table (`/proc/self/mountinfo`): which mounts lie beneath a path, so
 //! crash recovery can unmount whatever a dead process left before removing directories.
-//! It also gives the superblock options of a mount by device, for the direct-write check
-//! in `ordered_journal.rs`.
+//! Its cost grows with every mount on the host, so no per-container hot path reads it.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
@@ -57,20 +56,6 @@ fn unescape(field: &[u8]) -> PathBuf {
     PathBuf::from(OsString::from_vec(out))
 }
 
-/// The superblock options of the mount whose device is `major:minor`, from mountinfo.
-pub(crate) fn super_options(major: u32, minor: u32) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    super_options_in(&info, &format!("{major}:{minor}"))
-}
-
-fn super_options_in(info: &str, device: &str) -> Option<String> {
-    info.lines()
-        .find(|line| line.split(' ').nth(2) == Some(device))
-        .and_then(|line| line.split_once(" - "))
-        .and_then(|(_, rest)| rest.split(' ').nth(2))
-        .map(str::to_string)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,29 +79,5 @@ mod tests {
                 PathBuf::from("/s/shared/x"),
             ]
         );
-    }
-
-    const SUPER_INFO: &str = "\
-22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,errors=remount-ro
-97 22 7:3 / /tmp/a rw,relatime shared:50 - ext4 /dev/loop3 rw,data=writeback,journal_async_commit
-98 22 7:4 / /tmp/b\\040c rw - xfs /dev/loop4 rw,attr2,inode64,logdev=/dev/loop5,noquota
-";
-
-    #[test]
-    fn the_superblock_options_are_the_mounts_of_that_device() {
-        assert_eq!(
-            super_options_in(SUPER_INFO, "254:0").as_deref(),
-            Some("rw,errors=remount-ro")
-        );
-        assert_eq!(
-            super_options_in(SUPER_INFO, "7:3").as_deref(),
-            Some("rw,data=writeback,journal_async_commit")
-        );
-        assert!(
-            super_options_in(SUPER_INFO, "7:4")
-                .unwrap()
-                .contains("logdev=")
-        );
-        assert_eq!(super_options_in(SUPER_INFO, "7:9"), None);
     }
 }

@@ -1,19 +1,26 @@
 //! Whether a filesystem puts a direct write ahead of everything it logs after it, so
 //! that a new file written with `O_DIRECT` and renamed into place needs no flush of its
 //! own ([`crate::HostFs::write_new_direct`]). Only configurations known to hold pass,
-//! checked on every call (three small reads; no state to go stale):
+//! checked on every call, each by asking the filesystem itself — a create runs this, and
+//! the mount table it could also be read from grows with every container on the host
+//! (with 300 overlays mounted, reading it was most of a create's CPU time):
 //! - ext4 with its journal inside the filesystem, as jbd2 names it
 //!   (`/proc/fs/jbd2/<dev>-8`, inode 8 being ext4's journal): ext2, ext4 made without a
-//!   journal or mounted `noload`, and an external journal device all lack it. Not with
-//!   `journal_async_commit`, whose commit block is written without a flush before it.
-//! - xfs with its log and data on one device: no `logdev=` (an external log), no
-//!   `rtdev=` (a realtime device the log's flush does not cover).
+//!   journal and an external journal device all lack it. Not mounted `noload` or
+//!   `norecovery` (no journal runs), nor with `journal_async_commit`, whose commit block
+//!   is written without a flush before it: both read from the superblock's own
+//!   `/proc/fs/ext4/<dev>/options`.
+//! - xfs with its log and data on one device and no realtime section (a realtime
+//!   device the log's flush does not cover), from `XFS_IOC_FSGEOMETRY`.
 //!
 //! What the journal cannot see is checked on the open file instead (`STATX_DIOALIGN`,
 //! in `host.rs`): ext4 quietly turns direct I/O into buffered I/O for encrypted files,
 //! `data=journal` and inline data.
 
+use std::os::fd::AsFd;
 use std::path::Path;
+
+use rustix::fs::{Mode, OFlags};
 
 const EXT4: u64 = 0xEF53;
 const XFS: u64 = 0x5846_5342;
@@ -21,41 +28,49 @@ const XFS: u64 = 0x5846_5342;
 const EXT4_JOURNAL_INODE: u32 = 8;
 
 pub(crate) fn orders_direct_writes(dir: &Path) -> bool {
-    let Ok(fs) = rustix::fs::statfs(dir) else {
+    let Ok(dir) = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
         return false;
     };
-    let Ok(st) = rustix::fs::stat(dir) else {
+    let Ok(fs) = rustix::fs::fstatfs(&dir) else {
         return false;
-    };
-    let (major, minor) = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
-    let Some(options) = crate::mountinfo::super_options(major, minor) else {
-        return false;
-    };
-    let has = |option: &str| {
-        options
-            .split(',')
-            .any(|o| o == option || o.starts_with(&format!("{option}=")))
     };
     match fs.f_type as u64 {
         EXT4 => {
+            let Ok(st) = rustix::fs::fstat(&dir) else {
+                return false;
+            };
+            let Some(name) = block_device_name(st.st_dev) else {
+                return false;
+            };
+            let Ok(options) = std::fs::read_to_string(format!("/proc/fs/ext4/{name}/options"))
+            else {
+                return false;
+            };
+            let has = |option: &str| options.lines().any(|o| o == option);
             !has("journal_async_commit")
-                && !has("noload")
                 && !has("norecovery")
-                && internal_journal(major, minor)
+                && !has("noload")
+                && internal_journal(&name)
         }
-        XFS => !has("logdev") && !has("rtdev"),
+        XFS => crate::raw::xfs::geometry(dir.as_fd()).is_ok_and(|g| g.internal_log && !g.realtime),
         _ => false,
     }
 }
 
-/// Whether jbd2 runs a journal for the block device `major:minor` from the filesystem's
-/// own journal inode.
-fn internal_journal(major: u32, minor: u32) -> bool {
-    let Ok(link) = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")) else {
-        return false;
-    };
-    let Some(name) = link.file_name().and_then(|n| n.to_str()) else {
-        return false;
-    };
+/// The kernel's name for block device `dev` (`loop3`, `nvme0n1p2`, `dm-1`): what
+/// `/proc/fs/ext4/` and `/proc/fs/jbd2/` call it.
+fn block_device_name(dev: u64) -> Option<String> {
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let link = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    Some(link.file_name()?.to_str()?.to_owned())
+}
+
+/// Whether jbd2 runs a journal for block device `name` from the filesystem's own journal
+/// inode.
+fn internal_journal(name: &str) -> bool {
     Path::new(&format!("/proc/fs/jbd2/{name}-{EXT4_JOURNAL_INODE}")).is_dir()
 }

@@ -1,5 +1,5 @@
 //! The kernel calls rustix does not wrap: `mount_setattr(2)`, the loop device ioctls and the
-//! btrfs subvolume and qgroup ioctls.
+//! btrfs subvolume and qgroup ioctls, and xfs's geometry ioctl.
 //! This is the only module in the workspace allowed `unsafe`; each submodule exposes safe
 //! functions over borrowed or owned file descriptors, and every `unsafe` block says why
 //! it is sound.
@@ -9,3 +9,4 @@
 pub mod btrfs;
 pub mod loop_dev;
 pub mod setattr;
+pub mod xfs;
