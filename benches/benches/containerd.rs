@@ -17,58 +17,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use lamina_integration::containerd::Containerd;
+use lamina_benches::containerd_rig::{self, IMAGE, mount_all, top_layer};
 use lamina_integration::snapshotter::{Api, Daemon, labels};
-use lamina_integration::{ScratchFs, require_root, sample_image};
-use lamina_snapshotter::proto::containerd::types::Mount;
-use rustix::mount::{MountFlags, UnmountFlags};
+use lamina_integration::{ScratchFs, require_root};
+use rustix::mount::UnmountFlags;
 
-const IMAGE: &str = "docker.io/lamina/sample:latest";
 const NAMESPACE: &str = "bench";
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
-/// Mounts what a snapshotter answered on `target`, as containerd's shim does: a bind, or
-/// an overlay with the options as its data.
-fn mount_all(mounts: &[Mount], target: &Path) {
-    assert_eq!(mounts.len(), 1, "{mounts:?}");
-    let m = &mounts[0];
-    if m.r#type == "bind" {
-        rustix::mount::mount_bind_recursive(m.source.as_str(), target).unwrap();
-        return;
-    }
-    let data: Vec<&str> = m
-        .options
-        .iter()
-        .map(String::as_str)
-        .filter(|o| !matches!(*o, "rw" | "ro" | "bind" | "rbind"))
-        .collect();
-    let data = std::ffi::CString::new(data.join(",")).unwrap();
-    rustix::mount::mount(
-        m.source.as_str(),
-        target,
-        m.r#type.as_str(),
-        MountFlags::empty(),
-        data.as_c_str(),
-    )
-    .unwrap();
-}
-
-/// The key of the image's top layer in `api`'s snapshotter: the committed snapshot no
-/// other snapshot has as parent.
-fn top_layer(api: &Api) -> String {
-    let committed = api.list(&["kind==committed"]).unwrap();
-    let parents: Vec<String> = committed
-        .iter()
-        .map(|key| api.stat(key).unwrap().parent)
-        .collect();
-    let top: Vec<&String> = committed.iter().filter(|k| !parents.contains(k)).collect();
-    assert_eq!(top.len(), 1, "one image imported: {committed:?}");
-    top[0].clone()
 }
 
 /// Commits two layers, `base` and `top`, each with a file of its own, as the parent of
@@ -87,27 +46,7 @@ fn commit_layers(api: &Api, target: &Path) {
 fn containerd(c: &mut Criterion) {
     require_root();
     let fs = ScratchFs::ext4(1024);
-    let files = sample_image(&fs.path().join("image"));
-    let daemon = Daemon::start(
-        &fs.path().join("store"),
-        &fs.path().join("lamina.sock"),
-        &[],
-    );
-    let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
-    let archive = files.oci_archive.to_str().unwrap();
-    for snapshotter in ["overlayfs", "lamina"] {
-        ctd.ctr_ok(&[
-            "--namespace",
-            NAMESPACE,
-            "images",
-            "import",
-            "--snapshotter",
-            snapshotter,
-            "--base-name",
-            "docker.io/lamina/sample",
-            archive,
-        ]);
-    }
+    let (daemon, ctd) = containerd_rig::start(&fs, NAMESPACE);
     let target = fs.path().join("rootfs");
     std::fs::create_dir(&target).unwrap();
     // Talked to directly, lamina gets a daemon and store of its own: containerd's

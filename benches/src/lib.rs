@@ -11,6 +11,7 @@
 // A benchmark that cannot set up must stop loudly, not measure something else.
 #![allow(clippy::unwrap_used)]
 
+pub mod containerd_rig;
 pub mod criterion_table;
 pub mod host;
 pub mod images;

@@ -66,6 +66,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         containerd
     }
 
+    /// containerd's process ID (for its memory, in benchmarks).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `ctr --address <socket> ARGS...`.
     pub fn ctr(&self, args: &[&str]) -> Output {
         let out = Command::new("ctr")

@@ -92,6 +92,21 @@ impl Daemon {
         self.spawn();
     }
 
+    /// The daemon's process ID (for its memory, in benchmarks).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Stops the daemon, runs `between` (the daemon is not running), and starts it again.
+    pub fn stop_and_restart(&mut self, between: impl FnOnce()) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        between();
+        self.spawn();
+    }
+
     /// The daemon's log so far (stderr), for assertion messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.store.with_extension("daemon.log")).unwrap_or_default()

@@ -85,6 +85,14 @@ fn filesystems_without_an_ordered_journal_take_the_fsync_path() {
             },
         ),
         (
+            "ext4 nobarrier (commits without flush or FUA; review finding)",
+            FsKind::Ext4,
+            LoopOptions {
+                mount: Some("nobarrier"),
+                ..LoopOptions::default()
+            },
+        ),
+        (
             "ext4 mounted noload (no journal replayed or written)",
             FsKind::Ext4,
             LoopOptions {

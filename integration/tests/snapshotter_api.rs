@@ -64,14 +64,12 @@ fn record_of(store: &Path, key: &str) -> serde_json::Value {
     lamina_integration::records::rootfs_of(store, &container_of(store, key))
 }
 
-/// The container (`images/<id>`) behind snapshot `key`, from the snapshot metadata.
+/// The container (`images/<id>`) behind snapshot `key`, from the snapshot metadata (read
+/// beside the running daemon, as `lamina check` reads it).
 fn container_of(store: &Path, key: &str) -> String {
-    let metadata: serde_json::Value =
-        serde_json::from_str(&read(&store.join("snapshots/metadata.json"))).unwrap();
-    metadata["snapshots"][key]["container"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    let store = lamina_store::Store::open(store).unwrap();
+    let index = store.snapshots().unwrap();
+    index.get(key).unwrap().unwrap().container.unwrap()
 }
 
 /// Every regular file beneath `dir`.
@@ -551,6 +549,78 @@ fn metadata_survives_restarts_and_a_crash_mid_commit() {
     );
     drop(api);
     drop(daemon);
+}
+
+/// A store whose snapshots an earlier release kept in `snapshots/metadata.json` (one JSON
+/// file, rewritten whole on every call) opens with them all in the database: same keys,
+/// parents, labels, layers and containers, and container numbers not reused.
+#[test]
+fn a_store_with_json_metadata_is_migrated_on_first_open() {
+    let mut f = fixture();
+    commit_with(&f.api, "base", "p", "", |root| {
+        fs::write(root.join("f"), "from the old store").unwrap()
+    });
+    f.api
+        .prepare("active", "base", labels(&[("keep", "me")]))
+        .unwrap();
+    f.api.view("v", "base").unwrap();
+    let store = f.fs.path().join("store");
+    let before = f.api.list(&[]).unwrap();
+    let active_container = container_of(&store, "active");
+    f.daemon.stop_and_restart(|| {
+        // What an earlier release kept, written from the records: the same shape, and
+        // no database beside it.
+        let opened = lamina_store::Store::open(&store).unwrap();
+        let index = opened.snapshots().unwrap();
+        let mut snapshots = std::collections::BTreeMap::new();
+        index
+            .for_each(|key, record| {
+                snapshots.insert(key, record);
+            })
+            .unwrap();
+        let old = serde_json::json!({
+            "next_id": index.next_container_number().unwrap(),
+            "snapshots": snapshots,
+        });
+        drop(index);
+        for name in ["metadata.db", "metadata.db-wal", "metadata.db-shm"] {
+            let _ = fs::remove_file(store.join("snapshots").join(name));
+        }
+        fs::write(
+            store.join("snapshots/metadata.json"),
+            serde_json::to_vec_pretty(&old).unwrap(),
+        )
+        .unwrap();
+    });
+    let api = Api::connect(&f.daemon.socket);
+    assert_eq!(api.list(&[]).unwrap(), before);
+    assert_eq!(
+        api.stat("active").unwrap().labels,
+        labels(&[("keep", "me")])
+    );
+    assert_eq!(api.stat("active").unwrap().parent, "base");
+    assert_eq!(container_of(&store, "active"), active_container);
+    let view = api.mounts("v").unwrap();
+    {
+        let mounted = Mounted::new(&view);
+        assert_eq!(read(&mounted.path().join("f")), "from the old store");
+    }
+    api.prepare("new", "base", none()).unwrap();
+    let numbers: std::collections::HashSet<_> = ["active", "v", "new"]
+        .iter()
+        .map(|key| container_of(&store, key))
+        .collect();
+    assert_eq!(
+        numbers.len(),
+        3,
+        "a migrated store reuses no container number"
+    );
+    assert!(!store.join("snapshots/metadata.json").exists());
+    assert!(store.join("snapshots/metadata.json.migrated").exists());
+    for key in ["new", "active", "v"] {
+        api.remove(key).unwrap();
+    }
+    api.remove("base").unwrap();
 }
 
 /// One row of the snapshotter's strategy table: the label, and what comes of it.

@@ -170,7 +170,9 @@ pub fn create_empty(
             },
             rootfs: RootfsRecord::new(model, false, vec!["rbind".into(), access.into()]),
         };
-        if let Err(e) = record::write(store, &container) {
+        // A new container's first record, as create writes it (no flushes where the
+        // store's journal orders it: docs/store.md, "Durability of records").
+        if let Err(e) = record::write_new(store, &container) {
             let _ = store.remove_container_dirs(id);
             return Err(e.into());
         }

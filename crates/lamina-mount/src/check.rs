@@ -137,35 +137,34 @@ pub fn check(
         }
     }
 
-    let snapshots = store.load_snapshots()?;
-    for layer in snapshots.layers() {
-        referenced.insert(layer);
-    }
-    for (key, snapshot) in &snapshots.snapshots {
-        if let Some(layer) = &snapshot.layer
-            && !store.has_layer(layer)
-        {
-            let detail =
-                format!("containerd snapshot `{key}` is held by layer {layer}, which is gone");
-            findings.problems.push(found(
-                "snapshot_missing_layer",
-                &store.layout().layer(layer),
-                &detail,
-            ));
-        }
-        if let Some(id) = &snapshot.container
-            && snapshot.committing.is_none()
-            && !live.contains(id)
-        {
-            let detail = format!(
-                "containerd snapshot `{key}` is provided by container `{id}`, which is gone"
-            );
-            findings.problems.push(found(
-                "snapshot_missing_container",
-                &store.layout().container(id),
-                &detail,
-            ));
-        }
+    if let Some(snapshots) = store.snapshots_if_any()? {
+        referenced.extend(snapshots.layers()?);
+        snapshots.for_each(|key, snapshot| {
+            if let Some(layer) = &snapshot.layer
+                && !store.has_layer(layer)
+            {
+                let detail =
+                    format!("containerd snapshot `{key}` is held by layer {layer}, which is gone");
+                findings.problems.push(found(
+                    "snapshot_missing_layer",
+                    &store.layout().layer(layer),
+                    &detail,
+                ));
+            }
+            if let Some(id) = &snapshot.container
+                && snapshot.committing.is_none()
+                && !live.contains(id)
+            {
+                let detail = format!(
+                    "containerd snapshot `{key}` is provided by container `{id}`, which is gone"
+                );
+                findings.problems.push(found(
+                    "snapshot_missing_container",
+                    &store.layout().container(id),
+                    &detail,
+                ));
+            }
+        })?;
     }
 
     for (dir, why) in bad_layers(store)? {

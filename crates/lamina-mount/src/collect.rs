@@ -125,13 +125,9 @@ fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> 
         name(&layers);
     }
     // containerd's committed snapshots, and commits in flight.
-    name(
-        &store
-            .load_snapshots()?
-            .layers()
-            .into_iter()
-            .collect::<Vec<_>>(),
-    );
+    if let Some(snapshots) = store.snapshots_if_any()? {
+        name(&snapshots.layers()?.into_iter().collect::<Vec<_>>());
+    }
     Ok(Ok((keep, bound)))
 }
 

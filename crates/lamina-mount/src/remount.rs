@@ -42,8 +42,12 @@ pub(crate) fn unmount_held(
             .unmount(&dirs.rootfs)
             .map_err(|e| RootfsError::unmounting(id, e))?;
     }
-    container.rootfs.mounted = false;
-    record::write(store, &container)?;
+    // Rewritten (two flushes) only if it said mounted: a containerd snapshot's record
+    // never does, as containerd mounts it, and each of its commits comes through here.
+    if container.rootfs.mounted {
+        container.rootfs.mounted = false;
+        record::write(store, &container)?;
+    }
     if let Some(source) = writeback {
         return Err(RootfsError::VolatileWriteback {
             id: id.into(),

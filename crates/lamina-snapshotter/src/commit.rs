@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fs;
 
 use lamina_image::Digest;
-use lamina_store::{Committing, SnapshotDb, SnapshotKind, SnapshotRecord, StoreError};
+use lamina_store::{Committing, SnapshotKind, SnapshotRecord, StoreError};
 
 use crate::complete::complete_metacopies;
 use crate::snapshotter::{CONTAINER_PREFIX, extraction_target, now_ns};
@@ -24,18 +24,17 @@ impl Snapshotter {
     ) -> Result<(), SnapshotError> {
         let _lock = self.store.lock_snapshots()?;
         let _layers_in_use = self.store.use_layers()?;
-        let mut db = self.store.load_snapshots()?;
         if name.is_empty() {
             return Err(SnapshotError::InvalidArgument(
                 "a committed snapshot needs a name".into(),
             ));
         }
-        if db.snapshots.contains_key(name) {
+        if self.index().contains(name)? {
             return Err(SnapshotError::AlreadyExists(name.into()));
         }
-        let active = db
-            .snapshots
-            .get(key)
+        let mut active = self
+            .index()
+            .get(key)?
             .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
         if active.kind != SnapshotKind::Active {
             return Err(SnapshotError::FailedPrecondition(format!(
@@ -55,21 +54,18 @@ impl Snapshotter {
             Ok(_) => {}
         }
         let layer = commit_layer(name, key, &labels, &active.labels);
-        if let Some(active) = db.snapshots.get_mut(key) {
-            active.committing = Some(Committing {
-                name: name.to_string(),
-                layer,
-                labels,
-            });
-        }
-        self.store.save_snapshots(&db)?;
-        self.finish_commit(&mut db, key)
+        active.committing = Some(Committing {
+            name: name.to_string(),
+            layer,
+            labels,
+        });
+        self.index().update(key, &active)?;
+        self.finish_commit(key, active)
     }
 
     /// Publishes the upper of active `key` (whose intent is recorded) as its layer, then
     /// records the committed snapshot and removes the active one's container.
-    fn finish_commit(&self, db: &mut SnapshotDb, key: &str) -> Result<(), SnapshotError> {
-        let active = db.snapshots[key].clone();
+    fn finish_commit(&self, key: &str, active: SnapshotRecord) -> Result<(), SnapshotError> {
         let Some(committing) = active.committing.clone() else {
             return Ok(());
         };
@@ -91,22 +87,18 @@ impl Snapshotter {
             lamina_mount::commit_upper(&self.store, self.mounter.as_ref(), &id, publish)??;
             self.store.pause_point("commit-published");
         }
-        db.snapshots.remove(key);
         let now = now_ns();
-        db.snapshots.insert(
-            committing.name.clone(),
-            SnapshotRecord {
-                kind: SnapshotKind::Committed,
-                parent: active.parent,
-                labels: committing.labels,
-                created_ns: now,
-                updated_ns: now,
-                layer: Some(committing.layer.clone()),
-                container: None,
-                committing: None,
-            },
-        );
-        self.store.save_snapshots(db)?;
+        let committed = SnapshotRecord {
+            kind: SnapshotKind::Committed,
+            parent: active.parent,
+            labels: committing.labels,
+            created_ns: now,
+            updated_ns: now,
+            layer: Some(committing.layer.clone()),
+            container: None,
+            committing: None,
+        };
+        self.index().replace(key, &committing.name, &committed)?;
         tracing::info!(key, name = %committing.name, layer = %committing.layer, "committed snapshot");
         // What is left of the active container (its work dir) goes; a crash before this
         // leaves an unreferenced container that `recover` removes.
@@ -116,19 +108,17 @@ impl Snapshotter {
 
     pub fn remove(&self, key: &str) -> Result<(), SnapshotError> {
         let _lock = self.store.lock_snapshots()?;
-        let mut db = self.store.load_snapshots()?;
-        let snapshot = db
-            .snapshots
-            .get(key)
+        let snapshot = self
+            .index()
+            .get(key)?
             .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
-        if let Some(child) = db.children_of(key).next() {
+        if let Some(child) = self.index().first_child(key)? {
             return Err(SnapshotError::FailedPrecondition(format!(
                 "snapshot `{key}` has children (`{child}`): remove them first"
             )));
         }
-        let container = snapshot.container.clone();
-        db.snapshots.remove(key);
-        self.store.save_snapshots(&db)?;
+        let container = snapshot.container;
+        self.index().remove(key)?;
         // A committed snapshot's layer stays until `Cleanup` (or `lamina clean`) finds
         // nothing naming it; an active's container goes now, or to the reaper if its
         // strategy defers deletes.
@@ -154,35 +144,25 @@ impl Snapshotter {
     pub(crate) fn recover(&self) -> Result<(), SnapshotError> {
         let _lock = self.store.lock_snapshots()?;
         let _layers_in_use = self.store.use_layers()?;
-        let mut db = self.store.load_snapshots()?;
-        let interrupted: Vec<String> = db
-            .snapshots
-            .iter()
-            .filter(|(_, s)| s.committing.is_some())
-            .map(|(k, _)| k.clone())
-            .collect();
+        let interrupted = self.index().interrupted_commits()?;
         for key in interrupted {
-            let committing = db.snapshots[&key].committing.clone();
-            let Some(committing) = committing else {
+            let Some(mut active) = self.index().get(&key)? else {
+                continue;
+            };
+            let Some(committing) = active.committing.clone() else {
                 continue;
             };
             if self.store.has_layer(&committing.layer) {
                 tracing::info!(key, "finishing an interrupted commit");
-                self.finish_commit(&mut db, &key)?;
+                self.finish_commit(&key, active)?;
                 continue;
             }
             tracing::info!(key, "undoing an interrupted commit");
-            self.restore_upper(&db.snapshots[&key], &committing.layer)?;
-            if let Some(s) = db.snapshots.get_mut(&key) {
-                s.committing = None;
-            }
-            self.store.save_snapshots(&db)?;
+            self.restore_upper(&active, &committing.layer)?;
+            active.committing = None;
+            self.index().update(&key, &active)?;
         }
-        let named: std::collections::HashSet<_> = db
-            .snapshots
-            .values()
-            .filter_map(|s| s.container.clone())
-            .collect();
+        let named = self.index().containers()?;
         for container in lamina_mount::record::scan(&self.store)?.containers {
             let id = container.id();
             if id.starts_with(CONTAINER_PREFIX) && !named.contains(id) {

@@ -56,10 +56,9 @@ pub struct Usage {
 
 impl Snapshotter {
     pub fn stat(&self, key: &str) -> Result<Info, SnapshotError> {
-        let db = self.store.load_snapshots()?;
-        db.snapshots
-            .get(key)
-            .map(|r| Info::of(key, r))
+        self.index()
+            .get(key)?
+            .map(|r| Info::of(key, &r))
             .ok_or_else(|| SnapshotError::NotFound(key.into()))
     }
 
@@ -67,10 +66,9 @@ impl Snapshotter {
     /// (or, absent from `info`, deletes) one. Nothing else of a snapshot may change.
     pub fn update(&self, info: &Info, paths: &[String]) -> Result<Info, SnapshotError> {
         let _lock = self.store.lock_snapshots()?;
-        let mut db = self.store.load_snapshots()?;
-        let record = db
-            .snapshots
-            .get_mut(&info.name)
+        let mut index = self.index();
+        let mut record = index
+            .get(&info.name)?
             .ok_or_else(|| SnapshotError::NotFound(info.name.clone()))?;
         if paths.is_empty() || paths.iter().any(|p| p == "labels") {
             record.labels = info.labels.clone();
@@ -88,30 +86,29 @@ impl Snapshotter {
             };
         }
         record.updated_ns = now_ns();
-        let updated = Info::of(&info.name, record);
-        self.store.save_snapshots(&db)?;
-        Ok(updated)
+        index.update(&info.name, &record)?;
+        Ok(Info::of(&info.name, &record))
     }
 
     /// Every snapshot that matches any of `filters` (all, without filters), by name.
     pub fn list(&self, filters: &[String]) -> Result<Vec<Info>, SnapshotError> {
         let filters = Filters::parse(filters).map_err(SnapshotError::InvalidArgument)?;
-        let db = self.store.load_snapshots()?;
-        Ok(db
-            .snapshots
-            .iter()
-            .map(|(name, record)| Info::of(name, record))
-            .filter(|info| filters.matches(info))
-            .collect())
+        let mut matching = Vec::new();
+        self.index().for_each(|name, record| {
+            let info = Info::of(&name, &record);
+            if filters.matches(&info) {
+                matching.push(info);
+            }
+        })?;
+        Ok(matching)
     }
 
     /// What the snapshot holds: an active's upper (what was written), a view's nothing, a
     /// committed snapshot's layer.
     pub fn usage(&self, key: &str) -> Result<Usage, SnapshotError> {
-        let db = self.store.load_snapshots()?;
-        let record = db
-            .snapshots
-            .get(key)
+        let record = self
+            .index()
+            .get(key)?
             .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
         let dir = match (&record.layer, &record.container) {
             (Some(layer), _) => self.store.layout().layer_diff(layer),

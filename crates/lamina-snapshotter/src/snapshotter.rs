@@ -10,16 +10,17 @@
 //!   an isolated upper as chosen), a bind of a pooled overlay lamina claimed ready-mounted,
 //!   or a read-only bind of the shared image mount, the flattened tree or the layer.
 //!
-//! Every call takes the store's snapshot lock, so calls are serial across threads and
-//! processes, and each change to the metadata is one atomic file replace.
+//! Every call that changes anything takes the store's snapshot lock, so changes are
+//! serial across threads and processes; each change to the metadata is one transaction
+//! of the store's snapshot index, touching only the rows it names.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lamina_image::Digest;
 use lamina_mount::{Attach, CreateOptions, Layers, StoredLayers, Strategies};
-use lamina_store::{SnapshotDb, SnapshotKind, SnapshotRecord, Store};
+use lamina_store::{SnapshotIndex, SnapshotKind, SnapshotRecord, Store};
 use lamina_sys::Mounter;
 
 use crate::SnapshotError;
@@ -28,8 +29,8 @@ use crate::SnapshotError;
 pub const STRATEGY_LABEL: &str = "containerd.io/snapshot/lamina.strategy";
 /// `true` marks a container whose writes need not survive a crash: volatile upper.
 pub const EPHEMERAL_LABEL: &str = "containerd.io/snapshot/lamina.ephemeral";
-/// The chain ID an unpack is about to extract.
-pub const REF_LABEL: &str = "containerd.io/snapshot.ref";
+/// The chain ID an unpack is about to extract (the store indexes it).
+pub use lamina_store::REF_LABEL;
 /// containerd's hard limit, in bytes, on what an active snapshot may write.
 pub const MAX_SIZE_LABEL: &str = "containerd.io/snapshot/max-size";
 
@@ -51,6 +52,9 @@ pub struct Snapshotter {
     pub(crate) mounter: Arc<dyn Mounter>,
     /// For snapshots without a strategy label (not unpacks: those are always classic).
     pub(crate) default_strategies: Strategies,
+    /// One connection, shared by the server's threads; each use holds it for one query
+    /// or one transaction, so reads are not held up behind a slow Prepare.
+    index: Arc<Mutex<SnapshotIndex>>,
 }
 
 impl Snapshotter {
@@ -66,10 +70,12 @@ impl Snapshotter {
                 store.root().display()
             )));
         }
+        let index = Arc::new(Mutex::new(store.snapshots()?));
         let snapshotter = Snapshotter {
             store,
             mounter,
             default_strategies,
+            index,
         };
         snapshotter.recover()?;
         Ok(snapshotter)
@@ -77,6 +83,11 @@ impl Snapshotter {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The snapshot index, for one query or transaction.
+    pub(crate) fn index(&self) -> MutexGuard<'_, SnapshotIndex> {
+        self.index.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub fn prepare(
@@ -112,27 +123,26 @@ impl Snapshotter {
         let _lock = self.store.lock_snapshots()?;
         // Held until the metadata names the layers: collection never takes them meanwhile.
         let _layers_in_use = self.store.use_layers()?;
-        let mut db = self.store.load_snapshots()?;
-        if db.snapshots.contains_key(key) {
+        if self.index().contains(key)? {
             return Err(SnapshotError::AlreadyExists(key.into()));
         }
         let parent = (!parent.is_empty()).then(|| parent.to_string());
         let chain = match &parent {
-            Some(p) => layer_chain(&db, p)?,
+            Some(p) => layer_chain(&self.index(), p)?,
             None => Vec::new(),
         };
         let extraction = kind == SnapshotKind::Active && extraction_target(key, &labels).is_some();
         if extraction
             && labels.contains_key(REF_LABEL)
-            && self.reuse_layer(&mut db, key, parent.as_deref(), &chain, &labels)?
+            && self.reuse_layer(key, parent.as_deref(), &chain, &labels)?
         {
             return Err(SnapshotError::AlreadyExists(labels[REF_LABEL].clone()));
         }
 
         // Checked whatever the snapshot, even one it does not limit.
         let disk_limit = max_size(kind, extraction, &labels, &self.store)?;
-        let id = format!("{CONTAINER_PREFIX}{}", db.next_id);
-        db.next_id += 1;
+        let number = self.index().next_container_number()?;
+        let id = format!("{CONTAINER_PREFIX}{number}");
         let read_only = kind == SnapshotKind::View;
         if chain.is_empty() {
             self.create_empty(&id, key, read_only)?;
@@ -171,20 +181,17 @@ impl Snapshotter {
             }
         };
         let now = now_ns();
-        db.snapshots.insert(
-            key.to_string(),
-            SnapshotRecord {
-                kind,
-                parent,
-                labels,
-                created_ns: now,
-                updated_ns: now,
-                layer: None,
-                container: Some(id.clone()),
-                committing: None,
-            },
-        );
-        if let Err(e) = self.store.save_snapshots(&db) {
+        let record = SnapshotRecord {
+            kind,
+            parent,
+            labels,
+            created_ns: now,
+            updated_ns: now,
+            layer: None,
+            container: Some(id.clone()),
+            committing: None,
+        };
+        if let Err(e) = self.index().insert_numbered(key, &record, number) {
             let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
             return Err(e.into());
         }
@@ -197,7 +204,6 @@ impl Snapshotter {
     /// snapshot for it, so containerd skips the download. True if there is one now.
     fn reuse_layer(
         &self,
-        db: &mut SnapshotDb,
         key: &str,
         parent: Option<&str>,
         chain: &[Digest],
@@ -207,32 +213,24 @@ impl Snapshotter {
         let Ok(layer) = Digest::parse(target) else {
             return Ok(false);
         };
-        let committed = db.snapshots.values().any(|s| {
-            s.kind == SnapshotKind::Committed
-                && s.parent.as_deref() == parent
-                && s.labels.get(REF_LABEL) == Some(target)
-        });
-        if committed {
+        if self.index().has_committed(parent, target)? {
             return Ok(true);
         }
         if !self.store.has_layer(&layer) || !continues_chain(&self.store, chain, &layer)? {
             return Ok(false);
         }
         let now = now_ns();
-        db.snapshots.insert(
-            key.to_string(),
-            SnapshotRecord {
-                kind: SnapshotKind::Committed,
-                parent: parent.map(str::to_string),
-                labels: labels.clone(),
-                created_ns: now,
-                updated_ns: now,
-                layer: Some(layer),
-                container: None,
-                committing: None,
-            },
-        );
-        self.store.save_snapshots(db)?;
+        let record = SnapshotRecord {
+            kind: SnapshotKind::Committed,
+            parent: parent.map(str::to_string),
+            labels: labels.clone(),
+            created_ns: now,
+            updated_ns: now,
+            layer: Some(layer),
+            container: None,
+            committing: None,
+        };
+        self.index().insert(key, &record)?;
         tracing::info!(key, layer = %target, "layer already in the store: snapshot committed without a download");
         Ok(true)
     }
@@ -260,10 +258,9 @@ impl Snapshotter {
     }
 
     pub fn mounts(&self, key: &str) -> Result<Vec<MountSpec>, SnapshotError> {
-        let db = self.store.load_snapshots()?;
-        let snapshot = db
-            .snapshots
-            .get(key)
+        let snapshot = self
+            .index()
+            .get(key)?
             .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
         match &snapshot.container {
             Some(id) => self.mounts_of(id),
@@ -358,27 +355,28 @@ fn max_size(
     }))
 }
 
-/// Layers of committed snapshot `key` and its ancestors, bottom-most first.
-pub(crate) fn layer_chain(db: &SnapshotDb, key: &str) -> Result<Vec<Digest>, SnapshotError> {
+/// Layers of committed snapshot `key` and its ancestors, bottom-most first: one indexed
+/// lookup per ancestor.
+pub(crate) fn layer_chain(index: &SnapshotIndex, key: &str) -> Result<Vec<Digest>, SnapshotError> {
     let mut chain = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     let mut next = Some(key.to_string());
     while let Some(key) = next {
-        let snapshot = db
-            .snapshots
-            .get(&key)
-            .ok_or_else(|| SnapshotError::NotFound(format!("{key} (parent)")))?;
-        let Some(layer) = &snapshot.layer else {
-            return Err(SnapshotError::InvalidArgument(format!(
-                "parent `{key}` is not a committed snapshot"
-            )));
-        };
-        chain.push(layer.clone());
-        next = snapshot.parent.clone();
-        if chain.len() > db.snapshots.len() {
+        if !seen.insert(key.clone()) {
             return Err(SnapshotError::FailedPrecondition(format!(
                 "snapshot `{key}`: its parents form a loop"
             )));
         }
+        let snapshot = index
+            .get(&key)?
+            .ok_or_else(|| SnapshotError::NotFound(format!("{key} (parent)")))?;
+        let Some(layer) = snapshot.layer else {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "parent `{key}` is not a committed snapshot"
+            )));
+        };
+        chain.push(layer);
+        next = snapshot.parent;
     }
     chain.reverse();
     Ok(chain)

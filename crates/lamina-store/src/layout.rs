@@ -82,8 +82,14 @@ impl Layout {
         self.root.join("snapshots")
     }
 
+    /// The snapshot metadata of releases before the database; migrated on first open.
     pub fn snapshot_metadata(&self) -> PathBuf {
         self.snapshots().join("metadata.json")
+    }
+
+    /// The snapshot metadata (see `snapshot_index.rs`).
+    pub fn snapshot_db(&self) -> PathBuf {
+        self.snapshots().join("metadata.db")
     }
 
     /// Short symlinks to layer trees, for overlays mounted from one option string (see

@@ -22,6 +22,7 @@ pub mod progress;
 mod properties;
 mod record_paths;
 mod shift;
+mod snapshot_index;
 mod snapshots;
 mod usage;
 
@@ -47,7 +48,7 @@ pub use permissions::{create_private_dir, use_fixed_umask};
 pub use progress::ImportProgress;
 pub use properties::{IdMap, IdMapping, StoreProperties};
 pub use record_paths::MAX_RECORD_BYTES;
-pub use snapshots::{Committing, SnapshotDb, SnapshotKind, SnapshotRecord};
+pub use snapshots::{Committing, REF_LABEL, SnapshotIndex, SnapshotKind, SnapshotRecord};
 pub use usage::{ContainerUsage, disk_usage, disk_usage_and_inodes};
 
 /// Default per-layer cap on uncompressed bytes: a decompression bomb stops here.

@@ -1,19 +1,25 @@
-//! containerd snapshots kept in the store (`snapshots/metadata.json`), for the proxy
-//! snapshotter in `lamina-snapshotter`. They live here, not in the front-end, because
-//! layer collection must see them: a committed snapshot's content is a layer under
-//! `layers/`, and an active snapshot is a container under `images/`, so `clean` keeps what
-//! a snapshot names exactly as it keeps what a container record names.
+//! containerd snapshots kept in the store, for the proxy snapshotter in
+//! `lamina-snapshotter`. They live here, not in the front-end, because layer collection
+//! must see them: a committed snapshot's content is a layer under `layers/`, and an active
+//! snapshot is a container under `images/`, so `clean` keeps what a snapshot names exactly
+//! as it keeps what a container record names.
 //!
-//! The file is small and rewritten whole, atomically (write, fsync, rename), so a crash
-//! between two calls loses nothing and a crash during one leaves the previous version.
+//! The records are rows of an SQLite database (`snapshots/metadata.db`, see
+//! [`SnapshotIndex`]): each call reads and writes only the rows it names, through an
+//! index, so a node with thousands of snapshots pays per call what a node with ten does.
 
-use std::collections::{BTreeMap, HashSet};
-use std::fs;
+use std::collections::BTreeMap;
 
 use lamina_image::Digest;
 use serde::{Deserialize, Serialize};
 
 use crate::{Store, StoreError, StoreLock};
+
+pub use crate::snapshot_index::SnapshotIndex;
+
+/// The label an unpack names the layer it extracts with (containerd's pull); the index
+/// keeps it in a column of its own so a Prepare finds an existing layer without a scan.
+pub const REF_LABEL: &str = "containerd.io/snapshot.ref";
 
 /// The three kinds of snapshot containerd knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,10 +41,18 @@ impl SnapshotKind {
             SnapshotKind::Committed => "committed",
         }
     }
+
+    pub fn parse(text: &str) -> Option<SnapshotKind> {
+        match text {
+            "view" => Some(SnapshotKind::View),
+            "active" => Some(SnapshotKind::Active),
+            "committed" => Some(SnapshotKind::Committed),
+            _ => None,
+        }
+    }
 }
 
-/// One snapshot, keyed in [`SnapshotDb::snapshots`] by its key (active, view) or name
-/// (committed).
+/// One snapshot, keyed by its key (active, view) or name (committed).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRecord {
     pub kind: SnapshotKind,
@@ -71,63 +85,35 @@ pub struct Committing {
     pub labels: BTreeMap<String, String>,
 }
 
-/// Every snapshot of the store.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SnapshotDb {
-    /// Numbers the containers of actives and views (`snap-<n>`), never reused.
+/// The whole of the metadata as the first releases kept it (`snapshots/metadata.json`,
+/// rewritten on every call): read once, to migrate it into the index.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct LegacySnapshotFile {
     pub next_id: u64,
     pub snapshots: BTreeMap<String, SnapshotRecord>,
 }
 
-impl SnapshotDb {
-    /// Layers that committed snapshots hold and commits in flight are making.
-    pub fn layers(&self) -> HashSet<Digest> {
-        self.snapshots
-            .values()
-            .flat_map(|s| {
-                s.layer
-                    .iter()
-                    .chain(s.committing.as_ref().map(|c| &c.layer))
-            })
-            .cloned()
-            .collect()
-    }
-
-    /// Keys of the snapshots whose parent is `key`.
-    pub fn children_of<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a String> + 'a {
-        self.snapshots
-            .iter()
-            .filter(move |(_, s)| s.parent.as_deref() == Some(key))
-            .map(|(k, _)| k)
-    }
-}
-
 impl Store {
     /// Serialises changes to the snapshot metadata (and to what it names) between
-    /// processes; a snapshotter holds it for each call.
+    /// processes; a snapshotter holds it for each call that changes anything.
     pub fn lock_snapshots(&self) -> Result<StoreLock, StoreError> {
         self.lock("snapshots")
     }
 
-    /// The snapshots recorded; none if no snapshotter ever ran on this store.
-    pub fn load_snapshots(&self) -> Result<SnapshotDb, StoreError> {
-        let path = self.layout.snapshot_metadata();
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| StoreError::io("reading", &path)(std::io::Error::other(e))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SnapshotDb::default()),
-            Err(e) => Err(StoreError::io("reading", &path)(e)),
-        }
+    /// The snapshot index, created empty if no snapshotter ever ran on this store, and
+    /// migrated from `snapshots/metadata.json` the first time a store that has one opens.
+    pub fn snapshots(&self) -> Result<SnapshotIndex, StoreError> {
+        SnapshotIndex::open(self)
     }
 
-    /// Replaces the snapshot metadata with `db`, durably: after this returns, a crash
-    /// keeps it; a crash before keeps the previous version whole.
-    pub fn save_snapshots(&self, db: &SnapshotDb) -> Result<(), StoreError> {
-        let dir = self.layout.snapshots();
-        fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
-        let path = self.layout.snapshot_metadata();
-        let bytes = serde_json::to_vec_pretty(db)
-            .map_err(|e| StoreError::io("encoding", &path)(std::io::Error::other(e)))?;
-        self.write_durably(&path, &bytes)
+    /// The index if a snapshotter ever ran on this store: what readers that must not
+    /// create one (`check`, layer collection) open.
+    pub fn snapshots_if_any(&self) -> Result<Option<SnapshotIndex>, StoreError> {
+        let layout = self.layout();
+        if layout.snapshot_db().exists() || layout.snapshot_metadata().exists() {
+            self.snapshots().map(Some)
+        } else {
+            Ok(None)
+        }
     }
 }

@@ -8,8 +8,8 @@
 //!   (`/proc/fs/jbd2/<dev>-8`, inode 8 being ext4's journal): ext2, ext4 made without a
 //!   journal and an external journal device all lack it. Not mounted `noload` or
 //!   `norecovery` (no journal runs), nor with `journal_async_commit`, whose commit block
-//!   is written without a flush before it: both read from the superblock's own
-//!   `/proc/fs/ext4/<dev>/options`.
+//!   is written without a flush before it, nor `nobarrier` (no flush or FUA at all): all
+//!   read from the superblock's own `/proc/fs/ext4/<dev>/options`.
 //! - xfs with its log and data on one device and no realtime section (a realtime
 //!   device the log's flush does not cover), from `XFS_IOC_FSGEOMETRY`.
 //!
@@ -51,9 +51,12 @@ pub(crate) fn orders_direct_writes(dir: &Path) -> bool {
                 return false;
             };
             let has = |option: &str| options.lines().any(|o| o == option);
-            !has("journal_async_commit")
+            // `barrier` is printed unless the journal's commits go without their flush
+            // and FUA (`nobarrier`, `barrier=0`): then nothing orders them after the
+            // drive's cache. `noload` is shown as `norecovery`.
+            has("barrier")
+                && !has("journal_async_commit")
                 && !has("norecovery")
-                && !has("noload")
                 && internal_journal(&name)
         }
         XFS => crate::raw::xfs::geometry(dir.as_fd()).is_ok_and(|g| g.internal_log && !g.realtime),

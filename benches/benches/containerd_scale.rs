@@ -1,0 +1,192 @@
+//! lamina as containerd's snapshotter at node scale, against containerd's built-in
+//! overlayfs snapshotter, in the same run, on the same loop-backed ext4, both through
+//! containerd 1.6's snapshots API (issue 23):
+//!
+//! - committing N layers, each a Prepare with no parent and a Commit (what an image
+//!   unpack does per layer), from an empty snapshotter to 1000 and to 5000;
+//! - the container snapshot cycle — Prepare on the image's top layer, Mounts, mount the
+//!   answer as the shim does, unmount, Remove — with 10, 1000 and 5000 committed
+//!   snapshots in the snapshotter;
+//! - the resident memory of the process serving each (containerd itself for overlayfs,
+//!   the lamina daemon for lamina) at the end.
+//!
+//! Prints its tables as markdown (docs/benchmarks.md, "containerd at node scale").
+//! `cargo bench -p lamina-benches --bench containerd_scale`; under `cargo test` it runs
+//! at tiny sizes, to prove it still runs. Needs root and Debian's containerd.
+
+// A benchmark that cannot set up must stop loudly, not measure something else.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use lamina_benches::containerd_rig::{self, mount_all, top_layer};
+use lamina_integration::snapshotter::{Api, Labels, labels};
+use lamina_integration::{ScratchFs, require_root};
+use rustix::mount::UnmountFlags;
+
+const NAMESPACE: &str = "scale";
+
+/// Sizes of one run: committed snapshots to measure the cycle at, and cycles per size.
+struct Sizes {
+    committed: Vec<usize>,
+    cycles: usize,
+}
+
+fn main() {
+    require_root();
+    let full = std::env::args().any(|a| a == "--bench");
+    let sizes = if full {
+        Sizes {
+            committed: vec![10, 1000, 5000],
+            cycles: 200,
+        }
+    } else {
+        Sizes {
+            committed: vec![2, 4],
+            cycles: 3,
+        }
+    };
+    let fs = ScratchFs::ext4(4096);
+    let (daemon, ctd) = containerd_rig::start(&fs, NAMESPACE);
+    let target = fs.path().join("rootfs");
+    std::fs::create_dir(&target).unwrap();
+
+    let mut cycles = Vec::new();
+    let mut commits = Vec::new();
+    let mut memory = Vec::new();
+    for snapshotter in ["overlayfs", "lamina"] {
+        let api = Api::via_containerd(&ctd.socket, snapshotter, NAMESPACE);
+        let parent = top_layer(&api);
+        let mut committed = 0;
+        let mut committing = Duration::ZERO;
+        for &size in &sizes.committed {
+            while committed < size {
+                committing += commit_empty_layer(&api, committed);
+                committed += 1;
+            }
+            eprintln!("{snapshotter}: {committed} committed in {committing:?}");
+            commits.push((snapshotter, size, committing));
+            let mut samples: Vec<Duration> = (0..sizes.cycles)
+                .map(|i| cycle(&api, &parent, &format!("cycle-{size}-{i}"), &target))
+                .collect();
+            samples.sort();
+            cycles.push((snapshotter, size, samples));
+        }
+        let pid = match snapshotter {
+            "lamina" => daemon.pid().unwrap(),
+            _ => ctd.pid(),
+        };
+        memory.push((snapshotter, committed, resident_kib(pid)));
+    }
+    print_tables(&cycles, &commits, &memory, &sizes);
+    drop(ctd);
+    drop(daemon);
+}
+
+/// Snapshots made through containerd's API outside a lease are containerd's garbage:
+/// each carries a GC root label.
+fn gc_root() -> Labels {
+    labels(&[("containerd.io/gc.root", "bench")])
+}
+
+/// One layer of an unpack: Prepare with no parent, Commit; timed together.
+fn commit_empty_layer(api: &Api, n: usize) -> Duration {
+    let key = format!("fill-{n}");
+    let t = Instant::now();
+    api.prepare(&key, "", gc_root()).unwrap();
+    api.commit(&format!("layer-{n}"), &key, gc_root()).unwrap();
+    t.elapsed()
+}
+
+/// A container start and stop as the snapshotter sees it.
+fn cycle(api: &Api, parent: &str, key: &str, target: &Path) -> Duration {
+    let t = Instant::now();
+    api.prepare(key, parent, gc_root()).unwrap();
+    let mounts = api.mounts(key).unwrap();
+    mount_all(&mounts, target);
+    rustix::mount::unmount(target, UnmountFlags::empty()).unwrap();
+    api.remove(key).unwrap();
+    t.elapsed()
+}
+
+/// `VmRSS` of process `pid`, in KiB.
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+fn nearest_rank(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+type Cycles<'a> = [(&'a str, usize, Vec<Duration>)];
+
+fn print_tables(
+    cycles: &Cycles<'_>,
+    commits: &[(&str, usize, Duration)],
+    memory: &[(&str, usize, u64)],
+    sizes: &Sizes,
+) {
+    let p50 = |who: &str, size: usize| {
+        cycles
+            .iter()
+            .find(|(s, n, _)| *s == who && *n == size)
+            .map(|(_, _, samples)| nearest_rank(samples, 0.5))
+            .unwrap()
+    };
+    println!(
+        "| snapshotter | committed snapshots | cycles | cycle p50 | cycle p99 | vs overlayfs | vs fewest committed |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (who, size, samples) in cycles {
+        let median = nearest_rank(samples, 0.5);
+        println!(
+            "| `{who}` | {size} | {} | {} | {} | {:.2}× | {:.2}× |",
+            sizes.cycles,
+            ms(median),
+            ms(nearest_rank(samples, 0.99)),
+            median.as_secs_f64() / p50("overlayfs", *size).as_secs_f64(),
+            median.as_secs_f64() / p50(who, sizes.committed[0]).as_secs_f64(),
+        );
+    }
+    println!();
+    println!("| snapshotter | layers committed | total | per layer | vs overlayfs |");
+    println!("|---|---|---|---|---|");
+    for (who, n, total) in commits {
+        let baseline = commits
+            .iter()
+            .find(|(s, m, _)| *s == "overlayfs" && m == n)
+            .map(|(_, _, t)| *t)
+            .unwrap();
+        println!(
+            "| `{who}` | {n} | {:.2} s | {} | {:.2}× |",
+            total.as_secs_f64(),
+            ms(*total / (*n).max(1) as u32),
+            total.as_secs_f64() / baseline.as_secs_f64(),
+        );
+    }
+    println!();
+    println!("| snapshotter | process measured | committed snapshots | resident memory |");
+    println!("|---|---|---|---|");
+    for (who, n, kib) in memory {
+        let process = if *who == "lamina" {
+            "`lamina daemon`"
+        } else {
+            "`containerd` (the snapshotter is built in)"
+        };
+        println!(
+            "| `{who}` | {process} | {n} | {:.1} MiB |",
+            *kib as f64 / 1024.0
+        );
+    }
+}

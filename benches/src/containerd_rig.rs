@@ -1,0 +1,81 @@
+//! What the containerd benchmarks share: one containerd serving its built-in `overlayfs`
+//! snapshotter and lamina (a `lamina daemon` as proxy snapshotter) on one scratch
+//! filesystem, the sample image imported into both, and the shim's way of mounting what a
+//! snapshotter answers.
+
+use std::path::Path;
+
+use lamina_integration::containerd::Containerd;
+use lamina_integration::snapshotter::{Api, Daemon};
+use lamina_integration::{ScratchFs, sample_image};
+use lamina_snapshotter::proto::containerd::types::Mount;
+use rustix::mount::MountFlags;
+
+/// The image both snapshotters have.
+pub const IMAGE: &str = "docker.io/lamina/sample:latest";
+
+/// A lamina daemon and a containerd using it, on `fs`, with the sample image imported
+/// into both snapshotters under `namespace`.
+pub fn start(fs: &ScratchFs, namespace: &str) -> (Daemon, Containerd) {
+    let files = sample_image(&fs.path().join("image"));
+    let daemon = Daemon::start(
+        &fs.path().join("store"),
+        &fs.path().join("lamina.sock"),
+        &[],
+    );
+    let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
+    let archive = files.oci_archive.to_str().unwrap();
+    for snapshotter in ["overlayfs", "lamina"] {
+        ctd.ctr_ok(&[
+            "--namespace",
+            namespace,
+            "images",
+            "import",
+            "--snapshotter",
+            snapshotter,
+            "--base-name",
+            "docker.io/lamina/sample",
+            archive,
+        ]);
+    }
+    (daemon, ctd)
+}
+
+/// Mounts what a snapshotter answered on `target`, as containerd's shim does: a bind, or
+/// an overlay with the options as its data.
+pub fn mount_all(mounts: &[Mount], target: &Path) {
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    let m = &mounts[0];
+    if m.r#type == "bind" {
+        rustix::mount::mount_bind_recursive(m.source.as_str(), target).unwrap();
+        return;
+    }
+    let data: Vec<&str> = m
+        .options
+        .iter()
+        .map(String::as_str)
+        .filter(|o| !matches!(*o, "rw" | "ro" | "bind" | "rbind"))
+        .collect();
+    let data = std::ffi::CString::new(data.join(",")).unwrap();
+    rustix::mount::mount(
+        m.source.as_str(),
+        target,
+        m.r#type.as_str(),
+        MountFlags::empty(),
+        data.as_c_str(),
+    )
+    .unwrap();
+}
+
+/// The key of the image's top layer in `api`'s snapshotter: the committed snapshot no
+/// other snapshot has as parent.
+pub fn top_layer(api: &Api) -> String {
+    let committed = api.list(&["kind==committed"]).unwrap();
+    let parents: Vec<String> = committed
+        .iter()
+        .map(|key| api.stat(key).unwrap().parent)
+        .collect();
+    let top: Vec<&String> = committed.iter().filter(|k| !parents.contains(k)).collect();
+    assert_eq!(top.len(), 1, "one image imported: {committed:?}");
+    top[0].clone()
+}

@@ -1,0 +1,519 @@
+//! The containerd snapshot metadata as an SQLite database, `snapshots/metadata.db`.
+//!
+//! Why SQLite (rusqlite, SQLite compiled in): the snapshotter daemon holds it open while
+//! `lamina clean`, `check` and `list` — separate processes — read it; SQLite is made for
+//! several processes on one file, where redb, the pure-Rust choice, locks its file for one
+//! process at a time. Every change is one transaction, written ahead to the WAL and
+//! synced before it returns (`synchronous=FULL`): a crash keeps each call whole or not at
+//! all, and nothing is rewritten whole. The indexes answer what each call asks — a key, a
+//! parent's children, a committed layer under a parent, the commits in flight — so a call
+//! costs the same with ten snapshots or ten thousand; only a listing and garbage
+//! collection read every row, streaming.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use lamina_image::Digest;
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::snapshots::{Committing, LegacySnapshotFile, REF_LABEL, SnapshotKind, SnapshotRecord};
+use crate::{Store, StoreError};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS snapshots (
+    key TEXT PRIMARY KEY NOT NULL,
+    kind TEXT NOT NULL,
+    parent TEXT,
+    labels TEXT NOT NULL,
+    reference TEXT,
+    created_ns INTEGER NOT NULL,
+    updated_ns INTEGER NOT NULL,
+    layer TEXT,
+    container TEXT,
+    committing TEXT
+);
+CREATE INDEX IF NOT EXISTS snapshots_by_parent ON snapshots (parent, reference);
+CREATE INDEX IF NOT EXISTS snapshots_by_layer ON snapshots (layer) WHERE layer IS NOT NULL;
+CREATE INDEX IF NOT EXISTS snapshots_by_container ON snapshots (container)
+    WHERE container IS NOT NULL;
+CREATE INDEX IF NOT EXISTS snapshots_committing ON snapshots (key)
+    WHERE committing IS NOT NULL;
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
+";
+
+const COLUMNS: &str =
+    "key, kind, parent, labels, created_ns, updated_ns, layer, container, committing";
+
+/// Numbers the containers of actives and views (`snap-<n>`), never reused.
+const NEXT_ID: &str = "next_id";
+/// Set once `metadata.json` is in the database.
+const MIGRATED: &str = "migrated_json";
+
+/// An open connection to a store's snapshot metadata.
+#[derive(Debug)]
+pub struct SnapshotIndex {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl SnapshotIndex {
+    pub(crate) fn open(store: &Store) -> Result<SnapshotIndex, StoreError> {
+        let dir = store.layout().snapshots();
+        fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
+        let path = store.layout().snapshot_db();
+        let failed = |e: rusqlite::Error| sql_error("opening", &path, e);
+        let conn = Connection::open(&path).map_err(failed)?;
+        conn.busy_timeout(store.lock_timeout()).map_err(failed)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(failed)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(failed)?;
+        let mut index = SnapshotIndex { conn, path };
+        index.create_and_migrate(&store.layout().snapshot_metadata())?;
+        Ok(index)
+    }
+
+    /// Creates the tables, then moves `legacy` (the JSON file of earlier releases) in, in
+    /// one transaction. The file is renamed to `metadata.json.migrated` after the
+    /// transaction commits and kept, for an operator going back to an earlier release; a
+    /// crash in between migrates nothing twice (the marker says it is done).
+    fn create_and_migrate(&mut self, legacy: &Path) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let failed = |e: rusqlite::Error| sql_error("creating", &path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(failed)?;
+        tx.execute_batch(SCHEMA).map_err(failed)?;
+        let migrated = counter(&tx, MIGRATED).map_err(failed)?.is_some();
+        if !migrated {
+            match fs::read(legacy) {
+                Ok(bytes) => {
+                    let old: LegacySnapshotFile = serde_json::from_slice(&bytes).map_err(|e| {
+                        StoreError::io("migrating", legacy)(std::io::Error::other(e))
+                    })?;
+                    for (key, record) in &old.snapshots {
+                        insert(&tx, key, record).map_err(failed)?;
+                    }
+                    set_counter(&tx, NEXT_ID, old.next_id).map_err(failed)?;
+                    tracing::info!(snapshots = old.snapshots.len(), from = %legacy.display(), "migrated snapshot metadata");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("migrating", legacy)(e)),
+            }
+            set_counter(&tx, MIGRATED, 1).map_err(failed)?;
+        }
+        tx.commit().map_err(failed)?;
+        match fs::rename(legacy, legacy.with_extension("json.migrated")) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::io("renaming", legacy)(e)),
+        }
+    }
+
+    /// The snapshot `key`, if there is one.
+    pub fn get(&self, key: &str) -> Result<Option<SnapshotRecord>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM snapshots WHERE key = ?1");
+        let row = self
+            .conn
+            .query_row(&sql, [key], decode)
+            .optional()
+            .map_err(|e| self.failed("reading", e))?;
+        match row {
+            None => Ok(None),
+            Some((_, record)) => record.map(Some).map_err(|why| self.bad(why)),
+        }
+    }
+
+    pub fn contains(&self, key: &str) -> Result<bool, StoreError> {
+        self.conn
+            .query_row("SELECT 1 FROM snapshots WHERE key = ?1", [key], |_| Ok(()))
+            .optional()
+            .map(|found| found.is_some())
+            .map_err(|e| self.failed("reading", e))
+    }
+
+    /// A snapshot whose parent is `key`, if any.
+    pub fn first_child(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT key FROM snapshots WHERE parent = ?1 LIMIT 1",
+                [key],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(|e| self.failed("reading", e))
+    }
+
+    /// Whether a committed snapshot on `parent` (none: a bottom layer) carries `reference`
+    /// as its [`REF_LABEL`].
+    pub fn has_committed(&self, parent: Option<&str>, reference: &str) -> Result<bool, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT 1 FROM snapshots WHERE parent IS ?1 AND reference = ?2 AND kind = 'committed' LIMIT 1",
+                params![parent, reference],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|found| found.is_some())
+            .map_err(|e| self.failed("reading", e))
+    }
+
+    /// The number the next snapshot container takes (`snap-<n>`).
+    pub fn next_container_number(&self) -> Result<u64, StoreError> {
+        counter(&self.conn, NEXT_ID)
+            .map(|n| n.unwrap_or(0))
+            .map_err(|e| self.failed("reading", e))
+    }
+
+    /// Records a new snapshot that took container number `number`, in one transaction.
+    pub fn insert_numbered(
+        &mut self,
+        key: &str,
+        record: &SnapshotRecord,
+        number: u64,
+    ) -> Result<(), StoreError> {
+        self.write(|tx| {
+            insert(tx, key, record)?;
+            set_counter(tx, NEXT_ID, number.saturating_add(1))
+        })
+    }
+
+    /// Records a new snapshot.
+    pub fn insert(&mut self, key: &str, record: &SnapshotRecord) -> Result<(), StoreError> {
+        self.write(|tx| insert(tx, key, record))
+    }
+
+    /// Replaces the record of existing snapshot `key`.
+    pub fn update(&mut self, key: &str, record: &SnapshotRecord) -> Result<(), StoreError> {
+        self.write(|tx| {
+            tx.execute("DELETE FROM snapshots WHERE key = ?1", [key])?;
+            insert(tx, key, record)
+        })
+    }
+
+    /// Swaps snapshot `old` for `new_key` (a commit: the active goes, the committed
+    /// snapshot comes), in one transaction.
+    pub fn replace(
+        &mut self,
+        old: &str,
+        new_key: &str,
+        record: &SnapshotRecord,
+    ) -> Result<(), StoreError> {
+        self.write(|tx| {
+            tx.execute("DELETE FROM snapshots WHERE key = ?1", [old])?;
+            insert(tx, new_key, record)
+        })
+    }
+
+    pub fn remove(&mut self, key: &str) -> Result<(), StoreError> {
+        self.write(|tx| {
+            tx.execute("DELETE FROM snapshots WHERE key = ?1", [key])
+                .map(drop)
+        })
+    }
+
+    /// Keys of actives whose commit started and may not have finished.
+    pub fn interrupted_commits(&self) -> Result<Vec<String>, StoreError> {
+        self.collect(
+            "SELECT key FROM snapshots WHERE committing IS NOT NULL",
+            |row| row.get(0),
+        )
+    }
+
+    /// Containers that snapshots name.
+    pub fn containers(&self) -> Result<HashSet<String>, StoreError> {
+        self.collect(
+            "SELECT container FROM snapshots WHERE container IS NOT NULL",
+            |row| row.get(0),
+        )
+    }
+
+    /// Layers that committed snapshots hold and commits in flight are making.
+    pub fn layers(&self) -> Result<HashSet<Digest>, StoreError> {
+        let mut layers = HashSet::new();
+        self.for_each(|_, record| {
+            layers.extend(record.layer.clone());
+            layers.extend(record.committing.map(|c| c.layer));
+        })?;
+        Ok(layers)
+    }
+
+    /// Every snapshot, by key, one row at a time.
+    pub fn for_each(&self, mut each: impl FnMut(String, SnapshotRecord)) -> Result<(), StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM snapshots ORDER BY key");
+        let mut statement = self
+            .conn
+            .prepare(&sql)
+            .map_err(|e| self.failed("reading", e))?;
+        let rows = statement
+            .query_map([], decode)
+            .map_err(|e| self.failed("reading", e))?;
+        for row in rows {
+            let (key, record) = row.map_err(|e| self.failed("reading", e))?;
+            each(key, record.map_err(|why| self.bad(why))?);
+        }
+        Ok(())
+    }
+
+    fn collect<T: Eq + std::hash::Hash, C: FromIterator<T>>(
+        &self,
+        sql: &str,
+        map: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<C, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare(sql)
+            .map_err(|e| self.failed("reading", e))?;
+        let rows = statement
+            .query_map([], map)
+            .map_err(|e| self.failed("reading", e))?;
+        rows.collect::<rusqlite::Result<C>>()
+            .map_err(|e| self.failed("reading", e))
+    }
+
+    fn write(
+        &mut self,
+        change: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>,
+    ) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let failed = |e| sql_error("writing", &path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(failed)?;
+        change(&tx).map_err(failed)?;
+        tx.commit().map_err(failed)
+    }
+
+    fn failed(&self, op: &'static str, e: rusqlite::Error) -> StoreError {
+        sql_error(op, &self.path, e)
+    }
+
+    fn bad(&self, why: String) -> StoreError {
+        StoreError::io("reading", &self.path)(std::io::Error::other(why))
+    }
+}
+
+fn sql_error(op: &'static str, path: &Path, e: rusqlite::Error) -> StoreError {
+    StoreError::io(op, path)(std::io::Error::other(e))
+}
+
+fn counter(conn: &Connection, name: &str) -> rusqlite::Result<Option<u64>> {
+    conn.query_row(
+        "SELECT value FROM counters WHERE name = ?1",
+        [name],
+        |row| row.get::<_, i64>(0),
+    )
+    .optional()
+    .map(|v| v.map(|v| u64::try_from(v).unwrap_or(0)))
+}
+
+fn set_counter(conn: &Connection, name: &str, value: u64) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO counters (name, value) VALUES (?1, ?2)
+         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        params![name, i64::try_from(value).unwrap_or(i64::MAX)],
+    )
+    .map(drop)
+}
+
+fn insert(conn: &Connection, key: &str, r: &SnapshotRecord) -> rusqlite::Result<()> {
+    let labels = serde_json::to_string(&r.labels).unwrap_or_else(|_| "{}".into());
+    let committing = r
+        .committing
+        .as_ref()
+        .and_then(|c| serde_json::to_string(c).ok());
+    conn.execute(
+        &format!(
+            "INSERT INTO snapshots ({COLUMNS}, reference) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+        ),
+        params![
+            key,
+            r.kind.as_str(),
+            r.parent,
+            labels,
+            nanos(r.created_ns),
+            nanos(r.updated_ns),
+            r.layer.as_ref().map(ToString::to_string),
+            r.container,
+            committing,
+            r.labels.get(REF_LABEL),
+        ],
+    )
+    .map(drop)
+}
+
+fn nanos(ns: u128) -> i64 {
+    i64::try_from(ns).unwrap_or(i64::MAX)
+}
+
+/// One row, as its key and its record — or why the record is not one (a damaged or
+/// hand-edited database), which the caller reports naming the file.
+type Decoded = (String, Result<SnapshotRecord, String>);
+
+fn decode(row: &Row<'_>) -> rusqlite::Result<Decoded> {
+    let key: String = row.get(0)?;
+    let kind: String = row.get(1)?;
+    let parent: Option<String> = row.get(2)?;
+    let labels: String = row.get(3)?;
+    let created: i64 = row.get(4)?;
+    let updated: i64 = row.get(5)?;
+    let layer: Option<String> = row.get(6)?;
+    let container: Option<String> = row.get(7)?;
+    let committing: Option<String> = row.get(8)?;
+    let record = (|| {
+        let kind = SnapshotKind::parse(&kind).ok_or_else(|| format!("kind `{kind}`"))?;
+        let labels: BTreeMap<String, String> =
+            serde_json::from_str(&labels).map_err(|e| format!("labels: {e}"))?;
+        let layer = layer
+            .map(|l| Digest::parse(&l).map_err(|e| format!("layer: {e}")))
+            .transpose()?;
+        let committing = committing
+            .map(|c| serde_json::from_str::<Committing>(&c).map_err(|e| format!("commit: {e}")))
+            .transpose()?;
+        Ok(SnapshotRecord {
+            kind,
+            parent,
+            labels,
+            created_ns: u128::try_from(created).unwrap_or(0),
+            updated_ns: u128::try_from(updated).unwrap_or(0),
+            layer,
+            container,
+            committing,
+        })
+    })()
+    .map_err(|why: String| format!("snapshot `{key}`: {why}"));
+    Ok((key, record))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn record(kind: SnapshotKind, parent: Option<&str>, layer: Option<&str>) -> SnapshotRecord {
+        SnapshotRecord {
+            kind,
+            parent: parent.map(str::to_string),
+            labels: BTreeMap::new(),
+            created_ns: 1,
+            updated_ns: 2,
+            layer: layer.map(|l| Digest::of(l.as_bytes())),
+            container: (kind != SnapshotKind::Committed).then(|| format!("snap-{parent:?}")),
+            committing: None,
+        }
+    }
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::init(&dir.path().join("store")).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn each_query_answers_from_the_rows_it_names() {
+        let (_dir, store) = store();
+        let mut index = store.snapshots().unwrap();
+        let mut base = record(SnapshotKind::Committed, None, Some("a"));
+        base.labels.insert(REF_LABEL.into(), "sha256:aa".into());
+        index.insert("base", &base).unwrap();
+        index
+            .insert_numbered("p", &record(SnapshotKind::Active, Some("base"), None), 7)
+            .unwrap();
+        assert_eq!(index.get("base").unwrap(), Some(base.clone()));
+        assert_eq!(index.get("nope").unwrap(), None);
+        assert!(index.contains("p").unwrap());
+        assert_eq!(index.next_container_number().unwrap(), 8);
+        assert_eq!(index.first_child("base").unwrap().as_deref(), Some("p"));
+        assert_eq!(index.first_child("p").unwrap(), None);
+        assert!(index.has_committed(None, "sha256:aa").unwrap());
+        assert!(!index.has_committed(Some("base"), "sha256:aa").unwrap());
+        assert!(!index.has_committed(None, "sha256:bb").unwrap());
+
+        // A commit: intent first, then the swap in one transaction.
+        let mut active = index.get("p").unwrap().unwrap();
+        active.committing = Some(Committing {
+            name: "c".into(),
+            layer: Digest::of(b"b"),
+            labels: BTreeMap::new(),
+        });
+        index.update("p", &active).unwrap();
+        assert_eq!(index.interrupted_commits().unwrap(), ["p"]);
+        assert_eq!(
+            index.layers().unwrap(),
+            HashSet::from([Digest::of(b"a"), Digest::of(b"b")])
+        );
+        let committed = record(SnapshotKind::Committed, Some("base"), Some("b"));
+        index.replace("p", "c", &committed).unwrap();
+        assert!(index.interrupted_commits().unwrap().is_empty());
+        assert_eq!(index.get("p").unwrap(), None);
+        assert!(index.containers().unwrap().is_empty());
+        let mut keys = Vec::new();
+        index.for_each(|key, _| keys.push(key)).unwrap();
+        assert_eq!(keys, ["base", "c"]);
+        index.remove("c").unwrap();
+        assert_eq!(index.first_child("base").unwrap(), None);
+    }
+
+    #[test]
+    fn a_json_file_of_an_earlier_release_is_migrated_once_and_kept_aside() {
+        let (_dir, store) = store();
+        let legacy = store.layout().snapshot_metadata();
+        fs::create_dir_all(legacy.parent().unwrap()).unwrap();
+        let old = serde_json::json!({
+            "next_id": 12,
+            "snapshots": {
+                "base": record(SnapshotKind::Committed, None, Some("a")),
+                "p": record(SnapshotKind::Active, Some("base"), None),
+            }
+        });
+        fs::write(&legacy, serde_json::to_vec_pretty(&old).unwrap()).unwrap();
+        let index = store.snapshots().unwrap();
+        assert_eq!(index.next_container_number().unwrap(), 12);
+        assert_eq!(
+            index.get("p").unwrap(),
+            Some(record(SnapshotKind::Active, Some("base"), None))
+        );
+        assert!(!legacy.exists());
+        let aside = legacy.with_extension("json.migrated");
+        assert!(aside.exists());
+        drop(index);
+        // A crash between the commit and the rename: the marker stops a second import.
+        fs::rename(&aside, &legacy).unwrap();
+        let mut index = store.snapshots().unwrap();
+        index.remove("p").unwrap();
+        drop(index);
+        let index = store.snapshots().unwrap();
+        assert_eq!(index.get("p").unwrap(), None, "migrated twice");
+    }
+
+    #[test]
+    fn a_damaged_row_is_an_error_naming_the_database_and_the_snapshot() {
+        let (_dir, store) = store();
+        let mut index = store.snapshots().unwrap();
+        index
+            .insert("k", &record(SnapshotKind::View, Some("x"), None))
+            .unwrap();
+        index
+            .conn
+            .execute("UPDATE snapshots SET kind = 'bogus' WHERE key = 'k'", [])
+            .unwrap();
+        let err = index.get("k").unwrap_err().to_string();
+        assert!(err.contains("metadata.db"), "{err}");
+        assert!(err.contains("snapshot `k`: kind `bogus`"), "{err}");
+    }
+
+    #[test]
+    fn a_json_file_that_is_not_one_is_refused_and_left_in_place() {
+        let (_dir, store) = store();
+        let legacy = store.layout().snapshot_metadata();
+        fs::create_dir_all(legacy.parent().unwrap()).unwrap();
+        fs::write(&legacy, b"{\"next_id\": 1, \"snap").unwrap();
+        let err = store.snapshots().unwrap_err().to_string();
+        assert!(err.contains("metadata.json"), "{err}");
+        assert!(legacy.exists());
+    }
+}
