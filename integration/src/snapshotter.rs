@@ -195,11 +195,16 @@ impl Api {
     }
 
     pub fn view(&self, key: &str, parent: &str) -> Result<Vec<Mount>, Status> {
+        self.view_with(key, parent, Labels::new())
+    }
+
+    /// View, with labels.
+    pub fn view_with(&self, key: &str, parent: &str, labels: Labels) -> Result<Vec<Mount>, Status> {
         let request = api::ViewSnapshotRequest {
             snapshotter: self.snapshotter.clone(),
             key: key.into(),
             parent: parent.into(),
-            labels: Labels::new(),
+            labels,
         };
         let mut client = self.client.clone();
         self.runtime

@@ -72,6 +72,11 @@ fn container_of(store: &Path, key: &str) -> String {
     index.get(key).unwrap().unwrap().container.unwrap()
 }
 
+/// The directory (`images/<id>`) of the container behind snapshot `key`.
+fn container_dir(store: &Path, key: &str) -> PathBuf {
+    store.join("images").join(container_of(store, key))
+}
+
 /// Every regular file beneath `dir`.
 fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();
@@ -551,6 +556,84 @@ fn metadata_survives_restarts_and_a_crash_mid_commit() {
     drop(daemon);
 }
 
+/// containerd's `uidmapping`/`gidmapping` labels (containerd 2.x's `remap-ids`): the
+/// snapshot shows its layers through idmapped mounts — a file the image gives to root is
+/// the mapped root's, with no chowned copy of the image — mounted by lamina and bound by
+/// containerd, again after its rootfs was unmounted (a host restart). What such a
+/// snapshot writes carries host ids, so it cannot be committed; bad labels are refused.
+#[test]
+fn uid_and_gid_mapping_labels_give_an_idmapped_rootfs() {
+    use std::os::unix::fs::{MetadataExt, chown};
+    let f = fixture();
+    commit_with(&f.api, "base", "p", "", |root| {
+        fs::write(root.join("root-owned"), "x").unwrap();
+        chown(root.join("root-owned"), Some(0), Some(0)).unwrap();
+        fs::write(root.join("seven-owned"), "y").unwrap();
+        chown(root.join("seven-owned"), Some(7), Some(8)).unwrap();
+    });
+    let mapping = [
+        ("containerd.io/snapshot/uidmapping", "0:100000:65536"),
+        ("containerd.io/snapshot/gidmapping", "0:200000:65536"),
+    ];
+    let owner = |path: &Path| {
+        let m = fs::metadata(path).unwrap();
+        (m.uid(), m.gid())
+    };
+    let mounts = f.api.prepare("c", "base", labels(&mapping)).unwrap();
+    assert_eq!(mounts[0].r#type, "bind", "lamina mounts it: {mounts:?}");
+    {
+        let m = Mounted::new(&mounts);
+        assert_eq!(owner(&m.path().join("root-owned")), (100_000, 200_000));
+        assert_eq!(owner(&m.path().join("seven-owned")), (100_007, 200_008));
+        assert_eq!(
+            owner(m.path()),
+            (100_000, 200_000),
+            "the mapped root owns /"
+        );
+        fs::write(m.path().join("written"), "z").unwrap();
+    }
+    // Unmounted behind lamina's back, as a host restart leaves it: Mounts mounts it
+    // again, still idmapped, with what was written.
+    let rootfs = container_dir(&f.daemon.store, "c").join("rootfs");
+    rustix::mount::unmount(&rootfs, rustix::mount::UnmountFlags::empty()).unwrap();
+    {
+        let m = Mounted::new(&f.api.mounts("c").unwrap());
+        assert_eq!(owner(&m.path().join("root-owned")), (100_000, 200_000));
+        assert_eq!(read(&m.path().join("written")), "z");
+    }
+    // A read-only snapshot with the labels: the same, read-only.
+    let view = f.api.view_with("v", "base", labels(&mapping)).unwrap();
+    {
+        let m = Mounted::new(&view);
+        assert_eq!(owner(&m.path().join("seven-owned")), (100_007, 200_008));
+        assert!(
+            fs::write(m.path().join("nope"), "x").is_err(),
+            "a view is read-only"
+        );
+    }
+
+    let err = f.api.commit("layer", "c", none()).unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    let refused = |pairs: &[(&str, &str)]| {
+        let err = f.api.prepare("bad", "base", labels(pairs)).unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{pairs:?}: {err}");
+    };
+    refused(&mapping[..1]);
+    refused(&[mapping[0], ("containerd.io/snapshot/gidmapping", "0:1:0")]);
+    refused(&[
+        mapping[0],
+        mapping[1],
+        ("containerd.io/snapshot/lamina.strategy", "shared-ro"),
+    ]);
+    for key in ["c", "v"] {
+        f.api.remove(key).unwrap();
+    }
+    wait_until("deferred deletes", || {
+        mounts_under(&f.daemon.store.join("images")).is_empty()
+            && mounts_under(&f.daemon.store.join("trash")).is_empty()
+    });
+}
+
 /// A store whose snapshots an earlier release kept in `snapshots/metadata.json` (one JSON
 /// file, rewritten whole on every call) opens with them all in the database: same keys,
 /// parents, labels, layers and containers, and container numbers not reused.
@@ -896,12 +979,7 @@ fn the_max_size_label_limits_what_a_snapshot_writes() {
     let limited = labels(&[("containerd.io/snapshot/max-size", &limit.to_string())]);
     let mounts = f.api.prepare("small", "base", limited).unwrap();
     let free = f.api.prepare("free", "base", none()).unwrap();
-    let upper_fs = f
-        .daemon
-        .store
-        .join("images")
-        .join(container_of(&f.daemon.store, "small"))
-        .join("upperfs");
+    let upper_fs = container_dir(&f.daemon.store, "small").join("upperfs");
     {
         let small = Mounted::new(&mounts);
         let free = Mounted::new(&free);

@@ -42,7 +42,9 @@ fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach,
     let dirs = container.dirs(store);
     let bind = |source: PathBuf| Attach::Bind { source, read_only };
     let volatile = model.flavor().is_some_and(|f| f.volatile);
-    Ok(if container.rootfs.mounted || volatile {
+    // An idmapped overlay, like a volatile one, only lamina can mount: the caller binds.
+    let lamina_mounts = volatile || container.rootfs.idmap.is_some();
+    Ok(if container.rootfs.mounted || lamina_mounts {
         if !mounter.is_mountpoint(&dirs.rootfs)? {
             crate::remount::mount_held(store, mounter, id)?;
         }

@@ -151,6 +151,40 @@ pub fn choose(
     })
 }
 
+/// A rootfs with an idmap of its own (containerd's `uidmapping`/`gidmapping` labels) is
+/// an overlay lamina mounts itself, with each lower an idmapped mount of a user namespace
+/// with those maps: no mount option can say that, and what is shared between containers
+/// (a pool's overlays, the image's shared read-only mount, a bind of the layer itself) is
+/// mapped for none of them. `auto` drops those; a strategy naming one is refused.
+pub fn for_own_idmap(choice: Choice) -> Result<Choice, RootfsError> {
+    let mut s = choice.model.strategies();
+    let shared = [
+        (s.pooled, "pooled"),
+        (s.shared_ro, "shared-ro"),
+        (s.direct, "direct"),
+    ]
+    .into_iter()
+    .find_map(|(on, name)| on.then_some(name));
+    let Some(shared) = shared else {
+        return Ok(choice);
+    };
+    if choice.named {
+        return Err(RootfsError::Refused(format!(
+            "strategy {shared} shares one mount between containers, which cannot carry this container's own uid/gid mapping; name an overlay strategy (classic, metacopy, volatile, isolated) or auto"
+        )));
+    }
+    let read_only = choice.model.read_only();
+    (s.pooled, s.shared_ro, s.direct) = (false, false, false);
+    Ok(Choice {
+        model: Model::named(s, read_only).map_err(RootfsError::Refused)?,
+        reason: format!(
+            "{}; an idmapped rootfs: an overlay of its own, not {shared}",
+            choice.reason
+        ),
+        named: false,
+    })
+}
+
 fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_>) -> Choice {
     let mut s = Strategies {
         deferred: true,

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use lamina_image::{Digest, Image};
 use lamina_store::{
-    ContainerClaim, ContainerDirs, ContainerRecord, DiskLimitRecord, Store, StoreError,
+    ContainerClaim, ContainerDirs, ContainerRecord, DiskLimitRecord, IdMap, Store, StoreError,
 };
 use lamina_sys::{DiskFs, Mounter, OverlaySpec};
 
@@ -46,6 +46,11 @@ pub struct CreateOptions {
     /// Overlay options appended to a freshly mounted read-write overlay: how benchmarks
     /// reproduce other kernels' behaviour here (`fsync=strict` is 6.12–6.14's).
     pub extra_overlay_options: Vec<(String, Option<String>)>,
+    /// This container's own uid/gid mapping (containerd's `uidmapping`/`gidmapping`
+    /// labels): its layers show through an idmapped mount of each, so files owned by 0
+    /// in the image are the mapped root's. lamina mounts such an overlay itself, even
+    /// with `without_mount`: an option string cannot carry an idmap.
+    pub idmap: Option<IdMap>,
 }
 
 /// What `create` made.
@@ -196,6 +201,10 @@ fn create_locked(
             };
             choose(&request, &probe, chain_ids.len(), &pools)?
         };
+    let choice = match options.idmap {
+        Some(_) => crate::choose::for_own_idmap(choice)?,
+        None => choice,
+    };
     // Pool slots are mounted read-write overlays (`choose` refuses a read-only pooled):
     // a named `pooled` is served from the pool of exactly its flavor (see `overlay`) or
     // refused, never replaced.
@@ -380,12 +389,16 @@ fn overlay<'a>(
         .extend(options.extra_overlay_options.iter().cloned());
     // `--read-only` with an overlay strategy: the same overlay, mounted read-only.
     spec.read_only = read_only;
-    let mounts = !without_mount || (flavor.volatile && options.mount_volatile_without_mount);
+    plan::own_idmap(&mut spec, options.idmap.as_ref());
+    let mounts = !without_mount
+        || (flavor.volatile && options.mount_volatile_without_mount)
+        || options.idmap.is_some();
     if mounts {
         mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
     }
     let mut rootfs = RootfsRecord::new(model, mounts, spec.option_strings());
     rootfs.upper_fs = upper_fs;
+    rootfs.idmap = options.idmap.clone();
     Ok(Made {
         claim,
         undo,

@@ -51,6 +51,16 @@ pub fn userns_maps(map: &IdMap) -> UserNsMaps {
     }
 }
 
+/// Gives `spec` a container's own idmap, if it has one: every lower mounted idmapped
+/// with its maps, and the upper's root owned by its mapped root, as a uid-mapped store
+/// does for all of its containers.
+pub fn own_idmap(spec: &mut OverlaySpec, map: Option<&IdMap>) {
+    if let Some(map) = map {
+        spec.lower_idmap = Some(userns_maps(map));
+        spec.upper_owner = Some((map.host_uid(0), map.host_gid(0)));
+    }
+}
+
 /// The classic plan with the options `flavor` adds.
 pub fn read_write(
     store: &Store,

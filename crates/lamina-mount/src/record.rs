@@ -21,7 +21,7 @@
 use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
-use lamina_store::{BadRecord, ContainerDirs, ContainerRecord, Layout, Store, StoreError};
+use lamina_store::{BadRecord, ContainerDirs, ContainerRecord, IdMap, Layout, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -52,6 +52,10 @@ pub struct RootfsRecord {
     /// An isolated upper: its own filesystem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upper_fs: Option<UpperFsRecord>,
+    /// The container's own uid/gid mapping: its overlay's lowers are idmapped, so only
+    /// lamina can mount it (`CreateOptions::idmap`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idmap: Option<IdMap>,
 }
 
 /// An isolated container's own upper filesystem, as its record remembers it.
@@ -159,6 +163,7 @@ impl RootfsRecord {
             bind_source: None,
             lease: None,
             upper_fs: None,
+            idmap: None,
         }
     }
 
@@ -218,6 +223,7 @@ impl RootfsRecord {
             bind_source: legacy.bind_source,
             lease: legacy.lease,
             upper_fs: legacy.upper_fs,
+            idmap: None,
         })
     }
 
@@ -246,6 +252,12 @@ impl RootfsRecord {
         if !fits {
             return Err(format!(
                 "its upper filesystem does not fit strategy `{}`",
+                self.model
+            ));
+        }
+        if self.idmap.is_some() && !matches!(self.model.provider, Provider::Fresh { .. }) {
+            return Err(format!(
+                "its rootfs record idmaps provider `{}`, which shares its mount",
                 self.model
             ));
         }

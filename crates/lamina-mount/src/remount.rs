@@ -148,6 +148,7 @@ fn remount_overlay(
     }
     let mut spec = plan::read_write(store, &container.record.layers, &dirs, flavor);
     spec.read_only = read_only;
+    plan::own_idmap(&mut spec, container.rootfs.idmap.as_ref());
     mounter.mount_overlay(&spec, &dirs.rootfs)?;
     container.rootfs.mount_options = spec.option_strings();
     Ok(())

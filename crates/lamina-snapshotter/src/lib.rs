@@ -10,6 +10,7 @@ mod commit;
 mod complete;
 mod error;
 mod filters;
+mod idmap_labels;
 mod info;
 mod serve;
 mod service;
@@ -20,7 +21,10 @@ pub use filters::{Fields, Filters};
 pub use info::{Info, Usage};
 pub use serve::{ServeError, connect, serve, serve_until_signalled};
 pub use service::Service;
-pub use snapshotter::{EPHEMERAL_LABEL, MountSpec, REF_LABEL, STRATEGY_LABEL, Snapshotter};
+pub use snapshotter::{
+    EPHEMERAL_LABEL, GIDMAPPING_LABEL, MountSpec, REF_LABEL, STRATEGY_LABEL, Snapshotter,
+    UIDMAPPING_LABEL,
+};
 
 /// Generated from the vendored containerd protos (`proto/`, Apache-2.0, containerd
 /// Authors) by `build.rs`.

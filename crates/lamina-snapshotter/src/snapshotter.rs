@@ -33,6 +33,11 @@ pub const EPHEMERAL_LABEL: &str = "containerd.io/snapshot/lamina.ephemeral";
 pub use lamina_store::REF_LABEL;
 /// containerd's hard limit, in bytes, on what an active snapshot may write.
 pub const MAX_SIZE_LABEL: &str = "containerd.io/snapshot/max-size";
+/// A user-namespaced container's uid mapping, `CTR:HOST:LEN[,…]` (containerd 2.x's
+/// `remap-ids` capability): the snapshot shows its layers with ids shifted by it.
+pub const UIDMAPPING_LABEL: &str = "containerd.io/snapshot/uidmapping";
+/// Its gid mapping, in the same form; given together with [`UIDMAPPING_LABEL`].
+pub const GIDMAPPING_LABEL: &str = "containerd.io/snapshot/gidmapping";
 
 /// Prefix of the container IDs of snapshots.
 pub(crate) const CONTAINER_PREFIX: &str = "snap-";
@@ -141,6 +146,7 @@ impl Snapshotter {
 
         // Checked whatever the snapshot, even one it does not limit.
         let disk_limit = max_size(kind, extraction, &labels, &self.store)?;
+        let idmap = crate::idmap_labels::idmap(extraction, &labels)?;
         let number = self.index().next_container_number()?;
         let id = format!("{CONTAINER_PREFIX}{number}");
         let read_only = kind == SnapshotKind::View;
@@ -157,6 +163,7 @@ impl Snapshotter {
                 read_only,
                 ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
                 disk_limit,
+                idmap,
                 ..CreateOptions::default()
             };
             let stored = StoredLayers {

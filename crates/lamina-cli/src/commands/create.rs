@@ -31,6 +31,8 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
         // Garden's --without-mount caller mounts everything itself.
         claim_pooled_without_mount: false,
         mount_volatile_without_mount: false,
+        // A uid-mapped container is a uid-mapped store's (`init-store --uid-mapping`).
+        idmap: None,
     };
     let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)?;
 
