@@ -8,7 +8,9 @@
 //!   answer as the shim does, unmount, Remove — with 10, 1000 and 5000 committed
 //!   snapshots in the snapshotter;
 //! - the resident memory of the process serving each (containerd itself for overlayfs,
-//!   the lamina daemon for lamina) at the end.
+//!   the lamina daemon for lamina) with 5000 committed;
+//! - `ctr images import` of a 100-layer image into each, its content already in
+//!   containerd's store (ingested once with `--no-unpack`), so the unpack is what is timed.
 //!
 //! Prints its tables as markdown (docs/benchmarks.md, "containerd at node scale").
 //! `cargo bench -p lamina-benches --bench containerd_scale`; under `cargo test` it runs
@@ -21,16 +23,19 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lamina_benches::containerd_rig::{self, mount_all, top_layer};
+use lamina_integration::containerd::Containerd;
 use lamina_integration::snapshotter::{Api, Labels, labels};
 use lamina_integration::{ScratchFs, require_root};
 use rustix::mount::UnmountFlags;
 
 const NAMESPACE: &str = "scale";
 
-/// Sizes of one run: committed snapshots to measure the cycle at, and cycles per size.
+/// Sizes of one run: committed snapshots to measure the cycle at, cycles per size, and
+/// the layers of the deep image imported last.
 struct Sizes {
     committed: Vec<usize>,
     cycles: usize,
+    deep_layers: usize,
 }
 
 fn main() {
@@ -40,11 +45,13 @@ fn main() {
         Sizes {
             committed: vec![10, 1000, 5000],
             cycles: 200,
+            deep_layers: 100,
         }
     } else {
         Sizes {
             committed: vec![2, 4],
             cycles: 3,
+            deep_layers: 5,
         }
     };
     let fs = ScratchFs::ext4(4096);
@@ -79,9 +86,45 @@ fn main() {
         };
         memory.push((snapshotter, committed, resident_kib(pid)));
     }
+    let imports = import_deep(&ctd, &fs, sizes.deep_layers);
     print_tables(&cycles, &commits, &memory, &sizes);
+    println!();
+    println!(
+        "| snapshotter | `ctr images import`, {} layers | vs overlayfs |",
+        sizes.deep_layers
+    );
+    println!("|---|---|---|");
+    for (who, took) in &imports {
+        println!(
+            "| `{who}` | {} | {:.2}× |",
+            ms(*took),
+            took.as_secs_f64() / imports[0].1.as_secs_f64()
+        );
+    }
     drop(ctd);
     drop(daemon);
+}
+
+/// `ctr images import` of an image of `layers` layers into each snapshotter, timed, its
+/// content ingested beforehand so both time the unpack alone.
+fn import_deep(ctd: &Containerd, fs: &ScratchFs, layers: usize) -> Vec<(&'static str, Duration)> {
+    let files = lamina_integration::deep_image(&fs.path().join("deep"), layers);
+    let archive = files.oci_archive.to_str().unwrap();
+    let import = |extra: &[&str]| {
+        let mut args = vec!["--namespace", NAMESPACE, "images", "import"];
+        args.extend(extra);
+        args.extend(["--base-name", "docker.io/lamina/deep", archive]);
+        ctd.ctr_ok(&args);
+    };
+    import(&["--no-unpack"]);
+    ["overlayfs", "lamina"]
+        .into_iter()
+        .map(|snapshotter| {
+            let t = Instant::now();
+            import(&["--snapshotter", snapshotter]);
+            (snapshotter, t.elapsed())
+        })
+        .collect()
 }
 
 /// Snapshots made through containerd's API outside a lease are containerd's garbage:
