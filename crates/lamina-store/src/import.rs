@@ -209,14 +209,29 @@ impl Store {
     /// `staging` into `layers/`. The rename is what makes the layer trusted, so its data
     /// must be durable first: after a crash, a layer under layers/ must never have lost
     /// its contents.
+    ///
+    /// A layer whose tree holds no file data (directories, empty files, devices, short
+    /// symlinks, xattrs — metadata only, as many image layers and every empty commit are)
+    /// needs no `syncfs` where the store's journal orders a direct write ahead of what it
+    /// logs later (`HostFs::write_new_direct`): its record is written direct, and every
+    /// change to the tree is in the journal before the rename that publishes it, so the
+    /// commit that makes the rename durable makes the whole layer durable. Everything
+    /// else is synced first, as before.
     fn publish_staged(&self, staging: &Path, record: &LayerRecord) -> Result<(), StoreError> {
         let record_path = staging.join("layer.json");
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
-        fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
-        self.host
-            .syncfs(staging)
-            .map_err(StoreError::errno("syncing", staging))?;
+        let metadata_only = holds_no_file_data(&staging.join("diff"))
+            && self
+                .host
+                .write_new_direct(&record_path, &json)
+                .map_err(StoreError::errno("writing", &record_path))?;
+        if !metadata_only {
+            fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
+            self.host
+                .syncfs(staging)
+                .map_err(StoreError::errno("syncing", staging))?;
+        }
         let final_dir = self.layout.layer(&record.chain_id);
         fs::rename(staging, &final_dir).map_err(StoreError::io("publishing layer", &final_dir))
     }
@@ -319,3 +334,40 @@ impl Store {
         serde_json::from_slice(&bytes).map_err(|e| StoreError::io("reading", &path)(e.into()))
     }
 }
+
+/// Whether the tree at `dir` holds nothing a journal commit would not carry: no regular
+/// file with bytes, no symlink long enough for a data block (ext4 keeps up to 59 bytes in
+/// the inode). Looks at no more than [`NO_DATA_WALK`] entries, and any error answers no:
+/// a layer too big to tell is synced.
+fn holds_no_file_data(dir: &Path) -> bool {
+    let mut seen = 0usize;
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            return false;
+        };
+        for entry in entries {
+            seen += 1;
+            if seen > NO_DATA_WALK {
+                return false;
+            }
+            let Ok(entry) = entry else {
+                return false;
+            };
+            let Ok(meta) = entry.metadata() else {
+                return false;
+            };
+            let kind = meta.file_type();
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if (kind.is_file() && meta.len() > 0) || (kind.is_symlink() && meta.len() >= 60)
+            {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// How many entries [`holds_no_file_data`] looks at before answering no.
+const NO_DATA_WALK: usize = 4096;

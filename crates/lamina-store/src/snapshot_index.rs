@@ -8,7 +8,8 @@
 //! all, and nothing is rewritten whole. The indexes answer what each call asks — a key, a
 //! parent's children, a committed layer under a parent, the commits in flight — so a call
 //! costs the same with ten snapshots or ten thousand; only a listing and garbage
-//! collection read every row, streaming.
+//! collection read every row, streaming. Statements are prepared once per connection
+//! (`prepare_cached`): parsing SQL on every call was 7% of the daemon's CPU.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -117,7 +118,8 @@ impl SnapshotIndex {
         let sql = format!("SELECT {COLUMNS} FROM snapshots WHERE key = ?1");
         let row = self
             .conn
-            .query_row(&sql, [key], decode)
+            .prepare_cached(&sql)
+            .and_then(|mut statement| statement.query_row([key], decode))
             .optional()
             .map_err(|e| self.failed("reading", e))?;
         match row {
@@ -128,7 +130,8 @@ impl SnapshotIndex {
 
     pub fn contains(&self, key: &str) -> Result<bool, StoreError> {
         self.conn
-            .query_row("SELECT 1 FROM snapshots WHERE key = ?1", [key], |_| Ok(()))
+            .prepare_cached("SELECT 1 FROM snapshots WHERE key = ?1")
+            .and_then(|mut statement| statement.query_row([key], |_| Ok(())))
             .optional()
             .map(|found| found.is_some())
             .map_err(|e| self.failed("reading", e))
@@ -137,11 +140,8 @@ impl SnapshotIndex {
     /// A snapshot whose parent is `key`, if any.
     pub fn first_child(&self, key: &str) -> Result<Option<String>, StoreError> {
         self.conn
-            .query_row(
-                "SELECT key FROM snapshots WHERE parent = ?1 LIMIT 1",
-                [key],
-                |row| row.get(0),
-            )
+            .prepare_cached("SELECT key FROM snapshots WHERE parent = ?1 LIMIT 1")
+            .and_then(|mut statement| statement.query_row([key], |row| row.get(0)))
             .optional()
             .map_err(|e| self.failed("reading", e))
     }
@@ -150,11 +150,10 @@ impl SnapshotIndex {
     /// as its [`REF_LABEL`].
     pub fn has_committed(&self, parent: Option<&str>, reference: &str) -> Result<bool, StoreError> {
         self.conn
-            .query_row(
+            .prepare_cached(
                 "SELECT 1 FROM snapshots WHERE parent IS ?1 AND reference = ?2 AND kind = 'committed' LIMIT 1",
-                params![parent, reference],
-                |_| Ok(()),
             )
+            .and_then(|mut statement| statement.query_row(params![parent, reference], |_| Ok(())))
             .optional()
             .map(|found| found.is_some())
             .map_err(|e| self.failed("reading", e))
@@ -188,7 +187,7 @@ impl SnapshotIndex {
     /// Replaces the record of existing snapshot `key`.
     pub fn update(&mut self, key: &str, record: &SnapshotRecord) -> Result<(), StoreError> {
         self.write(|tx| {
-            tx.execute("DELETE FROM snapshots WHERE key = ?1", [key])?;
+            delete(tx, key)?;
             insert(tx, key, record)
         })
     }
@@ -202,7 +201,7 @@ impl SnapshotIndex {
         record: &SnapshotRecord,
     ) -> Result<(), StoreError> {
         self.write(|tx| {
-            tx.execute("DELETE FROM snapshots WHERE key = ?1", [old])?;
+            delete(tx, old)?;
             insert(tx, new_key, record)
         })
     }
@@ -245,7 +244,7 @@ impl SnapshotIndex {
         let sql = format!("SELECT {COLUMNS} FROM snapshots ORDER BY key");
         let mut statement = self
             .conn
-            .prepare(&sql)
+            .prepare_cached(&sql)
             .map_err(|e| self.failed("reading", e))?;
         let rows = statement
             .query_map([], decode)
@@ -264,7 +263,7 @@ impl SnapshotIndex {
     ) -> Result<C, StoreError> {
         let mut statement = self
             .conn
-            .prepare(sql)
+            .prepare_cached(sql)
             .map_err(|e| self.failed("reading", e))?;
         let rows = statement
             .query_map([], map)
@@ -311,11 +310,11 @@ fn counter(conn: &Connection, name: &str) -> rusqlite::Result<Option<u64>> {
 }
 
 fn set_counter(conn: &Connection, name: &str, value: u64) -> rusqlite::Result<()> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO counters (name, value) VALUES (?1, ?2)
          ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-        params![name, i64::try_from(value).unwrap_or(i64::MAX)],
-    )
+    )?
+    .execute(params![name, i64::try_from(value).unwrap_or(i64::MAX)])
     .map(drop)
 }
 
@@ -325,11 +324,10 @@ fn insert(conn: &Connection, key: &str, r: &SnapshotRecord) -> rusqlite::Result<
         .committing
         .as_ref()
         .and_then(|c| serde_json::to_string(c).ok());
-    conn.execute(
-        &format!(
-            "INSERT INTO snapshots ({COLUMNS}, reference) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-        ),
-        params![
+    conn.prepare_cached(&format!(
+        "INSERT INTO snapshots ({COLUMNS}, reference) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+    ))?
+    .execute(params![
             key,
             r.kind.as_str(),
             r.parent,
@@ -340,9 +338,14 @@ fn insert(conn: &Connection, key: &str, r: &SnapshotRecord) -> rusqlite::Result<
             r.container,
             committing,
             r.labels.get(REF_LABEL),
-        ],
-    )
+    ])
     .map(drop)
+}
+
+fn delete(conn: &Connection, key: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached("DELETE FROM snapshots WHERE key = ?1")?
+        .execute([key])
+        .map(drop)
 }
 
 fn nanos(ns: u128) -> i64 {
