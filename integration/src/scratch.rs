@@ -156,8 +156,21 @@ impl ScratchFs {
     /// commit already carried survives; then everything beneath is unmounted and the
     /// image mounted again, as after a reboot. Loop-backed filesystems only.
     pub fn crash_and_remount(&self) {
-        let image = self.image.as_ref().expect("a loop-backed filesystem");
+        self.cut_power();
+        self.remount_after_cut();
+    }
+
+    /// The power cut alone: the filesystem is shut down without flushing its journal.
+    /// Whatever still holds files on it (a database connection, whose close would
+    /// otherwise write and sync) can then be dropped before [`ScratchFs::remount_after_cut`].
+    pub fn cut_power(&self) {
         run("xfs_io", &["-x", "-c", "shutdown", path_str(self.path())]);
+    }
+
+    /// After [`ScratchFs::cut_power`]: everything beneath is unmounted and the image
+    /// mounted again, as after a reboot.
+    pub fn remount_after_cut(&self) {
+        let image = self.image.as_ref().expect("a loop-backed filesystem");
         // Detached, in case the test still holds a file on it; the superblock goes when
         // the last reference does, and the image must not be mounted twice.
         for mount in mounts_under(self.path()) {

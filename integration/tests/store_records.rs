@@ -360,13 +360,124 @@ fn a_metadata_only_layer_survives_a_power_cut_after_a_later_fsync() {
         );
         let tree = store.layout().layer_diff(&chain);
         assert!(tree.join("a/b").is_dir(), "{kind:?}");
-        assert_eq!(fs::metadata(tree.join("a/empty")).unwrap().len(), 0, "{kind:?}");
+        assert_eq!(
+            fs::metadata(tree.join("a/empty")).unwrap().len(),
+            0,
+            "{kind:?}"
+        );
         assert_eq!(
             fs::read_link(tree.join("short")).unwrap(),
             Path::new("a/b"),
             "{kind:?}"
         );
     }
+}
+
+/// A containerd commit syncs its metadata once, at its start (the intent and the committed
+/// snapshot together); its last step, forgetting the active snapshot, is not synced. After
+/// a power cut right after Commit returned, with nothing synced since, the snapshotter
+/// reopens with the commit whole: the committed snapshot with its files, the active one
+/// gone (finished again from the intent if the cut lost the last step), nothing left for
+/// `check` to report.
+#[test]
+fn a_containerd_commit_is_whole_after_a_power_cut_right_after_it_returns() {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use lamina_snapshotter::Snapshotter;
+    use lamina_store::SnapshotKind;
+    require_root();
+    for kind in [FsKind::Xfs, FsKind::Ext4] {
+        let fs = ScratchFs::loop_backed(kind, 512, false);
+        let root = fs.path().join("store");
+        lamina_store::Store::init(&root).unwrap();
+        let open = || {
+            let store = lamina_store::Store::open(&root).unwrap();
+            let mounter = Arc::new(lamina_sys::RealMounter::new());
+            Snapshotter::open(store, mounter, lamina_mount::Strategies::CLASSIC).unwrap()
+        };
+        let snapshotter = open();
+        snapshotter.prepare("p", "", BTreeMap::new()).unwrap();
+        let container = snapshotter
+            .store()
+            .snapshots()
+            .unwrap()
+            .get("p")
+            .unwrap()
+            .unwrap()
+            .container
+            .unwrap();
+        let upper = root.join("images").join(&container).join("upper");
+        fs::write(upper.join("file"), "committed data").unwrap();
+        snapshotter.commit("c", "p", BTreeMap::new()).unwrap();
+        fs.cut_power();
+        drop(snapshotter);
+        fs.remount_after_cut();
+
+        let snapshotter = open();
+        let index = snapshotter.store().snapshots().unwrap();
+        let mut rows = Vec::new();
+        index
+            .for_each(|k, r| rows.push(format!("{k}: {r:?}")))
+            .unwrap();
+        let committed = index
+            .get("c")
+            .unwrap()
+            .unwrap_or_else(|| panic!("{kind:?}: lost; rows {rows:?}"));
+        assert_eq!(committed.kind, SnapshotKind::Committed, "{kind:?}");
+        assert_eq!(
+            index.get("p").unwrap(),
+            None,
+            "{kind:?}: the active one is gone"
+        );
+        let layer = snapshotter
+            .store()
+            .layout()
+            .layer_diff(committed.layer.as_ref().unwrap());
+        assert_eq!(
+            fs::read(layer.join("file")).unwrap(),
+            b"committed data",
+            "{kind:?}"
+        );
+        drop(index);
+        drop(snapshotter);
+        let lamina = Lamina::new(&root);
+        lamina.run(&["reap"]);
+        assert_eq!(lamina.run(&["check"]).code, 0, "{kind:?}");
+    }
+}
+
+/// The snapshot database lost (deleted, or restored from a backup of `metadata.db`
+/// without its `-wal`, in which the whole schema still was) while snapshot containers
+/// exist: the snapshotter refuses to start, naming what to restore, and removes nothing —
+/// it would otherwise find every container unnamed and delete it with what it held.
+#[test]
+fn a_lost_snapshot_database_is_refused_and_no_container_is_removed() {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use lamina_snapshotter::Snapshotter;
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let root = fs.path().join("store");
+    lamina_store::Store::init(&root).unwrap();
+    let open = || {
+        let store = lamina_store::Store::open(&root).unwrap();
+        let mounter = Arc::new(lamina_sys::RealMounter::new());
+        Snapshotter::open(store, mounter, lamina_mount::Strategies::CLASSIC)
+    };
+    let snapshotter = open().unwrap();
+    snapshotter.prepare("a", "", BTreeMap::new()).unwrap();
+    let written = root.join("images/snap-0/upper/data");
+    fs::write(&written, "keep me").unwrap();
+    drop(snapshotter);
+    for name in ["metadata.db", "metadata.db-wal", "metadata.db-shm"] {
+        let _ = fs::remove_file(root.join("snapshots").join(name));
+    }
+    let err = open().unwrap_err().to_string();
+    assert!(err.contains("1 snapshot containers"), "{err}");
+    assert!(err.contains("restore it"), "{err}");
+    assert_eq!(fs::read(&written).unwrap(), b"keep me");
 }
 
 /// An image config may be up to 4 MiB, and its environment goes into the container's

@@ -75,7 +75,11 @@ impl Snapshotter {
                 store.root().display()
             )));
         }
-        let index = Arc::new(Mutex::new(store.snapshots()?));
+        let opened = store.snapshots()?;
+        if opened.fresh() {
+            refuse_unrecorded_containers(&store)?;
+        }
+        let index = Arc::new(Mutex::new(opened));
         let snapshotter = Snapshotter {
             store,
             mounter,
@@ -360,6 +364,27 @@ fn max_size(
         bytes,
         exclude_image: true,
     }))
+}
+
+/// A snapshot database made by this open, with nothing to migrate, on a store that has
+/// snapshot containers: the database was lost or replaced (a backup of `metadata.db`
+/// without its -wal, an emptied file). Starting would find every container unnamed and
+/// remove it, with what containers wrote; refused instead, naming what to do.
+fn refuse_unrecorded_containers(store: &Store) -> Result<(), SnapshotError> {
+    let containers = lamina_store::list_dirs(&store.layout().images())?
+        .into_iter()
+        .filter(|dir| {
+            dir.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(CONTAINER_PREFIX))
+        })
+        .count();
+    if containers == 0 {
+        return Ok(());
+    }
+    Err(SnapshotError::FailedPrecondition(format!(
+        "{} has no snapshots recorded, but {containers} snapshot containers (images/{CONTAINER_PREFIX}*) exist: the snapshot database was lost or replaced; restore it (with its -wal file), or remove those containers with `lamina delete` before starting",
+        store.layout().snapshot_db().display()
+    )))
 }
 
 /// Layers of committed snapshot `key` and its ancestors, bottom-most first: one indexed

@@ -23,6 +23,7 @@ mod properties;
 mod record_paths;
 mod shift;
 mod snapshot_index;
+mod snapshot_legacy;
 mod snapshots;
 mod usage;
 

@@ -16,9 +16,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 
-use crate::snapshots::{Committing, LegacySnapshotFile, REF_LABEL, SnapshotKind, SnapshotRecord};
+use crate::snapshot_legacy::{self, Legacy};
+use crate::snapshots::{Committing, REF_LABEL, SnapshotKind, SnapshotRecord};
 use crate::{Store, StoreError};
 
 const SCHEMA: &str = "
@@ -56,9 +57,13 @@ const MIGRATED: &str = "migrated_json";
 pub struct SnapshotIndex {
     conn: Connection,
     path: PathBuf,
+    /// This open made the database and found nothing to migrate.
+    fresh: bool,
 }
 
 impl SnapshotIndex {
+    /// Opens the database to read and write (the snapshotter): creates it, or migrates
+    /// `metadata.json` into it, if needed.
     pub(crate) fn open(store: &Store) -> Result<SnapshotIndex, StoreError> {
         let dir = store.layout().snapshots();
         fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
@@ -70,16 +75,93 @@ impl SnapshotIndex {
             .map_err(failed)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(failed)?;
-        let mut index = SnapshotIndex { conn, path };
-        index.create_and_migrate(&store.layout().snapshot_metadata())?;
+        // Every transaction appends to the WAL (it is truncated when a checkpoint resets
+        // it, never rewritten in place), so each sync of it changes the file's size and
+        // commits the filesystem's journal — and with it every directory and record the
+        // snapshot's container was made of before its row. A WAL rewritten in place is
+        // synced as data alone: the row could outlive a container a power cut took.
+        conn.pragma_update(None, "journal_size_limit", 0)
+            .map_err(failed)?;
+        let mut index = SnapshotIndex {
+            conn,
+            path,
+            fresh: false,
+        };
+        index.fresh = index.create_and_migrate(&store.layout().snapshot_metadata())?;
         Ok(index)
     }
 
-    /// Creates the tables, then moves `legacy` (the JSON file of earlier releases) in, in
-    /// one transaction. The file is renamed to `metadata.json.migrated` after the
-    /// transaction commits and kept, for an operator going back to an earlier release; a
-    /// crash in between migrates nothing twice (the marker says it is done).
-    fn create_and_migrate(&mut self, legacy: &Path) -> Result<(), StoreError> {
+    /// Opens the snapshots to read only (`check`, layer collection): the database if there
+    /// is one, else an earlier release's `metadata.json`, read in place and not migrated
+    /// (that release's daemon may still be running); none if there is neither. A database
+    /// without its table is refused, never read as "no snapshots": collection would take
+    /// every snapshot's layers.
+    pub(crate) fn open_read_only(store: &Store) -> Result<Option<SnapshotIndex>, StoreError> {
+        let path = store.layout().snapshot_db();
+        let legacy_path = store.layout().snapshot_metadata();
+        if path.exists() {
+            let failed = |e: rusqlite::Error| sql_error("opening", &path, e);
+            let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .map_err(failed)?;
+            conn.busy_timeout(store.lock_timeout()).map_err(failed)?;
+            let index = SnapshotIndex {
+                conn,
+                path: path.clone(),
+                fresh: false,
+            };
+            let has_table = index
+                .conn
+                .query_row(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'snapshots'",
+                    [],
+                    |_| Ok(()),
+                )
+                .optional()
+                .map_err(failed)?
+                .is_some();
+            if !has_table {
+                return Err(
+                    index.bad("it has no snapshot table (empty, or its -wal file was lost)".into())
+                );
+            }
+            return Ok(Some(index));
+        }
+        match snapshot_legacy::read(&legacy_path)? {
+            Legacy::Absent => Ok(None),
+            Legacy::Tombstone => Err(StoreError::io("reading", &path)(std::io::Error::other(
+                format!(
+                    "it is missing, and {} says the snapshots moved there",
+                    legacy_path.display()
+                ),
+            ))),
+            Legacy::File(old) => {
+                let failed = |e: rusqlite::Error| sql_error("reading", &legacy_path, e);
+                let conn = Connection::open_in_memory().map_err(failed)?;
+                conn.execute_batch(SCHEMA).map_err(failed)?;
+                for (key, record) in &old.snapshots {
+                    insert(&conn, key, record).map_err(failed)?;
+                }
+                Ok(Some(SnapshotIndex {
+                    conn,
+                    path: legacy_path,
+                    fresh: false,
+                }))
+            }
+        }
+    }
+
+    /// Whether this open made the database and had nothing to migrate into it: a store
+    /// whose snapshots were never recorded — or whose database was lost. The snapshotter
+    /// refuses the second (its containers would look unnamed).
+    pub fn fresh(&self) -> bool {
+        self.fresh
+    }
+
+    /// Creates the tables and moves an earlier release's `metadata.json` in, in one
+    /// transaction, then sets the file aside with a tombstone in its place
+    /// (`snapshot_legacy.rs`); a crash in between migrates nothing twice (the marker says
+    /// it is done). True if the database is new and nothing was migrated.
+    fn create_and_migrate(&mut self, legacy_path: &Path) -> Result<bool, StoreError> {
         let path = self.path.clone();
         let failed = |e: rusqlite::Error| sql_error("creating", &path, e);
         let tx = self
@@ -88,29 +170,34 @@ impl SnapshotIndex {
             .map_err(failed)?;
         tx.execute_batch(SCHEMA).map_err(failed)?;
         let migrated = counter(&tx, MIGRATED).map_err(failed)?.is_some();
+        let legacy = snapshot_legacy::read(legacy_path)?;
+        let mut fresh = false;
         if !migrated {
-            match fs::read(legacy) {
-                Ok(bytes) => {
-                    let old: LegacySnapshotFile = serde_json::from_slice(&bytes).map_err(|e| {
-                        StoreError::io("migrating", legacy)(std::io::Error::other(e))
-                    })?;
+            match &legacy {
+                Legacy::File(old) => {
                     for (key, record) in &old.snapshots {
                         insert(&tx, key, record).map_err(failed)?;
                     }
                     set_counter(&tx, NEXT_ID, old.next_id).map_err(failed)?;
-                    tracing::info!(snapshots = old.snapshots.len(), from = %legacy.display(), "migrated snapshot metadata");
+                    tracing::info!(snapshots = old.snapshots.len(), from = %legacy_path.display(), "migrated snapshot metadata");
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StoreError::io("migrating", legacy)(e)),
+                Legacy::Tombstone => {
+                    return Err(StoreError::io("opening", &path)(std::io::Error::other(
+                        format!(
+                            "it holds no snapshots, but {} says they moved here: the database was lost or replaced (restore it together with its -wal file)",
+                            legacy_path.display()
+                        ),
+                    )));
+                }
+                Legacy::Absent => fresh = true,
             }
             set_counter(&tx, MIGRATED, 1).map_err(failed)?;
         }
         tx.commit().map_err(failed)?;
-        match fs::rename(legacy, legacy.with_extension("json.migrated")) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(StoreError::io("renaming", legacy)(e)),
+        if let Legacy::File(_) = legacy {
+            snapshot_legacy::set_aside(legacy_path, &self.path)?;
         }
+        Ok(fresh)
     }
 
     /// The snapshot `key`, if there is one.
@@ -480,17 +567,112 @@ mod tests {
             index.get("p").unwrap(),
             Some(record(SnapshotKind::Active, Some("base"), None))
         );
-        assert!(!legacy.exists());
+        assert!(!index.fresh());
+        assert!(matches!(
+            snapshot_legacy::read(&legacy).unwrap(),
+            Legacy::Tombstone
+        ));
         let aside = legacy.with_extension("json.migrated");
         assert!(aside.exists());
         drop(index);
         // A crash between the commit and the rename: the marker stops a second import.
+        fs::remove_file(&legacy).unwrap();
         fs::rename(&aside, &legacy).unwrap();
         let mut index = store.snapshots().unwrap();
         index.remove("p").unwrap();
         drop(index);
         let index = store.snapshots().unwrap();
         assert_eq!(index.get("p").unwrap(), None, "migrated twice");
+        drop(index);
+
+        // An earlier release that wrote its file again after the migration (over the
+        // tombstone) is refused, naming both files, and neither is touched.
+        fs::write(&legacy, serde_json::to_vec(&old).unwrap()).unwrap();
+        let err = store.snapshots().unwrap_err().to_string();
+        assert!(err.contains("metadata.json.migrated exists too"), "{err}");
+        assert!(matches!(
+            snapshot_legacy::read(&legacy).unwrap(),
+            Legacy::File(_)
+        ));
+    }
+
+    #[test]
+    fn readers_neither_create_nor_migrate_and_refuse_a_database_without_its_table() {
+        let (_dir, store) = store();
+        assert!(store.snapshots_if_any().unwrap().is_none());
+        assert!(
+            !store.layout().snapshot_db().exists(),
+            "a reader made a database"
+        );
+        let legacy = store.layout().snapshot_metadata();
+        fs::create_dir_all(legacy.parent().unwrap()).unwrap();
+        let old = serde_json::json!({
+            "next_id": 3,
+            "snapshots": { "base": record(SnapshotKind::Committed, None, Some("a")) }
+        });
+        fs::write(&legacy, serde_json::to_vec(&old).unwrap()).unwrap();
+        let read = store.snapshots_if_any().unwrap().unwrap();
+        assert_eq!(read.layers().unwrap(), HashSet::from([Digest::of(b"a")]));
+        assert!(matches!(
+            snapshot_legacy::read(&legacy).unwrap(),
+            Legacy::File(_)
+        ));
+        assert!(!store.layout().snapshot_db().exists(), "a reader migrated");
+
+        // The database lost its contents (a zero-length file; a main file whose -wal
+        // was deleted): readers refuse it, and the snapshotter's open refuses it when the
+        // tombstone says the snapshots moved there.
+        drop(read);
+        drop(store.snapshots().unwrap());
+        fs::write(store.layout().snapshot_db(), b"").unwrap();
+        for name in ["metadata.db-wal", "metadata.db-shm"] {
+            let _ = fs::remove_file(legacy.with_file_name(name));
+        }
+        let err = store.snapshots_if_any().unwrap_err().to_string();
+        assert!(err.contains("no snapshot table"), "{err}");
+        let err = store.snapshots().unwrap_err().to_string();
+        assert!(err.contains("says they moved here"), "{err}");
+    }
+
+    /// Every transaction's sync must change the log's size, so that it commits the
+    /// filesystem's journal — and with it the container a Prepare made before its row. A
+    /// log rewritten in place after a checkpoint is synced as data alone and commits
+    /// nothing else unless the clock ticked since its last write (review finding: a power
+    /// cut left rows whose containers were gone). Through several checkpoints, no commit
+    /// leaves the log's size as it was.
+    #[test]
+    fn every_commit_changes_the_size_of_the_log() {
+        let (_dir, store) = store();
+        let mut index = store.snapshots().unwrap();
+        let wal = store.layout().snapshot_db().with_extension("db-wal");
+        let size = || fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        let mut unchanged = 0;
+        let mut largest = 0;
+        for n in 0..1500 {
+            let before = size();
+            let key = format!("k{n}");
+            index
+                .insert(&key, &record(SnapshotKind::Committed, None, Some(&key)))
+                .unwrap();
+            let after = size();
+            largest = largest.max(after);
+            if after == before {
+                unchanged += 1;
+            }
+        }
+        // SQLite checkpoints at 1000 pages of log.
+        assert!(
+            largest > 3_000_000,
+            "the log never reached a checkpoint ({largest} bytes): the test proves nothing"
+        );
+        assert_eq!(unchanged, 0, "commits rewrote the log in place");
+    }
+
+    #[test]
+    fn a_new_database_with_nothing_to_migrate_is_fresh_once() {
+        let (_dir, store) = store();
+        assert!(store.snapshots().unwrap().fresh());
+        assert!(!store.snapshots().unwrap().fresh());
     }
 
     #[test]

@@ -85,14 +85,6 @@ pub struct Committing {
     pub labels: BTreeMap<String, String>,
 }
 
-/// The whole of the metadata as the first releases kept it (`snapshots/metadata.json`,
-/// rewritten on every call): read once, to migrate it into the index.
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct LegacySnapshotFile {
-    pub next_id: u64,
-    pub snapshots: BTreeMap<String, SnapshotRecord>,
-}
-
 impl Store {
     /// Serialises changes to the snapshot metadata (and to what it names) between
     /// processes; a snapshotter holds it for each call that changes anything.
@@ -106,14 +98,10 @@ impl Store {
         SnapshotIndex::open(self)
     }
 
-    /// The index if a snapshotter ever ran on this store: what readers that must not
-    /// create one (`check`, layer collection) open.
+    /// The snapshots, to read only, if a snapshotter ever ran on this store: what
+    /// `check` and layer collection open. They create nothing and migrate nothing (an
+    /// earlier release's daemon may be running on its `metadata.json`).
     pub fn snapshots_if_any(&self) -> Result<Option<SnapshotIndex>, StoreError> {
-        let layout = self.layout();
-        if layout.snapshot_db().exists() || layout.snapshot_metadata().exists() {
-            self.snapshots().map(Some)
-        } else {
-            Ok(None)
-        }
+        SnapshotIndex::open_read_only(self)
     }
 }

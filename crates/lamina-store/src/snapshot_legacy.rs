@@ -1,0 +1,82 @@
+//! `snapshots/metadata.json`, where releases before the database kept every snapshot (one
+//! file, rewritten whole on every call), and what replaces it once the database holds its
+//! records: a tombstone in the same place. An earlier release that finds the tombstone
+//! cannot parse it and refuses to start — rather than finding no file, concluding there
+//! are no snapshots, and removing every snapshot's container as unnamed. The migrated
+//! file itself is kept beside it as `metadata.json.migrated`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::StoreError;
+use crate::snapshots::SnapshotRecord;
+
+/// The whole of the metadata as earlier releases kept it.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct LegacySnapshotFile {
+    pub next_id: u64,
+    pub snapshots: BTreeMap<String, SnapshotRecord>,
+}
+
+/// What stands at `metadata.json` once the database holds the snapshots.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Tombstone {
+    lamina_snapshots_moved_to: String,
+    why: String,
+}
+
+/// What is at `metadata.json`.
+#[derive(Debug)]
+pub(crate) enum Legacy {
+    Absent,
+    /// The database holds the snapshots (this release or a later one wrote this).
+    Tombstone,
+    /// An earlier release's snapshots.
+    File(LegacySnapshotFile),
+}
+
+pub(crate) fn read(path: &Path) -> Result<Legacy, StoreError> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Legacy::Absent),
+        Err(e) => return Err(StoreError::io("reading", path)(e)),
+    };
+    if serde_json::from_slice::<Tombstone>(&bytes).is_ok() {
+        return Ok(Legacy::Tombstone);
+    }
+    serde_json::from_slice(&bytes)
+        .map(Legacy::File)
+        .map_err(|e| StoreError::io("reading", path)(std::io::Error::other(e)))
+}
+
+/// Where a migrated file is kept.
+pub(crate) fn kept(path: &Path) -> PathBuf {
+    path.with_extension("json.migrated")
+}
+
+/// Moves a migrated `metadata.json` aside (never over an earlier kept copy) and puts the
+/// tombstone in its place, durably.
+pub(crate) fn set_aside(path: &Path, database: &Path) -> Result<(), StoreError> {
+    let kept = kept(path);
+    if kept.exists() {
+        return Err(StoreError::io("migrating", path)(std::io::Error::other(
+            format!(
+                "{} exists too: an earlier release wrote snapshots after they moved to {}; compare the two and keep one",
+                kept.display(),
+                database.display()
+            ),
+        )));
+    }
+    fs::rename(path, &kept).map_err(StoreError::io("renaming", path))?;
+    let tombstone = Tombstone {
+        lamina_snapshots_moved_to: database.display().to_string(),
+        why: "lamina keeps containerd snapshots in this SQLite database now; a release that reads this file would find no snapshots and remove their containers, so it refuses to start instead".into(),
+    };
+    let bytes = serde_json::to_vec_pretty(&tombstone)
+        .map_err(|e| StoreError::io("encoding", path)(e.into()))?;
+    crate::durable::write_durably(path, &bytes)
+}
