@@ -701,7 +701,10 @@ fn a_store_with_json_metadata_is_migrated_on_first_open() {
     // The file an earlier release would read is a tombstone it cannot parse (it would
     // otherwise see no snapshots and remove their containers); the migrated one is kept.
     let tombstone = read(&store.join("snapshots/metadata.json"));
-    assert!(tombstone.contains("lamina_snapshots_moved_to"), "{tombstone}");
+    assert!(
+        tombstone.contains("lamina_snapshots_moved_to"),
+        "{tombstone}"
+    );
     assert!(store.join("snapshots/metadata.json.migrated").exists());
     for key in ["new", "active", "v"] {
         api.remove(key).unwrap();
