@@ -114,7 +114,10 @@ fn main() {
 fn wait_for_reaper(trash: &Path) {
     let deadline = Instant::now() + Duration::from_secs(600);
     while std::fs::read_dir(trash).is_ok_and(|mut d| d.next().is_some()) {
-        assert!(Instant::now() < deadline, "the reaper did not empty {trash:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the reaper did not empty {trash:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
