@@ -109,3 +109,19 @@ fn a_lost_snapshot_database_is_refused_and_no_container_is_removed() {
     assert!(err.contains("restore it"), "{err}");
     assert_eq!(fs::read(&written).unwrap(), b"keep me");
 }
+
+/// A Garden container that happens to be called `snap-…` is not a snapshot's: a
+/// snapshotter starting on its store for the first time neither refuses to start nor
+/// removes it as a container no snapshot names.
+#[test]
+fn a_garden_container_called_snap_is_left_alone() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let root = fs.path().join("store");
+    let lamina = Lamina::init(&root);
+    let image = lamina_integration::sample_image(&fs.path().join("img")).references()[0].clone();
+    let rootfs = lamina.create_with(&["--strategy", "classic"], &image, "snap-7");
+    drop(open_snapshotter(&root).unwrap());
+    assert!(rootfs.join("bin/busybox").exists(), "snap-7 was removed");
+    assert_eq!(lamina.run(&["delete", "snap-7"]).code, 0);
+}

@@ -12,7 +12,7 @@ use lamina_image::Digest;
 use lamina_store::{Committing, SnapshotKind, SnapshotRecord, StoreError};
 
 use crate::complete::complete_metacopies;
-use crate::snapshotter::{CONTAINER_PREFIX, extraction_target, now_ns};
+use crate::snapshotter::{extraction_target, is_snapshot_container, now_ns};
 use crate::{SnapshotError, Snapshotter};
 
 impl Snapshotter {
@@ -171,7 +171,7 @@ impl Snapshotter {
         let named = self.index().containers()?;
         for container in lamina_mount::record::scan(&self.store)?.containers {
             let id = container.id();
-            if id.starts_with(CONTAINER_PREFIX) && !named.contains(id) {
+            if is_snapshot_container(&container) && !named.contains(id) {
                 tracing::info!(container = %id, "removing a container no snapshot names");
                 lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
             }

@@ -41,6 +41,15 @@ pub const GIDMAPPING_LABEL: &str = "containerd.io/snapshot/gidmapping";
 
 /// Prefix of the container IDs of snapshots.
 pub(crate) const CONTAINER_PREFIX: &str = "snap-";
+/// How a snapshot's container record names its source (`containerd snapshot <key>`).
+const SOURCE_PREFIX: &str = "containerd snapshot ";
+
+/// Whether `container` is a snapshot's, not a Garden container that happens to be
+/// called `snap-…`: its ID and the source its record names both say so.
+pub(crate) fn is_snapshot_container(container: &lamina_mount::record::Container) -> bool {
+    container.id().starts_with(CONTAINER_PREFIX)
+        && container.record.image.starts_with(SOURCE_PREFIX)
+}
 
 /// One mount, as containerd's `types.Mount` carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,7 +180,7 @@ impl Snapshotter {
                 ..CreateOptions::default()
             };
             let stored = StoredLayers {
-                source: format!("containerd snapshot {key}"),
+                source: format!("{SOURCE_PREFIX}{key}"),
                 chain_ids: chain,
             };
             lamina_mount::create_from(
@@ -263,7 +272,7 @@ impl Snapshotter {
 
     /// A snapshot with no parent: an empty directory, bound (read-write for an active).
     fn create_empty(&self, id: &str, key: &str, read_only: bool) -> Result<(), SnapshotError> {
-        let source = format!("containerd snapshot {key}");
+        let source = format!("{SOURCE_PREFIX}{key}");
         lamina_mount::create_empty(&self.store, id, &source, read_only)?;
         Ok(())
     }
@@ -371,13 +380,18 @@ fn max_size(
 /// without its -wal, an emptied file). Starting would find every container unnamed and
 /// remove it, with what containers wrote; refused instead, naming what to do.
 fn refuse_unrecorded_containers(store: &Store) -> Result<(), SnapshotError> {
-    let containers = lamina_store::list_dirs(&store.layout().images())?
-        .into_iter()
-        .filter(|dir| {
-            dir.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(CONTAINER_PREFIX))
-        })
-        .count();
+    let scan = lamina_mount::record::scan(store)?;
+    // An unreadable record under a snapshot's name counts: it may well be one.
+    let containers = scan
+        .containers
+        .iter()
+        .filter(|c| is_snapshot_container(c))
+        .count()
+        + scan
+            .bad
+            .iter()
+            .filter(|b| b.id.starts_with(CONTAINER_PREFIX))
+            .count();
     if containers == 0 {
         return Ok(());
     }
