@@ -104,6 +104,14 @@ fn a_lost_snapshot_database_is_refused_and_no_container_is_removed() {
     for name in ["metadata.db", "metadata.db-wal", "metadata.db-shm"] {
         let _ = fs::remove_file(root.join("snapshots").join(name));
     }
+    // Refused by the tombstone that says the snapshots are in the database; without it
+    // (removed too), by the containers a new database does not know.
+    let err = open().unwrap_err().to_string();
+    assert!(err.contains("lost or replaced"), "{err}");
+    fs::remove_file(root.join("snapshots/metadata.json")).unwrap();
+    for name in ["metadata.db", "metadata.db-wal", "metadata.db-shm"] {
+        let _ = fs::remove_file(root.join("snapshots").join(name));
+    }
     let err = open().unwrap_err().to_string();
     assert!(err.contains("1 snapshot containers"), "{err}");
     assert!(err.contains("restore it"), "{err}");
@@ -124,4 +132,36 @@ fn a_garden_container_called_snap_is_left_alone() {
     drop(open_snapshotter(&root).unwrap());
     assert!(rootfs.join("bin/busybox").exists(), "snap-7 was removed");
     assert_eq!(lamina.run(&["delete", "snap-7"]).code, 0);
+}
+
+/// A snapshot database older than the store (a backup restored): a container numbered
+/// past the database's next number was made after the database last wrote. The
+/// snapshotter refuses to start, naming it, and removes no container it does not know —
+/// not even the one a crashed Prepare could explain.
+#[test]
+fn a_database_older_than_the_store_is_refused_and_nothing_is_removed() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let root = fs.path().join("store");
+    lamina_store::Store::init(&root).unwrap();
+    let snapshotter = open_snapshotter(&root).unwrap();
+    snapshotter.prepare("a", "", BTreeMap::new()).unwrap();
+    // Closed, the database is one file (its log checkpointed and removed).
+    drop(snapshotter);
+    let db = root.join("snapshots/metadata.db");
+    let backup = fs.path().join("backup.db");
+    fs::copy(&db, &backup).unwrap();
+    let snapshotter = open_snapshotter(&root).unwrap();
+    for key in ["b", "c"] {
+        snapshotter.prepare(key, "", BTreeMap::new()).unwrap();
+    }
+    drop(snapshotter);
+    fs::copy(&backup, &db).unwrap();
+
+    let err = open_snapshotter(&root).unwrap_err().to_string();
+    assert!(err.contains("snap-2"), "{err}");
+    assert!(err.contains("older than the store"), "{err}");
+    for id in ["snap-0", "snap-1", "snap-2"] {
+        assert!(root.join("images").join(id).is_dir(), "{id} was removed");
+    }
 }

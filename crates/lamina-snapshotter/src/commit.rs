@@ -12,7 +12,7 @@ use lamina_image::Digest;
 use lamina_store::{Committing, SnapshotKind, SnapshotRecord, StoreError};
 
 use crate::complete::complete_metacopies;
-use crate::snapshotter::{extraction_target, is_snapshot_container, now_ns};
+use crate::snapshotter::{container_number, extraction_target, is_snapshot_container, now_ns};
 use crate::{SnapshotError, Snapshotter};
 
 impl Snapshotter {
@@ -104,6 +104,9 @@ impl Snapshotter {
             container: None,
             committing: None,
         };
+        // The rename that published the layer is durable before the row that names it
+        // (the database's sync may commit nothing but its own log; see Prepare).
+        lamina_store::sync_dir(&self.store.layout().layers())?;
         self.index().replace(key, &committing.name, &committed)?;
         tracing::info!(key, name = %committing.name, layer = %committing.layer, "committed snapshot");
         // What is left of the active container (its work dir) goes; a crash before this
@@ -169,12 +172,33 @@ impl Snapshotter {
             self.index().update(&key, &active)?;
         }
         let named = self.index().containers()?;
-        for container in lamina_mount::record::scan(&self.store)?.containers {
+        let next = self.index().next_container_number()?;
+        let unnamed: Vec<_> = lamina_mount::record::scan(&self.store)?
+            .containers
+            .into_iter()
+            .filter(|c| is_snapshot_container(c) && !named.contains(c.id()))
+            .collect();
+        // A crash leaves at most the container of the Prepare in flight (numbered
+        // `next`: its row and the counter are written together) and those of Removes
+        // whose row went first (numbered below). One numbered past `next` was made after
+        // the database last wrote: the database is older than the store (a restored
+        // backup), and every container it does not know would be wrongly removed.
+        let newer: Vec<&str> = unnamed
+            .iter()
+            .map(|c| c.id())
+            .filter(|id| container_number(id).is_some_and(|n| n > next))
+            .collect();
+        if !newer.is_empty() {
+            return Err(SnapshotError::FailedPrecondition(format!(
+                "snapshot containers {} are newer than {} (its next number is {next}): the database is older than the store (restored from a backup?); restore the current one, or remove those containers with `lamina delete` before starting",
+                newer.join(", "),
+                self.store.layout().snapshot_db().display()
+            )));
+        }
+        for container in unnamed {
             let id = container.id();
-            if is_snapshot_container(&container) && !named.contains(id) {
-                tracing::info!(container = %id, "removing a container no snapshot names");
-                lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
-            }
+            tracing::info!(container = %id, "removing a container no snapshot names");
+            lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
         }
         Ok(())
     }

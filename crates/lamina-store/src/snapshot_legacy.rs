@@ -35,8 +35,8 @@ pub(crate) enum Legacy {
     Absent,
     /// The database holds the snapshots (this release or a later one wrote this).
     Tombstone,
-    /// An earlier release's snapshots.
-    File(LegacySnapshotFile),
+    /// An earlier release's snapshots, and the digest of the file's bytes.
+    File(LegacySnapshotFile, String),
 }
 
 pub(crate) fn read(path: &Path) -> Result<Legacy, StoreError> {
@@ -48,8 +48,9 @@ pub(crate) fn read(path: &Path) -> Result<Legacy, StoreError> {
     if serde_json::from_slice::<Tombstone>(&bytes).is_ok() {
         return Ok(Legacy::Tombstone);
     }
+    let digest = lamina_image::Digest::of(&bytes).to_string();
     serde_json::from_slice(&bytes)
-        .map(Legacy::File)
+        .map(|file| Legacy::File(file, digest))
         .map_err(|e| StoreError::io("reading", path)(std::io::Error::other(e)))
 }
 
@@ -58,20 +59,31 @@ pub(crate) fn kept(path: &Path) -> PathBuf {
     path.with_extension("json.migrated")
 }
 
-/// Moves a migrated `metadata.json` aside (never over an earlier kept copy) and puts the
-/// tombstone in its place, durably.
+/// Moves a migrated `metadata.json` aside (never over a different kept copy; a kept copy
+/// with the same bytes is already the file) and puts the tombstone in its place.
 pub(crate) fn set_aside(path: &Path, database: &Path) -> Result<(), StoreError> {
     let kept = kept(path);
-    if kept.exists() {
-        return Err(StoreError::io("migrating", path)(std::io::Error::other(
-            format!(
-                "{} exists too: an earlier release wrote snapshots after they moved to {}; compare the two and keep one",
-                kept.display(),
-                database.display()
-            ),
-        )));
+    match fs::read(&kept) {
+        Ok(bytes) if fs::read(path).is_ok_and(|now| now == bytes) => {
+            fs::remove_file(path).map_err(StoreError::io("removing", path))?;
+        }
+        Ok(_) => {
+            return Err(StoreError::io("migrating", path)(std::io::Error::other(
+                format!(
+                    "{} exists too, with other snapshots: an earlier release wrote snapshots after they moved to {}; compare the two and keep one",
+                    kept.display(),
+                    database.display()
+                ),
+            )));
+        }
+        Err(_) => fs::rename(path, &kept).map_err(StoreError::io("renaming", path))?,
     }
-    fs::rename(path, &kept).map_err(StoreError::io("renaming", path))?;
+    write_tombstone(path, database)
+}
+
+/// Puts the tombstone at `path`, durably: on a store that never had a `metadata.json`
+/// too, so that an earlier release refuses it rather than reading "no snapshots".
+pub(crate) fn write_tombstone(path: &Path, database: &Path) -> Result<(), StoreError> {
     let tombstone = Tombstone {
         lamina_snapshots_moved_to: database.display().to_string(),
         why: "lamina keeps containerd snapshots in this SQLite database now; a release that reads this file would find no snapshots and remove their containers, so it refuses to start instead".into(),
