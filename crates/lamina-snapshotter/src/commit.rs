@@ -153,6 +153,8 @@ impl Snapshotter {
     pub(crate) fn recover(&self) -> Result<(), SnapshotError> {
         let _lock = self.store.lock_snapshots()?;
         let _layers_in_use = self.store.use_layers()?;
+        // Before anything is written or removed.
+        self.refuse_a_database_older_than_the_store()?;
         let interrupted = self.index().interrupted_commits()?;
         for key in interrupted {
             let Some(mut active) = self.index().get(&key)? else {
@@ -168,39 +170,55 @@ impl Snapshotter {
             }
             tracing::info!(key, "undoing an interrupted commit");
             self.restore_upper(&active, &committing.layer)?;
+            // The upper is back for good before the row says nothing is in flight (the
+            // database's sync may commit nothing else; see Prepare).
+            let dir = self
+                .store
+                .layout()
+                .container(active.container.as_deref().unwrap_or_default());
+            lamina_store::sync_dir(&dir)?;
             active.committing = None;
             self.index().update(&key, &active)?;
         }
-        let named = self.index().containers()?;
-        let next = self.index().next_container_number()?;
-        let unnamed: Vec<_> = lamina_mount::record::scan(&self.store)?
-            .containers
-            .into_iter()
-            .filter(|c| is_snapshot_container(c) && !named.contains(c.id()))
-            .collect();
-        // A crash leaves at most the container of the Prepare in flight (numbered
-        // `next`: its row and the counter are written together) and those of Removes
-        // whose row went first (numbered below). One numbered past `next` was made after
-        // the database last wrote: the database is older than the store (a restored
-        // backup), and every container it does not know would be wrongly removed.
-        let newer: Vec<&str> = unnamed
-            .iter()
-            .map(|c| c.id())
-            .filter(|id| container_number(id).is_some_and(|n| n > next))
-            .collect();
-        if !newer.is_empty() {
-            return Err(SnapshotError::FailedPrecondition(format!(
-                "snapshot containers {} are newer than {} (its next number is {next}): the database is older than the store (restored from a backup?); restore the current one, or remove those containers with `lamina delete` before starting",
-                newer.join(", "),
-                self.store.layout().snapshot_db().display()
-            )));
-        }
-        for container in unnamed {
+        for container in self.unnamed_containers()? {
             let id = container.id();
             tracing::info!(container = %id, "removing a container no snapshot names");
             lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
         }
         Ok(())
+    }
+
+    /// Snapshot containers no row names.
+    fn unnamed_containers(&self) -> Result<Vec<lamina_mount::record::Container>, SnapshotError> {
+        let named = self.index().containers()?;
+        Ok(lamina_mount::record::scan(&self.store)?
+            .containers
+            .into_iter()
+            .filter(|c| is_snapshot_container(c) && !named.contains(c.id()))
+            .collect())
+    }
+
+    /// A crash leaves at most the container of the Prepare in flight (numbered as the
+    /// database's next number: its row and the counter are written together) and those of
+    /// Removes whose row went first (numbered below). One numbered past the next number
+    /// was made after the database last wrote: the database is older than the store (a
+    /// restored backup), and every container it does not know would be wrongly removed.
+    fn refuse_a_database_older_than_the_store(&self) -> Result<(), SnapshotError> {
+        let next = self.index().next_container_number()?;
+        let unnamed = self.unnamed_containers()?;
+        let newer: Vec<&str> = unnamed
+            .iter()
+            .map(|c| c.id())
+            .filter(|id| container_number(id).is_some_and(|n| n > next))
+            .collect();
+        if newer.is_empty() {
+            return Ok(());
+        }
+        Err(SnapshotError::FailedPrecondition(format!(
+            "snapshot containers {} are newer than {} (its next number is {next}): the database is older than the store (restored from a backup?); restore the current one, or remove those containers with `lamina delete` before starting",
+            newer.join(", "),
+            self.store.layout().snapshot_db().display()
+        )))
     }
 
     /// Puts an interrupted commit's upper back from the layer staging directory, if it

@@ -89,9 +89,10 @@ impl Snapshotter {
                 store.root().display()
             )));
         }
-        let opened = store.snapshots()?;
+        let mut opened = store.snapshots()?;
         if opened.fresh() {
             refuse_unrecorded_containers(&store)?;
+            opened.settle(&store.layout().snapshot_metadata())?;
         }
         let index = Arc::new(Mutex::new(opened));
         let snapshotter = Snapshotter {

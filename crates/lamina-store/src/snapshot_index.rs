@@ -122,7 +122,12 @@ impl SnapshotIndex {
             }
             return Ok(Some(index));
         }
-        match snapshot_legacy::read(&legacy_path)? {
+        let legacy = snapshot_legacy::read(&legacy_path)?;
+        if path.exists() {
+            // The daemon's first open made it meanwhile (and may have set the file aside).
+            return Self::open_read_only(store);
+        }
+        match legacy {
             Legacy::Absent => Ok(None),
             Legacy::Tombstone => Err(StoreError::io("reading", &path)(std::io::Error::other(
                 format!(
@@ -146,11 +151,25 @@ impl SnapshotIndex {
         }
     }
 
-    /// Whether this open made the database and had nothing to migrate into it: a store
-    /// whose snapshots were never recorded — or whose database was lost. The snapshotter
-    /// refuses the second (its containers would look unnamed).
+    /// Whether the database has never been settled (see [`SnapshotIndex::settle`]): a
+    /// store whose snapshots were never recorded — or whose database was lost. The
+    /// snapshotter refuses the second (its containers would look unnamed), on every start
+    /// until an operator restores the database or removes the containers.
     pub fn fresh(&self) -> bool {
         self.fresh
+    }
+
+    /// Marks a fresh database as the store's own (the marker) and puts the tombstone at
+    /// `metadata.json`, once the snapshotter found nothing a new database would wrongly
+    /// call unnamed. Until then every open is fresh again.
+    pub fn settle(&mut self, legacy_path: &Path) -> Result<(), StoreError> {
+        if !self.fresh {
+            return Ok(());
+        }
+        self.write(|tx| set_counter(tx, MIGRATED, 1))?;
+        snapshot_legacy::write_tombstone(legacy_path, &self.path)?;
+        self.fresh = false;
+        Ok(())
     }
 
     /// Creates the tables and moves an earlier release's `metadata.json` in, in one
@@ -180,7 +199,8 @@ impl SnapshotIndex {
                 )
                 .optional()
                 .map_err(failed)?;
-            if was.as_deref() != Some(digest.as_str()) {
+            // No digest: a database made before digests were kept, trusted as before.
+            if was.is_some_and(|was| was != *digest) {
                 return Err(StoreError::io("opening", &path)(std::io::Error::other(
                     format!(
                         "{} changed after its snapshots were migrated here (an earlier release wrote it again?): the two disagree; keep one and move the other away",
@@ -211,16 +231,20 @@ impl SnapshotIndex {
                         ),
                     )));
                 }
+                // Settled (marker and tombstone) only once the snapshotter has checked
+                // that no container needs a row this database lacks: see `settle`.
                 Legacy::Absent => fresh = true,
             }
-            set_counter(&tx, MIGRATED, 1).map_err(failed)?;
+            if !fresh {
+                set_counter(&tx, MIGRATED, 1).map_err(failed)?;
+            }
         }
         tx.commit().map_err(failed)?;
         match legacy {
             Legacy::File(..) => snapshot_legacy::set_aside(legacy_path, &self.path)?,
-            // A new store, or a crash between setting the file aside and the tombstone.
-            Legacy::Absent => snapshot_legacy::write_tombstone(legacy_path, &self.path)?,
-            Legacy::Tombstone => {}
+            // A crash between setting the file aside and writing the tombstone.
+            Legacy::Absent if !fresh => snapshot_legacy::write_tombstone(legacy_path, &self.path)?,
+            Legacy::Absent | Legacy::Tombstone => {}
         }
         Ok(fresh)
     }
@@ -663,12 +687,21 @@ mod tests {
     }
 
     #[test]
-    fn a_new_database_with_nothing_to_migrate_is_fresh_once_and_tombstoned() {
+    fn a_new_database_is_fresh_until_settled_then_tombstoned() {
         let (_dir, store) = store();
+        let legacy = store.layout().snapshot_metadata();
         assert!(store.snapshots().unwrap().fresh());
+        // Still fresh on the next open: nothing settled it (a refused start stays refused).
+        let mut index = store.snapshots().unwrap();
+        assert!(index.fresh());
+        assert!(matches!(
+            snapshot_legacy::read(&legacy).unwrap(),
+            Legacy::Absent
+        ));
+        index.settle(&legacy).unwrap();
+        drop(index);
         assert!(!store.snapshots().unwrap().fresh());
         // An earlier release must refuse this store too, not read "no snapshots".
-        let legacy = store.layout().snapshot_metadata();
         assert!(matches!(
             snapshot_legacy::read(&legacy).unwrap(),
             Legacy::Tombstone

@@ -59,24 +59,29 @@ pub(crate) fn kept(path: &Path) -> PathBuf {
     path.with_extension("json.migrated")
 }
 
-/// Moves a migrated `metadata.json` aside (never over a different kept copy; a kept copy
-/// with the same bytes is already the file) and puts the tombstone in its place.
+/// Keeps a migrated `metadata.json` as `metadata.json.migrated` (a hard link: the name
+/// `metadata.json` is never missing, so no reader ever sees "no snapshots") and replaces
+/// it with the tombstone. A kept copy with the same bytes is already the file; one with
+/// other bytes is never overwritten.
 pub(crate) fn set_aside(path: &Path, database: &Path) -> Result<(), StoreError> {
     let kept = kept(path);
-    match fs::read(&kept) {
-        Ok(bytes) if fs::read(path).is_ok_and(|now| now == bytes) => {
-            fs::remove_file(path).map_err(StoreError::io("removing", path))?;
+    match fs::hard_link(path, &kept) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let same = fs::read(&kept)
+                .and_then(|k| fs::read(path).map(|now| now == k))
+                .map_err(StoreError::io("reading", &kept))?;
+            if !same {
+                return Err(StoreError::io("migrating", path)(std::io::Error::other(
+                    format!(
+                        "{} exists too, with other snapshots: an earlier release wrote snapshots after they moved to {}; compare the two and keep one",
+                        kept.display(),
+                        database.display()
+                    ),
+                )));
+            }
         }
-        Ok(_) => {
-            return Err(StoreError::io("migrating", path)(std::io::Error::other(
-                format!(
-                    "{} exists too, with other snapshots: an earlier release wrote snapshots after they moved to {}; compare the two and keep one",
-                    kept.display(),
-                    database.display()
-                ),
-            )));
-        }
-        Err(_) => fs::rename(path, &kept).map_err(StoreError::io("renaming", path))?,
+        Err(e) => return Err(StoreError::io("keeping", path)(e)),
     }
     write_tombstone(path, database)
 }
