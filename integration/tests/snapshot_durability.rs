@@ -112,12 +112,20 @@ fn a_lost_snapshot_database_is_refused_and_no_container_is_removed() {
     for name in ["metadata.db", "metadata.db-wal", "metadata.db-shm"] {
         let _ = fs::remove_file(root.join("snapshots").join(name));
     }
-    // Refused on every start, not just the first (review finding: the first refusal
-    // settled the new database, and the next start removed the container).
+    let err = open().unwrap_err().to_string();
+    assert!(err.contains("1 snapshot containers"), "{err}");
+    assert!(err.contains("restore it"), "{err}");
+    // The refusal leaves the tombstone, so an earlier release stops too; and it holds on
+    // every later start (review finding: the first refusal settled the new database, and
+    // the next start removed the container).
+    let tombstone = fs::read_to_string(root.join("snapshots/metadata.json")).unwrap();
+    assert!(
+        tombstone.contains("lamina_snapshots_moved_to"),
+        "{tombstone}"
+    );
     for _ in 0..2 {
         let err = open().unwrap_err().to_string();
-        assert!(err.contains("1 snapshot containers"), "{err}");
-        assert!(err.contains("restore it"), "{err}");
+        assert!(err.contains("lost or replaced"), "{err}");
     }
     assert_eq!(fs::read(&written).unwrap(), b"keep me");
 }

@@ -91,8 +91,13 @@ impl Snapshotter {
         }
         let mut opened = store.snapshots()?;
         if opened.fresh() {
-            refuse_unrecorded_containers(&store)?;
-            opened.settle(&store.layout().snapshot_metadata())?;
+            let legacy = store.layout().snapshot_metadata();
+            if let Err(refused) = refuse_unrecorded_containers(&store) {
+                // An earlier release must not take this store for one without snapshots.
+                opened.write_tombstone(&legacy)?;
+                return Err(refused);
+            }
+            opened.settle(&legacy)?;
         }
         let index = Arc::new(Mutex::new(opened));
         let snapshotter = Snapshotter {

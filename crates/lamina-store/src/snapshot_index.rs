@@ -54,6 +54,8 @@ const NEXT_ID: &str = "next_id";
 const MIGRATED: &str = "migrated_json";
 /// The digest of the `metadata.json` that was migrated (a fact).
 const MIGRATED_DIGEST: &str = "migrated_json_digest";
+/// [`MIGRATED_DIGEST`] of a store that had no `metadata.json` to migrate.
+const NOTHING_MIGRATED: &str = "none";
 
 /// An open connection to a store's snapshot metadata.
 #[derive(Debug)]
@@ -166,10 +168,25 @@ impl SnapshotIndex {
         if !self.fresh {
             return Ok(());
         }
-        self.write(|tx| set_counter(tx, MIGRATED, 1))?;
+        // No file was migrated: a `metadata.json` that turns up later (an earlier release
+        // run against this store) matches no digest and is refused, not set aside.
+        self.write(|tx| {
+            set_counter(tx, MIGRATED, 1)?;
+            tx.execute(
+                "INSERT OR REPLACE INTO facts (name, value) VALUES (?1, ?2)",
+                params![MIGRATED_DIGEST, NOTHING_MIGRATED],
+            )
+            .map(drop)
+        })?;
         snapshot_legacy::write_tombstone(legacy_path, &self.path)?;
         self.fresh = false;
         Ok(())
+    }
+
+    /// Puts the tombstone at `metadata.json` without settling: a refused start still stops
+    /// an earlier release from reading "no snapshots" and removing their containers.
+    pub fn write_tombstone(&self, legacy_path: &Path) -> Result<(), StoreError> {
+        snapshot_legacy::write_tombstone(legacy_path, &self.path)
     }
 
     /// Creates the tables and moves an earlier release's `metadata.json` in, in one
@@ -226,7 +243,7 @@ impl SnapshotIndex {
                 Legacy::Tombstone => {
                     return Err(StoreError::io("opening", &path)(std::io::Error::other(
                         format!(
-                            "it holds no snapshots, but {} says they moved here: the database was lost or replaced (restore it together with its -wal file)",
+                            "it holds no snapshots, but {} says they moved here: the database was lost or replaced (restore it together with its -wal file), or an earlier start refused the snapshot containers it did not know",
                             legacy_path.display()
                         ),
                     )));
@@ -706,6 +723,12 @@ mod tests {
             snapshot_legacy::read(&legacy).unwrap(),
             Legacy::Tombstone
         ));
+        // One run against it anyway (the tombstone removed by hand) wrote its own file:
+        // refused, not set aside with its snapshots dropped.
+        let old = serde_json::json!({ "next_id": 1, "snapshots": {} });
+        fs::write(&legacy, serde_json::to_vec(&old).unwrap()).unwrap();
+        let err = store.snapshots().unwrap_err().to_string();
+        assert!(err.contains("changed after"), "{err}");
         // Lost between setting a migrated file aside and writing the tombstone: put back.
         fs::remove_file(&legacy).unwrap();
         drop(store.snapshots().unwrap());

@@ -81,7 +81,15 @@ pub(crate) fn set_aside(path: &Path, database: &Path) -> Result<(), StoreError> 
                 )));
             }
         }
-        Err(e) => return Err(StoreError::io("keeping", path)(e)),
+        Err(e) => {
+            return Err(StoreError::io("keeping", path)(std::io::Error::other(
+                format!(
+                    "{e}; its snapshots are in {} already: move it to {} by hand and start again",
+                    database.display(),
+                    kept.display()
+                ),
+            )));
+        }
     }
     write_tombstone(path, database)
 }
