@@ -153,8 +153,10 @@ impl Snapshotter {
     pub(crate) fn recover(&self) -> Result<(), SnapshotError> {
         let _lock = self.store.lock_snapshots()?;
         let _layers_in_use = self.store.use_layers()?;
-        // Before anything is written or removed.
-        self.refuse_a_database_older_than_the_store()?;
+        // Before anything is written or removed. Finishing or undoing a commit below
+        // leaves which containers no row names as it was.
+        let unnamed = self.unnamed_containers()?;
+        self.refuse_a_database_older_than_the_store(&unnamed)?;
         let interrupted = self.index().interrupted_commits()?;
         for key in interrupted {
             let Some(mut active) = self.index().get(&key)? else {
@@ -180,7 +182,7 @@ impl Snapshotter {
             active.committing = None;
             self.index().update(&key, &active)?;
         }
-        for container in self.unnamed_containers()? {
+        for container in unnamed {
             let id = container.id();
             tracing::info!(container = %id, "removing a container no snapshot names");
             lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
@@ -203,9 +205,11 @@ impl Snapshotter {
     /// Removes whose row went first (numbered below). One numbered past the next number
     /// was made after the database last wrote: the database is older than the store (a
     /// restored backup), and every container it does not know would be wrongly removed.
-    fn refuse_a_database_older_than_the_store(&self) -> Result<(), SnapshotError> {
+    fn refuse_a_database_older_than_the_store(
+        &self,
+        unnamed: &[lamina_mount::record::Container],
+    ) -> Result<(), SnapshotError> {
         let next = self.index().next_container_number()?;
-        let unnamed = self.unnamed_containers()?;
         let newer: Vec<&str> = unnamed
             .iter()
             .map(|c| c.id())

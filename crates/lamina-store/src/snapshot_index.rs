@@ -62,7 +62,7 @@ const NOTHING_MIGRATED: &str = "none";
 pub struct SnapshotIndex {
     conn: Connection,
     path: PathBuf,
-    /// This open made the database and found nothing to migrate.
+    /// Never settled: no marker, nothing migrated (see [`SnapshotIndex::settle`]).
     fresh: bool,
 }
 
@@ -172,11 +172,7 @@ impl SnapshotIndex {
         // run against this store) matches no digest and is refused, not set aside.
         self.write(|tx| {
             set_counter(tx, MIGRATED, 1)?;
-            tx.execute(
-                "INSERT OR REPLACE INTO facts (name, value) VALUES (?1, ?2)",
-                params![MIGRATED_DIGEST, NOTHING_MIGRATED],
-            )
-            .map(drop)
+            set_fact(tx, MIGRATED_DIGEST, NOTHING_MIGRATED)
         })?;
         snapshot_legacy::write_tombstone(legacy_path, &self.path)?;
         self.fresh = false;
@@ -208,14 +204,7 @@ impl SnapshotIndex {
             // Migrated already: only the very file that was (a crash before it was set
             // aside) may stand there. Another is an earlier release's work since, whose
             // snapshots the database does not have.
-            let was: Option<String> = tx
-                .query_row(
-                    "SELECT value FROM facts WHERE name = ?1",
-                    [MIGRATED_DIGEST],
-                    |row| row.get(0),
-                )
-                .optional()
-                .map_err(failed)?;
+            let was = fact(&tx, MIGRATED_DIGEST).map_err(failed)?;
             // No digest: a database made before digests were kept, trusted as before.
             if was.is_some_and(|was| was != *digest) {
                 return Err(StoreError::io("opening", &path)(std::io::Error::other(
@@ -233,11 +222,7 @@ impl SnapshotIndex {
                         insert(&tx, key, record).map_err(failed)?;
                     }
                     set_counter(&tx, NEXT_ID, old.next_id).map_err(failed)?;
-                    tx.execute(
-                        "INSERT INTO facts (name, value) VALUES (?1, ?2)",
-                        params![MIGRATED_DIGEST, digest],
-                    )
-                    .map_err(failed)?;
+                    set_fact(&tx, MIGRATED_DIGEST, digest).map_err(failed)?;
                     tracing::info!(snapshots = old.snapshots.len(), from = %legacy_path.display(), "migrated snapshot metadata");
                 }
                 Legacy::Tombstone => {
@@ -339,10 +324,7 @@ impl SnapshotIndex {
 
     /// Replaces the record of existing snapshot `key`.
     pub fn update(&mut self, key: &str, record: &SnapshotRecord) -> Result<(), StoreError> {
-        self.write(|tx| {
-            delete(tx, key)?;
-            insert(tx, key, record)
-        })
+        self.replace(key, key, record)
     }
 
     /// Swaps snapshot `old` for `new_key` (a commit: the active goes, the committed
@@ -360,10 +342,7 @@ impl SnapshotIndex {
     }
 
     pub fn remove(&mut self, key: &str) -> Result<(), StoreError> {
-        self.write(|tx| {
-            tx.execute("DELETE FROM snapshots WHERE key = ?1", [key])
-                .map(drop)
-        })
+        self.write(|tx| delete(tx, key))
     }
 
     /// Keys of actives whose commit started and may not have finished.
@@ -468,6 +447,22 @@ fn set_counter(conn: &Connection, name: &str, value: u64) -> rusqlite::Result<()
          ON CONFLICT (name) DO UPDATE SET value = excluded.value",
     )?
     .execute(params![name, i64::try_from(value).unwrap_or(i64::MAX)])
+    .map(drop)
+}
+
+/// A text fact about the database (what was migrated), if recorded.
+fn fact(conn: &Connection, name: &str) -> rusqlite::Result<Option<String>> {
+    conn.query_row("SELECT value FROM facts WHERE name = ?1", [name], |row| {
+        row.get(0)
+    })
+    .optional()
+}
+
+fn set_fact(conn: &Connection, name: &str, value: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT OR REPLACE INTO facts (name, value) VALUES (?1, ?2)",
+        params![name, value],
+    )
     .map(drop)
 }
 
