@@ -614,6 +614,14 @@ fn uid_and_gid_mapping_labels_give_an_idmapped_rootfs() {
 
     let err = f.api.commit("layer", "c", none()).unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    // Dropping the labels first changes nothing: the container's record says idmapped
+    // (review finding: the refusal once read the labels, which Update can remove).
+    let mut info = f.api.stat("c").unwrap();
+    info.labels.clear();
+    f.api.update(info, &["labels"]).unwrap();
+    let err = f.api.commit("layer", "c", none()).unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.message().contains("idmapped"), "{err}");
     let refused = |pairs: &[(&str, &str)]| {
         let err = f.api.prepare("bad", "base", labels(pairs)).unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{pairs:?}: {err}");

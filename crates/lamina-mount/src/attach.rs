@@ -202,6 +202,10 @@ pub fn upper_to_commit(
     id: &str,
 ) -> Result<UpperToCommit, RootfsError> {
     let container = record::read(store, id)?;
+    // Decided by the record, which only lamina writes: a caller's labels can change.
+    if container.rootfs.idmap.is_some() {
+        return Err(RootfsError::IdmappedNotCommittable);
+    }
     let flavor = container.model().flavor();
     if flavor.is_some_and(|f| f.isolated.is_some()) {
         return Err(RootfsError::UpperNotCommittable {

@@ -66,6 +66,12 @@ pub enum RootfsError {
         "its upper is on a filesystem of its own (strategy {strategy}), which a commit cannot move into the store"
     )]
     UpperNotCommittable { strategy: String },
+    /// Its rootfs idmaps its layers (containerd's `uidmapping` labels): what it wrote
+    /// carries host ids, which a layer must not.
+    #[error(
+        "its upper was written through an idmapped rootfs, so its files carry host ids, which a layer must not"
+    )]
+    IdmappedNotCommittable,
     /// A strategy list that names no rootfs (see `Model::named`).
     #[error("{0}")]
     Refused(String),

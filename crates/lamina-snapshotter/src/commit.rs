@@ -42,18 +42,18 @@ impl Snapshotter {
                 active.kind.as_str()
             )));
         }
-        if active.labels.contains_key(crate::UIDMAPPING_LABEL) {
-            return Err(SnapshotError::FailedPrecondition(format!(
-                "snapshot `{key}` is idmapped ({}): what it wrote carries host ids, which a layer must not",
-                crate::UIDMAPPING_LABEL
-            )));
-        }
         let id = active.container.clone().unwrap_or_default();
         // Refused before the intent is recorded: nothing to finish or undo later.
         match lamina_mount::upper_to_commit(&self.store, self.mounter.as_ref(), &id) {
             Err(lamina_mount::RootfsError::UpperNotCommittable { strategy }) => {
                 return Err(SnapshotError::FailedPrecondition(format!(
                     "snapshot `{key}` has its upper on a filesystem of its own (strategy {strategy}), which a commit cannot move into the store; prepare snapshots you will commit with label containerd.io/snapshot/lamina.strategy=classic"
+                )));
+            }
+            Err(lamina_mount::RootfsError::IdmappedNotCommittable) => {
+                return Err(SnapshotError::FailedPrecondition(format!(
+                    "snapshot `{key}` is idmapped ({}): what it wrote carries host ids, which a layer must not",
+                    crate::UIDMAPPING_LABEL
                 )));
             }
             Err(e) => return Err(e.into()),

@@ -35,6 +35,7 @@ impl From<SnapshotError> for tonic::Status {
                 | RootfsError::PoolEmpty { .. }
                 | RootfsError::Unsupported { .. }
                 | RootfsError::UpperNotCommittable { .. }
+                | RootfsError::IdmappedNotCommittable
                 | RootfsError::VolatileUnclean { .. },
             ) => tonic::Status::failed_precondition(message),
             // A request that names nothing lamina can provide, whatever the host.
