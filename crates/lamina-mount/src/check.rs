@@ -156,7 +156,7 @@ pub fn check(
                 && !live.contains(id)
             {
                 let detail = format!(
-                    "containerd snapshot `{key}` is provided by container `{id}`, which is gone"
+                    "containerd snapshot `{key}` is provided by container `{id}`, which is gone (after a crash: `lamina daemon` makes it again, empty, when it starts)"
                 );
                 findings.problems.push(found(
                     "snapshot_missing_container",

@@ -5,7 +5,7 @@
 //! the metadata (`committing`), so whichever step a crash interrupts, the next start
 //! either finishes the commit (the layer got published) or puts the upper back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs;
 
 use lamina_image::Digest;
@@ -155,8 +155,13 @@ impl Snapshotter {
         let _layers_in_use = self.store.use_layers()?;
         // Before anything is written or removed. Finishing or undoing a commit below
         // leaves which containers no row names as it was.
-        let unnamed = self.unnamed_containers()?;
+        let scan = lamina_mount::record::scan(&self.store)?;
+        let unnamed = self.unnamed_containers(&scan)?;
         self.refuse_a_database_older_than_the_store(&unnamed)?;
+        // First, so an interrupted commit undone below has its container to go back to.
+        let readable: HashSet<String> =
+            scan.containers.iter().map(|c| c.id().to_string()).collect();
+        self.rebuild_lost_containers(&readable)?;
         let interrupted = self.index().interrupted_commits()?;
         for key in interrupted {
             let Some(mut active) = self.index().get(&key)? else {
@@ -191,12 +196,16 @@ impl Snapshotter {
     }
 
     /// Snapshot containers no row names.
-    fn unnamed_containers(&self) -> Result<Vec<lamina_mount::record::Container>, SnapshotError> {
+    fn unnamed_containers(
+        &self,
+        scan: &lamina_mount::record::Scan,
+    ) -> Result<Vec<lamina_mount::record::Container>, SnapshotError> {
         let named = self.index().containers()?;
-        Ok(lamina_mount::record::scan(&self.store)?
+        Ok(scan
             .containers
-            .into_iter()
+            .iter()
             .filter(|c| is_snapshot_container(c) && !named.contains(c.id()))
+            .cloned()
             .collect())
     }
 
@@ -230,15 +239,17 @@ impl Snapshotter {
     fn restore_upper(&self, snapshot: &SnapshotRecord, layer: &Digest) -> Result<(), StoreError> {
         let id = snapshot.container.clone().unwrap_or_default();
         let upper = self.store.container_dirs(&id).upper;
-        if upper.exists() {
-            return Ok(());
-        }
         let staged = self
             .store
             .layout()
             .tmp()
             .join(format!("layer-{}", layer.hex()))
             .join("diff");
+        // An upper that is there and empty may be one recovery just made again (see
+        // `rebuild.rs`): the staged files, if any, are the snapshot's.
+        if upper.exists() && !(staged.exists() && fs::remove_dir(&upper).is_ok()) {
+            return Ok(());
+        }
         if staged.exists() {
             return fs::rename(&staged, &upper).map_err(StoreError::io("restoring", &upper));
         }

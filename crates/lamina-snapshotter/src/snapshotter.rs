@@ -168,40 +168,9 @@ impl Snapshotter {
             return Err(SnapshotError::AlreadyExists(labels[REF_LABEL].clone()));
         }
 
-        // Checked whatever the snapshot, even one it does not limit.
-        let disk_limit = max_size(kind, extraction, &labels, &self.store)?;
-        let idmap = crate::idmap_labels::idmap(extraction, &labels)?;
         let number = self.index().next_container_number()?;
         let id = format!("{CONTAINER_PREFIX}{number}");
-        let read_only = kind == SnapshotKind::View;
-        if chain.is_empty() {
-            self.create_empty(&id, key, read_only)?;
-        } else {
-            let options = CreateOptions {
-                // containerd mounts what `mounts_of` answers; only a pooled overlay (and
-                // the shared mount a shared-ro bind needs) is mounted by lamina.
-                without_mount: true,
-                claim_pooled_without_mount: true,
-                mount_volatile_without_mount: true,
-                strategies: self.strategies_for(extraction, &labels)?,
-                read_only,
-                ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
-                disk_limit,
-                idmap,
-                ..CreateOptions::default()
-            };
-            let stored = StoredLayers {
-                source: format!("{SOURCE_PREFIX}{key}"),
-                chain_ids: chain,
-            };
-            lamina_mount::create_from(
-                &self.store,
-                self.mounter.as_ref(),
-                Layers::Stored(&stored),
-                &id,
-                &options,
-            )?;
-        }
+        self.make_container(&id, key, kind, &chain, &labels)?;
         // What containerd will mount is worked out before the snapshot is recorded: a
         // chain too deep for one page of mount options is refused and leaves nothing.
         let mounts = match self.mounts_of(&id) {
@@ -222,18 +191,64 @@ impl Snapshotter {
             container: Some(id.clone()),
             committing: None,
         };
-        // The container is made durable before its row: the database's sync covers its
-        // own log, which after a checkpoint is rewritten in place and synced as data
-        // alone, committing none of the directories the container is made of (review
-        // finding: a power cut left rows whose containers were gone).
-        let recorded = lamina_store::sync_dir(&self.store.layout().container(&id))
-            .and_then(|()| self.index().insert_numbered(key, &record, number));
-        if let Err(e) = recorded {
+        // The row alone is synced: the database's sync flushes its own log, which
+        // commits none of the directories the container is made of, so a power cut can
+        // keep the row and lose the container. Recovery makes such a container again from
+        // the row (`rebuild.rs`), as it was when this returned: an empty upper on the
+        // snapshot's parent. Syncing the container first cost a journal commit per
+        // Prepare, most of the call.
+        if let Err(e) = self.index().insert_numbered(key, &record, number) {
             let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
             return Err(e.into());
         }
         tracing::info!(key, container = %id, kind = kind.as_str(), "prepared snapshot");
         Ok(mounts)
+    }
+
+    /// Makes container `id` for snapshot `key` of `kind` on the layers `chain` (none: an
+    /// empty directory), as its `labels` ask. Prepare and View call it; so does recovery,
+    /// for a row whose container a power cut lost, from what the row holds.
+    pub(crate) fn make_container(
+        &self,
+        id: &str,
+        key: &str,
+        kind: SnapshotKind,
+        chain: &[Digest],
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), SnapshotError> {
+        let extraction = kind == SnapshotKind::Active && extraction_target(key, labels).is_some();
+        // Checked whatever the snapshot, even one it does not limit.
+        let disk_limit = max_size(kind, extraction, labels, &self.store)?;
+        let idmap = crate::idmap_labels::idmap(extraction, labels)?;
+        let read_only = kind == SnapshotKind::View;
+        if chain.is_empty() {
+            return self.create_empty(id, key, read_only);
+        }
+        let options = CreateOptions {
+            // containerd mounts what `mounts_of` answers; only a pooled overlay (and
+            // the shared mount a shared-ro bind needs) is mounted by lamina.
+            without_mount: true,
+            claim_pooled_without_mount: true,
+            mount_volatile_without_mount: true,
+            strategies: self.strategies_for(extraction, labels)?,
+            read_only,
+            ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
+            disk_limit,
+            idmap,
+            ..CreateOptions::default()
+        };
+        let stored = StoredLayers {
+            source: format!("{SOURCE_PREFIX}{key}"),
+            chain_ids: chain.to_vec(),
+        };
+        lamina_mount::create_from(
+            &self.store,
+            self.mounter.as_ref(),
+            Layers::Stored(&stored),
+            id,
+            &options,
+        )?;
+        Ok(())
     }
 
     /// An unpack about to extract a layer the store already has (imported by `lamina
