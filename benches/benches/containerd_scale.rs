@@ -63,6 +63,7 @@ fn main() {
     let mut cycles = Vec::new();
     let mut commits = Vec::new();
     let mut memory = Vec::new();
+    let mut breakdown = Vec::new();
     for snapshotter in ["overlayfs", "lamina"] {
         let api = Api::via_containerd(&ctd.socket, snapshotter, NAMESPACE);
         let parent = top_layer(&api);
@@ -79,11 +80,25 @@ fn main() {
             // reaper (deferred delete): the cycles are measured once it has caught up,
             // not while it works through the fill's backlog beside them.
             wait_for_reaper(&fs.path().join("store").join("trash"));
-            let mut samples: Vec<Duration> = (0..sizes.cycles)
-                .map(|i| cycle(&api, &parent, &format!("cycle-{size}-{i}"), &target))
-                .collect();
+            let mut samples = Vec::new();
+            let mut steps: [Vec<Duration>; STEPS.len()] = Default::default();
+            for i in 0..sizes.cycles {
+                let (total, each) = cycle(&api, &parent, &format!("cycle-{size}-{i}"), &target);
+                samples.push(total);
+                for (step, took) in steps.iter_mut().zip(each) {
+                    step.push(took);
+                }
+            }
             samples.sort();
             cycles.push((snapshotter, size, samples));
+            breakdown.push((
+                snapshotter,
+                size,
+                steps.map(|mut s| {
+                    s.sort();
+                    nearest_rank(&s, 0.5)
+                }),
+            ));
         }
         let pid = match snapshotter {
             "lamina" => daemon.pid().unwrap(),
@@ -93,6 +108,7 @@ fn main() {
     }
     let imports = import_deep(&ctd, &fs, sizes.deep_layers);
     print_tables(&cycles, &commits, &memory, &sizes);
+    print_breakdown(&breakdown);
     println!();
     println!(
         "| snapshotter | `ctr images import`, {} layers | vs overlayfs |",
@@ -159,15 +175,33 @@ fn commit_empty_layer(api: &Api, n: usize) -> Duration {
     t.elapsed()
 }
 
-/// A container start and stop as the snapshotter sees it.
-fn cycle(api: &Api, parent: &str, key: &str, target: &Path) -> Duration {
-    let t = Instant::now();
-    api.prepare(key, parent, gc_root()).unwrap();
-    let mounts = api.mounts(key).unwrap();
-    mount_all(&mounts, target);
-    rustix::mount::unmount(target, UnmountFlags::empty()).unwrap();
-    api.remove(key).unwrap();
-    t.elapsed()
+/// The steps of a cycle, timed one by one as well: `Stat` of the parent first, a call
+/// that only reads a row, shows what one call through containerd to each costs.
+const STEPS: [&str; 5] = ["Stat", "Prepare", "Mounts", "mount + unmount", "Remove"];
+
+/// A container start and stop as the snapshotter sees it: the cycle's time (the `Stat`
+/// before it not counted), and each of [`STEPS`].
+fn cycle(api: &Api, parent: &str, key: &str, target: &Path) -> (Duration, [Duration; STEPS.len()]) {
+    let mut steps = [Duration::ZERO; STEPS.len()];
+    let mut timed = |step: usize, work: &mut dyn FnMut()| {
+        let t = Instant::now();
+        work();
+        steps[step] = t.elapsed();
+    };
+    timed(0, &mut || {
+        api.stat(parent).unwrap();
+    });
+    let mut mounts = Vec::new();
+    timed(1, &mut || {
+        api.prepare(key, parent, gc_root()).unwrap();
+    });
+    timed(2, &mut || mounts = api.mounts(key).unwrap());
+    timed(3, &mut || {
+        mount_all(&mounts, target);
+        rustix::mount::unmount(target, UnmountFlags::empty()).unwrap();
+    });
+    timed(4, &mut || api.remove(key).unwrap());
+    (steps[1..].iter().sum(), steps)
 }
 
 /// `VmRSS` of process `pid`, in KiB.
@@ -248,5 +282,38 @@ fn print_tables(
             "| `{who}` | {process} | {n} | {:.1} MiB |",
             *kib as f64 / 1024.0
         );
+    }
+}
+
+/// Each step's p50, per snapshotter and size, and lamina's against overlayfs's.
+fn print_breakdown(breakdown: &[(&str, usize, [Duration; STEPS.len()])]) {
+    println!();
+    println!(
+        "| snapshotter | committed snapshots | {} |",
+        STEPS.map(|s| format!("{s} p50")).join(" | ")
+    );
+    println!("|---|---|{}", "---|".repeat(STEPS.len()));
+    for (who, size, steps) in breakdown {
+        let baseline = breakdown
+            .iter()
+            .find(|(s, n, _)| *s == "overlayfs" && n == size)
+            .map(|(_, _, b)| *b)
+            .unwrap();
+        let cells: Vec<String> = steps
+            .iter()
+            .zip(baseline)
+            .map(|(took, base)| {
+                if *who == "overlayfs" {
+                    ms(*took)
+                } else {
+                    format!(
+                        "{} ({:.2}×)",
+                        ms(*took),
+                        took.as_secs_f64() / base.as_secs_f64()
+                    )
+                }
+            })
+            .collect();
+        println!("| `{who}` | {size} | {} |", cells.join(" | "));
     }
 }
