@@ -52,8 +52,13 @@ fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach,
     } else if container.record.layers.is_empty() {
         bind(dirs.upper)
     } else {
-        match container.rootfs.bind_source {
-            Some(source) => bind(source),
+        match &container.rootfs.bind_source {
+            Some(source) => {
+                if let Some(lease) = &container.rootfs.lease {
+                    crate::shared::mount_again(store, mounter, lease, &container.record.layers)?;
+                }
+                bind(source.clone())
+            }
             None => {
                 // An upper filesystem of its own is lamina's to mount: after a host
                 // restart it is mounted again here (a memory upper is gone, and that is

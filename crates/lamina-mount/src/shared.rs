@@ -76,6 +76,40 @@ pub(crate) fn acquire(
     })
 }
 
+/// Mounts again the shared overlay a container's `lease` is on, if it is not mounted (a
+/// host restart unmounted it): a bind of it would otherwise hand the caller the empty
+/// directory beneath (review finding: a shared-ro snapshot's Mounts after a restart).
+/// `chain_ids` are the container's layers; the shared directory must be theirs.
+pub(crate) fn mount_again(
+    store: &Store,
+    mounter: &dyn Mounter,
+    lease: &Path,
+    chain_ids: &[Digest],
+) -> Result<(), RootfsError> {
+    let dir = store
+        .layout()
+        .shared()
+        .join(chain_ids.last().map(Digest::hex).unwrap_or_default());
+    if lease.parent().and_then(Path::parent) != Some(dir.as_path()) {
+        return Err(RootfsError::Refused(format!(
+            "lease {} is not on the shared mount of the container's image",
+            lease.display()
+        )));
+    }
+    let _lock = store.lock(&lock_name(&dir))?;
+    let rootfs = dir.join("rootfs");
+    if mounter.is_mountpoint(&rootfs)? {
+        return Ok(());
+    }
+    let empty = store.layout().shared().join(EMPTY);
+    for d in [&rootfs, &empty] {
+        fs::create_dir_all(d).map_err(StoreError::io("creating", d))?;
+    }
+    mounter.mount_overlay(&plan::read_only(store, chain_ids, &empty), &rootfs)?;
+    tracing::info!(image = %dir.display(), "mounted shared read-only image again");
+    Ok(())
+}
+
 /// Drops a container's lease; unmounts the shared mount if it was the last.
 pub(crate) fn release(
     store: &Store,

@@ -5,7 +5,7 @@
 //! the metadata (`committing`), so whichever step a crash interrupts, the next start
 //! either finishes the commit (the layer got published) or puts the upper back.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fs;
 
 use lamina_image::Digest;
@@ -159,9 +159,7 @@ impl Snapshotter {
         let unnamed = self.unnamed_containers(&scan)?;
         self.refuse_a_database_older_than_the_store(&unnamed)?;
         // First, so an interrupted commit undone below has its container to go back to.
-        let readable: HashSet<String> =
-            scan.containers.iter().map(|c| c.id().to_string()).collect();
-        self.rebuild_lost_containers(&readable)?;
+        self.rebuild_lost_containers()?;
         let interrupted = self.index().interrupted_commits()?;
         for key in interrupted {
             let Some(mut active) = self.index().get(&key)? else {
@@ -175,15 +173,25 @@ impl Snapshotter {
                 self.finish_commit(&key, active)?;
                 continue;
             }
-            tracing::info!(key, "undoing an interrupted commit");
-            self.restore_upper(&active, &committing.layer)?;
-            // The upper is back for good before the row says nothing is in flight (the
-            // database's sync may commit nothing else; see Prepare).
             let dir = self
                 .store
                 .layout()
                 .container(active.container.as_deref().unwrap_or_default());
-            lamina_store::sync_dir(&dir)?;
+            if dir.exists() {
+                tracing::info!(key, "undoing an interrupted commit");
+                self.restore_upper(&active, &committing.layer)?;
+                // The upper is back for good before the row says nothing is in flight
+                // (the database's sync may commit nothing else; see Prepare).
+                lamina_store::sync_dir(&dir)?;
+            } else {
+                // Lost with the Prepare's directories, and not made again (logged above):
+                // nothing to put back, and failing here would stop every start (review
+                // finding).
+                tracing::warn!(
+                    key,
+                    "an interrupted commit's container is gone: the snapshot stays active, without a container"
+                );
+            }
             active.committing = None;
             self.index().update(&key, &active)?;
         }

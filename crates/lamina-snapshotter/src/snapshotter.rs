@@ -170,7 +170,7 @@ impl Snapshotter {
 
         let number = self.index().next_container_number()?;
         let id = format!("{CONTAINER_PREFIX}{number}");
-        self.make_container(&id, key, kind, &chain, &labels)?;
+        self.make_container(&id, key, kind, &chain, &labels, false)?;
         // What containerd will mount is worked out before the snapshot is recorded: a
         // chain too deep for one page of mount options is refused and leaves nothing.
         let mounts = match self.mounts_of(&id) {
@@ -206,8 +206,11 @@ impl Snapshotter {
     }
 
     /// Makes container `id` for snapshot `key` of `kind` on the layers `chain` (none: an
-    /// empty directory), as its `labels` ask. Prepare and View call it; so does recovery,
-    /// for a row whose container a power cut lost, from what the row holds.
+    /// empty directory), as its `labels` ask. Prepare and View call it; so does recovery
+    /// (`again`), for a row whose container a power cut lost, from what the row holds —
+    /// never from a pool: after a restart no slot is mounted yet, and a fresh overlay of
+    /// the same flavour is what a claimed slot was (review finding: a `pooled` snapshot
+    /// could not be made again).
     pub(crate) fn make_container(
         &self,
         id: &str,
@@ -215,6 +218,7 @@ impl Snapshotter {
         kind: SnapshotKind,
         chain: &[Digest],
         labels: &BTreeMap<String, String>,
+        again: bool,
     ) -> Result<(), SnapshotError> {
         let extraction = kind == SnapshotKind::Active && extraction_target(key, labels).is_some();
         // Checked whatever the snapshot, even one it does not limit.
@@ -224,13 +228,17 @@ impl Snapshotter {
         if chain.is_empty() {
             return self.create_empty(id, key, read_only);
         }
+        let strategies = self.strategies_for(extraction, labels)?;
         let options = CreateOptions {
             // containerd mounts what `mounts_of` answers; only a pooled overlay (and
             // the shared mount a shared-ro bind needs) is mounted by lamina.
             without_mount: true,
             claim_pooled_without_mount: true,
             mount_volatile_without_mount: true,
-            strategies: self.strategies_for(extraction, labels)?,
+            strategies: Strategies {
+                pooled: !again && strategies.pooled,
+                ..strategies
+            },
             read_only,
             ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
             disk_limit,
