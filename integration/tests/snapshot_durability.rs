@@ -21,11 +21,16 @@ fn open_snapshotter(root: &Path) -> Result<Snapshotter, SnapshotError> {
 }
 
 /// A containerd commit that returned survives a power cut right after it, with nothing
-/// synced since: its last transaction's sync commits the filesystem's journal, and with it
-/// the rename that published the layer. The snapshotter reopens with the committed
-/// snapshot and its files, the active one gone, nothing for `check` to report. (Found
-/// while trying to leave that last transaction unsynced: the commit then came back undone
-/// after Commit had returned.)
+/// synced since, in a daemon that has run a while (the database's log rewritten in place,
+/// so its sync commits nothing of the filesystem's journal): the commit syncs `layers/`
+/// after the rename that published its layer, and the journal commit that carries the
+/// rename carries everything before it — the snapshot's container and what it wrote
+/// (with file data, and metadata only). The snapshotter reopens with the committed
+/// snapshots and their files, the active ones gone, nothing for `check` to report. (Tried
+/// and refuted here: leaving that rename to a later journal commit and publishing again
+/// from the container after a cut. A metadata-only layer's files and the container they
+/// were in were lost with the rename. Before that: leaving the last transaction unsynced
+/// brought the commit back undone after Commit had returned.)
 #[test]
 fn a_containerd_commit_is_whole_after_a_power_cut_right_after_it_returns() {
     require_root();
@@ -47,10 +52,32 @@ fn a_containerd_commit_is_whole_after_a_power_cut_right_after_it_returns() {
             .unwrap();
         let upper = root.join("images").join(&container).join("upper");
         fs::write(upper.join("file"), "committed data").unwrap();
+        rewrite_the_log_in_place(&snapshotter, &root);
+        rustix::fs::sync();
         snapshotter.commit("c", "p", BTreeMap::new()).unwrap();
+        snapshotter.prepare("m", "c", BTreeMap::new()).unwrap();
+        let metadata_only = root.join("images").join(container_of(&snapshotter, "m"));
+        fs::create_dir(metadata_only.join("upper/dir")).unwrap();
+        snapshotter.commit("d", "m", BTreeMap::new()).unwrap();
+        let published: Vec<bool> = ["c", "d"]
+            .iter()
+            .map(|key| {
+                let layer = snapshotter.store().snapshots().unwrap().get(key).unwrap();
+                root.join("layers")
+                    .join(layer.unwrap().layer.unwrap().hex())
+                    .exists()
+            })
+            .collect();
+        assert_eq!(
+            published,
+            [true, true],
+            "{kind:?}: published before the cut"
+        );
         fs.cut_power();
         drop(snapshotter);
         fs.remount_after_cut();
+        let survived = fs::read_dir(root.join("layers")).unwrap().count();
+        eprintln!("{kind:?}: {survived} layers survived the cut as published");
 
         let snapshotter = open();
         let index = snapshotter.store().snapshots().unwrap();
@@ -77,6 +104,9 @@ fn a_containerd_commit_is_whole_after_a_power_cut_right_after_it_returns() {
             b"committed data",
             "{kind:?}"
         );
+        let dir = index.get("d").unwrap().unwrap().layer.unwrap();
+        let dir = snapshotter.store().layout().layer_diff(&dir).join("dir");
+        assert!(dir.is_dir(), "{kind:?}: the metadata-only layer");
         drop(index);
         drop(snapshotter);
         let lamina = Lamina::new(&root);
