@@ -9,7 +9,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-use lamina_integration::{FsKind, Lamina, ScratchFs, require_root};
+use lamina_integration::{FsKind, Lamina, ScratchFs, require_root, sample_image};
 use lamina_snapshotter::{SnapshotError, Snapshotter};
 use lamina_store::SnapshotKind;
 
@@ -287,6 +287,7 @@ fn a_container_a_power_cut_lost_under_its_row_is_made_again_on_its_parent() {
                     "{context}: {key}"
                 );
             }
+            let active = container_of(&snapshotter, "active");
             assert_eq!(
                 fs::read_dir(images.join(&active).join("upper"))
                     .unwrap()
@@ -361,6 +362,16 @@ fn store_with_a_layer(root: &Path) -> Snapshotter {
     snapshotter
 }
 
+/// [`store_with_a_layer`], and an active snapshot `active` on it; with its container.
+fn active_on_a_layer(root: &Path) -> (Snapshotter, String) {
+    let snapshotter = store_with_a_layer(root);
+    snapshotter
+        .prepare("active", "layer", BTreeMap::new())
+        .unwrap();
+    let id = container_of(&snapshotter, "active");
+    (snapshotter, id)
+}
+
 /// Only a container without a record file is taken for lost. One whose record is there
 /// but cannot be read (here: a newer release's) keeps what it wrote, as `lamina clean`
 /// keeps it (review finding: it was deleted and made again empty).
@@ -390,24 +401,53 @@ fn a_container_whose_record_cannot_be_read_is_not_made_again() {
     );
 }
 
-/// Labels shape a container (a uid/gid mapping, a size limit, a strategy); after an
-/// Update they may not be what the container was made from. Such a lost container is not
-/// made again from them — made without its mapping, say, its writes would carry host ids
-/// into a commit (review finding) — and the snapshotter still starts, here with a commit
-/// of that snapshot interrupted as well (review finding: the undo failed every start).
+/// Labels shape a container (a uid/gid mapping, a size limit, a strategy), and so does
+/// the daemon's default strategy; both may change after the Prepare (an Update, a restart
+/// with other flags). A lost container is made again as its Prepare recorded it, not
+/// from the row's labels now (review finding: an idmapped snapshot whose labels an Update
+/// dropped came back unmapped, and its writes could then be committed with host ids).
 #[test]
-fn a_lost_container_whose_labels_were_updated_is_not_made_again_and_the_daemon_starts() {
+fn a_lost_container_is_made_again_as_its_prepare_made_it() {
     require_root();
     let fs = ScratchFs::tmpfs();
     let root = fs.path().join("store");
     let snapshotter = store_with_a_layer(&root);
-    snapshotter
-        .prepare("active", "layer", BTreeMap::new())
-        .unwrap();
+    let strategy = lamina_snapshotter::STRATEGY_LABEL.to_string();
+    let labels = BTreeMap::from([(strategy.clone(), "metacopy".to_string())]);
+    snapshotter.prepare("active", "layer", labels).unwrap();
+    let options = |s: &Snapshotter| s.mounts("active").unwrap()[0].options.join(",");
+    assert!(options(&snapshotter).contains("metacopy=on"));
     let mut info = snapshotter.stat("active").unwrap();
-    info.labels.insert("changed".into(), "later".into());
+    info.labels.insert(strategy, "classic".into());
     snapshotter.update(&info, &["labels".to_string()]).unwrap();
-    let id = container_of(&snapshotter, "active");
+    let lost = container_of(&snapshotter, "active");
+    drop(snapshotter);
+    fs::remove_dir_all(root.join("images").join(&lost)).unwrap();
+
+    let snapshotter = open_snapshotter(&root).unwrap();
+    assert_ne!(container_of(&snapshotter, "active"), lost, "a new number");
+    assert!(options(&snapshotter).contains("metacopy=on"));
+}
+
+/// A container that cannot be made again (here its parent's layer is gone too) is left
+/// missing and the snapshotter starts, even with a commit of that snapshot interrupted
+/// (review finding: undoing the commit failed every start). Once the layer is back, the
+/// next start makes the container.
+#[test]
+fn a_lost_container_that_cannot_be_made_again_does_not_stop_the_start() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let root = fs.path().join("store");
+    let (snapshotter, id) = active_on_a_layer(&root);
+    let layer = snapshotter
+        .store()
+        .snapshots()
+        .unwrap()
+        .get("layer")
+        .unwrap()
+        .unwrap()
+        .layer
+        .unwrap();
     drop(snapshotter);
     {
         // A commit's intent synced, then the cut: nothing of its rename in the journal.
@@ -422,15 +462,46 @@ fn a_lost_container_whose_labels_were_updated_is_not_made_again_and_the_daemon_s
         index.update("active", &row).unwrap();
     }
     fs::remove_dir_all(root.join("images").join(&id)).unwrap();
+    let layer_dir = root.join("layers").join(layer.hex());
+    let aside = fs.path().join("aside");
+    fs::rename(&layer_dir, &aside).unwrap();
 
     for start in 0..2 {
         let snapshotter = open_snapshotter(&root).unwrap_or_else(|e| panic!("start {start}: {e}"));
         assert!(snapshotter.mounts("active").is_err(), "start {start}");
-        assert!(!root.join("images").join(&id).exists(), "start {start}");
     }
+    fs::rename(&aside, &layer_dir).unwrap();
     let snapshotter = open_snapshotter(&root).unwrap();
+    let mounted = mount_spec(&snapshotter.mounts("active").unwrap());
+    assert_eq!(fs::read(mounted.path().join("file")).unwrap(), b"layer");
+}
+
+/// A Garden container made under a lost container's name before the snapshotter
+/// restarts (`lamina create IMAGE snap-N`) stays Garden's: the snapshot's container is
+/// made again under a new number, and removing the snapshot leaves Garden's alone
+/// (review finding: the snapshot adopted it, and its Remove deleted it).
+#[test]
+fn a_garden_container_under_a_lost_name_stays_gardens() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let root = fs.path().join("store");
+    let (snapshotter, id) = active_on_a_layer(&root);
+    drop(snapshotter);
+    fs::remove_dir_all(root.join("images").join(&id)).unwrap();
+    let image = sample_image(&fs.path().join("image")).references()[0].clone();
+    let lamina = Lamina::new(&root);
+    let garden = lamina.create(&image, &id);
+
+    let snapshotter = open_snapshotter(&root).unwrap();
+    let now = container_of(&snapshotter, "active");
+    assert_ne!(now, id);
+    let mounted = mount_spec(&snapshotter.mounts("active").unwrap());
+    assert_eq!(fs::read(mounted.path().join("file")).unwrap(), b"layer");
+    drop(mounted);
     snapshotter.remove("active").unwrap();
-    assert!(snapshotter.mounts("active").is_err());
+    drop(snapshotter);
+    assert!(garden.join("bin/busybox").exists(), "Garden's rootfs");
+    assert_eq!(lamina.run(&["delete", &id]).code, 0);
 }
 
 /// A shared-ro view binds the image's shared mount, which a host restart unmounts; its

@@ -118,6 +118,27 @@ pub(crate) fn sweep_crashed_creates(
     Ok(removed)
 }
 
+/// Removes container `id`'s directory if it is a crashed create: no record, and its
+/// creator's lock free (what `clean` removes). True if it was one.
+pub fn remove_crashed_create(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+) -> Result<bool, RootfsError> {
+    let dir = store.layout().container(id);
+    if !dir.exists() || has_record(store, &dir)? {
+        return Ok(false);
+    }
+    let Some(_lock) = store.try_lock_dir(&dir)? else {
+        return Ok(false); // a create in progress
+    };
+    if has_record(store, &dir)? {
+        return Ok(false); // it finished between our two looks
+    }
+    remove_unmounted(mounter, &dir)?;
+    Ok(true)
+}
+
 /// Container directories in `images/` with no record whose creator's lock is free, each
 /// with that lock, taken: nobody else can start on them while it is held.
 pub(crate) fn crashed_creates(

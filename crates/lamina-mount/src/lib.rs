@@ -36,7 +36,7 @@ mod strategy;
 pub use attach::{Attach, UpperToCommit, attach, commit_upper, create_empty, upper_to_commit};
 pub use check::{CheckReport, Problem, check};
 pub use choose::{Choice, Pools, Request, choose};
-pub use clean::{CleanReport, clean};
+pub use clean::{CleanReport, clean, remove_crashed_create};
 pub use create::{CreateOptions, Created, Layers, StoredLayers, ToMount, create, create_from};
 pub use delete::{Deleted, Reaped, delete, reap};
 pub use delete_store::delete_store;

@@ -98,7 +98,7 @@ pub(crate) fn mount_again(
     }
     let _lock = store.lock(&lock_name(&dir))?;
     let rootfs = dir.join("rootfs");
-    if mounter.is_mountpoint(&rootfs)? {
+    if rootfs.is_dir() && mounter.is_mountpoint(&rootfs)? {
         return Ok(());
     }
     let empty = store.layout().shared().join(EMPTY);

@@ -159,7 +159,7 @@ impl Snapshotter {
         let unnamed = self.unnamed_containers(&scan)?;
         self.refuse_a_database_older_than_the_store(&unnamed)?;
         // First, so an interrupted commit undone below has its container to go back to.
-        self.rebuild_lost_containers()?;
+        self.rebuild_lost_containers(&crate::rebuild::found_by_name(&scan))?;
         let interrupted = self.index().interrupted_commits()?;
         for key in interrupted {
             let Some(mut active) = self.index().get(&key)? else {

@@ -4,83 +4,145 @@
 //! its own log and commits none of the directories the container is made of, so after a
 //! power cut a row can name a container that is gone, or half made (a directory without
 //! its record). What that container held when the call returned is known exactly — an
-//! empty upper on the snapshot's parent — so recovery makes it again from the row.
-//! Anything a container wrote into its upper after that is no more durable with
-//! containerd's own overlayfs snapshotter, which syncs nothing of an upper either.
+//! empty upper on the snapshot's parent, made as the Prepare's [`Shape`] said — so
+//! recovery makes it again. Anything a container wrote into its upper after that is no
+//! more durable with containerd's own overlayfs snapshotter, which syncs nothing of an
+//! upper either.
 //!
-//! Only a container without a record file is made again. One whose record is there is
+//! The container is made again under a new number, and the row moved to it. Under the old
+//! name, only a crashed create is removed (a directory without a record whose lock is
+//! free, as `lamina clean` removes it); a `lamina create snap-7` in flight, or a Garden
+//! container made under that name since the cut, is Garden's (review findings:
+//! rebuilding in place deleted a create in flight, and adopted a Garden container).
+//!
+//! Only a container whose record file is not there is lost. One whose record is there is
 //! whole (on ext4 and xfs the record is written direct and renamed into place after every
 //! directory of the container was made, and the journal commits those in order;
 //! elsewhere the record's write syncs the container's directory), even when the record
-//! cannot be read: a newer release's, or one an I/O error hides, is reported by `lamina
-//! check` and left with what the container wrote (review finding: taking it for lost
-//! deleted its upper).
+//! cannot be read or stat fails: a newer release's, or one an I/O error hides, is
+//! reported by `lamina check` and left with what the container wrote (review findings).
+
+use std::collections::{BTreeMap, HashMap};
 
 use lamina_store::SnapshotRecord;
+use serde::{Deserialize, Serialize};
 
-use crate::snapshotter::layer_chain;
+use crate::snapshotter::{CONTAINER_PREFIX, is_snapshot_container, layer_chain};
 use crate::{SnapshotError, Snapshotter};
 
+/// What a snapshot's container is made from besides its parent and kind, recorded at
+/// its Prepare so that a container made again is the one containerd was answered for:
+/// the labels as they were then (an Update may change them since; they carry a uid/gid
+/// mapping, a size limit, a strategy), and the daemon's default strategies then (it may
+/// restart with others).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Shape {
+    pub labels: BTreeMap<String, String>,
+    pub default_strategies: String,
+}
+
+impl Shape {
+    pub(crate) fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// What the start's scan of `images/` found for a name.
+pub(crate) enum Found {
+    /// A readable record of a snapshot's container.
+    Snapshot,
+    /// A readable record of someone else's: Garden's.
+    Foreign,
+}
+
+/// The readable records of `scan`, by container name.
+pub(crate) fn found_by_name(scan: &lamina_mount::record::Scan) -> HashMap<String, Found> {
+    scan.containers
+        .iter()
+        .map(|c| {
+            let found = if is_snapshot_container(c) {
+                Found::Snapshot
+            } else {
+                Found::Foreign
+            };
+            (c.id().to_string(), found)
+        })
+        .collect()
+}
+
 impl Snapshotter {
-    /// Makes again the container of every row whose container has no record file. A
-    /// container that cannot be made again is left missing and logged: that snapshot's
+    /// Makes again the container of every row whose container is lost (see the module
+    /// doc). One that cannot be made again is left as it is and logged: that snapshot's
     /// Mounts fails, and the others start.
-    pub(crate) fn rebuild_lost_containers(&self) -> Result<(), SnapshotError> {
+    pub(crate) fn rebuild_lost_containers(
+        &self,
+        found: &HashMap<String, Found>,
+    ) -> Result<(), SnapshotError> {
         let mut lost: Vec<(String, SnapshotRecord)> = Vec::new();
         let layout = self.store.layout();
         self.index().for_each(|key, row| {
-            let recorded = row.container.as_ref().is_none_or(|id| {
-                layout
-                    .container(id)
-                    .join("container.json")
-                    .symlink_metadata()
-                    .is_ok()
-            });
-            if !recorded {
+            let Some(id) = &row.container else {
+                return;
+            };
+            let gone = match layout
+                .container(id)
+                .join("container.json")
+                .symlink_metadata()
+            {
+                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                Ok(_) => match found.get(id) {
+                    Some(Found::Foreign) => true,
+                    // Another snapshot's under this name is not ours to judge; an
+                    // unreadable record is left for `check`.
+                    Some(Found::Snapshot) | None => false,
+                },
+            };
+            if gone {
                 lost.push((key, row));
             }
         })?;
         for (key, row) in lost {
-            let id = row.container.clone().unwrap_or_default();
-            match self.rebuild(&key, &id, &row) {
-                Ok(true) => {
-                    tracing::warn!(key, container = %id, "a crash lost this snapshot's container: made it again, empty, on its parent");
+            let old = row.container.clone().unwrap_or_default();
+            match self.rebuild(&key, row) {
+                Ok(id) => {
+                    tracing::warn!(key, lost = %old, container = %id, "a crash lost this snapshot's container: made it again, empty, on its parent");
+                    // What the cut left of the old one, if nobody is working on it.
+                    lamina_mount::remove_crashed_create(&self.store, self.mounter.as_ref(), &old)?;
                 }
-                Ok(false) => {}
                 Err(e) => {
-                    tracing::error!(key, container = %id, error = %e, "a crash lost this snapshot's container, and it could not be made again: its Mounts fails until it is removed");
+                    tracing::error!(key, container = %old, error = %e, "a crash lost this snapshot's container, and it could not be made again: its Mounts fails until it is removed");
                 }
             }
         }
         Ok(())
     }
 
-    /// Makes container `id` of snapshot `key` again. `Ok(false)`: left alone, because
-    /// another process is working on the directory (a `lamina create` of that name).
-    fn rebuild(&self, key: &str, id: &str, row: &SnapshotRecord) -> Result<bool, SnapshotError> {
-        // The labels shape the container (a uid/gid mapping, a size limit, a strategy).
-        // Changed by an Update since the Prepare, they would make a container other than
-        // the one containerd was answered for — one without the mapping, say, whose
-        // writes a commit would then publish with host ids (review finding).
-        if row.updated_ns != row.created_ns {
-            return Err(SnapshotError::FailedPrecondition(format!(
-                "snapshot `{key}`'s labels were updated after it was prepared, so the container it was made as is not known"
-            )));
-        }
-        let dir = self.store.layout().container(id);
-        if dir.exists() {
-            let Some(_held) = self.store.try_lock_dir(&dir)? else {
-                tracing::warn!(key, container = %id, "a crash lost this snapshot's container, but another process is working on its directory: left alone");
-                return Ok(false);
-            };
-        }
-        // What is left of it: a directory without a record.
-        lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
+    /// Makes snapshot `key`'s container again under a new number and moves its row
+    /// there. Returns the new container's name.
+    fn rebuild(&self, key: &str, mut row: SnapshotRecord) -> Result<String, SnapshotError> {
+        let shape = self.index().shape(key)?.ok_or_else(|| {
+            SnapshotError::FailedPrecondition(
+                "it was prepared by an earlier release, which did not record what it was made from"
+                    .into(),
+            )
+        })?;
+        let shape: Shape = serde_json::from_str(&shape).map_err(|e| {
+            SnapshotError::FailedPrecondition(format!("its recorded shape is unreadable: {e}"))
+        })?;
         let chain = match &row.parent {
             Some(parent) => layer_chain(&self.index(), parent)?,
             None => Vec::new(),
         };
-        self.make_container(id, key, row.kind, &chain, &row.labels, true)?;
-        Ok(true)
+        let number = self.index().next_container_number()?;
+        let id = format!("{CONTAINER_PREFIX}{number}");
+        self.make_container(&id, key, row.kind, &chain, &shape, true)?;
+        row.container = Some(id.clone());
+        // A crash before the row moves leaves the new container unnamed, numbered as the
+        // next number: the next start removes it, and makes one again.
+        if let Err(e) = self.index().renumber(key, &row, number) {
+            let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
+            return Err(e.into());
+        }
+        Ok(id)
     }
 }

@@ -170,7 +170,11 @@ impl Snapshotter {
 
         let number = self.index().next_container_number()?;
         let id = format!("{CONTAINER_PREFIX}{number}");
-        self.make_container(&id, key, kind, &chain, &labels, false)?;
+        let shape = crate::rebuild::Shape {
+            labels: labels.clone(),
+            default_strategies: self.default_strategies.to_string(),
+        };
+        self.make_container(&id, key, kind, &chain, &shape, false)?;
         // What containerd will mount is worked out before the snapshot is recorded: a
         // chain too deep for one page of mount options is refused and leaves nothing.
         let mounts = match self.mounts_of(&id) {
@@ -197,7 +201,10 @@ impl Snapshotter {
         // the row (`rebuild.rs`), as it was when this returned: an empty upper on the
         // snapshot's parent. Syncing the container first cost a journal commit per
         // Prepare, most of the call.
-        if let Err(e) = self.index().insert_numbered(key, &record, number) {
+        let inserted = self
+            .index()
+            .insert_numbered(key, &record, number, &shape.encode());
+        if let Err(e) = inserted {
             let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
             return Err(e.into());
         }
@@ -206,20 +213,22 @@ impl Snapshotter {
     }
 
     /// Makes container `id` for snapshot `key` of `kind` on the layers `chain` (none: an
-    /// empty directory), as its `labels` ask. Prepare and View call it; so does recovery
-    /// (`again`), for a row whose container a power cut lost, from what the row holds —
-    /// never from a pool: after a restart no slot is mounted yet, and a fresh overlay of
-    /// the same flavour is what a claimed slot was (review finding: a `pooled` snapshot
-    /// could not be made again).
+    /// empty directory), as `shape` asks: its labels, and the daemon's default strategies
+    /// for a snapshot without a strategy label. Prepare and View call it; so does recovery
+    /// (`again`), for a row whose container a power cut lost, from the shape its Prepare
+    /// recorded — never from a pool: after a restart no slot is mounted yet, and a fresh
+    /// overlay of the same flavour is what a claimed slot was (review finding: a `pooled`
+    /// snapshot could not be made again).
     pub(crate) fn make_container(
         &self,
         id: &str,
         key: &str,
         kind: SnapshotKind,
         chain: &[Digest],
-        labels: &BTreeMap<String, String>,
+        shape: &crate::rebuild::Shape,
         again: bool,
     ) -> Result<(), SnapshotError> {
+        let labels = &shape.labels;
         let extraction = kind == SnapshotKind::Active && extraction_target(key, labels).is_some();
         // Checked whatever the snapshot, even one it does not limit.
         let disk_limit = max_size(kind, extraction, labels, &self.store)?;
@@ -228,7 +237,10 @@ impl Snapshotter {
         if chain.is_empty() {
             return self.create_empty(id, key, read_only);
         }
-        let strategies = self.strategies_for(extraction, labels)?;
+        let default = Strategies::parse(&shape.default_strategies).map_err(|why| {
+            SnapshotError::FailedPrecondition(format!("default strategies: {why}"))
+        })?;
+        let strategies = strategies_for(extraction, labels, default)?;
         let options = CreateOptions {
             // containerd mounts what `mounts_of` answers; only a pooled overlay (and
             // the shared mount a shared-ro bind needs) is mounted by lamina.
@@ -295,21 +307,6 @@ impl Snapshotter {
         self.index().insert(key, &record)?;
         tracing::info!(key, layer = %target, "layer already in the store: snapshot committed without a download");
         Ok(true)
-    }
-
-    fn strategies_for(
-        &self,
-        extraction: bool,
-        labels: &BTreeMap<String, String>,
-    ) -> Result<Strategies, SnapshotError> {
-        if extraction {
-            return Ok(Strategies::CLASSIC);
-        }
-        match labels.get(STRATEGY_LABEL) {
-            Some(list) => Strategies::parse(list)
-                .map_err(|why| SnapshotError::InvalidArgument(format!("{STRATEGY_LABEL}: {why}"))),
-            None => Ok(self.default_strategies),
-        }
     }
 
     /// A snapshot with no parent: an empty directory, bound (read-write for an active).
@@ -486,4 +483,21 @@ pub(crate) fn now_ns() -> u128 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0)
+}
+
+/// The strategies a snapshot is made with: classic for an unpack, its strategy label's,
+/// else `default` (the daemon's).
+fn strategies_for(
+    extraction: bool,
+    labels: &BTreeMap<String, String>,
+    default: Strategies,
+) -> Result<Strategies, SnapshotError> {
+    if extraction {
+        return Ok(Strategies::CLASSIC);
+    }
+    match labels.get(STRATEGY_LABEL) {
+        Some(list) => Strategies::parse(list)
+            .map_err(|why| SnapshotError::InvalidArgument(format!("{STRATEGY_LABEL}: {why}"))),
+        None => Ok(default),
+    }
 }

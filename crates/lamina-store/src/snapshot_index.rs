@@ -41,6 +41,7 @@ CREATE INDEX IF NOT EXISTS snapshots_by_container ON snapshots (container)
     WHERE container IS NOT NULL;
 CREATE INDEX IF NOT EXISTS snapshots_committing ON snapshots (key)
     WHERE committing IS NOT NULL;
+CREATE TABLE IF NOT EXISTS shapes (key TEXT PRIMARY KEY NOT NULL, shape TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS facts (name TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
 ";
@@ -310,8 +311,37 @@ impl SnapshotIndex {
         key: &str,
         record: &SnapshotRecord,
         number: u64,
+        shape: &str,
     ) -> Result<(), StoreError> {
         self.write(|tx| {
+            insert(tx, key, record)?;
+            tx.prepare_cached("INSERT OR REPLACE INTO shapes (key, shape) VALUES (?1, ?2)")?
+                .execute(params![key, shape])?;
+            set_counter(tx, NEXT_ID, number.saturating_add(1))
+        })
+    }
+
+    /// What snapshot `key`'s container was made from (the snapshotter's own encoding),
+    /// as its Prepare recorded it; `None` for one prepared by an earlier release. Only
+    /// the snapshotter reads it: the table is not in databases an earlier release made
+    /// until the snapshotter opens them.
+    pub fn shape(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT shape FROM shapes WHERE key = ?1")
+            .and_then(|mut statement| statement.query_row([key], |row| row.get(0)).optional())
+            .map_err(|e| self.failed("reading", e))
+    }
+
+    /// Gives active snapshot or view `key` (`record`) the new container numbered
+    /// `number`, and moves the counter past it, in one transaction.
+    pub fn renumber(
+        &mut self,
+        key: &str,
+        record: &SnapshotRecord,
+        number: u64,
+    ) -> Result<(), StoreError> {
+        self.write(|tx| {
+            delete(tx, key)?;
             insert(tx, key, record)?;
             set_counter(tx, NEXT_ID, number.saturating_add(1))
         })
@@ -337,12 +367,18 @@ impl SnapshotIndex {
     ) -> Result<(), StoreError> {
         self.write(|tx| {
             delete(tx, old)?;
+            if old != new_key {
+                forget_shape(tx, old)?;
+            }
             insert(tx, new_key, record)
         })
     }
 
     pub fn remove(&mut self, key: &str) -> Result<(), StoreError> {
-        self.write(|tx| delete(tx, key))
+        self.write(|tx| {
+            delete(tx, key)?;
+            forget_shape(tx, key)
+        })
     }
 
     /// Keys of actives whose commit started and may not have finished.
@@ -496,6 +532,12 @@ fn delete(conn: &Connection, key: &str) -> rusqlite::Result<()> {
         .map(drop)
 }
 
+fn forget_shape(conn: &Connection, key: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached("DELETE FROM shapes WHERE key = ?1")?
+        .execute([key])
+        .map(drop)
+}
+
 fn nanos(ns: u128) -> i64 {
     i64::try_from(ns).unwrap_or(i64::MAX)
 }
@@ -572,12 +614,19 @@ mod tests {
         base.labels.insert(REF_LABEL.into(), "sha256:aa".into());
         index.insert("base", &base).unwrap();
         index
-            .insert_numbered("p", &record(SnapshotKind::Active, Some("base"), None), 7)
+            .insert_numbered(
+                "p",
+                &record(SnapshotKind::Active, Some("base"), None),
+                7,
+                "{}",
+            )
             .unwrap();
         assert_eq!(index.get("base").unwrap(), Some(base.clone()));
         assert_eq!(index.get("nope").unwrap(), None);
         assert!(index.contains("p").unwrap());
         assert_eq!(index.next_container_number().unwrap(), 8);
+        assert_eq!(index.shape("p").unwrap().as_deref(), Some("{}"));
+        assert_eq!(index.shape("base").unwrap(), None);
         assert_eq!(index.first_child("base").unwrap().as_deref(), Some("p"));
         assert_eq!(index.first_child("p").unwrap(), None);
         assert!(index.has_committed(None, "sha256:aa").unwrap());
@@ -592,6 +641,7 @@ mod tests {
             labels: BTreeMap::new(),
         });
         index.update("p", &active).unwrap();
+        assert_eq!(index.shape("p").unwrap().as_deref(), Some("{}"), "kept");
         assert_eq!(index.interrupted_commits().unwrap(), ["p"]);
         assert_eq!(
             index.layers().unwrap(),
@@ -599,6 +649,11 @@ mod tests {
         );
         let committed = record(SnapshotKind::Committed, Some("base"), Some("b"));
         index.replace("p", "c", &committed).unwrap();
+        assert_eq!(
+            index.shape("p").unwrap(),
+            None,
+            "the active's shape goes with it"
+        );
         assert!(index.interrupted_commits().unwrap().is_empty());
         assert_eq!(index.get("p").unwrap(), None);
         assert!(index.containers().unwrap().is_empty());
