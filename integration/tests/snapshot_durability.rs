@@ -439,15 +439,7 @@ fn a_lost_container_that_cannot_be_made_again_does_not_stop_the_start() {
     let fs = ScratchFs::tmpfs();
     let root = fs.path().join("store");
     let (snapshotter, id) = active_on_a_layer(&root);
-    let layer = snapshotter
-        .store()
-        .snapshots()
-        .unwrap()
-        .get("layer")
-        .unwrap()
-        .unwrap()
-        .layer
-        .unwrap();
+    let layer = layer_of(&snapshotter, "layer");
     drop(snapshotter);
     {
         // A commit's intent synced, then the cut: nothing of its rename in the journal.
@@ -477,31 +469,52 @@ fn a_lost_container_that_cannot_be_made_again_does_not_stop_the_start() {
 }
 
 /// A Garden container made under a lost container's name before the snapshotter
-/// restarts (`lamina create IMAGE snap-N`) stays Garden's: the snapshot's container is
-/// made again under a new number, and removing the snapshot leaves Garden's alone
-/// (review finding: the snapshot adopted it, and its Remove deleted it).
+/// restarts (`lamina create IMAGE snap-N`) stays Garden's: the snapshot's row moves to a
+/// new number — past another Garden container there too — whether its container can be
+/// made again (here: yes, then no, its parent's layer set aside), and removing the
+/// snapshot leaves Garden's alone (review findings: the snapshot adopted it, and its
+/// Remove deleted it; then the same when the rebuild failed).
 #[test]
 fn a_garden_container_under_a_lost_name_stays_gardens() {
     require_root();
-    let fs = ScratchFs::tmpfs();
-    let root = fs.path().join("store");
-    let (snapshotter, id) = active_on_a_layer(&root);
-    drop(snapshotter);
-    fs::remove_dir_all(root.join("images").join(&id)).unwrap();
-    let image = sample_image(&fs.path().join("image")).references()[0].clone();
-    let lamina = Lamina::new(&root);
-    let garden = lamina.create(&image, &id);
+    for rebuilt in [true, false] {
+        let fs = ScratchFs::tmpfs();
+        let root = fs.path().join("store");
+        let (snapshotter, id) = active_on_a_layer(&root);
+        let next = snapshotter
+            .store()
+            .snapshots()
+            .unwrap()
+            .next_container_number()
+            .unwrap();
+        let layer = layer_of(&snapshotter, "layer");
+        drop(snapshotter);
+        fs::remove_dir_all(root.join("images").join(&id)).unwrap();
+        let image = sample_image(&fs.path().join("image")).references()[0].clone();
+        let lamina = Lamina::new(&root);
+        let at_next = format!("snap-{next}");
+        let gardens = [lamina.create(&image, &id), lamina.create(&image, &at_next)];
+        let layer_dir = root.join("layers").join(layer.hex());
+        if !rebuilt {
+            fs::rename(&layer_dir, fs.path().join("aside")).unwrap();
+        }
 
-    let snapshotter = open_snapshotter(&root).unwrap();
-    let now = container_of(&snapshotter, "active");
-    assert_ne!(now, id);
-    let mounted = mount_spec(&snapshotter.mounts("active").unwrap());
-    assert_eq!(fs::read(mounted.path().join("file")).unwrap(), b"layer");
-    drop(mounted);
-    snapshotter.remove("active").unwrap();
-    drop(snapshotter);
-    assert!(garden.join("bin/busybox").exists(), "Garden's rootfs");
-    assert_eq!(lamina.run(&["delete", &id]).code, 0);
+        let snapshotter = open_snapshotter(&root).unwrap();
+        let now = container_of(&snapshotter, "active");
+        assert!(now != id && now != at_next, "{rebuilt}: {now}");
+        if rebuilt {
+            let mounted = mount_spec(&snapshotter.mounts("active").unwrap());
+            assert_eq!(fs::read(mounted.path().join("file")).unwrap(), b"layer");
+        } else {
+            assert!(snapshotter.mounts("active").is_err());
+        }
+        snapshotter.remove("active").unwrap();
+        drop(snapshotter);
+        for (rootfs, name) in gardens.iter().zip([&id, &at_next]) {
+            assert!(rootfs.join("bin/busybox").exists(), "{rebuilt}: {name}");
+            assert_eq!(lamina.run(&["delete", name]).code, 0);
+        }
+    }
 }
 
 /// A shared-ro view binds the image's shared mount, which a host restart unmounts; its
@@ -537,4 +550,9 @@ fn a_shared_view_after_a_restart_binds_the_image_mounted_again() {
     Lamina::new(&root).run(&["reap"]);
     let left = lamina_integration::scratch::mounts_under(&root);
     assert!(left.is_empty(), "{left:?}");
+}
+
+fn layer_of(snapshotter: &Snapshotter, key: &str) -> lamina_image::Digest {
+    let row = snapshotter.store().snapshots().unwrap().get(key).unwrap();
+    row.unwrap().layer.unwrap()
 }

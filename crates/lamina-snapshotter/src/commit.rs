@@ -158,7 +158,15 @@ impl Snapshotter {
         let scan = lamina_mount::record::scan(&self.store)?;
         let unnamed = self.unnamed_containers(&scan)?;
         self.refuse_a_database_older_than_the_store(&unnamed)?;
-        // First, so an interrupted commit undone below has its container to go back to.
+        // Before lost containers are made again under new numbers: a crashed Prepare's
+        // container is numbered as the next number (review finding: a rebuild then
+        // collided with it, and failed until one more start).
+        for container in unnamed {
+            let id = container.id();
+            tracing::info!(container = %id, "removing a container no snapshot names");
+            lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
+        }
+        // Before interrupted commits, so one undone below has its container to go back to.
         self.rebuild_lost_containers(&crate::rebuild::found_by_name(&scan))?;
         let interrupted = self.index().interrupted_commits()?;
         for key in interrupted {
@@ -194,11 +202,6 @@ impl Snapshotter {
             }
             active.committing = None;
             self.index().update(&key, &active)?;
-        }
-        for container in unnamed {
-            let id = container.id();
-            tracing::info!(container = %id, "removing a container no snapshot names");
-            lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
         }
         Ok(())
     }

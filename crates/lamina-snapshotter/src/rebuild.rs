@@ -39,6 +39,9 @@ use crate::{SnapshotError, Snapshotter};
 pub(crate) struct Shape {
     pub labels: BTreeMap<String, String>,
     pub default_strategies: String,
+    /// The row's `created_ns`: a shape another row of the same key left (an earlier
+    /// release's Remove does not know the table) is not this row's.
+    pub created_ns: u128,
 }
 
 impl Shape {
@@ -106,43 +109,51 @@ impl Snapshotter {
             match self.rebuild(&key, row) {
                 Ok(id) => {
                     tracing::warn!(key, lost = %old, container = %id, "a crash lost this snapshot's container: made it again, empty, on its parent");
-                    // What the cut left of the old one, if nobody is working on it.
-                    lamina_mount::remove_crashed_create(&self.store, self.mounter.as_ref(), &old)?;
                 }
                 Err(e) => {
                     tracing::error!(key, container = %old, error = %e, "a crash lost this snapshot's container, and it could not be made again: its Mounts fails until it is removed");
                 }
             }
+            // What the cut left under the old name, if nobody is working on it.
+            lamina_mount::remove_crashed_create(&self.store, self.mounter.as_ref(), &old)?;
         }
         Ok(())
     }
 
-    /// Makes snapshot `key`'s container again under a new number and moves its row
-    /// there. Returns the new container's name.
+    /// Moves snapshot `key`'s row to a new container number, then makes the container
+    /// there. Returns the new container's name. The row moves first, whatever follows:
+    /// off a Garden container under the old name even if the container cannot be made
+    /// (review finding: the row stayed on Garden's, and Remove deleted it), and a crash
+    /// or failure after it leaves a row whose container is not there, which the next
+    /// start makes again.
     fn rebuild(&self, key: &str, mut row: SnapshotRecord) -> Result<String, SnapshotError> {
-        let shape = self.index().shape(key)?.ok_or_else(|| {
-            SnapshotError::FailedPrecondition(
-                "it was prepared by an earlier release, which did not record what it was made from"
-                    .into(),
-            )
-        })?;
-        let shape: Shape = serde_json::from_str(&shape).map_err(|e| {
-            SnapshotError::FailedPrecondition(format!("its recorded shape is unreadable: {e}"))
-        })?;
+        let mut number = self.index().next_container_number()?;
+        while self
+            .store
+            .layout()
+            .container(&format!("{CONTAINER_PREFIX}{number}"))
+            .exists()
+        {
+            number += 1; // someone's, whoever made it: not ours to take
+        }
+        let id = format!("{CONTAINER_PREFIX}{number}");
+        row.container = Some(id.clone());
+        self.index().renumber(key, &row, number)?;
+        let shape = self.index().shape(key)?;
+        let shape = shape
+            .and_then(|shape| serde_json::from_str::<Shape>(&shape).ok())
+            .filter(|shape| shape.created_ns == row.created_ns)
+            .ok_or_else(|| {
+                SnapshotError::FailedPrecondition(
+                    "what it was made from is not recorded (prepared by an earlier release?)"
+                        .into(),
+                )
+            })?;
         let chain = match &row.parent {
             Some(parent) => layer_chain(&self.index(), parent)?,
             None => Vec::new(),
         };
-        let number = self.index().next_container_number()?;
-        let id = format!("{CONTAINER_PREFIX}{number}");
         self.make_container(&id, key, row.kind, &chain, &shape, true)?;
-        row.container = Some(id.clone());
-        // A crash before the row moves leaves the new container unnamed, numbered as the
-        // next number: the next start removes it, and makes one again.
-        if let Err(e) = self.index().renumber(key, &row, number) {
-            let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
-            return Err(e.into());
-        }
         Ok(id)
     }
 }

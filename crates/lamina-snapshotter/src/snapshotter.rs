@@ -170,9 +170,11 @@ impl Snapshotter {
 
         let number = self.index().next_container_number()?;
         let id = format!("{CONTAINER_PREFIX}{number}");
+        let now = now_ns();
         let shape = crate::rebuild::Shape {
             labels: labels.clone(),
             default_strategies: self.default_strategies.to_string(),
+            created_ns: now,
         };
         self.make_container(&id, key, kind, &chain, &shape, false)?;
         // What containerd will mount is worked out before the snapshot is recorded: a
@@ -184,7 +186,6 @@ impl Snapshotter {
                 return Err(e);
             }
         };
-        let now = now_ns();
         let record = SnapshotRecord {
             kind,
             parent,
