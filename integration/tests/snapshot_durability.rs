@@ -481,12 +481,7 @@ fn a_garden_container_under_a_lost_name_stays_gardens() {
         let fs = ScratchFs::tmpfs();
         let root = fs.path().join("store");
         let (snapshotter, id) = active_on_a_layer(&root);
-        let next = snapshotter
-            .store()
-            .snapshots()
-            .unwrap()
-            .next_container_number()
-            .unwrap();
+        let next = next_number(&snapshotter);
         let layer = layer_of(&snapshotter, "layer");
         drop(snapshotter);
         fs::remove_dir_all(root.join("images").join(&id)).unwrap();
@@ -555,4 +550,70 @@ fn a_shared_view_after_a_restart_binds_the_image_mounted_again() {
 fn layer_of(snapshotter: &Snapshotter, key: &str) -> lamina_image::Digest {
     let row = snapshotter.store().snapshots().unwrap().get(key).unwrap();
     row.unwrap().layer.unwrap()
+}
+
+/// A `lamina create snap-N` still importing (it holds the name, and has no directory yet)
+/// when the snapshotter starts and makes a lost container again at number N: the making
+/// waits for the create, finds the name taken, and takes the next one. Garden's
+/// container survives the start and the snapshot's Remove, also with a commit of the
+/// snapshot interrupted (review finding: the row was moved onto Garden's container first,
+/// and the start's finishing of the commit, or the snapshot's Remove, deleted it).
+#[test]
+fn a_garden_create_in_flight_at_the_next_number_stays_gardens() {
+    require_root();
+    for interrupted_commit in [false, true] {
+        let fs = ScratchFs::tmpfs();
+        let root = fs.path().join("store");
+        let (snapshotter, id) = active_on_a_layer(&root);
+        let layer = layer_of(&snapshotter, "layer");
+        let next = next_number(&snapshotter);
+        drop(snapshotter);
+        if interrupted_commit {
+            // A commit whose layer was published (the parent's, which the store has).
+            let store = lamina_store::Store::open(&root).unwrap();
+            let mut index = store.snapshots().unwrap();
+            let mut row = index.get("active").unwrap().unwrap();
+            row.committing = Some(lamina_store::Committing {
+                name: "committed".into(),
+                layer,
+                labels: BTreeMap::new(),
+            });
+            index.update("active", &row).unwrap();
+        }
+        fs::remove_dir_all(root.join("images").join(&id)).unwrap();
+        let image = sample_image(&fs.path().join("image")).references()[0].clone();
+        let lamina = Lamina::new(&root);
+        let at_next = format!("snap-{next}");
+        let point = "create-imported";
+        let create = lamina
+            .command(&["create", "--strategy", "classic", &image, &at_next])
+            .env("LAMINA_PAUSE_AT", point)
+            .env("LAMINA_PAUSE_SECS", "2")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let paused = root.join(format!("run/paused-{point}.{}", create.id()));
+        lamina_integration::wait_until("the create to pause", || paused.exists());
+
+        let snapshotter = open_snapshotter(&root).unwrap();
+        let out = create.wait_with_output().unwrap();
+        assert!(out.status.success(), "Garden's create: {out:?}");
+        let garden = lamina.rootfs(&at_next);
+        if !interrupted_commit {
+            assert_ne!(container_of(&snapshotter, "active"), at_next);
+            snapshotter.remove("active").unwrap();
+        }
+        drop(snapshotter);
+        assert!(
+            garden.join("bin/busybox").exists(),
+            "commit interrupted: {interrupted_commit}"
+        );
+        assert_eq!(lamina.run(&["delete", &at_next]).code, 0);
+    }
+}
+
+fn next_number(snapshotter: &Snapshotter) -> u64 {
+    let index = snapshotter.store().snapshots().unwrap();
+    index.next_container_number().unwrap()
 }

@@ -81,7 +81,7 @@ impl Snapshotter {
         &self,
         found: &HashMap<String, Found>,
     ) -> Result<(), SnapshotError> {
-        let mut lost: Vec<(String, SnapshotRecord)> = Vec::new();
+        let mut lost: Vec<(String, SnapshotRecord, bool)> = Vec::new();
         let layout = self.store.layout();
         self.index().for_each(|key, row| {
             let Some(id) = &row.container else {
@@ -101,12 +101,13 @@ impl Snapshotter {
                 },
             };
             if gone {
-                lost.push((key, row));
+                let foreign = matches!(found.get(id), Some(Found::Foreign));
+                lost.push((key, row, foreign));
             }
         })?;
-        for (key, row) in lost {
+        for (key, row, foreign) in lost {
             let old = row.container.clone().unwrap_or_default();
-            match self.rebuild(&key, row) {
+            match self.rebuild(&key, row, foreign) {
                 Ok(id) => {
                     tracing::warn!(key, lost = %old, container = %id, "a crash lost this snapshot's container: made it again, empty, on its parent");
                 }
@@ -120,27 +121,48 @@ impl Snapshotter {
         Ok(())
     }
 
-    /// Moves snapshot `key`'s row to a new container number, then makes the container
-    /// there. Returns the new container's name. The row moves first, whatever follows:
-    /// off a Garden container under the old name even if the container cannot be made
-    /// (review finding: the row stayed on Garden's, and Remove deleted it), and a crash
-    /// or failure after it leaves a row whose container is not there, which the next
-    /// start makes again.
-    fn rebuild(&self, key: &str, mut row: SnapshotRecord) -> Result<String, SnapshotError> {
-        let mut number = self.index().next_container_number()?;
-        while self
-            .store
-            .layout()
-            .container(&format!("{CONTAINER_PREFIX}{number}"))
-            .exists()
-        {
-            number += 1; // someone's, whoever made it: not ours to take
-        }
-        let id = format!("{CONTAINER_PREFIX}{number}");
+    /// Makes snapshot `key`'s container again under a new number (the next free one:
+    /// see [`Snapshotter::make_numbered`]), then moves its row there. Returns the new
+    /// container's name. The container is claimed first: a `lamina create` of that name
+    /// in flight makes the making fail as taken, and the next number is tried (review
+    /// finding: moving the row first handed it a Garden container still being made).
+    /// If it cannot be made and the old name is a Garden container (`foreign`), the row
+    /// still moves off it, to a number nobody holds (review finding: left on Garden's,
+    /// Remove deleted it).
+    fn rebuild(
+        &self,
+        key: &str,
+        mut row: SnapshotRecord,
+        foreign: bool,
+    ) -> Result<String, SnapshotError> {
+        let made = self.shape_of(key, &row).and_then(|shape| {
+            let chain = match &row.parent {
+                Some(parent) => layer_chain(&self.index(), parent)?,
+                None => Vec::new(),
+            };
+            self.make_numbered(key, row.kind, &chain, &shape, true)
+        });
+        let (number, id, result) = match made {
+            Ok((number, id)) => (number, id.clone(), Ok(id)),
+            Err(e) if foreign => {
+                let number = self.index().next_container_number()?;
+                (number, format!("{CONTAINER_PREFIX}{number}"), Err(e))
+            }
+            Err(e) => return Err(e),
+        };
         row.container = Some(id.clone());
-        self.index().renumber(key, &row, number)?;
+        if let Err(e) = self.index().renumber(key, &row, number) {
+            // Unnamed, and numbered below the counter the making moved: the next start
+            // removes it, and makes the snapshot's again.
+            return Err(e.into());
+        }
+        result
+    }
+
+    /// The shape snapshot `key`'s Prepare recorded, if it is this row's.
+    fn shape_of(&self, key: &str, row: &SnapshotRecord) -> Result<Shape, SnapshotError> {
         let shape = self.index().shape(key)?;
-        let shape = shape
+        shape
             .and_then(|shape| serde_json::from_str::<Shape>(&shape).ok())
             .filter(|shape| shape.created_ns == row.created_ns)
             .ok_or_else(|| {
@@ -148,12 +170,6 @@ impl Snapshotter {
                     "what it was made from is not recorded (prepared by an earlier release?)"
                         .into(),
                 )
-            })?;
-        let chain = match &row.parent {
-            Some(parent) => layer_chain(&self.index(), parent)?,
-            None => Vec::new(),
-        };
-        self.make_container(&id, key, row.kind, &chain, &shape, true)?;
-        Ok(id)
+            })
     }
 }

@@ -168,15 +168,13 @@ impl Snapshotter {
             return Err(SnapshotError::AlreadyExists(labels[REF_LABEL].clone()));
         }
 
-        let number = self.index().next_container_number()?;
-        let id = format!("{CONTAINER_PREFIX}{number}");
         let now = now_ns();
         let shape = crate::rebuild::Shape {
             labels: labels.clone(),
             default_strategies: self.default_strategies.to_string(),
             created_ns: now,
         };
-        self.make_container(&id, key, kind, &chain, &shape, false)?;
+        let (number, id) = self.make_numbered(key, kind, &chain, &shape, false)?;
         // What containerd will mount is worked out before the snapshot is recorded: a
         // chain too deep for one page of mount options is refused and leaves nothing.
         let mounts = match self.mounts_of(&id) {
@@ -211,6 +209,45 @@ impl Snapshotter {
         }
         tracing::info!(key, container = %id, kind = kind.as_str(), "prepared snapshot");
         Ok(mounts)
+    }
+
+    /// [`Snapshotter::make_container`] under the next container number nobody holds;
+    /// returns the number and the container's name. A directory already there, or a
+    /// `lamina create` of that name in flight (the making fails as taken), is someone
+    /// else's — Garden's `snap-N` — and the next number is tried (review finding: every
+    /// Prepare failed while Garden had a container at the next number). A number past
+    /// the database's next is reserved before the container is made, so a crash before
+    /// its row names it leaves a container numbered below the counter, which the next
+    /// start removes as unnamed rather than taking the database for older than the store.
+    pub(crate) fn make_numbered(
+        &self,
+        key: &str,
+        kind: SnapshotKind,
+        chain: &[Digest],
+        shape: &crate::rebuild::Shape,
+        again: bool,
+    ) -> Result<(u64, String), SnapshotError> {
+        let next = self.index().next_container_number()?;
+        let mut number = next;
+        for _ in 0..64 {
+            let id = |n: u64| format!("{CONTAINER_PREFIX}{n}");
+            while self.store.layout().container(&id(number)).exists() {
+                number += 1;
+            }
+            if number != next {
+                self.index().reserve_numbers_to(number)?;
+            }
+            match self.make_container(&id(number), key, kind, chain, shape, again) {
+                Ok(()) => return Ok((number, id(number))),
+                Err(SnapshotError::Rootfs(lamina_mount::RootfsError::Store(
+                    lamina_store::StoreError::AlreadyExists(_),
+                ))) => number += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(SnapshotError::FailedPrecondition(format!(
+            "no free container number from {CONTAINER_PREFIX}{next} to {CONTAINER_PREFIX}{number}"
+        )))
     }
 
     /// Makes container `id` for snapshot `key` of `kind` on the layers `chain` (none: an

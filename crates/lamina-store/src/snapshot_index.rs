@@ -321,6 +321,15 @@ impl SnapshotIndex {
         })
     }
 
+    /// Moves the container counter past `number` (never back): a container about to be
+    /// made there, past the next number, is then not newer than the database.
+    pub fn reserve_numbers_to(&mut self, number: u64) -> Result<(), StoreError> {
+        if self.next_container_number()? > number {
+            return Ok(());
+        }
+        self.write(|tx| set_counter(tx, NEXT_ID, number.saturating_add(1)))
+    }
+
     /// What snapshot `key`'s container was made from (the snapshotter's own encoding),
     /// as its Prepare recorded it; `None` for one prepared by an earlier release. Only
     /// the snapshotter reads it: the table is not in databases an earlier release made
