@@ -477,7 +477,9 @@ fn a_lost_container_that_cannot_be_made_again_does_not_stop_the_start() {
 #[test]
 fn a_garden_container_under_a_lost_name_stays_gardens() {
     require_root();
-    for rebuilt in [true, false] {
+    // Made again; not, its parent's layer gone; not, its recorded shape not its own
+    // (failing before any number is looked for).
+    for how in ["rebuilt", "layer gone", "no shape"] {
         let fs = ScratchFs::tmpfs();
         let root = fs.path().join("store");
         let (snapshotter, id) = active_on_a_layer(&root);
@@ -489,27 +491,62 @@ fn a_garden_container_under_a_lost_name_stays_gardens() {
         let lamina = Lamina::new(&root);
         let at_next = format!("snap-{next}");
         let gardens = [lamina.create(&image, &id), lamina.create(&image, &at_next)];
-        let layer_dir = root.join("layers").join(layer.hex());
-        if !rebuilt {
-            fs::rename(&layer_dir, fs.path().join("aside")).unwrap();
+        match how {
+            "layer gone" => {
+                let layer_dir = root.join("layers").join(layer.hex());
+                fs::rename(&layer_dir, fs.path().join("aside")).unwrap();
+            }
+            "no shape" => {
+                let store = lamina_store::Store::open(&root).unwrap();
+                let mut index = store.snapshots().unwrap();
+                let mut row = index.get("active").unwrap().unwrap();
+                row.created_ns += 1;
+                index.update("active", &row).unwrap();
+            }
+            _ => {}
         }
 
         let snapshotter = open_snapshotter(&root).unwrap();
         let now = container_of(&snapshotter, "active");
-        assert!(now != id && now != at_next, "{rebuilt}: {now}");
-        if rebuilt {
+        assert!(now != id && now != at_next, "{how}: {now}");
+        if how == "rebuilt" {
             let mounted = mount_spec(&snapshotter.mounts("active").unwrap());
             assert_eq!(fs::read(mounted.path().join("file")).unwrap(), b"layer");
         } else {
-            assert!(snapshotter.mounts("active").is_err());
+            assert!(snapshotter.mounts("active").is_err(), "{how}");
         }
         snapshotter.remove("active").unwrap();
         drop(snapshotter);
         for (rootfs, name) in gardens.iter().zip([&id, &at_next]) {
-            assert!(rootfs.join("bin/busybox").exists(), "{rebuilt}: {name}");
+            assert!(rootfs.join("bin/busybox").exists(), "{how}: {name}");
             assert_eq!(lamina.run(&["delete", name]).code, 0);
         }
     }
+}
+
+/// A snapshot whose row names a container that is not its own — a Garden container made
+/// under the name after a crash lost the snapshot's, while the daemon ran on — is never
+/// answered, committed or removed with it (review finding: Remove deleted Garden's).
+#[test]
+fn a_snapshot_never_acts_on_a_container_that_is_not_its_own() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let root = fs.path().join("store");
+    let (snapshotter, id) = active_on_a_layer(&root);
+    fs::remove_dir_all(root.join("images").join(&id)).unwrap();
+    let image = sample_image(&fs.path().join("image")).references()[0].clone();
+    let lamina = Lamina::new(&root);
+    let garden = lamina.create(&image, &id);
+
+    assert!(snapshotter.mounts("active").is_err());
+    assert!(
+        snapshotter
+            .commit("committed", "active", BTreeMap::new())
+            .is_err()
+    );
+    snapshotter.remove("active").unwrap();
+    assert!(garden.join("bin/busybox").exists(), "Garden's rootfs");
+    assert_eq!(lamina.run(&["delete", &id]).code, 0);
 }
 
 /// A shared-ro view binds the image's shared mount, which a host restart unmounts; its

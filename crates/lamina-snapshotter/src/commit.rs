@@ -43,6 +43,11 @@ impl Snapshotter {
             )));
         }
         let id = active.container.clone().unwrap_or_default();
+        if !self.owns(key, &id) {
+            return Err(SnapshotError::FailedPrecondition(format!(
+                "snapshot `{key}`'s container `{id}` was lost in a crash and the name is another's now: nothing to commit"
+            )));
+        }
         // Refused before the intent is recorded: nothing to finish or undo later.
         match lamina_mount::upper_to_commit(&self.store, self.mounter.as_ref(), &id) {
             Err(lamina_mount::RootfsError::UpperNotCommittable { strategy }) => {
@@ -131,8 +136,14 @@ impl Snapshotter {
         // A committed snapshot's layer stays until `Cleanup` (or `lamina clean`) finds
         // nothing naming it; an active's container goes now, or to the reaper if its
         // strategy defers deletes.
-        if let Some(id) = container {
-            lamina_mount::delete(&self.store, self.mounter.as_ref(), &id)?;
+        match container {
+            Some(id) if !self.owns(key, &id) => {
+                tracing::warn!(key, container = %id, "removed a snapshot whose container a crash lost: the container under its name is another's, left alone");
+            }
+            Some(id) => {
+                lamina_mount::delete(&self.store, self.mounter.as_ref(), &id)?;
+            }
+            None => {}
         }
         tracing::info!(key, "removed snapshot");
         Ok(())

@@ -145,15 +145,15 @@ impl Snapshotter {
         let (number, id, result) = match made {
             Ok((number, id)) => (number, id.clone(), Ok(id)),
             Err(e) if foreign => {
-                let number = self.index().next_container_number()?;
+                let number = self.free_number(0)?;
                 (number, format!("{CONTAINER_PREFIX}{number}"), Err(e))
             }
             Err(e) => return Err(e),
         };
         row.container = Some(id.clone());
         if let Err(e) = self.index().renumber(key, &row, number) {
-            // Unnamed, and numbered below the counter the making moved: the next start
-            // removes it, and makes the snapshot's again.
+            // Unnamed, and numbered no further than the counter: the next start removes
+            // it, and makes the snapshot's again.
             return Err(e.into());
         }
         result
