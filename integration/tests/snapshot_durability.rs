@@ -41,15 +41,7 @@ fn a_containerd_commit_is_whole_after_a_power_cut_right_after_it_returns() {
         let open = || open_snapshotter(&root).unwrap();
         let snapshotter = open();
         snapshotter.prepare("p", "", BTreeMap::new()).unwrap();
-        let container = snapshotter
-            .store()
-            .snapshots()
-            .unwrap()
-            .get("p")
-            .unwrap()
-            .unwrap()
-            .container
-            .unwrap();
+        let container = container_of(&snapshotter, "p");
         let upper = root.join("images").join(&container).join("upper");
         fs::write(upper.join("file"), "committed data").unwrap();
         rewrite_the_log_in_place(&snapshotter, &root);

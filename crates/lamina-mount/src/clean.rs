@@ -126,17 +126,32 @@ pub fn remove_crashed_create(
     id: &str,
 ) -> Result<bool, RootfsError> {
     let dir = store.layout().container(id);
-    if !dir.exists() || has_record(store, &dir)? {
+    if !dir.exists() {
         return Ok(false);
     }
-    let Some(_lock) = store.try_lock_dir(&dir)? else {
-        return Ok(false); // a create in progress
+    let Some(_lock) = crashed_create_lock(store, &dir)? else {
+        return Ok(false);
     };
-    if has_record(store, &dir)? {
-        return Ok(false); // it finished between our two looks
-    }
     remove_unmounted(mounter, &dir)?;
     Ok(true)
+}
+
+/// The lock of container directory `dir`, taken, if it is a crashed create: no record,
+/// and its creator's lock free. `None` for a container, or a create in progress.
+fn crashed_create_lock(
+    store: &Store,
+    dir: &Path,
+) -> Result<Option<lamina_store::DirLock>, RootfsError> {
+    if has_record(store, dir)? {
+        return Ok(None);
+    }
+    let Some(lock) = store.try_lock_dir(dir)? else {
+        return Ok(None); // a create in progress
+    };
+    if has_record(store, dir)? {
+        return Ok(None); // it finished between our two looks
+    }
+    Ok(Some(lock))
 }
 
 /// Container directories in `images/` with no record whose creator's lock is free, each
@@ -148,16 +163,9 @@ pub(crate) fn crashed_creates(
     let mut found = Vec::new();
     for entry in fs::read_dir(&images).map_err(StoreError::io("listing", &images))? {
         let dir = entry.map_err(StoreError::io("listing", &images))?.path();
-        if has_record(store, &dir)? {
-            continue;
+        if let Some(lock) = crashed_create_lock(store, &dir)? {
+            found.push((dir, lock));
         }
-        let Some(lock) = store.try_lock_dir(&dir)? else {
-            continue; // a create in progress
-        };
-        if has_record(store, &dir)? {
-            continue; // it finished between our two looks
-        }
-        found.push((dir, lock));
     }
     Ok(found)
 }

@@ -54,13 +54,7 @@ pub(crate) fn acquire(
     let lock = store.lock(&lock_name(&dir))?;
     let rootfs = dir.join("rootfs");
     let users = dir.join("users");
-    let mounted = rootfs.is_dir() && mounter.is_mountpoint(&rootfs)?;
-    if !mounted {
-        let empty = store.layout().shared().join(EMPTY);
-        for d in [&rootfs, &empty] {
-            fs::create_dir_all(d).map_err(StoreError::io("creating", d))?;
-        }
-        mounter.mount_overlay(&plan::read_only(store, chain_ids, &empty), &rootfs)?;
+    if mount_if_unmounted(store, mounter, &rootfs, chain_ids)? {
         tracing::info!(image = %top, "mounted shared read-only image");
     }
     fs::create_dir_all(&users).map_err(StoreError::io("creating", &users))?;
@@ -97,17 +91,29 @@ pub(crate) fn mount_again(
         )));
     }
     let _lock = store.lock(&lock_name(&dir))?;
-    let rootfs = dir.join("rootfs");
-    if rootfs.is_dir() && mounter.is_mountpoint(&rootfs)? {
-        return Ok(());
+    if mount_if_unmounted(store, mounter, &dir.join("rootfs"), chain_ids)? {
+        tracing::info!(image = %dir.display(), "mounted shared read-only image again");
+    }
+    Ok(())
+}
+
+/// With the image's lock held: mounts the shared read-only overlay of `chain_ids` on
+/// `rootfs` unless it is mounted there. True if this mounted it.
+fn mount_if_unmounted(
+    store: &Store,
+    mounter: &dyn Mounter,
+    rootfs: &Path,
+    chain_ids: &[Digest],
+) -> Result<bool, RootfsError> {
+    if rootfs.is_dir() && mounter.is_mountpoint(rootfs)? {
+        return Ok(false);
     }
     let empty = store.layout().shared().join(EMPTY);
-    for d in [&rootfs, &empty] {
+    for d in [rootfs, empty.as_path()] {
         fs::create_dir_all(d).map_err(StoreError::io("creating", d))?;
     }
-    mounter.mount_overlay(&plan::read_only(store, chain_ids, &empty), &rootfs)?;
-    tracing::info!(image = %dir.display(), "mounted shared read-only image again");
-    Ok(())
+    mounter.mount_overlay(&plan::read_only(store, chain_ids, &empty), rootfs)?;
+    Ok(true)
 }
 
 /// Drops a container's lease; unmounts the shared mount if it was the last.

@@ -178,7 +178,7 @@ impl Snapshotter {
             lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
         }
         // Before interrupted commits, so one undone below has its container to go back to.
-        self.rebuild_lost_containers(&crate::rebuild::found_by_name(&scan))?;
+        self.rebuild_lost_containers(&crate::rebuild::foreign_names(&scan))?;
         let interrupted = self.index().interrupted_commits()?;
         for key in interrupted {
             let Some(mut active) = self.index().get(&key)? else {

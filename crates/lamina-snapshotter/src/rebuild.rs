@@ -22,7 +22,7 @@
 //! cannot be read or stat fails: a newer release's, or one an I/O error hides, is
 //! reported by `lamina check` and left with what the container wrote (review findings).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 
 use lamina_store::SnapshotRecord;
 use serde::{Deserialize, Serialize};
@@ -50,26 +50,12 @@ impl Shape {
     }
 }
 
-/// What the start's scan of `images/` found for a name.
-pub(crate) enum Found {
-    /// A readable record of a snapshot's container.
-    Snapshot,
-    /// A readable record of someone else's: Garden's.
-    Foreign,
-}
-
-/// The readable records of `scan`, by container name.
-pub(crate) fn found_by_name(scan: &lamina_mount::record::Scan) -> HashMap<String, Found> {
+/// The names in `images/` whose readable record is not a snapshot's: Garden's.
+pub(crate) fn foreign_names(scan: &lamina_mount::record::Scan) -> HashSet<String> {
     scan.containers
         .iter()
-        .map(|c| {
-            let found = if is_snapshot_container(c) {
-                Found::Snapshot
-            } else {
-                Found::Foreign
-            };
-            (c.id().to_string(), found)
-        })
+        .filter(|c| !is_snapshot_container(c))
+        .map(|c| c.id().to_string())
         .collect()
 }
 
@@ -79,7 +65,7 @@ impl Snapshotter {
     /// Mounts fails, and the others start.
     pub(crate) fn rebuild_lost_containers(
         &self,
-        found: &HashMap<String, Found>,
+        foreign_names: &HashSet<String>,
     ) -> Result<(), SnapshotError> {
         let mut lost: Vec<(String, SnapshotRecord, bool)> = Vec::new();
         let layout = self.store.layout();
@@ -87,21 +73,18 @@ impl Snapshotter {
             let Some(id) = &row.container else {
                 return;
             };
+            let foreign = foreign_names.contains(id);
+            // Another snapshot's record under this name is not ours to judge; an
+            // unreadable one is left for `check`.
             let gone = match layout
                 .container(id)
                 .join("container.json")
                 .symlink_metadata()
             {
                 Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-                Ok(_) => match found.get(id) {
-                    Some(Found::Foreign) => true,
-                    // Another snapshot's under this name is not ours to judge; an
-                    // unreadable record is left for `check`.
-                    Some(Found::Snapshot) | None => false,
-                },
+                Ok(_) => foreign,
             };
             if gone {
-                let foreign = matches!(found.get(id), Some(Found::Foreign));
                 lost.push((key, row, foreign));
             }
         })?;

@@ -227,8 +227,7 @@ impl Snapshotter {
         shape: &crate::rebuild::Shape,
         again: bool,
     ) -> Result<(u64, String), SnapshotError> {
-        let next = self.index().next_container_number()?;
-        let mut number = next;
+        let mut number = 0;
         for _ in 0..64 {
             number = self.free_number(number)?;
             let id = format!("{CONTAINER_PREFIX}{number}");
@@ -241,7 +240,7 @@ impl Snapshotter {
             }
         }
         Err(SnapshotError::FailedPrecondition(format!(
-            "no free container number from {CONTAINER_PREFIX}{next} to {CONTAINER_PREFIX}{number}"
+            "no free container number: 64 taken up to {CONTAINER_PREFIX}{number}"
         )))
     }
 
