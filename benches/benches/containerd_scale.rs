@@ -1,6 +1,8 @@
 //! lamina as containerd's snapshotter at node scale, against containerd's built-in
-//! overlayfs snapshotter, in the same run, on the same loop-backed ext4, both through
-//! containerd 1.6's snapshots API (issue 23):
+//! overlayfs snapshotter and against containerd's overlayfs snapshotter served as a proxy
+//! plugin like lamina (`overlayfs-proxy`: the same gRPC hop, issue 23's baseline; full runs
+//! only, where a Go toolchain can build it), in the same run, on the same loop-backed
+//! ext4, all through containerd 1.6's snapshots API (issue 23):
 //!
 //! - committing N layers, each a Prepare with no parent and a Commit (what an image
 //!   unpack does per layer), from an empty snapshotter to 1000 and to 5000;
@@ -9,7 +11,7 @@
 //!   snapshots in the snapshotter, once lamina's reaper has removed what the fill's
 //!   commits left it;
 //! - the resident memory of the process serving each (containerd itself for overlayfs,
-//!   the lamina daemon for lamina) with 5000 committed;
+//!   the proxy's own process for the others) with 5000 committed;
 //! - `ctr images import` of a 100-layer image into each, its content already in
 //!   containerd's store (ingested once with `--no-unpack`), so the unpack is what is timed.
 //!
@@ -23,7 +25,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use lamina_benches::containerd_rig::{self, mount_all, top_layer};
+use lamina_benches::containerd_rig::{self, OVERLAY_PROXY, mount_all, top_layer};
 use lamina_integration::containerd::Containerd;
 use lamina_integration::snapshotter::{Api, Labels, labels};
 use lamina_integration::{ScratchFs, require_root};
@@ -56,7 +58,21 @@ fn main() {
         }
     };
     let fs = ScratchFs::ext4(4096);
-    let (daemon, ctd) = containerd_rig::start(&fs, NAMESPACE);
+    // The same-hop baseline needs a Go build and containerd's module: full runs only,
+    // so that `cargo test` needs neither.
+    let (daemon, proxy, ctd) = if full {
+        let bin_dir = std::env::current_exe().unwrap();
+        containerd_rig::start_with_overlay_proxy(&fs, NAMESPACE, bin_dir.parent().unwrap())
+    } else {
+        let (daemon, ctd) = containerd_rig::start(&fs, NAMESPACE);
+        (daemon, None, ctd)
+    };
+    // lamina last: the containerd metadata its calls go through already holds the
+    // others' snapshots, not the reverse.
+    let snapshotters: Vec<&str> = match proxy {
+        Some(_) => vec!["overlayfs", OVERLAY_PROXY, "lamina"],
+        None => vec!["overlayfs", "lamina"],
+    };
     let target = fs.path().join("rootfs");
     std::fs::create_dir(&target).unwrap();
 
@@ -64,7 +80,7 @@ fn main() {
     let mut commits = Vec::new();
     let mut memory = Vec::new();
     let mut breakdown = Vec::new();
-    for snapshotter in ["overlayfs", "lamina"] {
+    for &snapshotter in &snapshotters {
         let api = Api::via_containerd(&ctd.socket, snapshotter, NAMESPACE);
         let parent = top_layer(&api);
         let mut committed = 0;
@@ -100,29 +116,34 @@ fn main() {
                 }),
             ));
         }
-        let pid = match snapshotter {
-            "lamina" => daemon.pid().unwrap(),
+        let pid = match (snapshotter, &proxy) {
+            ("lamina", _) => daemon.pid().unwrap(),
+            (OVERLAY_PROXY, Some(proxy)) => proxy.pid(),
             _ => ctd.pid(),
         };
         memory.push((snapshotter, committed, resident_kib(pid)));
     }
-    let imports = import_deep(&ctd, &fs, sizes.deep_layers);
-    print_tables(&cycles, &commits, &memory, &sizes);
-    print_breakdown(&breakdown);
+    let imports = import_deep(&ctd, &fs, sizes.deep_layers, &snapshotters);
+    let baselines = &snapshotters[..snapshotters.len() - 1];
+    print_tables(&cycles, &commits, &memory, &sizes, baselines);
+    print_breakdown(&breakdown, baselines);
     println!();
     println!(
-        "| snapshotter | `ctr images import`, {} layers | vs overlayfs |",
-        sizes.deep_layers
+        "| snapshotter | `ctr images import`, {} layers | {} |",
+        sizes.deep_layers,
+        vs_headers(baselines)
     );
-    println!("|---|---|---|");
+    println!("|---|---|{}", "---|".repeat(baselines.len()));
     for (who, took) in &imports {
+        let base = |b: &str| imports.iter().find(|(s, _)| *s == b).unwrap().1;
         println!(
-            "| `{who}` | {} | {:.2}× |",
+            "| `{who}` | {} | {} |",
             ms(*took),
-            took.as_secs_f64() / imports[0].1.as_secs_f64()
+            ratios(*took, baselines, base)
         );
     }
     drop(ctd);
+    drop(proxy);
     drop(daemon);
 }
 
@@ -140,7 +161,12 @@ fn wait_for_reaper(trash: &Path) {
 
 /// `ctr images import` of an image of `layers` layers into each snapshotter, timed, its
 /// content ingested beforehand so both time the unpack alone.
-fn import_deep(ctd: &Containerd, fs: &ScratchFs, layers: usize) -> Vec<(&'static str, Duration)> {
+fn import_deep<'a>(
+    ctd: &Containerd,
+    fs: &ScratchFs,
+    layers: usize,
+    snapshotters: &[&'a str],
+) -> Vec<(&'a str, Duration)> {
     let files = lamina_integration::deep_image(&fs.path().join("deep"), layers);
     let archive = files.oci_archive.to_str().unwrap();
     let import = |extra: &[&str]| {
@@ -150,9 +176,9 @@ fn import_deep(ctd: &Containerd, fs: &ScratchFs, layers: usize) -> Vec<(&'static
         ctd.ctr_ok(&args);
     };
     import(&["--no-unpack"]);
-    ["overlayfs", "lamina"]
-        .into_iter()
-        .map(|snapshotter| {
+    snapshotters
+        .iter()
+        .map(|&snapshotter| {
             let t = Instant::now();
             import(&["--snapshotter", snapshotter]);
             (snapshotter, t.elapsed())
@@ -225,11 +251,30 @@ fn ms(d: Duration) -> String {
 
 type Cycles<'a> = [(&'a str, usize, Vec<Duration>)];
 
+/// "vs X" column headers, one per baseline.
+fn vs_headers(baselines: &[&str]) -> String {
+    baselines
+        .iter()
+        .map(|b| format!("vs `{b}`"))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// `took` against each baseline's time, as "1.23×" cells.
+fn ratios(took: Duration, baselines: &[&str], base: impl Fn(&str) -> Duration) -> String {
+    baselines
+        .iter()
+        .map(|b| format!("{:.2}×", took.as_secs_f64() / base(b).as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
 fn print_tables(
     cycles: &Cycles<'_>,
     commits: &[(&str, usize, Duration)],
     memory: &[(&str, usize, u64)],
     sizes: &Sizes,
+    baselines: &[&str],
 ) {
     let p50 = |who: &str, size: usize| {
         cycles
@@ -238,45 +283,49 @@ fn print_tables(
             .map(|(_, _, samples)| nearest_rank(samples, 0.5))
             .unwrap()
     };
+    let vs = vs_headers(baselines);
+    let dashes = "---|".repeat(baselines.len());
     println!(
-        "| snapshotter | committed snapshots | cycles | cycle p50 | cycle p99 | vs overlayfs | vs fewest committed |"
+        "| snapshotter | committed snapshots | cycles | cycle p50 | cycle p99 | {vs} | vs fewest committed |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|{dashes}---|");
     for (who, size, samples) in cycles {
         let median = nearest_rank(samples, 0.5);
         println!(
-            "| `{who}` | {size} | {} | {} | {} | {:.2}× | {:.2}× |",
+            "| `{who}` | {size} | {} | {} | {} | {} | {:.2}× |",
             sizes.cycles,
             ms(median),
             ms(nearest_rank(samples, 0.99)),
-            median.as_secs_f64() / p50("overlayfs", *size).as_secs_f64(),
+            ratios(median, baselines, |b| p50(b, *size)),
             median.as_secs_f64() / p50(who, sizes.committed[0]).as_secs_f64(),
         );
     }
     println!();
-    println!("| snapshotter | layers committed | total | per layer | vs overlayfs |");
-    println!("|---|---|---|---|---|");
+    println!("| snapshotter | layers committed | total | per layer | {vs} |");
+    println!("|---|---|---|---|{dashes}");
     for (who, n, total) in commits {
-        let baseline = commits
-            .iter()
-            .find(|(s, m, _)| *s == "overlayfs" && m == n)
-            .map(|(_, _, t)| *t)
-            .unwrap();
+        let base = |b: &str| {
+            commits
+                .iter()
+                .find(|(s, m, _)| *s == b && m == n)
+                .map(|(_, _, t)| *t)
+                .unwrap()
+        };
         println!(
-            "| `{who}` | {n} | {:.2} s | {} | {:.2}× |",
+            "| `{who}` | {n} | {:.2} s | {} | {} |",
             total.as_secs_f64(),
             ms(*total / (*n).max(1) as u32),
-            total.as_secs_f64() / baseline.as_secs_f64(),
+            ratios(*total, baselines, base),
         );
     }
     println!();
     println!("| snapshotter | process measured | committed snapshots | resident memory |");
     println!("|---|---|---|---|");
     for (who, n, kib) in memory {
-        let process = if *who == "lamina" {
-            "`lamina daemon`"
-        } else {
-            "`containerd` (the snapshotter is built in)"
+        let process = match *who {
+            "lamina" => "`lamina daemon`",
+            OVERLAY_PROXY => "`overlay-proxy` (containerd v2.4.2's overlayfs, alone)",
+            _ => "`containerd` (the snapshotter is built in)",
         };
         println!(
             "| `{who}` | {process} | {n} | {:.1} MiB |",
@@ -285,8 +334,10 @@ fn print_tables(
     }
 }
 
-/// Each step's p50, per snapshotter and size, and lamina's against overlayfs's.
-fn print_breakdown(breakdown: &[(&str, usize, [Duration; STEPS.len()])]) {
+/// Each step's p50, per snapshotter and size, and the others' against the last baseline
+/// (the same-hop one when there is one).
+fn print_breakdown(breakdown: &[(&str, usize, [Duration; STEPS.len()])], baselines: &[&str]) {
+    let reference = baselines[baselines.len() - 1];
     println!();
     println!(
         "| snapshotter | committed snapshots | {} |",
@@ -296,14 +347,14 @@ fn print_breakdown(breakdown: &[(&str, usize, [Duration; STEPS.len()])]) {
     for (who, size, steps) in breakdown {
         let baseline = breakdown
             .iter()
-            .find(|(s, n, _)| *s == "overlayfs" && n == size)
+            .find(|(s, n, _)| *s == reference && n == size)
             .map(|(_, _, b)| *b)
             .unwrap();
         let cells: Vec<String> = steps
             .iter()
             .zip(baseline)
             .map(|(took, base)| {
-                if *who == "overlayfs" {
+                if *who == reference {
                     ms(*took)
                 } else {
                     format!(

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use crate::overlay_proxy::OverlayProxy;
 use lamina_integration::containerd::Containerd;
 use lamina_integration::snapshotter::{Api, Daemon};
 use lamina_integration::{ScratchFs, sample_image};
@@ -17,15 +18,52 @@ pub const IMAGE: &str = "docker.io/lamina/sample:latest";
 /// A lamina daemon and a containerd using it, on `fs`, with the sample image imported
 /// into both snapshotters under `namespace`.
 pub fn start(fs: &ScratchFs, namespace: &str) -> (Daemon, Containerd) {
-    let files = sample_image(&fs.path().join("image"));
-    let daemon = Daemon::start(
+    let daemon = start_daemon(fs);
+    let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
+    import_sample(fs, &ctd, namespace, &["overlayfs", "lamina"]);
+    (daemon, ctd)
+}
+
+/// The name containerd knows [`OverlayProxy`] by.
+pub const OVERLAY_PROXY: &str = "overlayfs-proxy";
+
+/// As [`start`], and containerd's overlayfs snapshotter also served as a proxy plugin
+/// ([`OVERLAY_PROXY`]) with the sample image imported into it, when `bin_dir` can hold
+/// a build of it (see [`OverlayProxy::start`]).
+pub fn start_with_overlay_proxy(
+    fs: &ScratchFs,
+    namespace: &str,
+    bin_dir: &Path,
+) -> (Daemon, Option<OverlayProxy>, Containerd) {
+    let daemon = start_daemon(fs);
+    let proxy = OverlayProxy::start(
+        bin_dir,
+        &fs.path().join("overlay-proxy"),
+        &fs.path().join("overlay-proxy.sock"),
+    );
+    let mut proxies = vec![("lamina", daemon.socket.as_path())];
+    let mut snapshotters = vec!["overlayfs", "lamina"];
+    if let Some(proxy) = &proxy {
+        proxies.push((OVERLAY_PROXY, proxy.socket.as_path()));
+        snapshotters.push(OVERLAY_PROXY);
+    }
+    let ctd = Containerd::start_with(&fs.path().join("containerd"), &proxies);
+    import_sample(fs, &ctd, namespace, &snapshotters);
+    (daemon, proxy, ctd)
+}
+
+fn start_daemon(fs: &ScratchFs) -> Daemon {
+    Daemon::start(
         &fs.path().join("store"),
         &fs.path().join("lamina.sock"),
         &[],
-    );
-    let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
+    )
+}
+
+fn import_sample(fs: &ScratchFs, ctd: &Containerd, namespace: &str, snapshotters: &[&str]) {
+    let files = sample_image(&fs.path().join("image"));
     let archive = files.oci_archive.to_str().unwrap();
-    for snapshotter in ["overlayfs", "lamina"] {
+    for snapshotter in snapshotters {
         ctd.ctr_ok(&[
             "--namespace",
             namespace,
@@ -38,7 +76,6 @@ pub fn start(fs: &ScratchFs, namespace: &str) -> (Daemon, Containerd) {
             archive,
         ]);
     }
-    (daemon, ctd)
 }
 
 /// Mounts what a snapshotter answered on `target`, as containerd's shim does: a bind, or

@@ -17,6 +17,11 @@ pub struct Containerd {
 impl Containerd {
     /// Starts containerd under `dir` with `[proxy_plugins.lamina]` at `snapshotter`.
     pub fn start(dir: &Path, snapshotter: &Path) -> Containerd {
+        Containerd::start_with(dir, &[("lamina", snapshotter)])
+    }
+
+    /// Starts containerd under `dir` with a proxy snapshotter for each (name, socket).
+    pub fn start_with(dir: &Path, proxies: &[(&str, &Path)]) -> Containerd {
         assert!(
             Command::new("containerd").arg("--version").output().is_ok(),
             "containerd is missing: install Debian's containerd (scripts/test does)"
@@ -36,14 +41,17 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
   address = "{socket}.ttrpc"
 
 [proxy_plugins]
-  [proxy_plugins.lamina]
-    type = "snapshot"
-    address = "{snapshotter}"
-"#,
+{proxies}"#,
             root = dir.join("root").display(),
             state = dir.join("state").display(),
             socket = socket.display(),
-            snapshotter = snapshotter.display(),
+            proxies = proxies
+                .iter()
+                .map(|(name, address)| format!(
+                    "  [proxy_plugins.{name}]\n    type = \"snapshot\"\n    address = \"{}\"\n",
+                    address.display()
+                ))
+                .collect::<String>(),
         );
         let config_path = dir.join("config.toml");
         std::fs::write(&config_path, config).expect("containerd config");
