@@ -56,6 +56,11 @@ const CASES: &[Case] = &[
     case("direct", &[], ONE_LAYER),
     case("", &["--read-only"], TWO_LAYERS),
     case("", &["--read-only"], ONE_LAYER),
+    case("composefs", &[], TWO_LAYERS),
+    case("composefs", &[], ONE_LAYER),
+    case("composefs,volatile,deferred", &[], TWO_LAYERS),
+    case("composefs", &["--read-only"], TWO_LAYERS),
+    case("composefs,isolated-memory", &[], TWO_LAYERS),
 ];
 
 impl Case {
@@ -185,11 +190,24 @@ fn every_strategy_passes_the_conformance_suite_and_boots_in_runc() {
         // What each strategy promises about its mount.
         let options = super_options(&rootfs_a).unwrap_or_else(|| panic!("{name}: not mounted"));
         let kind = fstype(&rootfs_a).unwrap();
+        // composefs's files are metacopy inodes: it always mounts with metacopy on.
         assert_eq!(
             options.contains("metacopy=on"),
-            strategy.contains("metacopy"),
+            strategy.contains("metacopy") || strategy.contains("composefs"),
             "{name}: {options}"
         );
+        if strategy.contains("composefs") {
+            assert_eq!(
+                options.matches("lowerdir").count(),
+                1,
+                "{name}: one lower (the metadata image) whatever the layers: {options}"
+            );
+            let objects = lamina.store.join("objects");
+            assert!(
+                options.contains(&format!("datadir+={},", objects.display())),
+                "{name}: the store's objects as the data-only lower: {options}"
+            );
+        }
         assert_eq!(
             options.contains("volatile"),
             strategy.contains("volatile"),

@@ -81,6 +81,9 @@ fn flavour_names(flavour: &Flavour) -> Vec<&'static str> {
         Upper::Disk => names.push("isolated"),
         Upper::Memory => names.push("isolated-memory"),
     }
+    if flavour.composefs {
+        names.push("composefs");
+    }
     if flavour.metacopy {
         names.push("metacopy");
     }
@@ -121,6 +124,7 @@ fn spec_of(model: Model) -> Spec {
                     unreachable!("the conformance table has no btrfs store (isolated-quota)")
                 }
             },
+            composefs: flavor.composefs,
         },
         teardown: if model.deferred() {
             Teardown::Deferred

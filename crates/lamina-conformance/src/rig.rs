@@ -98,6 +98,37 @@ fn moved_with(made: &Made, upper: &Path) -> PathBuf {
         .unwrap_or_else(|| upper.to_path_buf())
 }
 
+/// `rel` as a composefs overlay shows it: looked up in the EROFS metadata image, its
+/// content inline or in the object its entry names under a data-only lower.
+fn read_composefs(image: &Path, data_lowers: &[PathBuf], rel: &str) -> io::Result<Vec<u8>> {
+    use composefs::fsverity::{FsVerityHashValue, Sha256HashValue};
+    use composefs::generic_tree::{Inode, LeafContent};
+    use composefs::tree::RegularFile;
+    let not_found = || io::Error::new(io::ErrorKind::NotFound, rel.to_string());
+    let bytes = fs::read(image)?;
+    let tree = composefs::erofs::reader::erofs_to_filesystem::<Sha256HashValue>(&bytes)
+        .map_err(|e| io::Error::other(format!("reading {}: {e:#}", image.display())))?;
+    let path = Path::new(rel);
+    let dir = tree
+        .root
+        .get_directory(path.parent().unwrap_or(Path::new("")).as_os_str())
+        .map_err(|_| not_found())?;
+    let Some(Inode::Leaf(id, _)) = path.file_name().and_then(|name| dir.lookup(name)) else {
+        return Err(not_found());
+    };
+    match &tree.leaves[id.0].content {
+        LeafContent::Regular(RegularFile::Inline(data)) => Ok(data.to_vec()),
+        LeafContent::Regular(
+            RegularFile::External(object, _) | RegularFile::ExternalNoVerity(object, _),
+        ) => data_lowers
+            .iter()
+            .map(|d| d.join(object.to_object_pathname()))
+            .find(|p| p.is_file())
+            .map_or_else(|| Err(not_found()), fs::read),
+        _ => Err(io::Error::other(format!("{rel} is not a regular file"))),
+    }
+}
+
 fn erofs() -> io::Error {
     io::Error::from_raw_os_error(Errno::ROFS.raw_os_error())
 }
@@ -160,7 +191,10 @@ impl Rig for FakeRig {
                 return fs::read(path);
             }
         }
-        Err(io::Error::new(io::ErrorKind::NotFound, rel.to_string()))
+        match &spec.metadata_image {
+            Some(image) => read_composefs(image, &spec.data_lowers, rel),
+            None => Err(io::Error::new(io::ErrorKind::NotFound, rel.to_string())),
+        }
     }
 
     fn is_read_only(&self, made: &Made) -> bool {

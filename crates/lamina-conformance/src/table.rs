@@ -35,6 +35,8 @@ pub struct Flavour {
     pub metacopy: bool,
     pub volatile: bool,
     pub upper: Upper,
+    /// The image as one composefs lower (metadata image + objects), not its layers.
+    pub composefs: bool,
 }
 
 /// Who pays for the unmount at delete.
@@ -56,6 +58,7 @@ pub const PLAIN: Flavour = Flavour {
     metacopy: false,
     volatile: false,
     upper: Upper::Store,
+    composefs: false,
 };
 pub const METACOPY: Flavour = Flavour {
     metacopy: true,
@@ -69,6 +72,15 @@ pub const METACOPY_VOLATILE: Flavour = Flavour {
     metacopy: true,
     volatile: true,
     upper: Upper::Store,
+    composefs: false,
+};
+pub const COMPOSEFS: Flavour = Flavour {
+    composefs: true,
+    ..PLAIN
+};
+pub const COMPOSEFS_VOLATILE: Flavour = Flavour {
+    volatile: true,
+    ..COMPOSEFS
 };
 
 impl Flavour {
@@ -264,6 +276,8 @@ pub fn lifecycle_rows() -> Vec<Row> {
         ("metacopy", METACOPY),
         ("volatile", VOLATILE),
         ("metacopy,volatile", METACOPY_VOLATILE),
+        ("composefs", COMPOSEFS),
+        ("composefs,volatile", COMPOSEFS_VOLATILE),
     ] {
         for teardown in [Inline, Deferred] {
             let spec = Spec::fresh(flavour, teardown);
@@ -298,6 +312,11 @@ pub fn lifecycle_rows() -> Vec<Row> {
         ("isolated-memory", memory(PLAIN)),
         ("isolated-memory,metacopy", memory(METACOPY)),
         ("isolated-memory,volatile", memory(VOLATILE)),
+        ("composefs,isolated", disk(COMPOSEFS)),
+        (
+            "composefs,isolated-memory,volatile",
+            memory(COMPOSEFS_VOLATILE),
+        ),
     ] {
         let spec = Spec::fresh(flavour, Deferred);
         rows.push(row(name, Request::named(spec), made(spec, false, false)));

@@ -220,6 +220,10 @@ fn create_locked(
     let _layers_in_use = store.use_layers()?;
     let chain_ids = layers.ensure(store)?;
     store.pause_point("create-imported");
+    if choice.model.flavor().is_some_and(|f| f.composefs) {
+        refuse_composefs_where_it_cannot_serve(&request, options)?;
+        crate::composefs::ensure(store, &chain_ids)?;
+    }
     let upper = choice
         .model
         .flavor()
@@ -316,6 +320,25 @@ fn create_locked(
         reason: choice.reason,
         claimed_from_pool,
     })
+}
+
+/// composefs's metadata image is a detached EROFS mount under the overlay: no option
+/// string can name it for a caller to mount, and it is not idmapped.
+fn refuse_composefs_where_it_cannot_serve(
+    request: &Request,
+    options: &CreateOptions,
+) -> Result<(), RootfsError> {
+    if options.without_mount {
+        return Err(RootfsError::Refused(
+            "strategy `composefs` mounts its EROFS metadata image itself and cannot be handed over as mount options: create it with a mount".into(),
+        ));
+    }
+    if request.idmapped_layers || options.idmap.is_some() {
+        return Err(RootfsError::Refused(
+            "strategy `composefs` does not idmap its metadata image: use it in a store that does not idmap layers, without an idmap of the container's own".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A provided rootfs, before its record is written.

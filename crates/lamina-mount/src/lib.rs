@@ -15,6 +15,7 @@ mod check;
 mod choose;
 mod clean;
 mod collect;
+pub mod composefs;
 mod create;
 mod delete;
 mod delete_store;

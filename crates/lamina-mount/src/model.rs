@@ -55,6 +55,10 @@ pub struct Flavor {
     /// container's directory on the store's filesystem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolated: Option<UpperBackend>,
+    /// The lowers are the image's composefs metadata image and the store's objects
+    /// (`composefs.rs`), not its layer directories.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub composefs: bool,
 }
 
 /// How `delete` ends a container.
@@ -86,11 +90,7 @@ impl Model {
         if s.auto {
             return Err("strategy `auto` is resolved per request, not a model".into());
         }
-        let flavor = Flavor {
-            metacopy: s.metacopy,
-            volatile: s.volatile,
-            isolated: s.isolated,
-        };
+        let flavor = Flavor::of(s);
         let provider = if s.shared_ro {
             Provider::SharedRo
         } else if s.direct {
@@ -221,14 +221,17 @@ impl Flavor {
         metacopy: false,
         volatile: false,
         isolated: None,
+        composefs: false,
     };
 
-    /// The flavour a strategy list asks for (its metacopy, volatile and isolated).
+    /// The flavour a strategy list asks for (its metacopy, volatile, isolated and
+    /// composefs).
     pub fn of(s: Strategies) -> Flavor {
         Flavor {
             metacopy: s.metacopy,
             volatile: s.volatile,
             isolated: s.isolated,
+            composefs: s.composefs,
         }
     }
 
@@ -238,6 +241,7 @@ impl Flavor {
             metacopy: self.metacopy,
             volatile: self.volatile,
             isolated: self.isolated,
+            composefs: self.composefs,
             ..Strategies::CLASSIC
         }
     }
@@ -280,6 +284,8 @@ mod tests {
             "pooled,isolated",
             "isolated-quota,metacopy",
             "isolated-quota,volatile,deferred",
+            "composefs",
+            "composefs,isolated-memory,volatile",
         ] {
             let model = named(list, false).unwrap();
             let again = named(&model.to_string(), false).unwrap();

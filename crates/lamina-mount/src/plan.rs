@@ -69,8 +69,23 @@ pub fn read_write(
     flavor: Flavor,
 ) -> OverlaySpec {
     let mut spec = classic(store, chain_ids, dirs);
+    if flavor.composefs {
+        composefs_lowers(&mut spec, store, chain_ids);
+    }
     spec.options = flavor.overlay_options();
     spec
+}
+
+/// The image's composefs metadata image as the only lower, the store's objects as a
+/// data-only lower, instead of the layer directories. `create` builds the image first
+/// (`composefs::ensure`); it is never removed while a container may use it.
+fn composefs_lowers(spec: &mut OverlaySpec, store: &Store, chain_ids: &[Digest]) {
+    spec.lowers.clear();
+    spec.lower_idmap = None;
+    spec.metadata_image = chain_ids
+        .last()
+        .map(|top| crate::composefs::image_path(store, top));
+    spec.data_lowers = vec![store.layout().objects()];
 }
 
 /// A read-only overlay of the layers alone. Overlay needs two lowers when there is no

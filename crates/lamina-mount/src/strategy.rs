@@ -29,6 +29,10 @@ pub struct Strategies {
     /// a tmpfs for `isolated-memory`; or, for `isolated-quota`, a btrfs subvolume with a
     /// qgroup limit (a disk limit only: it shares the store's filesystem).
     pub isolated: Option<UpperBackend>,
+    /// The image as one composefs lower: an EROFS metadata image of the merged layers
+    /// whose files point into the store's content-addressed objects (one lower whatever
+    /// the layer count; each file's content stored once). Implies `metacopy`'s options.
+    pub composefs: bool,
 }
 
 /// What an isolated container's own upper filesystem is made of.
@@ -53,6 +57,7 @@ pub const NAMES: &[&str] = &[
     "isolated",
     "isolated-memory",
     "isolated-quota",
+    "composefs",
     "pooled",
     "metacopy",
     "volatile",
@@ -70,6 +75,7 @@ impl Strategies {
         shared_ro: false,
         direct: false,
         isolated: None,
+        composefs: false,
     };
 
     pub const AUTO: Strategies = Strategies {
@@ -91,6 +97,7 @@ impl Strategies {
                 "pooled" => set.pooled = true,
                 "shared-ro" => set.shared_ro = true,
                 "direct" => set.direct = true,
+                "composefs" => set.composefs = true,
                 "isolated" | "isolated-memory" | "isolated-quota" => {
                     let backend = match name {
                         "isolated" => UpperBackend::Disk,
@@ -127,6 +134,9 @@ impl Strategies {
         if self.shared_ro && self.direct {
             return Err("strategies `shared-ro` and `direct` are two ways to give a read-only rootfs: pick one".into());
         }
+        if self.pooled && self.composefs {
+            return Err("strategy `composefs` is not pooled: `pool fill` does not build composefs overlays, so it does not combine with `pooled`".into());
+        }
         if self.pooled && self.isolated == Some(UpperBackend::Quota) {
             return Err("strategy `isolated-quota` makes a subvolume in about a millisecond and pools none: it does not combine with `pooled`".into());
         }
@@ -136,6 +146,7 @@ impl Strategies {
                 (self.volatile, "volatile"),
                 (self.pooled, "pooled"),
                 (self.isolated.is_some(), "isolated"),
+                (self.composefs, "composefs"),
             ] {
                 if on {
                     return Err(format!(
@@ -161,7 +172,9 @@ impl Strategies {
     /// Overlay options this set adds to a read-write mount.
     pub fn overlay_options(&self) -> Vec<(String, Option<String>)> {
         let mut options = Vec::new();
-        if self.metacopy {
+        // composefs files are metacopy inodes: overlay follows their redirects only with
+        // metacopy on.
+        if self.metacopy || self.composefs {
             // metacopy needs redirect_dir; say so rather than rely on the kernel's implication.
             options.push(("redirect_dir".to_string(), Some("on".to_string())));
             options.push(("metacopy".to_string(), Some("on".to_string())));
@@ -185,6 +198,7 @@ impl fmt::Display for Strategies {
                 "isolated-memory",
             ),
             (self.isolated == Some(UpperBackend::Quota), "isolated-quota"),
+            (self.composefs, "composefs"),
             (self.pooled, "pooled"),
             (self.metacopy, "metacopy"),
             (self.volatile, "volatile"),
@@ -231,6 +245,19 @@ mod tests {
         assert_eq!(quota.isolated, Some(UpperBackend::Quota));
         assert_eq!(quota.to_string(), "isolated-quota,metacopy");
         assert_eq!(Strategies::parse(&quota.to_string()).unwrap(), quota);
+        let composefs = Strategies::parse("volatile,composefs").unwrap();
+        assert!(composefs.composefs);
+        assert_eq!(composefs.to_string(), "composefs,volatile");
+        assert_eq!(
+            Strategies::parse(&composefs.to_string()).unwrap(),
+            composefs
+        );
+        assert!(
+            composefs
+                .overlay_options()
+                .contains(&("metacopy".to_string(), Some("on".to_string()))),
+            "composefs needs metacopy to follow its redirects"
+        );
     }
 
     #[test]
@@ -246,6 +273,8 @@ mod tests {
             ("isolated-quota,isolated", "pick one"),
             ("pooled,isolated-quota", "does not combine with `pooled`"),
             ("shared-ro,isolated-quota", "no upper for `isolated`"),
+            ("direct,composefs", "no upper for `composefs`"),
+            ("pooled,composefs", "does not combine with `pooled`"),
         ] {
             let err = Strategies::parse(list).unwrap_err();
             assert!(err.contains(expect), "{list}: {err}");

@@ -72,6 +72,17 @@ impl Layout {
         self.root.join("flat")
     }
 
+    /// composefs: file contents, each stored once, named by fs-verity digest
+    /// (`ab/cdef…`); the data-only lower of every composefs overlay.
+    pub fn objects(&self) -> PathBuf {
+        self.root.join("objects")
+    }
+
+    /// composefs: one EROFS metadata image per image, `<top-chain-id>.erofs`.
+    pub fn composefs(&self) -> PathBuf {
+        self.root.join("composefs")
+    }
+
     /// Pre-mounted read-write overlays waiting to be claimed by `create`.
     pub fn pool(&self) -> PathBuf {
         self.root.join("pool")

@@ -107,7 +107,7 @@ fn already_right(host: &dyn HostFs, st: &rustix::fs::Stat, mode: u32, gid: u32) 
 
 /// Every top-level directory but the root and `images/`. `run/` is last: its presence
 /// says the rest exist (see [`crate::Store::open`]).
-fn private_dirs(layout: &Layout) -> [std::path::PathBuf; 10] {
+fn private_dirs(layout: &Layout) -> [std::path::PathBuf; 12] {
     [
         layout.layers(),
         layout.links(),
@@ -116,6 +116,8 @@ fn private_dirs(layout: &Layout) -> [std::path::PathBuf; 10] {
         layout.trash(),
         layout.shared(),
         layout.flat(),
+        layout.objects(),
+        layout.composefs(),
         layout.pool(),
         layout.snapshots(),
         layout.run(),

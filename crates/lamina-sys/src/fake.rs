@@ -258,14 +258,17 @@ impl Mounter for FakeMounter {
         state
             .enter(Call::Mount, target, Some(record))
             .map_err(err)?;
-        if spec.lowers.is_empty()
+        if (spec.lowers.is_empty() && spec.metadata_image.is_none())
             || spec.lowers.len() > MAX_LOWERS
             || spec.upper.is_some() != spec.work.is_some()
         {
             return Err(err(Errno::INVAL));
         }
         let dirs = spec.lowers.iter().chain(&spec.upper).chain(&spec.work);
-        if dirs.into_iter().any(|d| !d.is_dir()) {
+        let dirs = dirs.chain(&spec.data_lowers);
+        if dirs.into_iter().any(|d| !d.is_dir())
+            || spec.metadata_image.as_ref().is_some_and(|i| !i.is_file())
+        {
             return Err(err(Errno::NOENT));
         }
         self.attach(

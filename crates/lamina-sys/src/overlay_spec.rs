@@ -23,14 +23,32 @@ pub struct OverlaySpec {
     /// Who owns the upper directory's root (the merged root dir shows its owner): the
     /// mapped root in a uid-mapped store. Set before mounting.
     pub upper_owner: Option<(u32, u32)>,
+    /// composefs: an EROFS image file mounted (detached, file-backed, read-only) as the
+    /// top-most lower, above `lowers`. Its regular files are metacopy inodes whose data
+    /// overlay finds in `data_lowers` by their redirect. Mount options cannot name a
+    /// detached mount: [`OverlaySpec::option_strings`] shows the image's path.
+    pub metadata_image: Option<PathBuf>,
+    /// Data-only lowers (`datadir+`): found only through a metacopy redirect, never
+    /// merged into the tree.
+    pub data_lowers: Vec<PathBuf>,
 }
 
 impl OverlaySpec {
     /// The options as `mount -o` / runtime-spec strings, paths escaped the way
     /// overlay's option parser expects (`\`, `,` and `:` backslash-escaped).
     pub fn option_strings(&self) -> Vec<String> {
-        let lowers: Vec<String> = self.lowers.iter().map(|p| escape(p)).collect();
-        let mut out = vec![format!("lowerdir={}", lowers.join(":"))];
+        let lowers: Vec<String> = self
+            .metadata_image
+            .iter()
+            .chain(&self.lowers)
+            .map(|p| escape(p))
+            .collect();
+        let data: String = self
+            .data_lowers
+            .iter()
+            .map(|p| format!("::{}", escape(p)))
+            .collect();
+        let mut out = vec![format!("lowerdir={}{data}", lowers.join(":"))];
         if let Some(upper) = &self.upper {
             out.push(format!("upperdir={}", escape(upper)));
         }

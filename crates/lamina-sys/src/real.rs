@@ -199,6 +199,19 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
         })?),
         None => None,
     };
+    // A composefs metadata image: a detached read-only EROFS mount of the file, held
+    // (like the idmapped lowers) until the overlay's superblock exists; overlay keeps
+    // its own reference to it from then on.
+    let metadata = match &spec.metadata_image {
+        Some(image) => {
+            let erofs = mount_erofs_detached(image).map_err(|e| {
+                NewApi::Failed(MountError::new("mount EROFS metadata image", image, e))
+            })?;
+            rustix::mount::fsconfig_set_fd(fs.as_fd(), "lowerdir+", erofs.as_fd()).map_err(fail)?;
+            Some(erofs)
+        }
+        None => None,
+    };
     let mut idmapped = Vec::new();
     for (i, lower) in spec.lowers.iter().enumerate() {
         let set = match &userns {
@@ -218,6 +231,9 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
             Ok(()) => {}
         }
     }
+    for data in &spec.data_lowers {
+        set_path(fs.as_fd(), "datadir+", data).map_err(fail)?;
+    }
     if let Some(upper) = &spec.upper {
         set_path(fs.as_fd(), "upperdir", upper).map_err(fail)?;
     }
@@ -233,6 +249,7 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
     }
     rustix::mount::fsconfig_create(fs.as_fd()).map_err(fail)?;
     drop(idmapped);
+    drop(metadata);
     let attrs = if spec.read_only {
         MountAttrFlags::MOUNT_ATTR_RDONLY
     } else {
@@ -251,6 +268,28 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
     // The mount fd is closed here, on return: a later umount fails with EBUSY while it is open.
     drop(mnt);
     Ok(())
+}
+
+/// A detached read-only EROFS mount of the image file `image` (a file-backed EROFS:
+/// no loop device).
+fn mount_erofs_detached(image: &Path) -> Result<OwnedFd, Errno> {
+    // EROFS opens its source by name; the image is named through an fd of ours, so a
+    // long store path needs no special case and the file opened is the one checked.
+    let file = rustix::fs::open(
+        image,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        rustix::fs::Mode::empty(),
+    )?;
+    let fs = rustix::mount::fsopen("erofs", FsOpenFlags::FSOPEN_CLOEXEC)?;
+    let source = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+    rustix::mount::fsconfig_set_string(fs.as_fd(), "source", source.as_str())?;
+    rustix::mount::fsconfig_set_flag(fs.as_fd(), "ro")?;
+    rustix::mount::fsconfig_create(fs.as_fd())?;
+    rustix::mount::fsmount(
+        fs.as_fd(),
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_RDONLY | MountAttrFlags::MOUNT_ATTR_NODEV,
+    )
 }
 
 /// A detached clone of `dir`'s mount, idmapped with the user namespace `userns`.
@@ -301,6 +340,15 @@ fn with_kernel_log(fs: &OwnedFd, err: MountError) -> MountError {
 }
 
 fn mount_legacy(spec: &OverlaySpec, target: &Path) -> Result<(), MountError> {
+    if let Some(image) = &spec.metadata_image {
+        return Err(
+            MountError::new("mount overlay with metadata image", image, Errno::OPNOTSUPP)
+                .with_detail(
+                    "a composefs lower needs the new mount API with `lowerdir+`, which this kernel lacks"
+                        .to_string(),
+                ),
+        );
+    }
     if spec.lower_idmap.is_some() {
         return Err(
             MountError::new("mount overlay at", target, Errno::OPNOTSUPP).with_detail(

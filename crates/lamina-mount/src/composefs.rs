@@ -1,0 +1,270 @@
+//! composefs (issue 24): an image as one lower, whatever its layer count. Built once per
+//! image (its top chain ID) from the store's layers:
+//!
+//! - the layers are merged in memory as overlay would show them (whiteouts remove,
+//!   opaque directories hide what is below, a directory's metadata is its top-most
+//!   layer's), hardlinks kept as one inode;
+//! - every regular file of the merged tree larger than composefs's inline limit is stored
+//!   once in `objects/<ab>/<rest>`, named by its fs-verity digest (SHA-256, computed in
+//!   userspace: this kernel has no fs-verity). An object is a hardlink to the layer's
+//!   inode, so building costs no data copy; a file whose content is already an object
+//!   (from any image) adds nothing;
+//! - the merged tree becomes `composefs/<top>.erofs`, an EROFS image written by the
+//!   `composefs` crate whose regular files are overlay metacopy inodes redirecting into
+//!   `objects/`.
+//!
+//! A container mounts the image (file-backed EROFS, no loop device) as its only lower and
+//! `objects/` as a data-only lower (`plan::read_write`). The objects' own owners and modes
+//! are never seen: overlay takes a file's metadata from the image and only its data from
+//! the object.
+//!
+//! `clean` does not collect objects or images yet (they outlive the layers they were
+//! built from; that is what lets them be shared).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use composefs::erofs::writer::{ValidatedFileSystem, mkfs_erofs};
+use composefs::fsverity::{FsVerityHashValue, FsVerityHasher, Sha256HashValue};
+use composefs::generic_tree::{self, Inode, Leaf, LeafContent, LeafId, Stat};
+use composefs::tree::RegularFile;
+use rustix::fs::FileType;
+
+use lamina_image::Digest;
+use lamina_store::{Store, StoreError};
+use lamina_sys::{At, HostFs};
+
+/// An object's name: its fs-verity digest.
+type ObjectId = Sha256HashValue;
+
+/// The merged tree while layers are laid over it: a regular file is still its path in a
+/// layer (hashed once the tree is final, so replaced files are never read).
+type Merging = generic_tree::FileSystem<PathBuf>;
+type MergingDir = generic_tree::Directory<PathBuf>;
+
+/// The image's metadata image, built if it does not exist yet (under a per-image lock,
+/// written in `tmp/` and renamed into place when whole, its objects synced first).
+pub(crate) fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, StoreError> {
+    let Some(top) = chain_ids.last() else {
+        return Err(
+            StoreError::io("building composefs image for", store.root())(io::Error::other(
+                "the image has no layers",
+            )),
+        );
+    };
+    let image = image_path(store, top);
+    if image.is_file() {
+        return Ok(image);
+    }
+    let _lock = store.lock(&format!("composefs-{}", top.hex()))?;
+    if image.is_file() {
+        return Ok(image);
+    }
+    let started = std::time::Instant::now();
+    let staging = store.layout().tmp().join(format!(
+        "composefs-{}-{}",
+        top.hex(),
+        lamina_store::unique_suffix()
+    ));
+    let built = build(store, chain_ids).and_then(|bytes| {
+        let mut file = File::create(&staging)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        fs::rename(&staging, &image)?;
+        lamina_store::sync_dir(&store.layout().composefs()).map_err(io::Error::other)
+    });
+    if let Err(e) = built {
+        let _ = fs::remove_file(&staging);
+        return Err(StoreError::io("building composefs image", &image)(e));
+    }
+    tracing::info!(image = %top, layers = chain_ids.len(), ms = started.elapsed().as_millis() as u64, "built composefs image");
+    Ok(image)
+}
+
+/// Where the metadata image of the image whose top layer is `top` lives.
+pub fn image_path(store: &Store, top: &Digest) -> PathBuf {
+    store
+        .layout()
+        .composefs()
+        .join(format!("{}.erofs", top.hex()))
+}
+
+/// The EROFS image of `chain_ids` merged, its objects stored and synced.
+fn build(store: &Store, chain_ids: &[Digest]) -> io::Result<Box<[u8]>> {
+    let host = &**store.host();
+    let mut merge = Merge {
+        host,
+        inodes: HashMap::new(),
+    };
+    let bottom = store.layout().layer_diff(&chain_ids[0]);
+    let mut tree = Merging::new(merge.stat_of(&bottom)?);
+    for chain_id in chain_ids {
+        let layer = store.layout().layer_diff(chain_id);
+        let Merging { root, leaves } = &mut tree;
+        merge.apply(&layer, root, leaves)?;
+        root.stat = merge.stat_of(&layer)?;
+    }
+    tree.compact();
+    let objects = store.layout().objects();
+    let tree = tree.try_map_regular(|path| store_object(path, &objects))?;
+    host.syncfs(&objects).map_err(io::Error::from)?;
+    let tree = ValidatedFileSystem::new(tree).map_err(|e| io::Error::other(format!("{e:#}")))?;
+    Ok(mkfs_erofs(&tree))
+}
+
+struct Merge<'a> {
+    host: &'a dyn HostFs,
+    /// Layer inodes already in the tree, so a hardlink stays one inode.
+    inodes: HashMap<(u64, u64), LeafId>,
+}
+
+impl Merge<'_> {
+    /// Lays layer directory `src` over `dir`.
+    fn apply(
+        &mut self,
+        src: &Path,
+        dir: &mut MergingDir,
+        leaves: &mut Vec<Leaf<PathBuf>>,
+    ) -> io::Result<()> {
+        for entry in fs::read_dir(src)? {
+            let name = entry?.file_name();
+            let name = name.as_os_str();
+            let from = src.join(name);
+            let st = self.host.stat(At::Path(&from))?;
+            let kind = FileType::from_raw_mode(st.st_mode);
+            if kind == FileType::CharacterDevice && st.st_rdev == 0 {
+                dir.remove(name); // a whiteout: the name is gone from here down
+                continue;
+            }
+            if kind == FileType::Directory {
+                let keep =
+                    matches!(dir.lookup(name), Some(Inode::Directory(_))) && !self.is_opaque(&from);
+                if !keep {
+                    let fresh = generic_tree::Directory::new(Stat::uninitialized());
+                    dir.insert(name, Inode::Directory(Box::new(fresh)));
+                }
+                let child = dir
+                    .get_directory_mut(name)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                self.apply(&from, child, leaves)?;
+                child.stat = self.stat_of(&from)?;
+                continue;
+            }
+            let id = match self.inodes.get(&(st.st_dev, st.st_ino)) {
+                Some(&id) => id,
+                None => {
+                    let content = match kind {
+                        FileType::RegularFile => LeafContent::Regular(from.clone()),
+                        FileType::Symlink => {
+                            LeafContent::Symlink(fs::read_link(&from)?.into_os_string().into())
+                        }
+                        FileType::CharacterDevice => {
+                            LeafContent::CharacterDevice(device(&from, st.st_rdev)?)
+                        }
+                        FileType::BlockDevice => {
+                            LeafContent::BlockDevice(device(&from, st.st_rdev)?)
+                        }
+                        FileType::Fifo => LeafContent::Fifo,
+                        FileType::Socket => LeafContent::Socket,
+                        _ => {
+                            return Err(io::Error::other(format!(
+                                "{}: a file of unknown type",
+                                from.display()
+                            )));
+                        }
+                    };
+                    let id = LeafId(leaves.len());
+                    leaves.push(Leaf {
+                        stat: self.stat_of(&from)?,
+                        content,
+                    });
+                    self.inodes.insert((st.st_dev, st.st_ino), id);
+                    id
+                }
+            };
+            dir.insert(name, Inode::leaf(id));
+        }
+        Ok(())
+    }
+
+    fn is_opaque(&self, dir: &Path) -> bool {
+        let opaque = self
+            .host
+            .get_xattr(At::Path(dir), OsStr::new("trusted.overlay.opaque"));
+        matches!(opaque, Ok(Some(v)) if v == b"y")
+    }
+
+    /// Owner, mode (set-id and sticky bits included), mtime and xattrs other than
+    /// overlay's own markers, read through the store's host (the kernel seam).
+    fn stat_of(&self, path: &Path) -> io::Result<Stat> {
+        let st = self.host.stat(At::Path(path))?;
+        let mut xattrs = std::collections::BTreeMap::new();
+        for name in self.host.list_xattrs(At::Path(path))? {
+            if name.as_encoded_bytes().starts_with(b"trusted.overlay.") {
+                continue; // overlay's markers mean nothing in the merged tree
+            }
+            if let Some(value) = self.host.get_xattr(At::Path(path), &name)? {
+                xattrs.insert(name.into_boxed_os_str(), value.into_boxed_slice());
+            }
+        }
+        Ok(Stat {
+            st_mode: st.st_mode & 0o7777,
+            st_uid: st.st_uid,
+            st_gid: st.st_gid,
+            st_mtim_sec: st.st_mtime,
+            st_mtim_nsec: st.st_mtime_nsec as u32,
+            xattrs,
+        })
+    }
+}
+
+/// A device number as EROFS stores it (32 bits; the writer would panic on more).
+fn device(path: &Path, rdev: u64) -> io::Result<u64> {
+    if rdev > u64::from(u32::MAX) {
+        return Err(io::Error::other(format!(
+            "{}: device number {rdev:#x} does not fit an EROFS inode",
+            path.display()
+        )));
+    }
+    Ok(rdev)
+}
+
+/// A layer's regular file as the image records it: inline when small, otherwise an
+/// object in `objects`, made if no file of that content is there yet.
+fn store_object(path: &PathBuf, objects: &Path) -> io::Result<RegularFile<ObjectId>> {
+    let mut file = File::open(path)?;
+    let size = file.metadata()?.len();
+    if size <= composefs::INLINE_CONTENT_MAX_V0 as u64 {
+        let mut data = Vec::with_capacity(size as usize);
+        io::Read::read_to_end(&mut file, &mut data)?;
+        return Ok(RegularFile::Inline(data.into()));
+    }
+    let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
+    let hashed = io::copy(&mut file, &mut hasher)?;
+    let id = hasher.digest();
+    let object = objects.join(id.to_object_pathname());
+    if !object.exists() {
+        if let Some(fan_out) = object.parent() {
+            fs::create_dir_all(fan_out)?;
+        }
+        match fs::hard_link(path, &object) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            // Past the filesystem's link limit, or refused: a copy of our own, published
+            // whole by a rename.
+            Err(_) => {
+                let staging = objects.join(format!(
+                    ".{}-{}",
+                    id.to_hex(),
+                    lamina_store::unique_suffix()
+                ));
+                fs::copy(path, &staging)?;
+                fs::rename(&staging, &object)?;
+            }
+        }
+    }
+    Ok(RegularFile::External(id, hashed))
+}
