@@ -33,6 +33,10 @@ pub struct CleanReport {
     pub layers_removed: usize,
     /// Flattened trees no container binds, removed.
     pub flattened_removed: usize,
+    /// composefs metadata images of images nothing uses, and objects no remaining
+    /// metadata image references, removed.
+    pub composefs_images_removed: usize,
+    pub objects_removed: usize,
     /// Containers whose record is unreadable (empty, truncated, garbage). While there are
     /// any, no layer, flattened tree or shared mount lease is collected: what they use is
     /// unknown. `lamina check` reports them; `lamina delete` removes them.
@@ -91,6 +95,8 @@ pub fn clean(
     let collected = collect::collect_unused(store, mounter)?;
     report.layers_removed = collected.layers;
     report.flattened_removed = collected.flattened;
+    report.composefs_images_removed = collected.composefs_images;
+    report.objects_removed = collected.objects;
     report.bytes_freed = collected.bytes;
     report.crashed_creates += collected.crashed_creates;
     report.message = match &collected.kept_all {
@@ -229,6 +235,9 @@ fn is_abandoned(store: &Store, path: &Path) -> Result<bool, RootfsError> {
     } else if let Some(rest) = name.strip_prefix("flat-") {
         let hex = rest.split('-').next().unwrap_or_default();
         store.try_lock(&format!("flat-{hex}"))?.is_some()
+    } else if let Some(rest) = name.strip_prefix("composefs-") {
+        let hex = rest.split('-').next().unwrap_or_default();
+        store.try_lock(&format!("composefs-{hex}"))?.is_some()
     } else if let Some(hex) = name.strip_prefix("layer-") {
         store.try_lock(&format!("layer-{hex}"))?.is_some()
     } else if name.starts_with(collect::DOOMED_PREFIX) {
@@ -250,6 +259,10 @@ fn is_abandoned(store: &Store, path: &Path) -> Result<bool, RootfsError> {
 pub(crate) fn remove_unmounted(mounter: &dyn Mounter, dir: &Path) -> Result<(), RootfsError> {
     for mount in mounter.mounts_under(dir)? {
         mounter.unmount(&mount)?;
+    }
+    // A file (a composefs image being written) has nothing mounted or made beneath it.
+    if dir.symlink_metadata().is_ok_and(|m| !m.is_dir()) {
+        return fs::remove_file(dir).map_err(|e| StoreError::io("removing", dir)(e).into());
     }
     crate::isolated::delete_subvolume_in(mounter, dir)?;
     match fs::remove_dir_all(dir) {

@@ -26,6 +26,9 @@ pub struct Collected {
     pub kept_all: Option<String>,
     pub layers: usize,
     pub flattened: usize,
+    /// composefs metadata images and objects nothing uses any more.
+    pub composefs_images: usize,
+    pub objects: usize,
     /// Dead creates found under the lock (after clean's own sweep).
     pub crashed_creates: usize,
     /// Bytes the removed trees held (du -x).
@@ -45,7 +48,11 @@ pub(crate) fn collect_unused(
         crashed_creates: clean::sweep_crashed_creates(store, mounter)?,
         ..Collected::default()
     };
-    let (keep, bound) = match referenced(store)? {
+    let References {
+        keep,
+        bound,
+        composefs,
+    } = match referenced(store)? {
         Ok(references) => references,
         Err(why) => {
             tracing::warn!(why, "layers left alone");
@@ -73,6 +80,10 @@ pub(crate) fn collect_unused(
     }
     // Short links (`l/`) to the layers just set aside go with them.
     store.sweep_layer_links()?;
+    let composefs = crate::composefs_collect::collect(store, &composefs)?;
+    collected.composefs_images = composefs.images;
+    collected.objects = composefs.objects;
+    collected.bytes += composefs.bytes;
     store.pause_point("collect-locked");
     drop(lock);
 
@@ -96,12 +107,16 @@ pub(crate) fn collect_unused(
 fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> {
     let mut keep = HashSet::new();
     let mut bound = HashSet::new();
+    let mut composefs = HashSet::new();
     let mut unreadable = Vec::new();
     let mut name = |layers: &[Digest]| keep.extend(layers.iter().map(|l| l.hex().to_string()));
     for dir in store.all_container_dirs()? {
         match crate::record::read_in(store, &dir) {
             Ok(Some(container)) => {
                 name(&container.record.layers);
+                if container.model().flavor().is_some_and(|f| f.composefs) {
+                    composefs.extend(container.record.layers.last().map(|l| l.hex().to_string()));
+                }
                 bound.extend(container.rootfs.bind_source);
             }
             Ok(None) if store.try_lock_dir(&dir)?.is_none() => {
@@ -128,11 +143,22 @@ fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> 
     if let Some(snapshots) = store.snapshots_if_any()? {
         name(&snapshots.layers()?.into_iter().collect::<Vec<_>>());
     }
-    Ok(Ok((keep, bound)))
+    Ok(Ok(References {
+        keep,
+        bound,
+        composefs,
+    }))
 }
 
-/// Layer names to keep, and the directories containers bind.
-type References = (HashSet<String>, HashSet<PathBuf>);
+/// What is in use.
+struct References {
+    /// Layer names (chain ID hex) to keep.
+    keep: HashSet<String>,
+    /// The directories containers bind.
+    bound: HashSet<PathBuf>,
+    /// The images (top chain ID hex) whose composefs metadata image a container mounts.
+    composefs: HashSet<String>,
+}
 
 /// Renames `path` to `tmp/gc-<kind>-<name>-<unique>`.
 fn set_aside(store: &Store, path: &Path, kind: &str, name: &str) -> Result<PathBuf, StoreError> {

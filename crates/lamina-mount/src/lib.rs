@@ -16,6 +16,7 @@ mod choose;
 mod clean;
 mod collect;
 pub mod composefs;
+mod composefs_collect;
 mod create;
 mod delete;
 mod delete_store;

@@ -1,0 +1,159 @@
+//! The composefs provider through the binary (issue 24): file contents stored once across
+//! images, one metadata image per image, `clean` collecting both when nothing uses them,
+//! crash leftovers swept, and the requests it cannot serve refused with the reason. The
+//! merged-content proof under runc and the lifecycle steps are in `strategies.rs` and the
+//! conformance suite, which run composefs beside every other strategy.
+
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use lamina_integration::scratch::mounts_under;
+use lamina_integration::{Lamina, ScratchFs, require_root, sample_image};
+
+/// The sample's references: [oci layout (2 layers), ..., rootfs.tar (1 layer)].
+const TWO_LAYERS: usize = 0;
+const ONE_LAYER: usize = 3;
+
+/// Every object file under `objects/<ab>/`.
+fn objects(store: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for fan_out in std::fs::read_dir(store.join("objects")).unwrap() {
+        let fan_out = fan_out.unwrap().path();
+        for object in std::fs::read_dir(&fan_out).unwrap() {
+            found.push(object.unwrap().path());
+        }
+    }
+    found.sort();
+    found
+}
+
+fn images(store: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(store.join("composefs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn two_images_share_their_files_objects_and_clean_collects_what_nothing_uses() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let refs = files.references();
+
+    let two = lamina.create_with(&["--strategy", "composefs"], &refs[TWO_LAYERS], "two");
+    let after_one = objects(&lamina.store);
+    assert!(!after_one.is_empty(), "busybox is past the inline limit");
+    let one = lamina.create_with(&["--strategy", "composefs"], &refs[ONE_LAYER], "one");
+    // The one-layer image is the two-layer image's base: every file it has that is
+    // past the inline limit is already an object.
+    assert_eq!(objects(&lamina.store), after_one, "no new object");
+    assert_eq!(images(&lamina.store).len(), 2, "a metadata image per image");
+    let busybox = |rootfs: &Path| std::fs::read(rootfs.join("bin/busybox")).unwrap();
+    assert_eq!(busybox(&two), busybox(&one));
+    // Each object is the layer's own inode: the import copied no data.
+    let layer_busybox = std::fs::read_dir(lamina.store.join("layers"))
+        .unwrap()
+        .map(|l| l.unwrap().path().join("diff/bin/busybox"))
+        .find(|p| p.exists())
+        .unwrap();
+    let ino = layer_busybox.metadata().unwrap().ino();
+    assert!(
+        after_one.iter().any(|o| o.metadata().unwrap().ino() == ino),
+        "busybox's object is a link to the layer's file"
+    );
+
+    // In use, nothing of either goes.
+    let cleaned = lamina.run(&["clean"]).json();
+    assert_eq!(cleaned["composefs_images_removed"], 0, "{cleaned}");
+    assert_eq!(cleaned["objects_removed"], 0, "{cleaned}");
+
+    lamina.delete_and_assert_gone("one", "composefs one layer");
+    let cleaned = lamina.run(&["clean"]).json();
+    // The one-layer image's base is also the two-layer image's bottom layer: its own
+    // metadata image goes, the objects stay for the other.
+    assert_eq!(cleaned["composefs_images_removed"], 1, "{cleaned}");
+    assert_eq!(cleaned["objects_removed"], 0, "{cleaned}");
+    assert_eq!(objects(&lamina.store), after_one);
+
+    lamina.delete_and_assert_gone("two", "composefs two layers");
+    let cleaned = lamina.run(&["clean"]).json();
+    assert_eq!(cleaned["composefs_images_removed"], 1, "{cleaned}");
+    assert_eq!(cleaned["objects_removed"], after_one.len(), "{cleaned}");
+    assert!(images(&lamina.store).is_empty());
+    assert!(objects(&lamina.store).is_empty());
+    assert!(mounts_under(&lamina.store).is_empty());
+    let check = lamina.run(&["check"]).json();
+    assert_eq!(check["ok"], true, "{check}");
+}
+
+#[test]
+fn a_crashed_image_build_is_swept_and_the_next_create_builds_it_whole() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = &files.references()[TWO_LAYERS];
+
+    // What a build killed mid-write leaves: a partial image in tmp/, unlocked.
+    let top = "0".repeat(64);
+    let staged = lamina
+        .store
+        .join("tmp")
+        .join(format!("composefs-{top}-1-2"));
+    std::fs::write(&staged, b"half an EROFS image").unwrap();
+    let cleaned = lamina.run(&["clean"]).json();
+    assert_eq!(cleaned["tmp_removed"], 1, "{cleaned}");
+    assert!(!staged.exists());
+
+    // A metadata image that is not an EROFS image is refused at mount, not served.
+    let rootfs = lamina.create_with(&["--strategy", "composefs"], image, "a");
+    assert!(rootfs.join("bin/busybox").exists());
+    lamina.delete_and_assert_gone("a", "composefs");
+    let built = images(&lamina.store);
+    assert_eq!(built.len(), 1);
+    let path = lamina.store.join("composefs").join(&built[0]);
+    std::fs::write(&path, b"not an image").unwrap();
+    let out = lamina.run(&["create", "--strategy", "composefs", image, "b"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stdout.contains("EROFS"), "names the image: {out:?}");
+    assert!(!lamina.store.join("images/b").exists(), "nothing half-made");
+    assert!(mounts_under(&lamina.store).is_empty());
+}
+
+#[test]
+fn requests_composefs_cannot_serve_are_refused_with_the_reason() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = &files.references()[TWO_LAYERS];
+    for (args, expect) in [
+        (
+            vec!["create", "--strategy", "composefs", "--without-mount"],
+            "create it with a mount",
+        ),
+        (
+            vec!["create", "--strategy", "pooled,composefs"],
+            "does not combine with `pooled`",
+        ),
+        (
+            vec!["create", "--strategy", "shared-ro,composefs"],
+            "no upper for `composefs`",
+        ),
+    ] {
+        let mut args = args.clone();
+        args.extend([image.as_str(), "x"]);
+        let out = lamina.run(&args);
+        assert_eq!(out.code, 1, "{args:?}: {out:?}");
+        assert!(out.stdout.contains(expect), "{args:?}: {out:?}");
+        assert!(!lamina.store.join("images/x").exists(), "{args:?}");
+    }
+    assert!(mounts_under(&lamina.store).is_empty());
+}
