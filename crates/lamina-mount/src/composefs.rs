@@ -40,6 +40,12 @@ use lamina_sys::{At, HostFs};
 /// An object's name: its fs-verity digest.
 type ObjectId = Sha256HashValue;
 
+/// Entries (of every layer, replaced ones included) a metadata image may be built from.
+/// The tree and the image are built in memory, a few hundred bytes an entry: this keeps
+/// a hostile image of millions of tiny files from taking gigabytes. Real images have
+/// tens of thousands; the largest seen, under a million.
+pub const MAX_ENTRIES: usize = 2_000_000;
+
 /// The merged tree while layers are laid over it: a regular file is still its path in a
 /// layer (hashed once the tree is final, so replaced files are never read).
 type Merging = generic_tree::FileSystem<PathBuf>;
@@ -98,6 +104,7 @@ fn build(store: &Store, chain_ids: &[Digest]) -> io::Result<Box<[u8]>> {
     let mut merge = Merge {
         host,
         inodes: HashMap::new(),
+        entries: 0,
     };
     let bottom = store.layout().layer_diff(&chain_ids[0]);
     let mut tree = Merging::new(merge.stat_of(&bottom)?);
@@ -119,6 +126,8 @@ struct Merge<'a> {
     host: &'a dyn HostFs,
     /// Layer inodes already in the tree, so a hardlink stays one inode.
     inodes: HashMap<(u64, u64), LeafId>,
+    /// Entries read so far, against [`MAX_ENTRIES`].
+    entries: usize,
 }
 
 impl Merge<'_> {
@@ -132,6 +141,12 @@ impl Merge<'_> {
         for entry in fs::read_dir(src)? {
             let name = entry?.file_name();
             let name = name.as_os_str();
+            self.entries += 1;
+            if self.entries > MAX_ENTRIES {
+                return Err(io::Error::other(format!(
+                    "the image's layers hold more than {MAX_ENTRIES} entries, more than a composefs image is built from"
+                )));
+            }
             let from = src.join(name);
             let st = self.host.stat(At::Path(&from))?;
             let kind = FileType::from_raw_mode(st.st_mode);
