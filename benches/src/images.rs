@@ -100,6 +100,39 @@ pub fn large_layer_seeded(total: usize, seed: u64) -> Vec<u8> {
     layer.finish().expect("layer")
 }
 
+/// Two images holding the same `files` files of `size` bytes (same names, modes and
+/// contents), layered differently: one layer with all of them, and `split` layers of an
+/// equal share each. Returns their `oci://` references and the files' paths.
+pub fn shared_files(
+    dir: &Path,
+    files: usize,
+    size: usize,
+    split: usize,
+) -> ([String; 2], Vec<String>) {
+    let mut text = Text::new(11);
+    let contents: Vec<(String, Vec<u8>)> = (0..files)
+        .map(|f| (format!("shared/file{f}"), text.bytes(size)))
+        .collect();
+    let layer_of = |part: &[(String, Vec<u8>)]| {
+        let mut layer = LayerBuilder::new().dir("shared", 0o755).expect("layer dir");
+        for (path, data) in part {
+            layer = layer.file(path, 0o644, data).expect("layer file");
+        }
+        layer.finish().expect("layer")
+    };
+    let one = image(vec![layer_of(&contents)], Compression::None);
+    let chunk = files.div_ceil(split.max(1));
+    let many = image(
+        contents.chunks(chunk).map(layer_of).collect(),
+        Compression::None,
+    );
+    let refs = [
+        write_layout(&dir.join("one-layer"), &one),
+        write_layout(&dir.join("many-layers"), &many),
+    ];
+    (refs, contents.into_iter().map(|(p, _)| p).collect())
+}
+
 /// An image of `tars` (bottom first), every layer stored with `compression`.
 pub fn image(tars: Vec<Vec<u8>>, compression: Compression) -> BuiltImage {
     let layers: Vec<Layer> = tars

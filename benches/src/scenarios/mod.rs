@@ -9,6 +9,7 @@ use lamina_integration::FsKind;
 
 use crate::report::Table;
 
+mod composefs;
 mod copy_up;
 mod density;
 mod import;
@@ -55,6 +56,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("process", process::run),
     ("scale", scale::run),
     ("isolated", isolated::run),
+    ("composefs", composefs::run),
 ];
 
 /// Prints a progress line with the time since the run started, so a long run is never

@@ -53,7 +53,7 @@ type MergingDir = generic_tree::Directory<PathBuf>;
 
 /// The image's metadata image, built if it does not exist yet (under a per-image lock,
 /// written in `tmp/` and renamed into place when whole, its objects synced first).
-pub(crate) fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, StoreError> {
+pub fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, StoreError> {
     let Some(top) = chain_ids.last() else {
         return Err(
             StoreError::io("building composefs image for", store.root())(io::Error::other(

@@ -1,0 +1,200 @@
+//! composefs (issue 24) against `classic` on the same filesystem, in one run:
+//!
+//! - a deep image (100 layers): the lowers in the mount, the first create (composefs
+//!   builds its metadata image then), warm create and delete p50;
+//! - two images holding the same files layered differently (one layer; five): bytes in
+//!   the store, and the page cache after every shared file is read in a container of
+//!   each — composefs's containers read one object where classic reads two layer files;
+//! - building the metadata image against importing (unpacking) the same layers.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use lamina_image::Image;
+
+use super::{Ctx, progress};
+use crate::report::Table;
+use crate::rig::Rig;
+use crate::stats::{Samples, human, ratio};
+
+const STRATEGIES: &[&str] = &["classic", "composefs"];
+
+pub fn run(ctx: &Ctx) -> Vec<Table> {
+    let layers = ctx.mode.pick(100, 5);
+    let samples = ctx.mode.pick(50, 3);
+    let (files, size) = ctx.mode.pick((500, 16 << 10), (20, 4 << 10));
+    let mut deep = Table::new(
+        "composefs-deep",
+        &[
+            "fs",
+            "strategy",
+            "layers",
+            "lowers in the mount",
+            "first create",
+            "create p50",
+            "delete p50",
+            "create p50 vs classic",
+        ],
+    );
+    let mut shared = Table::new(
+        "composefs-shared",
+        &[
+            "fs",
+            "strategy",
+            "unique file bytes",
+            "store bytes",
+            "page cache after reading both",
+            "cache vs unique bytes",
+        ],
+    );
+    let mut import = Table::new(
+        "composefs-import",
+        &[
+            "fs",
+            "layers",
+            "import (unpack)",
+            "build metadata image + objects",
+            "build vs import",
+        ],
+    );
+    for &kind in &ctx.filesystems {
+        let rig = Rig::new(kind, 2048);
+        progress(&format!("composefs {} {layers}-layer image", rig.fs_name()));
+        let reference = crate::images::many_layers(&rig.scratch("deep"), layers);
+        let image = crate::images::resolve(&reference);
+        let t = Instant::now();
+        let chain_ids = rig.store.import(&image).unwrap();
+        let imported = t.elapsed();
+        let t = Instant::now();
+        lamina_mount::composefs::ensure(&rig.store, &chain_ids).unwrap();
+        let built = t.elapsed();
+        import.row(vec![
+            rig.fs_name().into(),
+            layers.to_string(),
+            human(imported),
+            human(built),
+            ratio(built, imported),
+        ]);
+        // The first create below finds the image built: remove it so it is timed.
+        std::fs::remove_file(lamina_mount::composefs::image_path(
+            &rig.store,
+            chain_ids.last().unwrap(),
+        ))
+        .unwrap();
+        let mut classic = None;
+        for strategy in STRATEGIES {
+            let first = rig.timed_create(&image, "first", strategy, false);
+            let lowers = lowers_in_mount(&rig.store.layout().container("first").join("rootfs"));
+            rig.delete("first");
+            let (creates, deletes) = cycles(&rig, &image, strategy, samples);
+            let (c, d) = (creates.summary(), deletes.summary());
+            let base = *classic.get_or_insert(c.p50);
+            deep.row(vec![
+                rig.fs_name().into(),
+                format!("`{strategy}`"),
+                layers.to_string(),
+                lowers.to_string(),
+                human(first),
+                human(c.p50),
+                human(d.p50),
+                ratio(c.p50, base),
+            ]);
+        }
+
+        progress(&format!("composefs {} shared files", rig.fs_name()));
+        let (refs, paths) = crate::images::shared_files(&rig.scratch("shared"), files, size, 5);
+        let images: Vec<Image> = refs.iter().map(|r| rig.warm(r)).collect();
+        let unique = (files * size) as u64;
+        for strategy in STRATEGIES {
+            let roots: Vec<_> = images
+                .iter()
+                .enumerate()
+                .map(|(i, image)| {
+                    let id = format!("shared-{i}");
+                    rig.create(image, &id, strategy, false);
+                    rig.store.layout().container(&id).join("rootfs")
+                })
+                .collect();
+            let store_bytes = du(rig.store.root());
+            let cached = cached_after_reading(&roots, &paths);
+            shared.row(vec![
+                rig.fs_name().into(),
+                format!("`{strategy}`"),
+                bytes(unique),
+                bytes(store_bytes),
+                bytes(cached),
+                format!("{:.2}×", cached as f64 / unique as f64),
+            ]);
+            rig.delete_all();
+        }
+    }
+    vec![deep, shared, import]
+}
+
+/// `n` creates and deletes of `strategy`, each timed.
+fn cycles(rig: &Rig, image: &Image, strategy: &str, n: usize) -> (Samples, Samples) {
+    let mut creates = Samples::new();
+    let mut deletes = Samples::new();
+    for i in 0..n {
+        let id = format!("cycle-{i}");
+        creates.push(rig.timed_create(image, &id, strategy, false));
+        deletes.push(rig.timed_delete(&id));
+    }
+    rig.reap_all();
+    (creates, deletes)
+}
+
+/// How many lower layers the overlay at `rootfs` was given (data-only ones not counted).
+fn lowers_in_mount(rootfs: &Path) -> usize {
+    let options = lamina_integration::proof::super_options(rootfs).unwrap_or_default();
+    options
+        .split(',')
+        .filter(|o| o.starts_with("lowerdir"))
+        .map(|o| o.split("::").next().unwrap_or(o).split(':').count())
+        .sum()
+}
+
+/// Bytes the page cache grew by while every file in `paths` was read in each rootfs,
+/// from a dropped cache.
+fn cached_after_reading(roots: &[std::path::PathBuf], paths: &[String]) -> u64 {
+    // Written pages first, so dropping leaves nothing of the setup behind.
+    rustix::fs::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let before = cached_bytes();
+    for root in roots {
+        for path in paths {
+            std::fs::read(root.join(path)).unwrap();
+        }
+    }
+    cached_bytes().saturating_sub(before)
+}
+
+fn cached_bytes() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("Cached:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// Disk blocks under `dir` (each inode once, as `du` counts hardlinks).
+fn du(dir: &Path) -> u64 {
+    let out = Command::new("du")
+        .args(["-sx", "--block-size=1"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
+fn bytes(n: u64) -> String {
+    format!("{:.1} MiB", n as f64 / (1 << 20) as f64)
+}
