@@ -30,10 +30,12 @@ fn objects(store: &Path) -> Vec<PathBuf> {
     found
 }
 
+/// The metadata images (`<top>.erofs`; each has a `.digest` beside it).
 fn images(store: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(store.join("composefs"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".erofs"))
         .collect();
     names.sort();
     names
@@ -86,7 +88,13 @@ fn two_images_share_their_files_objects_and_clean_collects_what_nothing_uses() {
     let cleaned = lamina.run(&["clean"]).json();
     assert_eq!(cleaned["composefs_images_removed"], 1, "{cleaned}");
     assert_eq!(cleaned["objects_removed"], after_one.len(), "{cleaned}");
-    assert!(images(&lamina.store).is_empty());
+    assert_eq!(
+        std::fs::read_dir(lamina.store.join("composefs"))
+            .unwrap()
+            .count(),
+        0,
+        "images and their digests gone"
+    );
     assert!(objects(&lamina.store).is_empty());
     assert!(mounts_under(&lamina.store).is_empty());
     let check = lamina.run(&["check"]).json();
@@ -156,4 +164,59 @@ fn requests_composefs_cannot_serve_are_refused_with_the_reason() {
         assert!(!lamina.store.join("images/x").exists(), "{args:?}");
     }
     assert!(mounts_under(&lamina.store).is_empty());
+}
+
+#[test]
+fn check_verify_names_a_tampered_object_and_image() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = &files.references()[TWO_LAYERS];
+    lamina.create_with(&["--strategy", "composefs"], image, "a");
+    let verified = lamina.run(&["check", "--verify"]).json();
+    assert_eq!(verified["ok"], true, "{verified}");
+
+    // One byte of an object changed (the layer's own inode: the layer changes too).
+    let object = objects(&lamina.store).into_iter().next().unwrap();
+    let mut bytes = std::fs::read(&object).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(&object, &bytes).unwrap();
+    let out = lamina.run(&["check", "--verify"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let problems = report["problems"].as_array().unwrap();
+    assert!(
+        problems.iter().any(|p| p["kind"] == "bad_object"
+            && p["path"] == object.to_str().unwrap()
+            && p["detail"].as_str().unwrap().contains("metadata images of")),
+        "{report}"
+    );
+    // Without --verify nothing reads the objects.
+    assert_eq!(lamina.run(&["check"]).json()["ok"], true);
+    bytes[0] ^= 0xff;
+    std::fs::write(&object, &bytes).unwrap();
+
+    // A metadata image changed: named; in use, so --repair leaves it.
+    let built = lamina
+        .store
+        .join("composefs")
+        .join(&images(&lamina.store)[0]);
+    let mut image_bytes = std::fs::read(&built).unwrap();
+    let last = image_bytes.len() - 1;
+    image_bytes[last] ^= 0xff;
+    std::fs::write(&built, &image_bytes).unwrap();
+    let out = lamina.run(&["check", "--verify", "--repair"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stdout.contains("bad_composefs_image"), "{out:?}");
+    assert!(built.exists(), "in use: left in place");
+    // Unused, --repair removes it and the next create builds it whole again.
+    lamina.delete_and_assert_gone("a", "composefs");
+    let repaired = lamina.run(&["check", "--verify", "--repair"]).json();
+    assert_eq!(repaired["problems"][0]["repaired"], true, "{repaired}");
+    assert!(!built.exists());
+    let rootfs = lamina.create_with(&["--strategy", "composefs"], image, "b");
+    assert!(rootfs.join("bin/busybox").exists());
+    assert_eq!(lamina.run(&["check", "--verify"]).json()["ok"], true);
+    lamina.delete_and_assert_gone("b", "composefs");
 }

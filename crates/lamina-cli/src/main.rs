@@ -110,6 +110,9 @@ enum Command {
         /// Fix what is safe to fix: abandoned work, crashed creates, pending deletes, orphan mounts, leaked loop devices, unused broken layers, unmounted rootfses
         #[arg(long)]
         repair: bool,
+        /// Also re-hash every composefs metadata image and object (reads all of them)
+        #[arg(long)]
+        verify: bool,
     },
     /// Unmount and remove a container (by ID or rootfs path); a missing one is not an error
     Delete {

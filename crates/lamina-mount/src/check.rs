@@ -18,7 +18,8 @@ use crate::{RootfsError, clean, delete};
 pub struct Problem {
     /// `tmp_abandoned`, `crashed_create`, `pending_delete`, `missing_layer`, `bad_layer`,
     /// `bad_record`, `orphan_mount`, `rootfs_not_mounted`, `leaked_loop_device`,
-    /// `snapshot_missing_layer`, `snapshot_missing_container`.
+    /// `snapshot_missing_layer`, `snapshot_missing_container`; with `--verify`,
+    /// `bad_composefs_image`, `bad_object`, `missing_object`.
     pub kind: &'static str,
     pub path: PathBuf,
     pub detail: String,
@@ -41,6 +42,17 @@ pub fn check(
     store: &Store,
     mounter: &dyn Mounter,
     repair: bool,
+) -> Result<CheckReport, RootfsError> {
+    check_verified(store, mounter, repair, false)
+}
+
+/// [`check`], and with `verify`, every composefs metadata image and object re-hashed
+/// (`composefs_verify.rs`): slow, it reads every byte of them.
+pub fn check_verified(
+    store: &Store,
+    mounter: &dyn Mounter,
+    repair: bool,
+    verify: bool,
 ) -> Result<CheckReport, RootfsError> {
     let clean_lock = store.lock("clean")?;
     let mut findings = Findings {
@@ -183,6 +195,40 @@ pub fn check(
         } else {
             let problem = found("bad_layer", &dir, &why);
             findings.fix(problem, &|| clean::remove_unmounted(mounter, &dir));
+        }
+    }
+
+    if verify {
+        // Under the layers lock taken shared, as a create holds it: no clean removes an
+        // image or object while it is read.
+        let _layers = store.use_layers()?;
+        let composefs_in_use: HashSet<String> = scan
+            .containers
+            .iter()
+            .filter(|c| c.model().flavor().is_some_and(|f| f.composefs))
+            .filter_map(|c| c.record.layers.last().map(|l| l.hex().to_string()))
+            .collect();
+        for damage in crate::composefs_verify::verify(store)? {
+            let problem = found(damage.kind, &damage.path, &damage.detail);
+            let unused = scan.bad.is_empty()
+                && damage
+                    .image_top
+                    .as_ref()
+                    .is_some_and(|top| !composefs_in_use.contains(top));
+            if unused {
+                // An image nobody mounts goes; the next create builds it again.
+                findings.fix(problem, &|| {
+                    for path in [
+                        damage.path.clone(),
+                        crate::composefs::digest_path(&damage.path),
+                    ] {
+                        std::fs::remove_file(&path).map_err(StoreError::io("removing", &path))?;
+                    }
+                    Ok(())
+                });
+            } else {
+                findings.problems.push(problem);
+            }
         }
     }
 

@@ -28,7 +28,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use composefs::erofs::writer::{ValidatedFileSystem, mkfs_erofs};
-use composefs::fsverity::{FsVerityHashValue, FsVerityHasher, Sha256HashValue};
+use composefs::fsverity::{FsVerityHashValue, FsVerityHasher, Sha256HashValue, compute_verity};
 use composefs::generic_tree::{self, Inode, Leaf, LeafContent, LeafId, Stat};
 use composefs::tree::RegularFile;
 use rustix::fs::FileType;
@@ -38,7 +38,7 @@ use lamina_store::{Store, StoreError};
 use lamina_sys::{At, HostFs};
 
 /// An object's name: its fs-verity digest.
-type ObjectId = Sha256HashValue;
+pub(crate) type ObjectId = Sha256HashValue;
 
 /// Entries (of every layer, replaced ones included) a metadata image may be built from.
 /// The tree and the image are built in memory, a few hundred bytes an entry: this keeps
@@ -79,6 +79,10 @@ pub fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, StoreError
         let mut file = File::create(&staging)?;
         file.write_all(&bytes)?;
         file.sync_all()?;
+        // What `check --verify` holds the image to, recorded before the image appears.
+        let digest = compute_verity::<ObjectId>(&bytes).to_hex();
+        lamina_store::write_durably(&digest_path(&image), digest.as_bytes())
+            .map_err(io::Error::other)?;
         fs::rename(&staging, &image)?;
         lamina_store::sync_dir(&store.layout().composefs()).map_err(io::Error::other)
     });
@@ -96,6 +100,13 @@ pub fn image_path(store: &Store, top: &Digest) -> PathBuf {
         .layout()
         .composefs()
         .join(format!("{}.erofs", top.hex()))
+}
+
+/// Where the fs-verity digest (hex) of metadata image `image` is recorded.
+pub fn digest_path(image: &Path) -> PathBuf {
+    let mut name = image.as_os_str().to_os_string();
+    name.push(".digest");
+    PathBuf::from(name)
 }
 
 /// The EROFS image of `chain_ids` merged, its objects stored and synced.

@@ -45,6 +45,12 @@ pub(crate) fn collect(
         if !in_use.contains(top) {
             collected.bytes += size_freed(&path)?;
             fs::remove_file(&path).map_err(StoreError::io("removing", &path))?;
+            let digest = crate::composefs::digest_path(&path);
+            match fs::remove_file(&digest) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("removing", &digest)(e)),
+            }
             collected.images += 1;
             continue;
         }

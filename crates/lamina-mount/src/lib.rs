@@ -17,6 +17,7 @@ mod clean;
 mod collect;
 pub mod composefs;
 mod composefs_collect;
+mod composefs_verify;
 mod create;
 mod delete;
 mod delete_store;
@@ -36,7 +37,7 @@ mod stats;
 mod strategy;
 
 pub use attach::{Attach, UpperToCommit, attach, commit_upper, create_empty, upper_to_commit};
-pub use check::{CheckReport, Problem, check};
+pub use check::{CheckReport, Problem, check, check_verified};
 pub use choose::{Choice, Pools, Request, choose};
 pub use clean::{CleanReport, clean, remove_crashed_create};
 pub use create::{CreateOptions, Created, Layers, StoredLayers, ToMount, create, create_from};

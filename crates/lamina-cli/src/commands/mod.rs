@@ -237,9 +237,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 )?
             );
         }
-        Command::Check { repair } => {
+        Command::Check { repair, verify } => {
             let store = ctx.open_bare_store()?;
-            let report = lamina_mount::check(&store, &mounter, repair)?;
+            let report = lamina_mount::check_verified(&store, &mounter, repair, verify)?;
             println!("{}", crate::output::json_line(&report)?);
             if !report.ok {
                 return Err(AlreadyReported.into());
