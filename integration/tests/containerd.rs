@@ -194,3 +194,62 @@ fn ctr_runs_images_of_128_and_300_layers_on_lamina() {
     drop(ctd);
     drop(daemon);
 }
+
+/// lamina's composefs strategy under containerd: the daemon's default for container
+/// snapshots. An unpack commits classic layers; a container snapshot on them is one
+/// composefs overlay (its metadata image built from the committed chain), which lamina
+/// mounts and answers as a bind. runc boots the merged image, a 300-layer image runs with
+/// one lower, and removing the images lets `clean`'s collection take images and objects.
+#[test]
+fn ctr_runs_containers_on_composefs_snapshots() {
+    require_root();
+    let fs = ScratchFs::ext4(2048);
+    let files = sample_image(&fs.path().join("image"));
+    let store = fs.path().join("store");
+    let daemon = Daemon::start(
+        &store,
+        &fs.path().join("lamina.sock"),
+        &["--snapshot-strategy", "composefs"],
+    );
+    let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
+    import(&ctd, "docker.io/lamina/sample", &files.oci_archive);
+    let out = run_on_lamina(&ctd, "proof", PROOF);
+    assert_eq!(out, MERGED, "{}", daemon.log());
+    assert_eq!(
+        entries(&store.join("composefs")),
+        2,
+        "an image and its digest"
+    );
+
+    let deep = lamina_integration::deep_image(&fs.path().join("deep"), 300);
+    import(&ctd, "docker.io/lamina/deep", &deep.oci_archive);
+    let out = ctd.ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "lamina",
+        "docker.io/lamina/deep:latest",
+        "deep",
+        "sh",
+        "-c",
+        "ls /deep | wc -l; grep -o 'lowerdir[^,]*' /proc/self/mountinfo | head -1",
+    ]);
+    assert!(out.starts_with("299\n"), "{out}\n{}", daemon.log());
+
+    for image in [IMAGE, "docker.io/lamina/deep:latest"] {
+        ctd.ctr_ok(&["images", "rm", "--sync", image]);
+    }
+    wait_until(
+        "lamina to remove every container, layer and composefs image",
+        || {
+            entries(&store.join("images")) == 0
+                && entries(&store.join("trash")) == 0
+                && entries(&store.join("layers")) == 0
+                && entries(&store.join("composefs")) == 0
+        },
+    );
+    let leaked = mounts_under(&store);
+    assert!(leaked.is_empty(), "mounts left: {leaked:?}");
+    drop(ctd);
+    drop(daemon);
+}

@@ -42,8 +42,10 @@ fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach,
     let dirs = container.dirs(store);
     let bind = |source: PathBuf| Attach::Bind { source, read_only };
     let volatile = model.flavor().is_some_and(|f| f.volatile);
-    // An idmapped overlay, like a volatile one, only lamina can mount: the caller binds.
-    let lamina_mounts = volatile || container.rootfs.idmap.is_some();
+    let composefs = model.flavor().is_some_and(|f| f.composefs);
+    // An idmapped overlay, like a volatile or a composefs one (its metadata image is a
+    // detached mount no option names), only lamina can mount: the caller binds.
+    let lamina_mounts = volatile || composefs || container.rootfs.idmap.is_some();
     Ok(if container.rootfs.mounted || lamina_mounts {
         if !mounter.is_mountpoint(&dirs.rootfs)? {
             crate::remount::mount_held(store, mounter, id)?;
@@ -225,7 +227,9 @@ pub fn upper_to_commit(
     {
         return Err(RootfsError::VolatileUnclean { id: id.into() });
     }
-    let metacopy = flavor.is_some_and(|f| f.metacopy);
+    // composefs mounts with metacopy on: its copy-ups are metadata-only too, and the
+    // layers hold the same tree its metadata image was built from.
+    let metacopy = flavor.is_some_and(|f| f.metacopy || f.composefs);
     Ok(UpperToCommit {
         upper: container.dirs(store).upper,
         metacopy_lowers: metacopy.then(|| crate::plan::lowers(store, &container.record.layers)),

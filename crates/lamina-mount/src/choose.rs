@@ -127,6 +127,12 @@ pub fn choose(
             "metadata-only copy-up did not happen in the probe",
         );
     }
+    if strategies.composefs && !(probe.lowerdir_plus && probe.metacopy) {
+        return unsupported(
+            "composefs",
+            "it needs overlay's `lowerdir+`/`datadir+` (Linux 6.8) and metadata-only copy-up",
+        );
+    }
     if strategies.volatile && !probe.volatile {
         return unsupported("volatile", "overlay refused the volatile option");
     }

@@ -30,8 +30,9 @@ pub struct CreateOptions {
     /// With `without_mount`, a pooled strategy still claims a ready pre-mounted overlay
     /// (the caller binds it: containerd's snapshotter), and the record says it is mounted.
     pub claim_pooled_without_mount: bool,
-    /// With `without_mount`, a volatile overlay is still mounted by lamina (the caller
-    /// binds it: containerd's snapshotter). The kernel marks a volatile upper's work dir
+    /// With `without_mount`, a volatile or composefs overlay is still mounted by lamina
+    /// (the caller binds it: containerd's snapshotter). A composefs overlay's metadata
+    /// image is a detached mount no option string can name. The kernel marks a volatile upper's work dir
     /// when it mounts it and refuses every later mount until the marker goes, which
     /// only lamina's own `unmount` does after a clean sync; an overlay the caller
     /// mounted and unmounted itself could never be mounted again (a task restart).
@@ -328,7 +329,7 @@ fn refuse_composefs_where_it_cannot_serve(
     request: &Request,
     options: &CreateOptions,
 ) -> Result<(), RootfsError> {
-    if options.without_mount {
+    if options.without_mount && !options.mount_volatile_without_mount {
         return Err(RootfsError::Refused(
             "strategy `composefs` mounts its EROFS metadata image itself and cannot be handed over as mount options: create it with a mount".into(),
         ));
@@ -414,7 +415,7 @@ fn overlay<'a>(
     spec.read_only = read_only;
     plan::own_idmap(&mut spec, options.idmap.as_ref());
     let mounts = !without_mount
-        || (flavor.volatile && options.mount_volatile_without_mount)
+        || ((flavor.volatile || flavor.composefs) && options.mount_volatile_without_mount)
         || options.idmap.is_some();
     if mounts {
         mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
