@@ -148,10 +148,6 @@ fn requests_composefs_cannot_serve_are_refused_with_the_reason() {
             "create it with a mount",
         ),
         (
-            vec!["create", "--strategy", "pooled,composefs"],
-            "does not combine with `pooled`",
-        ),
-        (
             vec!["create", "--strategy", "shared-ro,composefs"],
             "no upper for `composefs`",
         ),

@@ -61,6 +61,7 @@ const CASES: &[Case] = &[
     case("composefs,volatile,deferred", &[], TWO_LAYERS),
     case("composefs", &["--read-only"], TWO_LAYERS),
     case("composefs,isolated-memory", &[], TWO_LAYERS),
+    case("pooled,composefs", &[], TWO_LAYERS),
 ];
 
 impl Case {

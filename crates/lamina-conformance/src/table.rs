@@ -347,6 +347,7 @@ pub fn lifecycle_rows() -> Vec<Row> {
         ("pooled,metacopy", METACOPY, Inline),
         ("pooled,volatile", VOLATILE, Inline),
         ("pooled,metacopy,volatile", METACOPY_VOLATILE, Deferred),
+        ("pooled,composefs", COMPOSEFS, Inline),
         ("pooled,isolated", disk(PLAIN), Deferred),
         ("pooled,isolated,metacopy", disk(METACOPY), Deferred),
         (

@@ -139,6 +139,11 @@ fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> 
     for layers in pool::target_layers(store) {
         name(&layers);
     }
+    composefs.extend(
+        pool::composefs_target_tops(store)
+            .iter()
+            .map(|top| top.hex().to_string()),
+    );
     // containerd's committed snapshots, and commits in flight.
     if let Some(snapshots) = store.snapshots_if_any()? {
         name(&snapshots.layers()?.into_iter().collect::<Vec<_>>());

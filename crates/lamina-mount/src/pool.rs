@@ -213,6 +213,9 @@ fn make_slot(
     if kind.layers.is_empty() {
         return Ok(Vec::new());
     }
+    if kind.flavor.composefs {
+        crate::composefs::ensure(store, &kind.layers)?;
+    }
     let spec = plan::read_write(store, &kind.layers, &dirs, kind.flavor);
     mounter.mount_overlay(&spec, &dirs.rootfs)?;
     Ok(spec.option_strings())
@@ -225,6 +228,20 @@ fn read_target(path: &Path) -> Option<Target> {
 /// The layers of every pool's target: a pool is an operator's standing order for an
 /// image, so layer collection keeps them.
 pub(crate) fn target_layers(store: &Store) -> Vec<Vec<Digest>> {
+    targets(store).into_iter().map(|t| t.layers).collect()
+}
+
+/// The top layer of every pool target whose slots are composefs overlays: collection
+/// keeps their metadata images (and so their objects), as it keeps the layers.
+pub(crate) fn composefs_target_tops(store: &Store) -> Vec<Digest> {
+    targets(store)
+        .into_iter()
+        .filter(|t| Strategies::parse(&t.flavor).is_ok_and(|s| s.composefs))
+        .filter_map(|t| t.layers.last().cloned())
+        .collect()
+}
+
+fn targets(store: &Store) -> Vec<Target> {
     let Ok(entries) = fs::read_dir(store.layout().pool()) else {
         return Vec::new();
     };
@@ -233,7 +250,6 @@ pub(crate) fn target_layers(store: &Store) -> Vec<Vec<Digest>> {
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "target"))
         .filter_map(|p| read_target(&p))
-        .map(|t| t.layers)
         .collect()
 }
 

@@ -134,9 +134,6 @@ impl Strategies {
         if self.shared_ro && self.direct {
             return Err("strategies `shared-ro` and `direct` are two ways to give a read-only rootfs: pick one".into());
         }
-        if self.pooled && self.composefs {
-            return Err("strategy `composefs` is not pooled: `pool fill` does not build composefs overlays, so it does not combine with `pooled`".into());
-        }
         if self.pooled && self.isolated == Some(UpperBackend::Quota) {
             return Err("strategy `isolated-quota` makes a subvolume in about a millisecond and pools none: it does not combine with `pooled`".into());
         }
@@ -274,7 +271,6 @@ mod tests {
             ("pooled,isolated-quota", "does not combine with `pooled`"),
             ("shared-ro,isolated-quota", "no upper for `isolated`"),
             ("direct,composefs", "no upper for `composefs`"),
-            ("pooled,composefs", "does not combine with `pooled`"),
         ] {
             let err = Strategies::parse(list).unwrap_err();
             assert!(err.contains(expect), "{list}: {err}");
