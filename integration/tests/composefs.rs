@@ -216,3 +216,134 @@ fn check_verify_names_a_tampered_object_and_image() {
     assert_eq!(lamina.run(&["check", "--verify"]).json()["ok"], true);
     lamina.delete_and_assert_gone("b", "composefs");
 }
+
+/// An OCI layout of one layer, `tar`, at `dir`; its `oci://` reference.
+fn one_layer_image(dir: &Path, tar: Vec<u8>) -> String {
+    use lamina_image::{Compression, Platform};
+    let layer = lamina_sample::Layer {
+        tar,
+        compression: Compression::None,
+    };
+    let image = lamina_sample::build_image(&[layer], &["PATH=/bin"], &Platform::host()).unwrap();
+    lamina_sample::write_oci_layout(dir, &[&image], &[(image.manifest.clone(), Some("latest"))])
+        .unwrap();
+    format!("oci://{}:latest", dir.display())
+}
+
+/// Review finding: EROFS stores an inode's xattr count in a byte and sizes in 16 bits,
+/// and the crate's writer truncated past them silently; on XFS a 64 KiB value became
+/// forged overlay redirects. Such files are refused, naming the entry; classic serves
+/// them.
+#[test]
+fn xattrs_past_what_an_erofs_inode_holds_are_refused_naming_the_file() {
+    require_root();
+    let fs = ScratchFs::loop_backed(lamina_integration::FsKind::Xfs, 512, false);
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let big = vec![b'x'; 40 << 10];
+    let many: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("user.s{i:03}"), vec![b'v']))
+        .collect();
+    let many: Vec<(&str, &[u8])> = many
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    for (name, xattrs) in [("big", vec![("user.big", big.as_slice())]), ("many", many)] {
+        let tar = lamina_sample::LayerBuilder::new()
+            .dir("etc", 0o755)
+            .unwrap()
+            .file_with_xattrs("etc/victim", 0o644, &[b'V'; 100], &xattrs)
+            .unwrap()
+            .finish()
+            .unwrap();
+        let image = one_layer_image(&fs.path().join(name), tar);
+        let rootfs = lamina.create_with(&["--strategy", "classic"], &image, "classic");
+        assert_eq!(
+            std::fs::read(rootfs.join("etc/victim")).unwrap(),
+            [b'V'; 100]
+        );
+        lamina.delete_and_assert_gone("classic", name);
+        let out = lamina.run(&["create", "--strategy", "composefs", &image, "x"]);
+        assert_eq!(out.code, 1, "{name}: {out:?}");
+        assert!(
+            out.stdout.contains("etc/victim") && out.stdout.contains("xattrs"),
+            "{name}: names the file: {out:?}"
+        );
+        assert!(!lamina.store.join("images/x").exists());
+    }
+    assert!(mounts_under(&lamina.store).is_empty());
+}
+
+/// Review findings: a refusal came after the whole pull; a metadata image removed by
+/// hand was noticed by nothing and never built again; a staging copy at the top of
+/// `objects/` was never collected; a composefs pool's image could be collected under
+/// its mounted slots.
+#[test]
+fn lifecycle_gaps_the_review_found_stay_closed() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = &files.references()[TWO_LAYERS];
+
+    let out = lamina.run(&[
+        "create",
+        "--without-mount",
+        "--strategy",
+        "composefs",
+        image,
+        "x",
+    ]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert_eq!(
+        std::fs::read_dir(lamina.store.join("layers"))
+            .unwrap()
+            .count(),
+        0,
+        "refused before any layer was imported"
+    );
+
+    let rootfs = lamina.create_with(&["--strategy", "composefs"], image, "a");
+    let built = lamina
+        .store
+        .join("composefs")
+        .join(&images(&lamina.store)[0]);
+    std::fs::remove_file(&built).unwrap();
+    let out = lamina.run(&["check"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stdout.contains("missing_composefs_image"), "{out:?}");
+    lamina.run(&["unmount", "a"]);
+    lamina.run(&["mount", "a"]);
+    assert!(built.is_file(), "mount built it again");
+    assert!(rootfs.join("bin/busybox").exists());
+    assert_eq!(lamina.run(&["check", "--verify"]).json()["ok"], true);
+
+    let pool = lamina
+        .run(&[
+            "pool",
+            "fill",
+            image,
+            "--size",
+            "1",
+            "--strategy",
+            "pooled,composefs",
+        ])
+        .json();
+    assert_eq!(pool["ready"], 1, "{pool}");
+    lamina.delete_and_assert_gone("a", "composefs");
+    let planted = lamina.store.join("objects").join(".staging-left-1");
+    std::fs::write(&planted, b"half a copy").unwrap();
+    let cleaned = lamina.run(&["clean"]).json();
+    assert!(!planted.exists(), "{cleaned}");
+    assert_eq!(
+        cleaned["composefs_images_removed"], 0,
+        "the pool's image stays: {cleaned}"
+    );
+    let slot = lamina
+        .run(&["create", "--strategy", "pooled,composefs", image, "b"])
+        .json();
+    let slot = PathBuf::from(slot["root"]["path"].as_str().unwrap());
+    assert!(std::fs::read(slot.join("bin/busybox")).unwrap().len() > 64);
+    lamina.delete_and_assert_gone("b", "pooled composefs");
+    lamina.run(&["pool", "drain"]).json();
+    assert!(mounts_under(&lamina.store).is_empty());
+}

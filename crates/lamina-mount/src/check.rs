@@ -19,7 +19,7 @@ pub struct Problem {
     /// `tmp_abandoned`, `crashed_create`, `pending_delete`, `missing_layer`, `bad_layer`,
     /// `bad_record`, `orphan_mount`, `rootfs_not_mounted`, `leaked_loop_device`,
     /// `snapshot_missing_layer`, `snapshot_missing_container`; with `--verify`,
-    /// `bad_composefs_image`, `bad_object`, `missing_object`.
+    /// `bad_composefs_image`, `bad_object`, `missing_object`; `missing_composefs_image`.
     pub kind: &'static str,
     pub path: PathBuf,
     pub detail: String,
@@ -136,6 +136,22 @@ pub fn check_verified(
                     &store.layout().layer(layer),
                     &detail,
                 ));
+            }
+        }
+        if container.model().flavor().is_some_and(|f| f.composefs)
+            && let Some(top) = record.layers.last()
+        {
+            let image = crate::composefs::image_path(store, top);
+            if !image.is_file() {
+                let detail = format!(
+                    "container `{}` mounts this composefs metadata image, which is gone; `mount` builds it again from the layers",
+                    record.id
+                );
+                findings.fix(found("missing_composefs_image", &image, &detail), &|| {
+                    let _layers = store.use_layers()?;
+                    crate::composefs::ensure(store, &record.layers)?;
+                    Ok(())
+                });
             }
         }
         let rootfs = store.rootfs_path(&record.id);

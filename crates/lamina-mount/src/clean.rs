@@ -101,6 +101,14 @@ pub fn clean(
     report.crashed_creates += collected.crashed_creates;
     report.message = match &collected.kept_all {
         Some(why) => format!("kept every layer and flattened tree: {why}"),
+        None if collected.composefs_images + collected.objects > 0 => format!(
+            "removed {} unused layers, {} flattened trees, {} composefs images and {} objects ({} bytes)",
+            collected.layers,
+            collected.flattened,
+            collected.composefs_images,
+            collected.objects,
+            collected.bytes
+        ),
         None => format!(
             "removed {} unused layers and {} flattened trees ({} bytes)",
             collected.layers, collected.flattened, collected.bytes

@@ -41,10 +41,24 @@ use lamina_sys::{At, HostFs};
 pub(crate) type ObjectId = Sha256HashValue;
 
 /// Entries (of every layer, replaced ones included) a metadata image may be built from.
-/// The tree and the image are built in memory, a few hundred bytes an entry: this keeps
-/// a hostile image of millions of tiny files from taking gigabytes. Real images have
-/// tens of thousands; the largest seen, under a million.
-pub const MAX_ENTRIES: usize = 2_000_000;
+/// The tree and the image are built in memory, a few hundred bytes an entry plus the
+/// names, link targets and xattrs it holds (bounded by [`MAX_METADATA_BYTES`]): together
+/// about 1.5 GiB at worst, where a hostile layer of long symlinks cost 12.5 KiB an entry
+/// without the second bound (review finding). Real images have tens of thousands.
+pub const MAX_ENTRIES: usize = 1_000_000;
+
+/// Bytes of names, symlink targets and xattrs (names and values) the build reads, across
+/// every layer: each is held about three times (tree, image, hashes of names).
+pub const MAX_METADATA_BYTES: usize = 256 << 20;
+
+/// The most xattrs, and xattr bytes (names and values), one inode may carry into a
+/// metadata image. EROFS (and the `composefs` crate's writer) stores an inode's shared
+/// xattr count in a byte and its xattr area's size and each value's size in 16 bits, and
+/// the writer truncates past them silently: a 64 KiB value on an XFS layer made the
+/// kernel read the value's bytes as forged overlay redirects into another image's objects
+/// (review finding). Far above what real images carry (ACLs, capabilities, labels).
+pub const MAX_XATTRS_PER_INODE: usize = 128;
+pub const MAX_XATTR_BYTES_PER_INODE: usize = 32 << 10;
 
 /// The merged tree while layers are laid over it: a regular file is still its path in a
 /// layer (hashed once the tree is final, so replaced files are never read).
@@ -116,6 +130,7 @@ fn build(store: &Store, chain_ids: &[Digest]) -> io::Result<Box<[u8]>> {
         host,
         inodes: HashMap::new(),
         entries: 0,
+        metadata_bytes: 0,
     };
     let bottom = store.layout().layer_diff(&chain_ids[0]);
     let mut tree = Merging::new(merge.stat_of(&bottom)?);
@@ -127,7 +142,12 @@ fn build(store: &Store, chain_ids: &[Digest]) -> io::Result<Box<[u8]>> {
     }
     tree.compact();
     let objects = store.layout().objects();
-    let tree = tree.try_map_regular(|path| store_object(path, &objects))?;
+    let staging = store.layout().tmp().join(format!(
+        "composefs-{}-objects-{}",
+        chain_ids[chain_ids.len() - 1].hex(),
+        lamina_store::unique_suffix()
+    ));
+    let tree = tree.try_map_regular(|path| store_object(path, &objects, &staging))?;
     host.syncfs(&objects).map_err(io::Error::from)?;
     let tree = ValidatedFileSystem::new(tree).map_err(|e| io::Error::other(format!("{e:#}")))?;
     Ok(mkfs_erofs(&tree))
@@ -139,6 +159,8 @@ struct Merge<'a> {
     inodes: HashMap<(u64, u64), LeafId>,
     /// Entries read so far, against [`MAX_ENTRIES`].
     entries: usize,
+    /// Names, link targets and xattrs read so far, against [`MAX_METADATA_BYTES`].
+    metadata_bytes: usize,
 }
 
 impl Merge<'_> {
@@ -152,66 +174,92 @@ impl Merge<'_> {
         for entry in fs::read_dir(src)? {
             let name = entry?.file_name();
             let name = name.as_os_str();
+            let from = src.join(name);
             self.entries += 1;
             if self.entries > MAX_ENTRIES {
                 return Err(io::Error::other(format!(
                     "the image's layers hold more than {MAX_ENTRIES} entries, more than a composefs image is built from"
                 )));
             }
-            let from = src.join(name);
-            let st = self.host.stat(At::Path(&from))?;
-            let kind = FileType::from_raw_mode(st.st_mode);
-            if kind == FileType::CharacterDevice && st.st_rdev == 0 {
-                dir.remove(name); // a whiteout: the name is gone from here down
-                continue;
+            self.count_bytes(name.len())?;
+            self.apply_entry(&from, name, dir, leaves)?;
+        }
+        Ok(())
+    }
+
+    /// Lays one entry of a layer, `from`, over `dir` under `name`. Errors name the entry
+    /// (from the layer's `diff/` down).
+    fn apply_entry(
+        &mut self,
+        from: &Path,
+        name: &OsStr,
+        dir: &mut MergingDir,
+        leaves: &mut Vec<Leaf<PathBuf>>,
+    ) -> io::Result<()> {
+        let at = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", shown(from)));
+        let st = self
+            .host
+            .stat(At::Path(from))
+            .map_err(io::Error::from)
+            .map_err(at)?;
+        let kind = FileType::from_raw_mode(st.st_mode);
+        if kind == FileType::CharacterDevice && st.st_rdev == 0 {
+            dir.remove(name); // a whiteout: the name is gone from here down
+            return Ok(());
+        }
+        if kind == FileType::Directory {
+            let keep =
+                matches!(dir.lookup(name), Some(Inode::Directory(_))) && !self.is_opaque(from);
+            if !keep {
+                let fresh = generic_tree::Directory::new(Stat::uninitialized());
+                dir.insert(name, Inode::Directory(Box::new(fresh)));
             }
-            if kind == FileType::Directory {
-                let keep =
-                    matches!(dir.lookup(name), Some(Inode::Directory(_))) && !self.is_opaque(&from);
-                if !keep {
-                    let fresh = generic_tree::Directory::new(Stat::uninitialized());
-                    dir.insert(name, Inode::Directory(Box::new(fresh)));
-                }
-                let child = dir
-                    .get_directory_mut(name)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
-                self.apply(&from, child, leaves)?;
-                child.stat = self.stat_of(&from)?;
-                continue;
+            let child = dir
+                .get_directory_mut(name)
+                .map_err(|e| at(io::Error::other(e.to_string())))?;
+            self.apply(from, child, leaves)?;
+            child.stat = self.stat_of(from).map_err(at)?;
+            return Ok(());
+        }
+        let id = match self.inodes.get(&(st.st_dev, st.st_ino)) {
+            Some(&id) => id,
+            None => {
+                let content = match kind {
+                    FileType::RegularFile => LeafContent::Regular(from.to_path_buf()),
+                    FileType::Symlink => {
+                        let target = fs::read_link(from).map_err(at)?.into_os_string();
+                        self.count_bytes(target.len())?;
+                        LeafContent::Symlink(target.into())
+                    }
+                    FileType::CharacterDevice => {
+                        LeafContent::CharacterDevice(device(st.st_rdev).map_err(at)?)
+                    }
+                    FileType::BlockDevice => {
+                        LeafContent::BlockDevice(device(st.st_rdev).map_err(at)?)
+                    }
+                    FileType::Fifo => LeafContent::Fifo,
+                    FileType::Socket => LeafContent::Socket,
+                    _ => return Err(at(io::Error::other("a file of unknown type"))),
+                };
+                let id = LeafId(leaves.len());
+                leaves.push(Leaf {
+                    stat: self.stat_of(from).map_err(at)?,
+                    content,
+                });
+                self.inodes.insert((st.st_dev, st.st_ino), id);
+                id
             }
-            let id = match self.inodes.get(&(st.st_dev, st.st_ino)) {
-                Some(&id) => id,
-                None => {
-                    let content = match kind {
-                        FileType::RegularFile => LeafContent::Regular(from.clone()),
-                        FileType::Symlink => {
-                            LeafContent::Symlink(fs::read_link(&from)?.into_os_string().into())
-                        }
-                        FileType::CharacterDevice => {
-                            LeafContent::CharacterDevice(device(&from, st.st_rdev)?)
-                        }
-                        FileType::BlockDevice => {
-                            LeafContent::BlockDevice(device(&from, st.st_rdev)?)
-                        }
-                        FileType::Fifo => LeafContent::Fifo,
-                        FileType::Socket => LeafContent::Socket,
-                        _ => {
-                            return Err(io::Error::other(format!(
-                                "{}: a file of unknown type",
-                                from.display()
-                            )));
-                        }
-                    };
-                    let id = LeafId(leaves.len());
-                    leaves.push(Leaf {
-                        stat: self.stat_of(&from)?,
-                        content,
-                    });
-                    self.inodes.insert((st.st_dev, st.st_ino), id);
-                    id
-                }
-            };
-            dir.insert(name, Inode::leaf(id));
+        };
+        dir.insert(name, Inode::leaf(id));
+        Ok(())
+    }
+
+    fn count_bytes(&mut self, n: usize) -> io::Result<()> {
+        self.metadata_bytes += n;
+        if self.metadata_bytes > MAX_METADATA_BYTES {
+            return Err(io::Error::other(format!(
+                "the image's names, link targets and xattrs pass {MAX_METADATA_BYTES} bytes, more than a composefs image is built from"
+            )));
         }
         Ok(())
     }
@@ -225,17 +273,26 @@ impl Merge<'_> {
 
     /// Owner, mode (set-id and sticky bits included), mtime and xattrs other than
     /// overlay's own markers, read through the store's host (the kernel seam).
-    fn stat_of(&self, path: &Path) -> io::Result<Stat> {
+    fn stat_of(&mut self, path: &Path) -> io::Result<Stat> {
         let st = self.host.stat(At::Path(path))?;
         let mut xattrs = std::collections::BTreeMap::new();
+        let mut xattr_bytes = 0;
         for name in self.host.list_xattrs(At::Path(path))? {
             if name.as_encoded_bytes().starts_with(b"trusted.overlay.") {
                 continue; // overlay's markers mean nothing in the merged tree
             }
             if let Some(value) = self.host.get_xattr(At::Path(path), &name)? {
+                xattr_bytes += name.len() + value.len();
                 xattrs.insert(name.into_boxed_os_str(), value.into_boxed_slice());
             }
         }
+        if xattrs.len() > MAX_XATTRS_PER_INODE || xattr_bytes > MAX_XATTR_BYTES_PER_INODE {
+            return Err(io::Error::other(format!(
+                "{} xattrs of {xattr_bytes} bytes on one file, more than a composefs image holds ({MAX_XATTRS_PER_INODE}, {MAX_XATTR_BYTES_PER_INODE} bytes)",
+                xattrs.len()
+            )));
+        }
+        self.count_bytes(xattr_bytes)?;
         Ok(Stat {
             st_mode: st.st_mode & 0o7777,
             st_uid: st.st_uid,
@@ -247,12 +304,20 @@ impl Merge<'_> {
     }
 }
 
+/// A layer path as errors show it: from the layer's `diff/` down.
+fn shown(path: &Path) -> String {
+    let text = path.display().to_string();
+    match text.find("/diff/") {
+        Some(at) => text[at + "/diff/".len()..].to_string(),
+        None => text,
+    }
+}
+
 /// A device number as EROFS stores it (32 bits; the writer would panic on more).
-fn device(path: &Path, rdev: u64) -> io::Result<u64> {
+fn device(rdev: u64) -> io::Result<u64> {
     if rdev > u64::from(u32::MAX) {
         return Err(io::Error::other(format!(
-            "{}: device number {rdev:#x} does not fit an EROFS inode",
-            path.display()
+            "device number {rdev:#x} does not fit an EROFS inode"
         )));
     }
     Ok(rdev)
@@ -260,7 +325,11 @@ fn device(path: &Path, rdev: u64) -> io::Result<u64> {
 
 /// A layer's regular file as the image records it: inline when small, otherwise an
 /// object in `objects`, made if no file of that content is there yet.
-fn store_object(path: &PathBuf, objects: &Path) -> io::Result<RegularFile<ObjectId>> {
+fn store_object(
+    path: &PathBuf,
+    objects: &Path,
+    staging: &Path,
+) -> io::Result<RegularFile<ObjectId>> {
     let mut file = File::open(path)?;
     let size = file.metadata()?.len();
     if size <= composefs::INLINE_CONTENT_MAX_V0 as u64 {
@@ -279,16 +348,14 @@ fn store_object(path: &PathBuf, objects: &Path) -> io::Result<RegularFile<Object
         match fs::hard_link(path, &object) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            // Past the filesystem's link limit, or refused: a copy of our own, published
-            // whole by a rename.
+            // Past the filesystem's link limit, or refused: a copy of our own, written in
+            // `tmp/` under the build's name (swept with it after a crash), synced, then
+            // published whole by a rename: an object's name is never trusted before its
+            // content is on disk.
             Err(_) => {
-                let staging = objects.join(format!(
-                    ".{}-{}",
-                    id.to_hex(),
-                    lamina_store::unique_suffix()
-                ));
-                fs::copy(path, &staging)?;
-                fs::rename(&staging, &object)?;
+                fs::copy(path, staging)?;
+                File::open(staging)?.sync_all()?;
+                fs::rename(staging, &object)?;
             }
         }
     }

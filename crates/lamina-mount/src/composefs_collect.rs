@@ -80,13 +80,17 @@ pub(crate) fn collect(
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned();
-        if !fan_out.is_dir() {
+        if !fan_out.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            // Nothing but fan-out directories belongs here (an older build staged its
+            // copies here): no image can reference it.
+            collected.bytes += size_freed(&fan_out)?;
+            fs::remove_file(&fan_out).map_err(StoreError::io("removing", &fan_out))?;
+            collected.objects += 1;
             continue;
         }
         for object in read_dir(&fan_out)? {
             let object = object.map_err(StoreError::io("listing", &fan_out))?.path();
             let name = object.file_name().unwrap_or_default().to_string_lossy();
-            // A staging copy (`.<hex>-<unique>`) is never referenced: a dead build's.
             if referenced.contains(&format!("{prefix}/{name}")) {
                 continue;
             }

@@ -206,6 +206,11 @@ fn create_locked(
         Some(_) => crate::choose::for_own_idmap(choice)?,
         None => choice,
     };
+    // Before any layer is fetched: a refusal should not cost the caller a pull.
+    let composefs = choice.model.flavor().is_some_and(|f| f.composefs);
+    if composefs {
+        refuse_composefs_where_it_cannot_serve(&request, options)?;
+    }
     // Pool slots are mounted read-write overlays (`choose` refuses a read-only pooled):
     // a named `pooled` is served from the pool of exactly its flavor (see `overlay`) or
     // refused, never replaced.
@@ -221,8 +226,7 @@ fn create_locked(
     let _layers_in_use = store.use_layers()?;
     let chain_ids = layers.ensure(store)?;
     store.pause_point("create-imported");
-    if choice.model.flavor().is_some_and(|f| f.composefs) {
-        refuse_composefs_where_it_cannot_serve(&request, options)?;
+    if composefs {
         crate::composefs::ensure(store, &chain_ids)?;
     }
     let upper = choice

@@ -146,6 +146,16 @@ fn remount_overlay(
             id: container.id().into(),
         });
     }
+    // A metadata image that is gone (removed by hand, or by `check --verify --repair`
+    // as damaged) is built again from the layers: under the layers lock, as a create
+    // builds it, so no clean takes its objects before the image names them.
+    let _layers_in_use = if flavor.composefs {
+        let lock = store.use_layers()?;
+        crate::composefs::ensure(store, &container.record.layers)?;
+        Some(lock)
+    } else {
+        None
+    };
     let mut spec = plan::read_write(store, &container.record.layers, &dirs, flavor);
     spec.read_only = read_only;
     plan::own_idmap(&mut spec, container.rootfs.idmap.as_ref());
