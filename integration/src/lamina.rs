@@ -108,7 +108,8 @@ impl Lamina {
     /// `delete ID`, then the promise every strategy keeps: once the reaper is done
     /// (`lamina reap` waits for a background reaper, then finishes what is left), the
     /// container has no mount and no directory left, the trash is empty, and when it was
-    /// the last container, nothing of lamina's is mounted under the store but pool slots.
+    /// the last container, nothing of lamina's is mounted under the store but pool slots
+    /// and composefs metadata images (one mount per image, released by `clean`).
     /// `context` names the case in a failure.
     pub fn delete_and_assert_gone(&self, id: &str, context: &str) {
         let dir = self.store.join("images").join(id);
@@ -125,6 +126,7 @@ impl Lamina {
         let mounts = crate::scratch::mounts_under(&self.store);
         let last = self.entries("images") == 0;
         let pool = self.store.join("pool");
+        let composefs = self.store.join("composefs");
         // A background refill builds its slot in tmp/pool-* and then renames it into pool/.
         let refilling = |m: &PathBuf| {
             m.strip_prefix(self.store.join("tmp"))
@@ -137,7 +139,10 @@ impl Lamina {
             .filter(|m| {
                 m.starts_with(&dir)
                     || m.starts_with(&trash)
-                    || (last && !m.starts_with(&pool) && !refilling(m))
+                    || (last
+                        && !m.starts_with(&pool)
+                        && !m.starts_with(&composefs)
+                        && !refilling(m))
             })
             .collect();
         assert!(

@@ -127,6 +127,15 @@ fn a_crashed_image_build_is_swept_and_the_next_create_builds_it_whole() {
     let built = images(&lamina.store);
     assert_eq!(built.len(), 1);
     let path = lamina.store.join("composefs").join(&built[0]);
+    // Damaged while nothing has it mounted (a host restart unmounted it).
+    let mnt = path.with_extension("mnt");
+    assert!(
+        std::process::Command::new("umount")
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success()
+    );
     std::fs::write(&path, b"not an image").unwrap();
     let out = lamina.run(&["create", "--strategy", "composefs", image, "b"]);
     assert_eq!(out.code, 1, "{out:?}");
@@ -144,11 +153,11 @@ fn requests_composefs_cannot_serve_are_refused_with_the_reason() {
     let image = &files.references()[TWO_LAYERS];
     for (args, expect) in [
         (
-            vec!["create", "--strategy", "composefs", "--without-mount"],
-            "create it with a mount",
+            vec!["create", "--strategy", "shared-ro,composefs"],
+            "no upper for `composefs`",
         ),
         (
-            vec!["create", "--strategy", "shared-ro,composefs"],
+            vec!["create", "--strategy", "direct,composefs"],
             "no upper for `composefs`",
         ),
     ] {
@@ -273,8 +282,8 @@ fn xattrs_past_what_an_erofs_inode_holds_are_refused_naming_the_file() {
     assert!(mounts_under(&lamina.store).is_empty());
 }
 
-/// Review findings: a refusal came after the whole pull; a metadata image removed by
-/// hand was noticed by nothing and never built again; a staging copy at the top of
+/// Review findings: a metadata image removed by hand was noticed by nothing and never
+/// built again; a staging copy at the top of
 /// `objects/` was never collected; a composefs pool's image could be collected under
 /// its mounted slots.
 #[test]
@@ -285,22 +294,37 @@ fn lifecycle_gaps_the_review_found_stay_closed() {
     let lamina = Lamina::init(&fs.path().join("store"));
     let image = &files.references()[TWO_LAYERS];
 
-    let out = lamina.run(&[
-        "create",
-        "--without-mount",
-        "--strategy",
-        "composefs",
-        image,
-        "x",
-    ]);
-    assert_eq!(out.code, 1, "{out:?}");
-    assert_eq!(
-        std::fs::read_dir(lamina.store.join("layers"))
-            .unwrap()
-            .count(),
-        0,
-        "refused before any layer was imported"
-    );
+    // `--without-mount`: the options name the image's shared EROFS mount and the
+    // objects, and mount as Garden would mount them.
+    let spec = lamina
+        .run(&[
+            "create",
+            "--without-mount",
+            "--strategy",
+            "composefs",
+            image,
+            "w",
+        ])
+        .json();
+    let options: Vec<&str> = spec["mounts"][0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_str().unwrap())
+        .collect();
+    let lowerdir = options.iter().find(|o| o.starts_with("lowerdir=")).unwrap();
+    assert!(lowerdir.contains(".mnt::"), "{options:?}");
+    let target = lamina.rootfs("w");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &options.join(",")])
+        .arg(&target)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "{options:?}");
+    assert!(std::fs::read(target.join("bin/busybox")).unwrap().len() > 64);
+    let unmounted = std::process::Command::new("umount").arg(&target).status();
+    assert!(unmounted.unwrap().success());
+    lamina.delete_and_assert_gone("w", "composefs --without-mount");
 
     let rootfs = lamina.create_with(&["--strategy", "composefs"], image, "a");
     let built = lamina
@@ -345,5 +369,8 @@ fn lifecycle_gaps_the_review_found_stay_closed() {
     assert!(std::fs::read(slot.join("bin/busybox")).unwrap().len() > 64);
     lamina.delete_and_assert_gone("b", "pooled composefs");
     lamina.run(&["pool", "drain"]).json();
+    // The image's EROFS mount stays until `clean` finds nothing uses the image.
+    let cleaned = lamina.run(&["clean"]).json();
+    assert_eq!(cleaned["composefs_images_removed"], 1, "{cleaned}");
     assert!(mounts_under(&lamina.store).is_empty());
 }

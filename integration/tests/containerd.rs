@@ -217,8 +217,8 @@ fn ctr_runs_containers_on_composefs_snapshots() {
     assert_eq!(out, MERGED, "{}", daemon.log());
     assert_eq!(
         entries(&store.join("composefs")),
-        2,
-        "an image and its digest"
+        3,
+        "an image, its digest and its mount"
     );
 
     let deep = lamina_integration::deep_image(&fs.path().join("deep"), 300);

@@ -186,15 +186,19 @@ impl Rig for FakeRig {
         // a plain directory is recorded as its only lower).
         let upper = spec.upper.as_deref().map(|u| moved_with(made, u));
         for dir in upper.iter().chain(&spec.lowers) {
+            // A lower that is a (fake) mounted composefs metadata image.
+            if let Some(image) = self.fake.erofs_image_at(dir) {
+                match read_composefs(&image, &spec.data_lowers, rel) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    found => return found,
+                }
+            }
             let path = dir.join(rel);
             if path.exists() {
                 return fs::read(path);
             }
         }
-        match &spec.metadata_image {
-            Some(image) => read_composefs(image, &spec.data_lowers, rel),
-            None => Err(io::Error::new(io::ErrorKind::NotFound, rel.to_string())),
-        }
+        Err(io::Error::new(io::ErrorKind::NotFound, rel.to_string()))
     }
 
     fn is_read_only(&self, made: &Made) -> bool {
@@ -300,6 +304,13 @@ impl Mounter for FaultyMounter {
             return Err(MountError::new("mount upper filesystem at", target, errno));
         }
         self.inner.mount_upper_fs(fs, target)
+    }
+
+    fn mount_erofs(&self, image: &Path, target: &Path) -> Result<(), MountError> {
+        if let Some(errno) = take(&self.next_mount) {
+            return Err(MountError::new("mount EROFS image at", target, errno));
+        }
+        self.inner.mount_erofs(image, target)
     }
 
     fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError> {

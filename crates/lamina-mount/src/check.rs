@@ -152,6 +152,8 @@ pub fn check_verified(
                     crate::composefs::ensure(store, &record.layers)?;
                     Ok(())
                 });
+                // Its old mount (if any) shows the image that is gone: `mount` mounts
+                // the rebuilt one only where nothing is mounted.
             }
         }
         let rootfs = store.rootfs_path(&record.id);
@@ -383,6 +385,8 @@ fn orphan_mounts(
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
                 .unwrap_or_default();
             live.contains(&id) || store.try_lock_dir(&layout.container(&id))?.is_none()
+        } else if under(layout.composefs()) {
+            true // a composefs metadata image's mount: `clean` releases unused ones
         } else if under(layout.tmp()) {
             !abandoned.iter().any(|a| mount.starts_with(a))
         } else {

@@ -80,7 +80,7 @@ pub(crate) fn collect_unused(
     }
     // Short links (`l/`) to the layers just set aside go with them.
     store.sweep_layer_links()?;
-    let composefs = crate::composefs_collect::collect(store, &composefs)?;
+    let composefs = crate::composefs_collect::collect(store, mounter, &composefs)?;
     collected.composefs_images = composefs.images;
     collected.objects = composefs.objects;
     collected.bytes += composefs.bytes;

@@ -35,7 +35,9 @@ use rustix::fs::FileType;
 
 use lamina_image::Digest;
 use lamina_store::{Store, StoreError};
-use lamina_sys::{At, HostFs};
+use lamina_sys::{At, HostFs, Mounter};
+
+use crate::RootfsError;
 
 /// An object's name: its fs-verity digest.
 pub(crate) type ObjectId = Sha256HashValue;
@@ -106,6 +108,40 @@ pub fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, StoreError
     }
     tracing::info!(image = %top, layers = chain_ids.len(), ms = started.elapsed().as_millis() as u64, "built composefs image");
     Ok(image)
+}
+
+/// The image's metadata image, built if need be, mounted (read-only, file-backed EROFS)
+/// on `composefs/<top>.mnt` if it is not: the one lower every composefs overlay of the
+/// image names, so a thousand containers share one EROFS superblock and its inode
+/// cache, and mount options can name it (`--without-mount`). It stays mounted until
+/// `clean` removes the image; a host restart unmounts it, and the next create, `mount`
+/// or pool refill mounts it again. The caller holds the layers-in-use lock.
+pub fn mounted(
+    store: &Store,
+    mounter: &dyn Mounter,
+    chain_ids: &[Digest],
+) -> Result<PathBuf, RootfsError> {
+    let image = ensure(store, chain_ids)?;
+    let top = chain_ids
+        .last()
+        .expect("ensure refuses an image without layers");
+    let target = mount_path(store, top);
+    let _lock = store.lock(&format!("composefs-{}", top.hex()))?;
+    if target.is_dir() && mounter.is_mountpoint(&target)? {
+        return Ok(target);
+    }
+    fs::create_dir_all(&target).map_err(StoreError::io("creating", &target))?;
+    mounter.mount_erofs(&image, &target)?;
+    tracing::info!(image = %top, "mounted composefs metadata image");
+    Ok(target)
+}
+
+/// Where the metadata image of `top` is mounted.
+pub fn mount_path(store: &Store, top: &Digest) -> PathBuf {
+    store
+        .layout()
+        .composefs()
+        .join(format!("{}.mnt", top.hex()))
 }
 
 /// Where the metadata image of the image whose top layer is `top` lives.

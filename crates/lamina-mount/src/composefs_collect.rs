@@ -12,6 +12,9 @@ use std::path::Path;
 
 use composefs::fsverity::{FsVerityHashValue, Sha256HashValue};
 use lamina_store::{Store, StoreError};
+use lamina_sys::Mounter;
+
+use crate::RootfsError;
 
 /// What composefs collection removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -28,8 +31,9 @@ pub(crate) struct CollectedObjects {
 /// read, what it references is unknown and every object stays.
 pub(crate) fn collect(
     store: &Store,
+    mounter: &dyn Mounter,
     in_use: &HashSet<String>,
-) -> Result<CollectedObjects, StoreError> {
+) -> Result<CollectedObjects, RootfsError> {
     let mut collected = CollectedObjects::default();
     let images_dir = store.layout().composefs();
     let mut referenced = HashSet::new();
@@ -39,8 +43,16 @@ pub(crate) fn collect(
             .map_err(StoreError::io("listing", &images_dir))?
             .path();
         let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if let Some(top) = name.strip_suffix(".mnt") {
+            // A mount whose image goes (below) or is gone: unmounted and removed. No
+            // overlay needs it mounted: each holds its own reference to the EROFS.
+            if !in_use.contains(top) {
+                crate::clean::remove_unmounted(mounter, &path)?;
+            }
+            continue;
+        }
         let Some(top) = name.strip_suffix(".erofs") else {
-            continue; // not ours to judge
+            continue; // its digest: removed with the image
         };
         if !in_use.contains(top) {
             collected.bytes += size_freed(&path)?;
@@ -49,7 +61,7 @@ pub(crate) fn collect(
             match fs::remove_file(&digest) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StoreError::io("removing", &digest)(e)),
+                Err(e) => return Err(StoreError::io("removing", &digest)(e).into()),
             }
             collected.images += 1;
             continue;

@@ -31,8 +31,8 @@ pub struct CreateOptions {
     /// (the caller binds it: containerd's snapshotter), and the record says it is mounted.
     pub claim_pooled_without_mount: bool,
     /// With `without_mount`, a volatile or composefs overlay is still mounted by lamina
-    /// (the caller binds it: containerd's snapshotter). A composefs overlay's metadata
-    /// image is a detached mount no option string can name. The kernel marks a volatile upper's work dir
+    /// (the caller binds it: containerd's snapshotter, which then need not know that a
+    /// composefs overlay's lower must be mounted first). The kernel marks a volatile upper's work dir
     /// when it mounts it and refuses every later mount until the marker goes, which
     /// only lamina's own `unmount` does after a clean sync; an overlay the caller
     /// mounted and unmounted itself could never be mounted again (a task restart).
@@ -227,7 +227,7 @@ fn create_locked(
     let chain_ids = layers.ensure(store)?;
     store.pause_point("create-imported");
     if composefs {
-        crate::composefs::ensure(store, &chain_ids)?;
+        crate::composefs::mounted(store, mounter, &chain_ids)?;
     }
     let upper = choice
         .model
@@ -327,17 +327,12 @@ fn create_locked(
     })
 }
 
-/// composefs's metadata image is a detached EROFS mount under the overlay: no option
-/// string can name it for a caller to mount, and it is not idmapped.
+/// composefs's metadata image is one EROFS mount per image, shared by every container
+/// of it: it is not idmapped.
 fn refuse_composefs_where_it_cannot_serve(
     request: &Request,
     options: &CreateOptions,
 ) -> Result<(), RootfsError> {
-    if options.without_mount && !options.mount_volatile_without_mount {
-        return Err(RootfsError::Refused(
-            "strategy `composefs` mounts its EROFS metadata image itself and cannot be handed over as mount options: create it with a mount".into(),
-        ));
-    }
     if request.idmapped_layers || options.idmap.is_some() {
         return Err(RootfsError::Refused(
             "strategy `composefs` does not idmap its metadata image: use it in a store that does not idmap layers, without an idmap of the container's own".into(),

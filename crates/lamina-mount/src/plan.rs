@@ -76,15 +76,17 @@ pub fn read_write(
     spec
 }
 
-/// The image's composefs metadata image as the only lower, the store's objects as a
-/// data-only lower, instead of the layer directories. `create` builds the image first
-/// (`composefs::ensure`); it is never removed while a container may use it.
+/// The image's mounted composefs metadata image as the only lower, the store's objects
+/// as a data-only lower, instead of the layer directories. Whoever mounts the overlay
+/// mounts the image first (`composefs::mounted`); it is never removed while a container
+/// may use it.
 fn composefs_lowers(spec: &mut OverlaySpec, store: &Store, chain_ids: &[Digest]) {
-    spec.lowers.clear();
-    spec.lower_idmap = None;
-    spec.metadata_image = chain_ids
+    spec.lowers = chain_ids
         .last()
-        .map(|top| crate::composefs::image_path(store, top));
+        .map(|top| crate::composefs::mount_path(store, top))
+        .into_iter()
+        .collect();
+    spec.lower_idmap = None;
     spec.data_lowers = vec![store.layout().objects()];
 }
 

@@ -214,7 +214,7 @@ fn make_slot(
         return Ok(Vec::new());
     }
     if kind.flavor.composefs {
-        crate::composefs::ensure(store, &kind.layers)?;
+        crate::composefs::mounted(store, mounter, &kind.layers)?;
     }
     let spec = plan::read_write(store, &kind.layers, &dirs, kind.flavor);
     mounter.mount_overlay(&spec, &dirs.rootfs)?;

@@ -146,12 +146,13 @@ fn remount_overlay(
             id: container.id().into(),
         });
     }
-    // A metadata image that is gone (removed by hand, or by `check --verify --repair`
-    // as damaged) is built again from the layers: under the layers lock, as a create
-    // builds it, so no clean takes its objects before the image names them.
+    // The image's metadata image mounted again after a host restart, and built again
+    // from the layers if it is gone (removed by hand, or by `check --verify --repair` as
+    // damaged): under the layers lock, as a create builds it, so no clean takes its
+    // objects before the image names them.
     let _layers_in_use = if flavor.composefs {
         let lock = store.use_layers()?;
-        crate::composefs::ensure(store, &container.record.layers)?;
+        crate::composefs::mounted(store, mounter, &container.record.layers)?;
         Some(lock)
     } else {
         None

@@ -34,6 +34,8 @@ pub enum FakeCall {
     },
     Sync(PathBuf),
     MountUpperFs(PathBuf, UpperFs),
+    /// A composefs metadata image (target, image).
+    MountErofs(PathBuf, PathBuf),
     ProbeMountApi,
     ProbeIdmappedLayers {
         lower: PathBuf,
@@ -89,6 +91,7 @@ impl Default for FakeKernel {
 enum Mounted {
     Overlay(OverlaySpec),
     UpperFs(UpperFs),
+    Erofs(PathBuf),
 }
 
 #[derive(Debug, Default)]
@@ -203,6 +206,15 @@ impl FakeMounter {
         }
     }
 
+    /// The EROFS image file mounted on directory `path`.
+    pub fn erofs_image_at(&self, path: &Path) -> Option<PathBuf> {
+        let id = dir_id(path)?;
+        match self.lock().mounted.get(&id) {
+            Some((_, Mounted::Erofs(image), _)) => Some(image.clone()),
+            _ => None,
+        }
+    }
+
     /// The upper filesystem mounted on directory `path`, wherever it has been renamed to.
     pub fn upper_fs_at(&self, path: &Path) -> Option<UpperFs> {
         let id = dir_id(path)?;
@@ -258,7 +270,7 @@ impl Mounter for FakeMounter {
         state
             .enter(Call::Mount, target, Some(record))
             .map_err(err)?;
-        if (spec.lowers.is_empty() && spec.metadata_image.is_none())
+        if spec.lowers.is_empty()
             || spec.lowers.len() > MAX_LOWERS
             || spec.upper.is_some() != spec.work.is_some()
         {
@@ -266,9 +278,7 @@ impl Mounter for FakeMounter {
         }
         let dirs = spec.lowers.iter().chain(&spec.upper).chain(&spec.work);
         let dirs = dirs.chain(&spec.data_lowers);
-        if dirs.into_iter().any(|d| !d.is_dir())
-            || spec.metadata_image.as_ref().is_some_and(|i| !i.is_file())
-        {
+        if dirs.into_iter().any(|d| !d.is_dir()) {
             return Err(err(Errno::NOENT));
         }
         self.attach(
@@ -363,6 +373,23 @@ impl Mounter for FakeMounter {
             target,
             Mounted::UpperFs(fs.clone()),
             "mount upper filesystem at",
+        )
+    }
+
+    fn mount_erofs(&self, image: &Path, target: &Path) -> Result<(), MountError> {
+        let mut state = self.lock();
+        let record = FakeCall::MountErofs(target.to_path_buf(), image.to_path_buf());
+        state
+            .enter(Call::MountErofs, target, Some(record))
+            .map_err(|e| MountError::new("mount EROFS image at", target, e))?;
+        if !image.is_file() {
+            return Err(MountError::new("mount EROFS image", image, Errno::NOENT));
+        }
+        self.attach(
+            &mut state,
+            target,
+            Mounted::Erofs(image.to_path_buf()),
+            "mount EROFS image at",
         )
     }
 

@@ -17,6 +17,8 @@ pub enum Call {
     Mount,
     /// [`crate::Mounter::mount_upper_fs`] (a tmpfs, or an image on a loop device).
     MountUpperFs,
+    /// [`crate::Mounter::mount_erofs`]: a composefs metadata image.
+    MountErofs,
     Unmount,
     IsMountpoint,
     BindReadOnly,

@@ -77,6 +77,11 @@ pub trait Mounter: Send + Sync + Debug {
     /// upper filesystem's writeback errors are reported; elsewhere it makes writes durable.
     fn sync_filesystem(&self, path: &Path) -> Result<(), MountError>;
 
+    /// Mounts the EROFS image file `image` read-only on the existing directory `target`,
+    /// file-backed (no loop device): a composefs metadata image, one mount per image
+    /// that every composefs overlay of it names as its lower.
+    fn mount_erofs(&self, image: &Path, target: &Path) -> Result<(), MountError>;
+
     /// Mounts a container's own upper filesystem (strategy `isolated`) on the existing
     /// directory `target`: a tmpfs, or an image file formatted and attached to a loop
     /// device that detaches itself when the filesystem is unmounted.

@@ -23,13 +23,8 @@ pub struct OverlaySpec {
     /// Who owns the upper directory's root (the merged root dir shows its owner): the
     /// mapped root in a uid-mapped store. Set before mounting.
     pub upper_owner: Option<(u32, u32)>,
-    /// composefs: an EROFS image file mounted (detached, file-backed, read-only) as the
-    /// top-most lower, above `lowers`. Its regular files are metacopy inodes whose data
-    /// overlay finds in `data_lowers` by their redirect. Mount options cannot name a
-    /// detached mount: [`OverlaySpec::option_strings`] shows the image's path.
-    pub metadata_image: Option<PathBuf>,
-    /// Data-only lowers (`datadir+`): found only through a metacopy redirect, never
-    /// merged into the tree.
+    /// Data-only lowers (`datadir+`, `::` in `lowerdir`): found only through a metacopy
+    /// redirect (composefs's objects), never merged into the tree.
     pub data_lowers: Vec<PathBuf>,
 }
 
@@ -37,12 +32,7 @@ impl OverlaySpec {
     /// The options as `mount -o` / runtime-spec strings, paths escaped the way
     /// overlay's option parser expects (`\`, `,` and `:` backslash-escaped).
     pub fn option_strings(&self) -> Vec<String> {
-        let lowers: Vec<String> = self
-            .metadata_image
-            .iter()
-            .chain(&self.lowers)
-            .map(|p| escape(p))
-            .collect();
+        let lowers: Vec<String> = self.lowers.iter().map(|p| escape(p)).collect();
         let data: String = self
             .data_lowers
             .iter()

@@ -115,6 +115,22 @@ impl Mounter for RealMounter {
         crate::upper_fs::mount(fs, target)
     }
 
+    fn mount_erofs(&self, image: &Path, target: &Path) -> Result<(), MountError> {
+        let mnt = mount_erofs_detached(image)
+            .map_err(|e| MountError::new("mount EROFS image", image, e))?;
+        rustix::mount::move_mount(
+            mnt.as_fd(),
+            "",
+            CWD,
+            target,
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .map_err(|e| MountError::new("attach EROFS image at", target, e))?;
+        // Closed before returning, as after fsmount: an open mount fd makes umount EBUSY.
+        drop(mnt);
+        Ok(())
+    }
+
     fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError> {
         crate::mounts_under(dir).map_err(|e| {
             MountError::new(
@@ -199,19 +215,6 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
         })?),
         None => None,
     };
-    // A composefs metadata image: a detached read-only EROFS mount of the file, held
-    // (like the idmapped lowers) until the overlay's superblock exists; overlay keeps
-    // its own reference to it from then on.
-    let metadata = match &spec.metadata_image {
-        Some(image) => {
-            let erofs = mount_erofs_detached(image).map_err(|e| {
-                NewApi::Failed(MountError::new("mount EROFS metadata image", image, e))
-            })?;
-            rustix::mount::fsconfig_set_fd(fs.as_fd(), "lowerdir+", erofs.as_fd()).map_err(fail)?;
-            Some(erofs)
-        }
-        None => None,
-    };
     let mut idmapped = Vec::new();
     for (i, lower) in spec.lowers.iter().enumerate() {
         let set = match &userns {
@@ -249,7 +252,6 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
     }
     rustix::mount::fsconfig_create(fs.as_fd()).map_err(fail)?;
     drop(idmapped);
-    drop(metadata);
     let attrs = if spec.read_only {
         MountAttrFlags::MOUNT_ATTR_RDONLY
     } else {
@@ -340,15 +342,6 @@ fn with_kernel_log(fs: &OwnedFd, err: MountError) -> MountError {
 }
 
 fn mount_legacy(spec: &OverlaySpec, target: &Path) -> Result<(), MountError> {
-    if let Some(image) = &spec.metadata_image {
-        return Err(
-            MountError::new("mount overlay with metadata image", image, Errno::OPNOTSUPP)
-                .with_detail(
-                    "a composefs lower needs the new mount API with `lowerdir+`, which this kernel lacks"
-                        .to_string(),
-                ),
-        );
-    }
     if spec.lower_idmap.is_some() {
         return Err(
             MountError::new("mount overlay at", target, Errno::OPNOTSUPP).with_detail(
