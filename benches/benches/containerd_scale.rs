@@ -80,6 +80,7 @@ fn main() {
     let mut commits = Vec::new();
     let mut memory = Vec::new();
     let mut breakdown = Vec::new();
+    let mut direct_stats = Vec::new();
     for &snapshotter in &snapshotters {
         let api = Api::via_containerd(&ctd.socket, snapshotter, NAMESPACE);
         let parent = top_layer(&api);
@@ -107,6 +108,16 @@ fn main() {
             }
             samples.sort();
             cycles.push((snapshotter, size, samples));
+            // The same row read straight from the proxy's socket, containerd left out:
+            // what the snapshotter's own call costs as its store grows.
+            let socket = match (snapshotter, &proxy) {
+                ("lamina", _) => Some(daemon.socket.clone()),
+                (OVERLAY_PROXY, Some(proxy)) => Some(proxy.socket.clone()),
+                _ => None,
+            };
+            if let Some(socket) = socket {
+                direct_stats.push((snapshotter, size, direct_stat_p50(&socket, sizes.cycles)));
+            }
             breakdown.push((
                 snapshotter,
                 size,
@@ -127,6 +138,12 @@ fn main() {
     let baselines = &snapshotters[..snapshotters.len() - 1];
     print_tables(&cycles, &commits, &memory, &sizes, baselines);
     print_breakdown(&breakdown, baselines);
+    println!();
+    println!("| snapshotter | committed snapshots | Stat p50 on its own socket (no containerd) |");
+    println!("|---|---|---|");
+    for (who, size, p50) in &direct_stats {
+        println!("| `{who}` | {size} | {} |", ms(*p50));
+    }
     println!();
     println!(
         "| snapshotter | `ctr images import`, {} layers | {} |",
@@ -228,6 +245,22 @@ fn cycle(api: &Api, parent: &str, key: &str, target: &Path) -> (Duration, [Durat
     });
     timed(4, &mut || api.remove(key).unwrap());
     (steps[1..].iter().sum(), steps)
+}
+
+/// p50 of `n` Stat calls of one committed snapshot, straight to the snapshotter at
+/// `socket` (keys there are containerd's internal ones: the first listed is used).
+fn direct_stat_p50(socket: &Path, n: usize) -> Duration {
+    let api = Api::connect(socket);
+    let key = api.list(&["kind==committed"]).unwrap().swap_remove(0);
+    let mut samples: Vec<Duration> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            api.stat(&key).unwrap();
+            t.elapsed()
+        })
+        .collect();
+    samples.sort();
+    nearest_rank(&samples, 0.5)
 }
 
 /// `VmRSS` of process `pid`, in KiB.

@@ -1,8 +1,9 @@
 //! S4 read-only density: many read-only containers of one image. An overlay per
 //! container costs a superblock and its own inode and dentry cache for every file
 //! walked; `shared-ro` binds one shared read-only overlay, `direct` binds the layer (or a
-//! flattened hardlink tree) with no overlay at all. Reports create and delete latency
-//! and slab growth after walking every rootfs once.
+//! flattened hardlink tree) with no overlay at all; `composefs` mounts an overlay per
+//! container on the image's EROFS metadata image. Reports create and delete latency and
+//! slab growth after walking every rootfs once.
 
 use std::path::Path;
 use std::time::Instant;
@@ -14,8 +15,8 @@ use crate::rig::Rig;
 use crate::stats::{Samples, human, ratio};
 
 /// Strategy name as `--strategy` takes it, with `--read-only`.
-const STRATEGIES: &[&str] = &["classic", "shared-ro", "direct"];
-const CACHES: &[&str] = &["ovl_inode", "dentry"];
+const STRATEGIES: &[&str] = &["classic", "shared-ro", "direct", "composefs"];
+const CACHES: &[&str] = &["ovl_inode", "dentry", "erofs_inode"];
 
 pub fn run(ctx: &Ctx) -> Vec<Table> {
     let containers = ctx.mode.pick(1000, 10);
@@ -35,6 +36,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             "vs classic",
             "ovl_inode after walk",
             "dentry after walk",
+            "erofs_inode after walk",
         ],
     );
     for &kind in &ctx.filesystems {
@@ -45,7 +47,8 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             progress(&format!("S4 {} {strategy} × {containers}", rig.fs_name()));
             host::drop_caches();
             let ovl_before = host::slab_bytes(&CACHES[..1]);
-            let dentry_before = host::slab_bytes(&CACHES[1..]);
+            let dentry_before = host::slab_bytes(&CACHES[1..2]);
+            let erofs_before = host::slab_bytes(&CACHES[2..]);
             let ids: Vec<String> = (0..containers).map(|i| format!("s4-{i}")).collect();
             let mut creates = Samples::new();
             let mut deletes = Samples::new();
@@ -61,7 +64,8 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 walk(r);
             }
             let ovl = host::slab_bytes(&CACHES[..1]).saturating_sub(ovl_before);
-            let dentry = host::slab_bytes(&CACHES[1..]).saturating_sub(dentry_before);
+            let dentry = host::slab_bytes(&CACHES[1..2]).saturating_sub(dentry_before);
+            let erofs = host::slab_bytes(&CACHES[2..]).saturating_sub(erofs_before);
             let start = Instant::now();
             for id in &ids {
                 deletes.push(rig.timed_delete(id));
@@ -86,6 +90,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 ratio(total, base),
                 mib(ovl),
                 mib(dentry),
+                mib(erofs),
             ]);
         }
     }
