@@ -374,3 +374,169 @@ fn lifecycle_gaps_the_review_found_stay_closed() {
     assert_eq!(cleaned["composefs_images_removed"], 1, "{cleaned}");
     assert!(mounts_under(&lamina.store).is_empty());
 }
+
+/// What a tree shows of one entry: type and mode, owner, size, device, mtime, xattrs,
+/// link target, content hash — everything but link counts and inode numbers, which
+/// differ by design (classic shows the layer's inode, which composefs's objects link).
+fn describe(root: &Path) -> std::collections::BTreeMap<PathBuf, String> {
+    use sha2::Digest as _;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    let mut inodes: std::collections::HashMap<u64, Vec<PathBuf>> = std::collections::HashMap::new();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let rel = path.strip_prefix(root).unwrap().to_path_buf();
+            let mut xattrs: Vec<(String, Vec<u8>)> = xattr_names(&path)
+                .into_iter()
+                .filter(|n| {
+                    !n.starts_with("trusted.overlay.") && !n.starts_with("security.selinux")
+                })
+                .map(|n| {
+                    let v = get_xattr(&path, &n);
+                    (n, v)
+                })
+                .collect();
+            xattrs.sort();
+            let kind = meta.file_type();
+            let body = if kind.is_file() {
+                let data = std::fs::read(&path).unwrap();
+                hex::encode(sha2::Sha256::digest(&data))
+            } else if kind.is_symlink() {
+                std::fs::read_link(&path).unwrap().display().to_string()
+            } else {
+                String::new()
+            };
+            if kind.is_file() {
+                inodes.entry(meta.ino()).or_default().push(rel.clone());
+            }
+            out.insert(
+                rel,
+                format!(
+                    "mode {:o} owner {}:{} size {} rdev {:x} mtime {}.{} xattrs {:?} body {body}",
+                    meta.mode(),
+                    meta.uid(),
+                    meta.gid(),
+                    if kind.is_dir() { 0 } else { meta.len() },
+                    meta.rdev(),
+                    meta.mtime(),
+                    meta.mtime_nsec(),
+                    xattrs,
+                ),
+            );
+            if kind.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    // Hardlinks: names of one inode within this tree (the link count itself differs).
+    for mut names in inodes.into_values().filter(|n| n.len() > 1) {
+        names.sort();
+        for name in &names {
+            let entry = out.get_mut(name).unwrap();
+            entry.push_str(&format!(" hardlinked with {names:?}"));
+        }
+    }
+    out
+}
+
+fn xattr_names(path: &Path) -> Vec<String> {
+    let mut buf = vec![0u8; 64 << 10];
+    let n = rustix::fs::llistxattr(path, &mut buf).unwrap();
+    buf[..n]
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+fn get_xattr(path: &Path, name: &str) -> Vec<u8> {
+    let mut buf = vec![0u8; 64 << 10];
+    let n = rustix::fs::lgetxattr(path, name, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// The merged-content proof, file for file: an image of two layers with every kind of
+/// entry a layer holds — devices, a FIFO, xattrs (file capabilities included), setuid,
+/// hardlinks, symlinks, a whiteout, an opaque directory, a file replaced by a directory
+/// — looks the same through composefs as through classic. (runc boots the sample image's
+/// merged proof under composefs in `strategies.rs`.)
+#[test]
+fn composefs_shows_every_kind_of_entry_as_classic_does() {
+    use tar::EntryType;
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let capability: &[u8] = &[
+        1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let base = lamina_sample::LayerBuilder::new()
+        .dir("dev2", 0o755)
+        .and_then(|l| l.node(EntryType::Char, "dev2/null", (1, 3), (0, 0)))
+        .and_then(|l| l.node(EntryType::Block, "dev2/loop7", (7, 7), (0, 6)))
+        .and_then(|l| l.node(EntryType::Fifo, "dev2/pipe", (0, 0), (1000, 1000)))
+        .and_then(|l| l.dir("data", 0o750))
+        .and_then(|l| {
+            l.file_with_xattrs(
+                "data/ping",
+                0o755,
+                &[7u8; 5000],
+                &[("security.capability", capability), ("user.note", b"kept")],
+            )
+        })
+        .and_then(|l| l.file("data/small", 0o600, b"tiny"))
+        .and_then(|l| l.file("data/suid", 0o4755, &[1u8; 300]))
+        .and_then(|l| l.hardlink("data/suid-link", "data/suid"))
+        .and_then(|l| l.file("data/gone", 0o644, b"whited out"))
+        .and_then(|l| l.dir("opaque", 0o755))
+        .and_then(|l| l.file("opaque/below", 0o644, b"hidden by the top layer"))
+        .and_then(|l| l.file("becomes-dir", 0o644, b"a file below"))
+        .and_then(|l| l.symlink("data/link", "ping"))
+        .and_then(lamina_sample::LayerBuilder::finish)
+        .unwrap();
+    let top = lamina_sample::LayerBuilder::new()
+        .whiteout("data/gone")
+        .and_then(|l| l.opaque("opaque"))
+        .and_then(|l| l.file("opaque/above", 0o644, b"the top layer's"))
+        .and_then(|l| l.dir("becomes-dir", 0o711))
+        .and_then(|l| l.file("becomes-dir/inside", 0o644, &[3u8; 100]))
+        .and_then(lamina_sample::LayerBuilder::finish)
+        .unwrap();
+    let layers = [base, top].map(|tar| lamina_sample::Layer {
+        tar,
+        compression: lamina_image::Compression::None,
+    });
+    let built =
+        lamina_sample::build_image(&layers, &["PATH=/bin"], &lamina_image::Platform::host())
+            .unwrap();
+    let layout = fs.path().join("kinds");
+    lamina_sample::write_oci_layout(
+        &layout,
+        &[&built],
+        &[(built.manifest.clone(), Some("latest"))],
+    )
+    .unwrap();
+    let image = format!("oci://{}:latest", layout.display());
+
+    let classic = lamina.create_with(&["--strategy", "classic"], &image, "classic");
+    let composefs = lamina.create_with(&["--strategy", "composefs"], &image, "composefs");
+    let (want, got) = (describe(&classic), describe(&composefs));
+    assert!(want.len() > 12, "{want:#?}");
+    let entry = |p: &str| want.get(Path::new(p)).cloned().unwrap_or_default();
+    assert!(entry("data/suid").contains("hardlinked with"), "{want:#?}");
+    assert!(entry("dev2/null").contains("mode 20660") && entry("dev2/null").contains("rdev 103"));
+    assert!(
+        entry("data/ping").contains("security.capability"),
+        "{want:#?}"
+    );
+    for (path, entry) in &want {
+        assert_eq!(got.get(path), Some(entry), "{}", path.display());
+    }
+    assert_eq!(got.len(), want.len(), "{got:#?}");
+    assert!(!composefs.join("data/gone").exists() && composefs.join("opaque/above").exists());
+    assert!(!composefs.join("opaque/below").exists());
+    lamina.delete_and_assert_gone("classic", "classic");
+    lamina.delete_and_assert_gone("composefs", "composefs");
+}

@@ -70,6 +70,24 @@ impl LayerBuilder {
         self.file(path, mode, data)
     }
 
+    /// A character or block device (`kind` `Char` or `Block`), or a FIFO, owned by
+    /// `uid`:`gid`.
+    pub fn node(
+        mut self,
+        kind: EntryType,
+        path: &str,
+        (major, minor): (u32, u32),
+        (uid, gid): (u64, u64),
+    ) -> io::Result<Self> {
+        let mut h = Self::header(kind, 0o660, 0);
+        h.set_device_major(major)?;
+        h.set_device_minor(minor)?;
+        h.set_uid(uid);
+        h.set_gid(gid);
+        self.tar.append_data(&mut h, path, io::empty())?;
+        Ok(self)
+    }
+
     pub fn symlink(mut self, path: &str, target: &str) -> io::Result<Self> {
         let mut h = Self::header(EntryType::Symlink, 0o777, 0);
         self.tar.append_link(&mut h, path, target)?;
