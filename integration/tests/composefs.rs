@@ -313,7 +313,7 @@ fn lifecycle_gaps_the_review_found_stay_closed() {
         .map(|o| o.as_str().unwrap())
         .collect();
     let lowerdir = options.iter().find(|o| o.starts_with("lowerdir=")).unwrap();
-    assert!(lowerdir.contains(".mnt::"), "{options:?}");
+    assert!(lowerdir.contains(".mnt/rootfs::"), "{options:?}");
     let target = lamina.rootfs("w");
     let mounted = std::process::Command::new("mount")
         .args(["-t", "overlay", "overlay", "-o", &options.join(",")])
@@ -324,6 +324,29 @@ fn lifecycle_gaps_the_review_found_stay_closed() {
     assert!(std::fs::read(target.join("bin/busybox")).unwrap().len() > 64);
     let unmounted = std::process::Command::new("umount").arg(&target).status();
     assert!(unmounted.unwrap().success());
+    // After a host restart unmounted the image, the same options fail to mount (no
+    // `rootfs/` under the bare mount point) instead of giving an empty root.
+    let mnt = lamina
+        .store
+        .join("composefs")
+        .join(images(&lamina.store)[0].replace(".erofs", ".mnt"));
+    assert!(
+        std::process::Command::new("umount")
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let remounted = std::process::Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &options.join(",")])
+        .arg(&target)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        !remounted.success(),
+        "an unmounted image must not mount as an empty root"
+    );
     lamina.delete_and_assert_gone("w", "composefs --without-mount");
 
     let rootfs = lamina.create_with(&["--strategy", "composefs"], image, "a");
@@ -539,4 +562,70 @@ fn composefs_shows_every_kind_of_entry_as_classic_does() {
     assert!(!composefs.join("opaque/below").exists());
     lamina.delete_and_assert_gone("classic", "classic");
     lamina.delete_and_assert_gone("composefs", "composefs");
+}
+
+/// Second review's findings: a repaired image went on being served from its old mount;
+/// objects were collected under running containers when their image file was gone; a
+/// busy mount failed every `clean`.
+#[test]
+fn second_review_findings_stay_closed() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = &files.references()[TWO_LAYERS];
+    let hosts = |rootfs: &Path| std::fs::read_to_string(rootfs.join("etc/hosts")).unwrap();
+
+    // Damaged in place while mounted and unused: repair takes the mount with it.
+    let a = lamina.create_with(&["--strategy", "composefs"], image, "a");
+    let good = hosts(&a);
+    assert!(good.contains("localhost"), "{good}");
+    lamina.delete_and_assert_gone("a", "composefs");
+    let built = lamina
+        .store
+        .join("composefs")
+        .join(&images(&lamina.store)[0]);
+    let mut bytes = std::fs::read(&built).unwrap();
+    let at = bytes.windows(9).position(|w| w == b"localhost").unwrap();
+    bytes[at..at + 9].copy_from_slice(b"EVILHOST!");
+    std::fs::write(&built, &bytes).unwrap();
+    // What the mount caches of the old bytes goes, so it would show the damage.
+    rustix::fs::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let repaired = lamina.run(&["check", "--verify", "--repair"]).json();
+    assert_eq!(repaired["ok"], true, "{repaired}");
+    let b = lamina.create_with(&["--strategy", "composefs"], image, "b");
+    assert_eq!(
+        hosts(&b),
+        good,
+        "the rebuilt image is what a new container sees"
+    );
+
+    // An in-use image whose file is gone keeps every object.
+    std::fs::remove_file(&built).unwrap();
+    let cleaned = lamina.run(&["clean"]).json();
+    assert_eq!(cleaned["objects_removed"], 0, "{cleaned}");
+    let busybox = std::fs::read(lamina.store.join("images/b/rootfs/bin/busybox")).unwrap();
+    assert!(busybox.len() > 64);
+    lamina.run(&["check", "--repair"]).json();
+    assert!(built.is_file(), "repair built it again");
+
+    // A process inside the unused image's mount: clean keeps it, and finishes later.
+    lamina.delete_and_assert_gone("b", "composefs");
+    lamina.create_with(&["--strategy", "composefs"], image, "c");
+    lamina.delete_and_assert_gone("c", "composefs");
+    let mnt = built.with_extension("mnt");
+    let mut holder = std::process::Command::new("sleep")
+        .arg("60")
+        .current_dir(mnt.join("rootfs"))
+        .spawn()
+        .unwrap();
+    let cleaned = lamina.run(&["clean"]).json();
+    assert_eq!(cleaned["composefs_images_removed"], 0, "{cleaned}");
+    assert!(built.is_file());
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let cleaned = lamina.run(&["clean"]).json();
+    assert_eq!(cleaned["composefs_images_removed"], 1, "{cleaned}");
+    assert!(mounts_under(&lamina.store).is_empty());
 }

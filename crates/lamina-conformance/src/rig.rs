@@ -186,9 +186,11 @@ impl Rig for FakeRig {
         // a plain directory is recorded as its only lower).
         let upper = spec.upper.as_deref().map(|u| moved_with(made, u));
         for dir in upper.iter().chain(&spec.lowers) {
-            // A lower that is a (fake) mounted composefs metadata image.
-            if let Some(image) = self.fake.erofs_image_at(dir) {
-                match read_composefs(&image, &spec.data_lowers, rel) {
+            // A lower inside a (fake) mounted composefs metadata image: its `rootfs/`.
+            let mounted = dir.parent().and_then(|mnt| self.fake.erofs_image_at(mnt));
+            if let (Some(image), Some(sub)) = (mounted, dir.file_name()) {
+                let rel = Path::new(sub).join(rel);
+                match read_composefs(&image, &spec.data_lowers, &rel.to_string_lossy()) {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     found => return found,
                 }

@@ -149,7 +149,7 @@ pub fn check_verified(
                 );
                 findings.fix(found("missing_composefs_image", &image, &detail), &|| {
                     let _layers = store.use_layers()?;
-                    crate::composefs::ensure(store, &record.layers)?;
+                    crate::composefs::ensure(store, mounter, &record.layers)?;
                     Ok(())
                 });
                 // Its old mount (if any) shows the image that is gone: `mount` mounts
@@ -225,6 +225,11 @@ pub fn check_verified(
             .iter()
             .filter(|c| c.model().flavor().is_some_and(|f| f.composefs))
             .filter_map(|c| c.record.layers.last().map(|l| l.hex().to_string()))
+            .chain(
+                crate::pool::composefs_target_tops(store)
+                    .iter()
+                    .map(|top| top.hex().to_string()),
+            )
             .collect();
         for damage in crate::composefs_verify::verify(store)? {
             let problem = found(damage.kind, &damage.path, &damage.detail);
@@ -234,8 +239,12 @@ pub fn check_verified(
                     .as_ref()
                     .is_some_and(|top| !composefs_in_use.contains(top));
             if unused {
-                // An image nobody mounts goes; the next create builds it again.
+                // An image nobody uses goes, with its mount (which shows the damaged
+                // bytes); the next create builds and mounts it again.
+                let top = damage.image_top.clone().unwrap_or_default();
                 findings.fix(problem, &|| {
+                    let _lock = store.lock(&format!("composefs-{top}"))?;
+                    clean::remove_unmounted(mounter, &damage.path.with_extension("mnt"))?;
                     for path in [
                         damage.path.clone(),
                         crate::composefs::digest_path(&damage.path),

@@ -49,8 +49,9 @@ pub(crate) type ObjectId = Sha256HashValue;
 /// without the second bound (review finding). Real images have tens of thousands.
 pub const MAX_ENTRIES: usize = 1_000_000;
 
-/// Bytes of names, symlink targets and xattrs (names and values) the build reads, across
-/// every layer: each is held about three times (tree, image, hashes of names).
+/// Bytes of names, regular files' layer paths (held until hashed), symlink targets and
+/// xattrs (names and values) the build reads, across every layer: each is held about
+/// three times (tree, image, hashes of names).
 pub const MAX_METADATA_BYTES: usize = 256 << 20;
 
 /// The most xattrs, and xattr bytes (names and values), one inode may carry into a
@@ -69,7 +70,11 @@ type MergingDir = generic_tree::Directory<PathBuf>;
 
 /// The image's metadata image, built if it does not exist yet (under a per-image lock,
 /// written in `tmp/` and renamed into place when whole, its objects synced first).
-pub fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, StoreError> {
+pub fn ensure(
+    store: &Store,
+    mounter: &dyn Mounter,
+    chain_ids: &[Digest],
+) -> Result<PathBuf, StoreError> {
     let Some(top) = chain_ids.last() else {
         return Err(
             StoreError::io("building composefs image for", store.root())(io::Error::other(
@@ -84,6 +89,15 @@ pub fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, StoreError
     let _lock = store.lock(&format!("composefs-{}", top.hex()))?;
     if image.is_file() {
         return Ok(image);
+    }
+    // A mount left from an image that is gone (removed by hand, or as damaged by `check
+    // --verify --repair`) shows that image, not the one built now: it goes first (review
+    // finding: a repaired image went on being served from its old mount).
+    let target = mount_path(store, top);
+    if target.is_dir() {
+        crate::clean::remove_unmounted(mounter, &target).map_err(|e| {
+            StoreError::io("unmounting the old mount", &target)(io::Error::other(e.to_string()))
+        })?;
     }
     let started = std::time::Instant::now();
     let staging = store.layout().tmp().join(format!(
@@ -121,7 +135,7 @@ pub fn mounted(
     mounter: &dyn Mounter,
     chain_ids: &[Digest],
 ) -> Result<PathBuf, RootfsError> {
-    let image = ensure(store, chain_ids)?;
+    let image = ensure(store, mounter, chain_ids)?;
     let top = chain_ids
         .last()
         .expect("ensure refuses an image without layers");
@@ -135,6 +149,9 @@ pub fn mounted(
     tracing::info!(image = %top, "mounted composefs metadata image");
     Ok(target)
 }
+
+/// The directory inside a metadata image that holds the image's tree.
+pub const ROOTFS: &str = "rootfs";
 
 /// Where the metadata image of `top` is mounted.
 pub fn mount_path(store: &Store, top: &Digest) -> PathBuf {
@@ -177,6 +194,17 @@ fn build(store: &Store, chain_ids: &[Digest]) -> io::Result<Box<[u8]>> {
         root.stat = merge.stat_of(&layer)?;
     }
     tree.compact();
+    // The merged tree under `rootfs/`, which overlays name as their lower: unmounted, the
+    // mount point is empty and `rootfs/` does not exist, so a caller mounting the options
+    // itself (`--without-mount`) after a host restart gets an error, not an empty root
+    // (review finding).
+    let merged = std::mem::replace(
+        &mut tree.root,
+        generic_tree::Directory::new(Stat::uninitialized()),
+    );
+    tree.root.stat = merged.stat.clone();
+    tree.root
+        .insert(OsStr::new(ROOTFS), Inode::Directory(Box::new(merged)));
     let objects = store.layout().objects();
     let staging = store.layout().tmp().join(format!(
         "composefs-{}-objects-{}",
@@ -261,7 +289,12 @@ impl Merge<'_> {
             Some(&id) => id,
             None => {
                 let content = match kind {
-                    FileType::RegularFile => LeafContent::Regular(from.to_path_buf()),
+                    FileType::RegularFile => {
+                        // The leaf keeps its layer path until it is hashed (review
+                        // finding: deep paths cost 3.6 KiB an entry, uncounted).
+                        self.count_bytes(from.as_os_str().len())?;
+                        LeafContent::Regular(from.to_path_buf())
+                    }
                     FileType::Symlink => {
                         let target = fs::read_link(from).map_err(at)?.into_os_string();
                         self.count_bytes(target.len())?;

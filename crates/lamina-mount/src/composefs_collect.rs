@@ -36,25 +36,39 @@ pub(crate) fn collect(
 ) -> Result<CollectedObjects, RootfsError> {
     let mut collected = CollectedObjects::default();
     let images_dir = store.layout().composefs();
-    let mut referenced = HashSet::new();
-    let mut unknown = false;
-    for entry in read_dir(&images_dir)? {
-        let path = entry
-            .map_err(StoreError::io("listing", &images_dir))?
-            .path();
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        if let Some(top) = name.strip_suffix(".mnt") {
-            // A mount whose image goes (below) or is gone: unmounted and removed. No
-            // overlay needs it mounted: each holds its own reference to the EROFS.
-            if !in_use.contains(top) {
-                crate::clean::remove_unmounted(mounter, &path)?;
-            }
+    let entries: Vec<_> = read_dir(&images_dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<io::Result<_>>()
+        .map_err(StoreError::io("listing", &images_dir))?;
+    // First the mounts of unused images: unmounted and removed (no overlay needs it
+    // mounted: each holds its own reference to the EROFS). One a process holds busy
+    // keeps its image, and so its objects, for a later clean (review finding: a busy
+    // mount failed every clean).
+    let mut kept = in_use.clone();
+    for path in &entries {
+        let name = file_name(path);
+        let Some(top) = name.strip_suffix(".mnt") else {
             continue;
-        }
-        let Some(top) = name.strip_suffix(".erofs") else {
-            continue; // its digest: removed with the image
         };
-        if !in_use.contains(top) {
+        if !in_use.contains(top)
+            && let Err(e) = crate::clean::remove_unmounted(mounter, path)
+        {
+            tracing::warn!(mount = %path.display(), error = %e, "composefs image mount busy: kept for a later clean");
+            kept.insert(top.to_string());
+        }
+    }
+    // An image a container uses whose file is gone references objects nobody can list
+    // (review finding: they were removed under running containers): keep them all.
+    let mut unknown = in_use
+        .iter()
+        .any(|top| !images_dir.join(format!("{top}.erofs")).is_file());
+    let mut referenced = HashSet::new();
+    for path in entries {
+        let name = file_name(&path);
+        let Some(top) = name.strip_suffix(".erofs") else {
+            continue; // a mount (above), or a digest: removed with its image
+        };
+        if !kept.contains(top) {
             collected.bytes += size_freed(&path)?;
             fs::remove_file(&path).map_err(StoreError::io("removing", &path))?;
             let digest = crate::composefs::digest_path(&path);
@@ -126,6 +140,12 @@ fn read_dir(dir: &Path) -> Result<Box<dyn Iterator<Item = io::Result<fs::DirEntr
 }
 
 /// What removing `path` frees: its blocks when this is its last link.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 fn size_freed(path: &Path) -> Result<u64, StoreError> {
     let meta = fs::symlink_metadata(path).map_err(StoreError::io("reading", path))?;
     Ok(if meta.nlink() <= 1 {

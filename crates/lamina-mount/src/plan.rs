@@ -83,7 +83,7 @@ pub fn read_write(
 fn composefs_lowers(spec: &mut OverlaySpec, store: &Store, chain_ids: &[Digest]) {
     spec.lowers = chain_ids
         .last()
-        .map(|top| crate::composefs::mount_path(store, top))
+        .map(|top| crate::composefs::mount_path(store, top).join(crate::composefs::ROOTFS))
         .into_iter()
         .collect();
     spec.lower_idmap = None;

@@ -278,7 +278,13 @@ impl Mounter for FakeMounter {
         }
         let dirs = spec.lowers.iter().chain(&spec.upper).chain(&spec.work);
         let dirs = dirs.chain(&spec.data_lowers);
-        if dirs.into_iter().any(|d| !d.is_dir()) {
+        // A directory inside a (fake) mounted EROFS image exists while it is mounted.
+        let in_erofs = |d: &Path| {
+            d.parent()
+                .and_then(dir_id)
+                .is_some_and(|id| matches!(state.mounted.get(&id), Some((_, Mounted::Erofs(_), _))))
+        };
+        if dirs.into_iter().any(|d| !d.is_dir() && !in_erofs(d)) {
             return Err(err(Errno::NOENT));
         }
         self.attach(
