@@ -781,6 +781,9 @@ fn every_strategy_label_runs_prepare_write_mounts_commit_view_remove() {
         own_upper("isolated,volatile"),
         own_upper("isolated-memory"),
         own_upper("isolated-memory,metacopy,volatile"),
+        rw("composefs"),
+        rw("composefs,volatile"),
+        own_upper("composefs,isolated-memory"),
         read_only("shared-ro"),
         read_only("direct"),
         // No pool of these layers: a named `pooled` is refused, never served fresh.
