@@ -217,45 +217,46 @@ pub fn check_verified(
     }
 
     if verify {
-        // Under the layers lock taken shared, as a create holds it: no clean removes an
-        // image or object while it is read.
-        let _layers = store.use_layers()?;
-        let composefs_in_use: HashSet<String> = scan
-            .containers
-            .iter()
-            .filter(|c| c.model().flavor().is_some_and(|f| f.composefs))
-            .filter_map(|c| c.record.layers.last().map(|l| l.hex().to_string()))
-            .chain(
-                crate::pool::composefs_target_tops(store)
-                    .iter()
-                    .map(|top| top.hex().to_string()),
-            )
-            .collect();
-        for damage in crate::composefs_verify::verify(store)? {
+        // Read under the layers lock taken shared, as a create holds it: no clean removes
+        // an image or object while it is read.
+        let damages = {
+            let _layers = store.use_layers()?;
+            crate::composefs_verify::verify(store)?
+        };
+        let in_use_at_scan = composefs_in_use(store, &scan);
+        for damage in damages {
             let problem = found(damage.kind, &damage.path, &damage.detail);
             let unused = scan.bad.is_empty()
                 && damage
                     .image_top
                     .as_ref()
-                    .is_some_and(|top| !composefs_in_use.contains(top));
-            if unused {
-                // An image nobody uses goes, with its mount (which shows the damaged
-                // bytes); the next create builds and mounts it again.
-                let top = damage.image_top.clone().unwrap_or_default();
-                findings.fix(problem, &|| {
-                    let _lock = store.lock(&format!("composefs-{top}"))?;
-                    clean::remove_unmounted(mounter, &damage.path.with_extension("mnt"))?;
-                    for path in [
-                        damage.path.clone(),
-                        crate::composefs::digest_path(&damage.path),
-                    ] {
-                        std::fs::remove_file(&path).map_err(StoreError::io("removing", &path))?;
-                    }
-                    Ok(())
-                });
-            } else {
+                    .is_some_and(|top| !in_use_at_scan.contains(top));
+            if !unused {
                 findings.problems.push(problem);
+                continue;
             }
+            // An image nobody uses goes, with its mount (which shows the damaged bytes);
+            // the next create builds and mounts it again. Under the layers lock taken
+            // exclusively, as `clean` collects: no create is between building and
+            // recording it (review finding), and the records are read again under it.
+            let top = damage.image_top.clone().unwrap_or_default();
+            findings.fix(problem, &|| {
+                let _no_create_in_flight = store.collect_layers_lock()?;
+                let scan = crate::record::scan(store)?;
+                if !scan.bad.is_empty() || composefs_in_use(store, &scan).contains(&top) {
+                    return Err(RootfsError::Refused(
+                        "a container started using it meanwhile: left in place".into(),
+                    ));
+                }
+                clean::remove_unmounted(mounter, &damage.path.with_extension("mnt"))?;
+                for path in [
+                    damage.path.clone(),
+                    crate::composefs::digest_path(&damage.path),
+                ] {
+                    std::fs::remove_file(&path).map_err(StoreError::io("removing", &path))?;
+                }
+                Ok(())
+            });
         }
     }
 
@@ -297,6 +298,20 @@ pub fn check_verified(
         problems,
         message,
     })
+}
+
+/// The images (top chain ID hex) composefs containers (in `scan`) and pool targets use.
+fn composefs_in_use(store: &Store, scan: &crate::record::Scan) -> HashSet<String> {
+    scan.containers
+        .iter()
+        .filter(|c| c.model().flavor().is_some_and(|f| f.composefs))
+        .filter_map(|c| c.record.layers.last().map(|l| l.hex().to_string()))
+        .chain(
+            crate::pool::composefs_target_tops(store)
+                .iter()
+                .map(|top| top.hex().to_string()),
+        )
+        .collect()
 }
 
 /// Problems found so far; with `repair`, each fixable one is fixed as it is found.

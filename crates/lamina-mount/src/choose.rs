@@ -84,12 +84,6 @@ pub struct Choice {
 }
 
 /// Resolves `request`. `layers` is the image's layer count.
-/// From how many layers `auto` gives a read-write rootfs one composefs lower. Measured
-/// (docs/benchmarks.md, composefs): at 10 layers a composefs create costs 0.90–0.99× of
-/// classic's, at 30 layers 0.68–0.75×, at 100 0.60×; below 10, more (1.15–1.25× at 5).
-/// The first create of an image also builds its metadata image (4–12 ms, once).
-pub const COMPOSEFS_FROM_LAYERS: usize = 20;
-
 pub fn choose(
     request: &Request,
     probe: &Probe,
@@ -136,7 +130,7 @@ pub fn choose(
     if strategies.composefs && !(probe.lowerdir_plus && probe.metacopy) {
         return unsupported(
             "composefs",
-            "it needs overlay's `lowerdir+`/`datadir+` (Linux 6.8) and metadata-only copy-up",
+            "it needs overlay's `lowerdir+`/`datadir+` (Linux 6.8), metadata-only copy-up and file-backed EROFS (Linux 6.12)",
         );
     }
     if strategies.volatile && !probe.volatile {
@@ -226,14 +220,6 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
         why.push("metacopy passed the probe");
     } else {
         why.push("metacopy failed the probe: full copy-up");
-    }
-    if layers >= COMPOSEFS_FROM_LAYERS
-        && probe.metacopy
-        && probe.lowerdir_plus
-        && !request.idmapped_layers
-    {
-        s.composefs = true;
-        why.push("a deep image: one composefs lower instead of a lower per layer");
     }
     if request.ephemeral {
         if probe.volatile {
@@ -390,38 +376,6 @@ mod tests {
             chosen(auto(false, false), &probe(false), 3, false),
             "deferred"
         );
-    }
-
-    #[test]
-    fn auto_gives_a_deep_image_one_composefs_lower() {
-        let good = probe(true);
-        let deep = COMPOSEFS_FROM_LAYERS;
-        assert_eq!(
-            chosen(auto(false, false), &good, deep - 1, false),
-            "metacopy,deferred"
-        );
-        assert_eq!(
-            chosen(auto(false, false), &good, deep, false),
-            "composefs,metacopy,deferred"
-        );
-        // Read-only stays a bind; no composefs without metacopy or in an idmapped store.
-        assert_eq!(
-            chosen(auto(true, false), &good, deep, false),
-            "shared-ro,deferred"
-        );
-        assert_eq!(
-            chosen(auto(false, false), &probe(false), deep, false),
-            "deferred"
-        );
-        let idmapped = Request {
-            idmapped_layers: true,
-            ..auto(false, false)
-        };
-        assert_eq!(chosen(idmapped, &good, deep, false), "metacopy,deferred");
-        // A rootfs with its own idmap drops it, as it drops a pool.
-        let choice = choose(&auto(false, false), &good, deep, &Pools::EMPTY).unwrap();
-        let own = for_own_idmap(choice).unwrap();
-        assert_eq!(own.model.to_string(), "metacopy,deferred");
     }
 
     #[test]
