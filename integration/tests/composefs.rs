@@ -17,6 +17,16 @@ use lamina_integration::{Lamina, ScratchFs, require_root, sample_image};
 const TWO_LAYERS: usize = 0;
 const ONE_LAYER: usize = 3;
 
+/// A store on a scratch ext4 (removed on drop) and the sample's two-layer image.
+fn store_with_sample() -> (ScratchFs, Lamina, String) {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = files.references()[TWO_LAYERS].clone();
+    (fs, lamina, image)
+}
+
 /// Every object file under `objects/<ab>/`.
 fn objects(store: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
@@ -103,11 +113,8 @@ fn two_images_share_their_files_objects_and_clean_collects_what_nothing_uses() {
 
 #[test]
 fn a_crashed_image_build_is_swept_and_the_next_create_builds_it_whole() {
-    require_root();
-    let fs = ScratchFs::ext4(256);
-    let files = sample_image(&fs.path().join("image"));
-    let lamina = Lamina::init(&fs.path().join("store"));
-    let image = &files.references()[TWO_LAYERS];
+    let (_fs, lamina, image) = store_with_sample();
+    let image = &image;
 
     // What a build killed mid-write leaves: a partial image in tmp/, unlocked.
     let top = "0".repeat(64);
@@ -146,11 +153,8 @@ fn a_crashed_image_build_is_swept_and_the_next_create_builds_it_whole() {
 
 #[test]
 fn requests_composefs_cannot_serve_are_refused_with_the_reason() {
-    require_root();
-    let fs = ScratchFs::ext4(256);
-    let files = sample_image(&fs.path().join("image"));
-    let lamina = Lamina::init(&fs.path().join("store"));
-    let image = &files.references()[TWO_LAYERS];
+    let (_fs, lamina, image) = store_with_sample();
+    let image = &image;
     for (args, expect) in [
         (
             vec!["create", "--strategy", "shared-ro,composefs"],
@@ -173,11 +177,8 @@ fn requests_composefs_cannot_serve_are_refused_with_the_reason() {
 
 #[test]
 fn check_verify_names_a_tampered_object_and_image() {
-    require_root();
-    let fs = ScratchFs::ext4(256);
-    let files = sample_image(&fs.path().join("image"));
-    let lamina = Lamina::init(&fs.path().join("store"));
-    let image = &files.references()[TWO_LAYERS];
+    let (_fs, lamina, image) = store_with_sample();
+    let image = &image;
     lamina.create_with(&["--strategy", "composefs"], image, "a");
     let verified = lamina.run(&["check", "--verify"]).json();
     assert_eq!(verified["ok"], true, "{verified}");
@@ -288,11 +289,8 @@ fn xattrs_past_what_an_erofs_inode_holds_are_refused_naming_the_file() {
 /// its mounted slots.
 #[test]
 fn lifecycle_gaps_the_review_found_stay_closed() {
-    require_root();
-    let fs = ScratchFs::ext4(256);
-    let files = sample_image(&fs.path().join("image"));
-    let lamina = Lamina::init(&fs.path().join("store"));
-    let image = &files.references()[TWO_LAYERS];
+    let (_fs, lamina, image) = store_with_sample();
+    let image = &image;
 
     // `--without-mount`: the options name the image's shared EROFS mount and the
     // objects, and mount as Garden would mount them.
@@ -569,11 +567,8 @@ fn composefs_shows_every_kind_of_entry_as_classic_does() {
 /// busy mount failed every `clean`.
 #[test]
 fn second_review_findings_stay_closed() {
-    require_root();
-    let fs = ScratchFs::ext4(256);
-    let files = sample_image(&fs.path().join("image"));
-    let lamina = Lamina::init(&fs.path().join("store"));
-    let image = &files.references()[TWO_LAYERS];
+    let (_fs, lamina, image) = store_with_sample();
+    let image = &image;
     let hosts = |rootfs: &Path| std::fs::read_to_string(rootfs.join("etc/hosts")).unwrap();
 
     // Damaged in place while mounted and unused: repair takes the mount with it.

@@ -88,17 +88,7 @@ impl Mounter for RealMounter {
         .map_err(|e| MountError::new("clone mount for bind", source, e))?;
         crate::raw::setattr::set_read_only(tree.as_fd())
             .map_err(fail("make read-only bind for"))?;
-        rustix::mount::move_mount(
-            tree.as_fd(),
-            "",
-            CWD,
-            target,
-            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-        .map_err(fail("attach read-only bind at"))?;
-        // Closed before returning, as after fsmount: an open tree fd makes umount EBUSY.
-        drop(tree);
-        Ok(())
+        attach(tree, target).map_err(fail("attach read-only bind at"))
     }
 
     fn sync_filesystem(&self, path: &Path) -> Result<(), MountError> {
@@ -118,17 +108,7 @@ impl Mounter for RealMounter {
     fn mount_erofs(&self, image: &Path, target: &Path) -> Result<(), MountError> {
         let mnt = mount_erofs_detached(image)
             .map_err(|e| MountError::new("mount EROFS image", image, e))?;
-        rustix::mount::move_mount(
-            mnt.as_fd(),
-            "",
-            CWD,
-            target,
-            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-        .map_err(|e| MountError::new("attach EROFS image at", target, e))?;
-        // Closed before returning, as after fsmount: an open mount fd makes umount EBUSY.
-        drop(mnt);
-        Ok(())
+        attach(mnt, target).map_err(|e| MountError::new("attach EROFS image at", target, e))
     }
 
     fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError> {
@@ -259,6 +239,12 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
     };
     let mnt =
         rustix::mount::fsmount(fs.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, attrs).map_err(fail)?;
+    attach(mnt, target).map_err(fail)
+}
+
+/// Attaches the detached mount `mnt` (from fsmount or open_tree) at `target`, and closes
+/// its fd before returning: while it is open, a later umount fails with EBUSY.
+fn attach(mnt: OwnedFd, target: &Path) -> Result<(), Errno> {
     rustix::mount::move_mount(
         mnt.as_fd(),
         "",
@@ -266,10 +252,6 @@ fn mount_with_fsopen(spec: &OverlaySpec, target: &Path) -> Result<(), NewApi> {
         target,
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
     )
-    .map_err(fail)?;
-    // The mount fd is closed here, on return: a later umount fails with EBUSY while it is open.
-    drop(mnt);
-    Ok(())
 }
 
 /// A detached read-only EROFS mount of the image file `image` (a file-backed EROFS:
