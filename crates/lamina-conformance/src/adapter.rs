@@ -362,6 +362,7 @@ pub fn assume_full_probe(store: &Store, mounter: &dyn Mounter) -> std::io::Resul
     probe.volatile = true;
     probe.redirect_dir = true;
     probe.new_mount_api = true;
+    probe.erofs_file_backed = Some(true);
     let path = lamina_mount::probe::cache_path(store);
     std::fs::write(
         &path,

@@ -127,7 +127,9 @@ pub fn choose(
             "metadata-only copy-up did not happen in the probe",
         );
     }
-    if strategies.composefs && !(probe.lowerdir_plus && probe.metacopy) {
+    if strategies.composefs
+        && !(probe.lowerdir_plus && probe.metacopy && probe.erofs_file_backed == Some(true))
+    {
         return unsupported(
             "composefs",
             "it needs overlay's `lowerdir+`/`datadir+` (Linux 6.8), metadata-only copy-up and file-backed EROFS (Linux 6.12)",
@@ -315,6 +317,7 @@ mod tests {
             redirect_dir: true,
             idmapped_layers: true,
             max_lower_layers: 500,
+            erofs_file_backed: Some(true),
         }
     }
 
@@ -376,6 +379,22 @@ mod tests {
             chosen(auto(false, false), &probe(false), 3, false),
             "deferred"
         );
+    }
+
+    #[test]
+    fn composefs_is_refused_where_the_kernel_cannot_mount_an_erofs_file() {
+        let named = Request {
+            strategies: Strategies::parse("composefs").unwrap(),
+            ..Request::default()
+        };
+        let ok = choose(&named, &probe(true), 3, &Pools::EMPTY).unwrap();
+        assert!(ok.model.flavor().unwrap().composefs);
+        let older = Probe {
+            erofs_file_backed: Some(false),
+            ..probe(true)
+        };
+        let err = choose(&named, &older, 3, &Pools::EMPTY).unwrap_err();
+        assert!(err.to_string().contains("file-backed EROFS"), "{err}");
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub struct Probe {
     #[serde(default)]
     pub idmapped_layers: bool,
     pub max_lower_layers: usize,
+    /// An EROFS image file mounts without a loop device (Linux 6.12): what composefs's
+    /// metadata images need. `None` in a cache written before lamina asked: probe again.
+    #[serde(default)]
+    pub erofs_file_backed: Option<bool>,
 }
 
 /// The cached probe when it matches this boot and kernel, otherwise a fresh one (cached).
@@ -42,6 +46,7 @@ pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Re
         && let Ok(cached) = serde_json::from_slice::<Probe>(&bytes)
         && cached.kernel == kernel
         && cached.boot_id == boot_id
+        && cached.erofs_file_backed.is_some()
     {
         return Ok(cached);
     }
@@ -61,6 +66,7 @@ pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Re
         ),
         idmapped_layers: probe_idmapped(mounter, &scratch.dir("idmap")?),
         max_lower_layers: probe_max_lowers(mounter, &scratch.dir("lowers")?)?,
+        erofs_file_backed: Some(probe_erofs(mounter, &scratch.dir("erofs")?)),
     };
     if !result.metacopy {
         tracing::warn!("metadata-only copy-up does not work on this kernel and store filesystem");
@@ -160,6 +166,29 @@ fn mounts_with(mounter: &dyn Mounter, dir: &Path, option: (&str, Option<&str>)) 
         |_| (),
     )
     .is_some()
+}
+
+/// Mounts an empty EROFS image file (the `composefs` crate writes it) and unmounts it.
+fn probe_erofs(mounter: &dyn Mounter, dir: &Path) -> bool {
+    let tree = composefs::tree::FileSystem::<composefs::fsverity::Sha256HashValue>::new(
+        composefs::generic_tree::Stat {
+            st_mode: 0o755,
+            ..composefs::generic_tree::Stat::uninitialized()
+        },
+    );
+    let Ok(tree) = composefs::erofs::writer::ValidatedFileSystem::new(tree) else {
+        return false;
+    };
+    let image = dir.join("image.erofs");
+    if fs::write(&image, composefs::erofs::writer::mkfs_erofs(&tree)).is_err() {
+        return false;
+    }
+    let target = dir.join("merged");
+    let mounted = mounter.mount_erofs(&image, &target).is_ok();
+    if mounted {
+        let _ = mounter.unmount(&target);
+    }
+    mounted
 }
 
 /// The chown and the xattr read go through the store's host, like every ownership call.
