@@ -6,7 +6,8 @@
 //! - two images holding the same files layered differently (one layer; five): bytes in
 //!   the store, and the page cache after every shared file is read in a container of
 //!   each — composefs's containers read one object where classic reads two layer files;
-//! - building the metadata image against importing (unpacking) the same layers.
+//! - building the metadata image against importing (unpacking) the same layers, for the
+//!   deep images and for one layer of real-size files (128 MiB).
 
 use std::path::Path;
 use std::process::Command;
@@ -105,6 +106,36 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 ]);
             }
         }
+
+        // Real-size content: the build hashes every file past the inline limit (the
+        // deep images above have only inline ones).
+        let total = ctx.mode.pick(128usize << 20, 2 << 20);
+        progress(&format!(
+            "composefs {} {} MiB layer",
+            rig.fs_name(),
+            total >> 20
+        ));
+        let reference = crate::images::write_layout(
+            &rig.scratch("large"),
+            &crate::images::image(
+                vec![crate::images::large_layer(total)],
+                lamina_image::Compression::None,
+            ),
+        );
+        let image = crate::images::resolve(&reference);
+        let t = Instant::now();
+        let chain_ids = rig.store.import(&image).unwrap();
+        let imported = t.elapsed();
+        let t = Instant::now();
+        lamina_mount::composefs::ensure(&rig.store, &rig.mounter, &chain_ids).unwrap();
+        let built = t.elapsed();
+        import.row(vec![
+            rig.fs_name().into(),
+            format!("1 of {} MiB", total >> 20),
+            human(imported),
+            human(built),
+            ratio(built, imported),
+        ]);
 
         progress(&format!("composefs {} shared files", rig.fs_name()));
         let (refs, paths) = crate::images::shared_files(&rig.scratch("shared"), files, size, 5);
