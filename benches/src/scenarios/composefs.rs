@@ -67,19 +67,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             let reference =
                 crate::images::many_layers(&rig.scratch(&format!("deep-{layers}")), layers);
             let image = crate::images::resolve(&reference);
-            let t = Instant::now();
-            let chain_ids = rig.store.import(&image).unwrap();
-            let imported = t.elapsed();
-            let t = Instant::now();
-            lamina_mount::composefs::ensure(&rig.store, &rig.mounter, &chain_ids).unwrap();
-            let built = t.elapsed();
-            import.row(vec![
-                rig.fs_name().into(),
-                layers.to_string(),
-                human(imported),
-                human(built),
-                ratio(built, imported),
-            ]);
+            let chain_ids = import_and_build(&rig, &image, &layers.to_string(), &mut import);
             // The first create below finds the image built: remove it so it is timed.
             std::fs::remove_file(lamina_mount::composefs::image_path(
                 &rig.store,
@@ -123,19 +111,8 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             ),
         );
         let image = crate::images::resolve(&reference);
-        let t = Instant::now();
-        let chain_ids = rig.store.import(&image).unwrap();
-        let imported = t.elapsed();
-        let t = Instant::now();
-        lamina_mount::composefs::ensure(&rig.store, &rig.mounter, &chain_ids).unwrap();
-        let built = t.elapsed();
-        import.row(vec![
-            rig.fs_name().into(),
-            format!("1 of {} MiB", total >> 20),
-            human(imported),
-            human(built),
-            ratio(built, imported),
-        ]);
+        let label = format!("1 of {} MiB", total >> 20);
+        import_and_build(&rig, &image, &label, &mut import);
 
         progress(&format!("composefs {} shared files", rig.fs_name()));
         let (refs, paths) = crate::images::shared_files(&rig.scratch("shared"), files, size, 5);
@@ -165,6 +142,30 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         }
     }
     vec![deep, shared, import]
+}
+
+/// Imports `image` and builds its metadata image and objects, each timed, as a row of
+/// `table` labelled `layers`. Returns the image's chain IDs.
+fn import_and_build(
+    rig: &Rig,
+    image: &Image,
+    layers: &str,
+    table: &mut Table,
+) -> Vec<lamina_image::Digest> {
+    let t = Instant::now();
+    let chain_ids = rig.store.import(image).unwrap();
+    let imported = t.elapsed();
+    let t = Instant::now();
+    lamina_mount::composefs::ensure(&rig.store, &rig.mounter, &chain_ids).unwrap();
+    let built = t.elapsed();
+    table.row(vec![
+        rig.fs_name().into(),
+        layers.into(),
+        human(imported),
+        human(built),
+        ratio(built, imported),
+    ]);
+    chain_ids
 }
 
 /// `n` creates and deletes of `strategy`, each timed.

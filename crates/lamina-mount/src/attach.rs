@@ -43,8 +43,8 @@ fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach,
     let bind = |source: PathBuf| Attach::Bind { source, read_only };
     let volatile = model.flavor().is_some_and(|f| f.volatile);
     let composefs = model.flavor().is_some_and(|f| f.composefs);
-    // An idmapped overlay, like a volatile or a composefs one (its metadata image is a
-    // detached mount no option names), only lamina can mount: the caller binds.
+    // An idmapped overlay, like a volatile or a composefs one (its image's EROFS mount
+    // must be there first, which only lamina makes), only lamina mounts: the caller binds.
     let lamina_mounts = volatile || composefs || container.rootfs.idmap.is_some();
     Ok(if container.rootfs.mounted || lamina_mounts {
         if !mounter.is_mountpoint(&dirs.rootfs)? {

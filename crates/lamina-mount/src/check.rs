@@ -138,7 +138,7 @@ pub fn check_verified(
                 ));
             }
         }
-        if container.model().flavor().is_some_and(|f| f.composefs)
+        if crate::composefs::image_of(container).is_some()
             && let Some(top) = record.layers.last()
         {
             let image = crate::composefs::image_path(store, top);
@@ -304,13 +304,8 @@ pub fn check_verified(
 fn composefs_in_use(store: &Store, scan: &crate::record::Scan) -> HashSet<String> {
     scan.containers
         .iter()
-        .filter(|c| c.model().flavor().is_some_and(|f| f.composefs))
-        .filter_map(|c| c.record.layers.last().map(|l| l.hex().to_string()))
-        .chain(
-            crate::pool::composefs_target_tops(store)
-                .iter()
-                .map(|top| top.hex().to_string()),
-        )
+        .filter_map(crate::composefs::image_of)
+        .chain(crate::pool::composefs_target_images(store))
         .collect()
 }
 

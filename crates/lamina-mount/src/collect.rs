@@ -114,9 +114,7 @@ fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> 
         match crate::record::read_in(store, &dir) {
             Ok(Some(container)) => {
                 name(&container.record.layers);
-                if container.model().flavor().is_some_and(|f| f.composefs) {
-                    composefs.extend(container.record.layers.last().map(|l| l.hex().to_string()));
-                }
+                composefs.extend(crate::composefs::image_of(&container));
                 bound.extend(container.rootfs.bind_source);
             }
             Ok(None) if store.try_lock_dir(&dir)?.is_none() => {
@@ -139,11 +137,7 @@ fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> 
     for layers in pool::target_layers(store) {
         name(&layers);
     }
-    composefs.extend(
-        pool::composefs_target_tops(store)
-            .iter()
-            .map(|top| top.hex().to_string()),
-    );
+    composefs.extend(pool::composefs_target_images(store));
     // containerd's committed snapshots, and commits in flight.
     if let Some(snapshots) = store.snapshots_if_any()? {
         name(&snapshots.layers()?.into_iter().collect::<Vec<_>>());
@@ -176,7 +170,7 @@ fn set_aside(store: &Store, path: &Path, kind: &str, name: &str) -> Result<PathB
     Ok(doomed)
 }
 
-fn file_name(path: &Path) -> String {
+pub(crate) fn file_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()

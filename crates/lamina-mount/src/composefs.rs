@@ -13,13 +13,15 @@
 //!   `composefs` crate whose regular files are overlay metacopy inodes redirecting into
 //!   `objects/`.
 //!
-//! A container mounts the image (file-backed EROFS, no loop device) as its only lower and
+//! The image is mounted once (file-backed EROFS, no loop device) on `composefs/<top>.mnt`
+//! ([`mounted`]), and every container's overlay has its `rootfs/` as the only lower and
 //! `objects/` as a data-only lower (`plan::read_write`). The objects' own owners and modes
 //! are never seen: overlay takes a file's metadata from the image and only its data from
 //! the object.
 //!
-//! `clean` does not collect objects or images yet (they outlive the layers they were
-//! built from; that is what lets them be shared).
+//! `clean` removes images (and their mounts) nothing uses, then objects no remaining
+//! image references (`composefs_collect.rs`); `check --verify` re-hashes both
+//! (`composefs_verify.rs`).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -38,6 +40,7 @@ use lamina_store::{Store, StoreError};
 use lamina_sys::{At, HostFs, Mounter};
 
 use crate::RootfsError;
+use crate::record::Container;
 
 /// An object's name: its fs-verity digest.
 pub(crate) type ObjectId = Sha256HashValue;
@@ -153,6 +156,21 @@ pub fn mounted(
 /// The directory inside a metadata image that holds the image's tree.
 pub const ROOTFS: &str = "rootfs";
 
+/// The image (top chain ID hex) whose metadata image `container` mounts, if it is a
+/// composefs container: what `clean` and `check --repair` must leave in place.
+pub(crate) fn image_of(container: &Container) -> Option<String> {
+    let composefs = container.model().flavor().is_some_and(|f| f.composefs);
+    composefs
+        .then(|| {
+            container
+                .record
+                .layers
+                .last()
+                .map(|top| top.hex().to_string())
+        })
+        .flatten()
+}
+
 /// Where the metadata image of `top` is mounted.
 pub fn mount_path(store: &Store, top: &Digest) -> PathBuf {
     store
@@ -186,12 +204,12 @@ fn build(store: &Store, chain_ids: &[Digest]) -> io::Result<Box<[u8]>> {
         metadata_bytes: 0,
     };
     let bottom = store.layout().layer_diff(&chain_ids[0]);
-    let mut tree = Merging::new(merge.stat_of(&bottom)?);
+    let mut tree = Merging::new(merge.metadata_of(&bottom)?);
     for chain_id in chain_ids {
         let layer = store.layout().layer_diff(chain_id);
         let Merging { root, leaves } = &mut tree;
         merge.apply(&layer, root, leaves)?;
-        root.stat = merge.stat_of(&layer)?;
+        root.stat = merge.metadata_of(&layer)?;
     }
     tree.compact();
     // The merged tree under `rootfs/`, which overlays name as their lower: unmounted, the
@@ -223,7 +241,7 @@ struct Merge<'a> {
     inodes: HashMap<(u64, u64), LeafId>,
     /// Entries read so far, against [`MAX_ENTRIES`].
     entries: usize,
-    /// Names, link targets and xattrs read so far, against [`MAX_METADATA_BYTES`].
+    /// Names, paths, link targets and xattrs read so far, against [`MAX_METADATA_BYTES`].
     metadata_bytes: usize,
 }
 
@@ -272,8 +290,8 @@ impl Merge<'_> {
             return Ok(());
         }
         if kind == FileType::Directory {
-            let keep =
-                matches!(dir.lookup(name), Some(Inode::Directory(_))) && !self.is_opaque(from);
+            let keep = matches!(dir.lookup(name), Some(Inode::Directory(_)))
+                && !crate::flatten::is_opaque(self.host, from);
             if !keep {
                 let fresh = generic_tree::Directory::new(Stat::uninitialized());
                 dir.insert(name, Inode::Directory(Box::new(fresh)));
@@ -282,7 +300,7 @@ impl Merge<'_> {
                 .get_directory_mut(name)
                 .map_err(|e| at(io::Error::other(e.to_string())))?;
             self.apply(from, child, leaves)?;
-            child.stat = self.stat_of(from).map_err(at)?;
+            child.stat = self.stat_of(from, &st).map_err(at)?;
             return Ok(());
         }
         let id = match self.inodes.get(&(st.st_dev, st.st_ino)) {
@@ -312,7 +330,7 @@ impl Merge<'_> {
                 };
                 let id = LeafId(leaves.len());
                 leaves.push(Leaf {
-                    stat: self.stat_of(from).map_err(at)?,
+                    stat: self.stat_of(from, &st).map_err(at)?,
                     content,
                 });
                 self.inodes.insert((st.st_dev, st.st_ino), id);
@@ -327,23 +345,22 @@ impl Merge<'_> {
         self.metadata_bytes += n;
         if self.metadata_bytes > MAX_METADATA_BYTES {
             return Err(io::Error::other(format!(
-                "the image's names, link targets and xattrs pass {MAX_METADATA_BYTES} bytes, more than a composefs image is built from"
+                "the image's names, paths, link targets and xattrs pass {MAX_METADATA_BYTES} bytes, more than a composefs image is built from"
             )));
         }
         Ok(())
     }
 
-    fn is_opaque(&self, dir: &Path) -> bool {
-        let opaque = self
-            .host
-            .get_xattr(At::Path(dir), OsStr::new("trusted.overlay.opaque"));
-        matches!(opaque, Ok(Some(v)) if v == b"y")
+    /// [`Merge::stat_of`] for a path not yet stat'ed (a layer's root).
+    fn metadata_of(&mut self, path: &Path) -> io::Result<Stat> {
+        let st = self.host.stat(At::Path(path))?;
+        self.stat_of(path, &st)
     }
 
-    /// Owner, mode (set-id and sticky bits included), mtime and xattrs other than
-    /// overlay's own markers, read through the store's host (the kernel seam).
-    fn stat_of(&mut self, path: &Path) -> io::Result<Stat> {
-        let st = self.host.stat(At::Path(path))?;
+    /// Owner, mode (set-id and sticky bits included) and mtime from `st` (`path`'s own
+    /// stat), and `path`'s xattrs other than overlay's own markers, read through the
+    /// store's host (the kernel seam).
+    fn stat_of(&mut self, path: &Path, st: &rustix::fs::Stat) -> io::Result<Stat> {
         let mut xattrs = std::collections::BTreeMap::new();
         let mut xattr_bytes = 0;
         for name in self.host.list_xattrs(At::Path(path))? {

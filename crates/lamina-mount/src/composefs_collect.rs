@@ -8,13 +8,14 @@ use std::collections::HashSet;
 use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use composefs::fsverity::{FsVerityHashValue, Sha256HashValue};
 use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 
 use crate::RootfsError;
+use crate::collect::file_name;
 
 /// What composefs collection removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,16 +37,13 @@ pub(crate) fn collect(
 ) -> Result<CollectedObjects, RootfsError> {
     let mut collected = CollectedObjects::default();
     let images_dir = store.layout().composefs();
-    let entries: Vec<_> = read_dir(&images_dir)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<io::Result<_>>()
-        .map_err(StoreError::io("listing", &images_dir))?;
+    let in_images = entries(&images_dir)?;
     // First the mounts of unused images: unmounted and removed (no overlay needs it
     // mounted: each holds its own reference to the EROFS). One a process holds busy
     // keeps its image, and so its objects, for a later clean (review finding: a busy
     // mount failed every clean).
     let mut kept = in_use.clone();
-    for path in &entries {
+    for path in &in_images {
         let name = file_name(path);
         let Some(top) = name.strip_suffix(".mnt") else {
             continue;
@@ -63,7 +61,7 @@ pub(crate) fn collect(
         .iter()
         .any(|top| !images_dir.join(format!("{top}.erofs")).is_file());
     let mut referenced = HashSet::new();
-    for path in entries {
+    for path in in_images {
         let name = file_name(&path);
         let Some(top) = name.strip_suffix(".erofs") else {
             continue; // a mount (above), or a digest: removed with its image
@@ -97,15 +95,8 @@ pub(crate) fn collect(
         return Ok(collected);
     }
     let objects_dir = store.layout().objects();
-    for fan_out in read_dir(&objects_dir)? {
-        let fan_out = fan_out
-            .map_err(StoreError::io("listing", &objects_dir))?
-            .path();
-        let prefix = fan_out
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
+    for fan_out in entries(&objects_dir)? {
+        let prefix = file_name(&fan_out);
         if !fan_out.symlink_metadata().is_ok_and(|m| m.is_dir()) {
             // Nothing but fan-out directories belongs here (an older build staged its
             // copies here): no image can reference it.
@@ -114,10 +105,8 @@ pub(crate) fn collect(
             collected.objects += 1;
             continue;
         }
-        for object in read_dir(&fan_out)? {
-            let object = object.map_err(StoreError::io("listing", &fan_out))?.path();
-            let name = object.file_name().unwrap_or_default().to_string_lossy();
-            if referenced.contains(&format!("{prefix}/{name}")) {
+        for object in entries(&fan_out)? {
+            if referenced.contains(&format!("{prefix}/{}", file_name(&object))) {
                 continue;
             }
             collected.bytes += size_freed(&object)?;
@@ -130,22 +119,19 @@ pub(crate) fn collect(
     Ok(collected)
 }
 
-/// `dir`'s entries; none when it does not exist (a store from before composefs).
-fn read_dir(dir: &Path) -> Result<Box<dyn Iterator<Item = io::Result<fs::DirEntry>>>, StoreError> {
+/// The paths in `dir`; none when it does not exist (a store from before composefs).
+pub(crate) fn entries(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
     match fs::read_dir(dir) {
-        Ok(entries) => Ok(Box::new(entries)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Box::new(std::iter::empty())),
+        Ok(list) => list
+            .map(|e| e.map(|e| e.path()))
+            .collect::<io::Result<_>>()
+            .map_err(StoreError::io("listing", dir)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(StoreError::io("listing", dir)(e)),
     }
 }
 
 /// What removing `path` frees: its blocks when this is its last link.
-fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 fn size_freed(path: &Path) -> Result<u64, StoreError> {
     let meta = fs::symlink_metadata(path).map_err(StoreError::io("reading", path))?;
     Ok(if meta.nlink() <= 1 {

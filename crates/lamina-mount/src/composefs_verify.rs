@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 
 use composefs::fsverity::{FsVerityHashValue, FsVerityHasher, compute_verity};
 
+use crate::collect::file_name;
 use crate::composefs::{ObjectId, digest_path};
+use crate::composefs_collect::entries;
 use lamina_store::{Store, StoreError};
 
 /// A composefs file that is not what it was written as.
@@ -116,21 +118,4 @@ fn hash_file(path: &Path) -> io::Result<ObjectId> {
     let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
     io::copy(&mut File::open(path)?, &mut hasher)?;
     Ok(hasher.digest())
-}
-
-fn entries(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
-    match fs::read_dir(dir) {
-        Ok(list) => list
-            .map(|e| e.map(|e| e.path()))
-            .collect::<io::Result<_>>()
-            .map_err(StoreError::io("listing", dir)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(StoreError::io("listing", dir)(e)),
-    }
-}
-
-fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }

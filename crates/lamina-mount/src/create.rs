@@ -32,10 +32,11 @@ pub struct CreateOptions {
     pub claim_pooled_without_mount: bool,
     /// With `without_mount`, a volatile or composefs overlay is still mounted by lamina
     /// (the caller binds it: containerd's snapshotter, which then need not know that a
-    /// composefs overlay's lower must be mounted first). The kernel marks a volatile upper's work dir
-    /// when it mounts it and refuses every later mount until the marker goes, which
-    /// only lamina's own `unmount` does after a clean sync; an overlay the caller
-    /// mounted and unmounted itself could never be mounted again (a task restart).
+    /// composefs overlay's lower must be mounted first). The kernel marks a volatile
+    /// upper's work dir when it mounts it and refuses every later mount until the
+    /// marker goes, which only lamina's own `unmount` does after a clean sync; an
+    /// overlay the caller mounted and unmounted itself could never be mounted again (a
+    /// task restart).
     pub mount_volatile_without_mount: bool,
     pub strategies: Strategies,
     pub read_only: bool,

@@ -126,7 +126,9 @@ fn remove(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
     }
 }
 
-fn is_opaque(host: &dyn HostFs, dir: &Path) -> bool {
+/// Whether layer directory `dir` carries overlay's opaque marker (it hides what the
+/// layers below have there). composefs's merge asks too.
+pub(crate) fn is_opaque(host: &dyn HostFs, dir: &Path) -> bool {
     let opaque = host.get_xattr(At::Path(dir), OsStr::new("trusted.overlay.opaque"));
     matches!(opaque, Ok(Some(v)) if v == b"y")
 }

@@ -231,13 +231,14 @@ pub(crate) fn target_layers(store: &Store) -> Vec<Vec<Digest>> {
     targets(store).into_iter().map(|t| t.layers).collect()
 }
 
-/// The top layer of every pool target whose slots are composefs overlays: collection
-/// keeps their metadata images (and so their objects), as it keeps the layers.
-pub(crate) fn composefs_target_tops(store: &Store) -> Vec<Digest> {
+/// The images (top chain ID hex) of every pool target whose slots are composefs
+/// overlays: collection keeps their metadata images (and so their objects), as it keeps
+/// the layers.
+pub(crate) fn composefs_target_images(store: &Store) -> Vec<String> {
     targets(store)
         .into_iter()
         .filter(|t| Strategies::parse(&t.flavor).is_ok_and(|s| s.composefs))
-        .filter_map(|t| t.layers.last().cloned())
+        .filter_map(|t| t.layers.last().map(|top| top.hex().to_string()))
         .collect()
 }
 
