@@ -215,6 +215,16 @@ pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
     lamina_sys::mounts_under(root).expect("reading /proc/self/mountinfo")
 }
 
+/// Disk bytes in use on the filesystem holding `path`, after its writeback: what the
+/// filesystem itself counts, so extents two files share count once (`du` counts them
+/// for each file).
+pub fn used_bytes(path: &Path) -> u64 {
+    let dir = std::fs::File::open(path).expect("opening a directory to statfs");
+    rustix::fs::syncfs(&dir).expect("syncfs");
+    let st = rustix::fs::fstatvfs(&dir).expect("statfs");
+    (st.f_blocks - st.f_bfree) * st.f_frsize
+}
+
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")
 }

@@ -10,7 +10,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use lamina_integration::scratch::mounts_under;
+use lamina_integration::scratch::{mounts_under, used_bytes};
 use lamina_integration::{Lamina, ScratchFs, require_root, sample_image};
 
 /// The sample's references: [oci layout (2 layers), ..., rootfs.tar (1 layer)].
@@ -623,4 +623,83 @@ fn second_review_findings_stay_closed() {
     let cleaned = lamina.run(&["clean"]).json();
     assert_eq!(cleaned["composefs_images_removed"], 1, "{cleaned}");
     assert!(mounts_under(&lamina.store).is_empty());
+}
+
+/// Issue 24's store-bytes target: two images holding the same files, layered
+/// differently, are stored once on disk once each has a composefs container. The second
+/// image's layer files are made to share the first's object extents (xfs and btrfs can;
+/// ext4 cannot, and keeps both copies); every layer keeps its own inodes (classic still
+/// reads them), and the kernel compared the bytes.
+#[test]
+fn files_two_images_share_are_stored_once_on_an_xfs_store() {
+    files_two_images_share_are_stored_once(lamina_integration::FsKind::Xfs);
+}
+
+#[test]
+fn files_two_images_share_are_stored_once_on_a_btrfs_store() {
+    files_two_images_share_are_stored_once(lamina_integration::FsKind::Btrfs);
+}
+
+fn files_two_images_share_are_stored_once(kind: lamina_integration::FsKind) {
+    require_root();
+    let fs = ScratchFs::loop_backed(kind, 512, false);
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let mut rng = lamina_integration::rng::Xorshift::new(24);
+    let files: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| {
+            let data: Vec<u8> = (0..(256 << 10) / 8)
+                .flat_map(|_| rng.next_u64().to_le_bytes())
+                .collect();
+            (format!("data/file{i:02}"), data)
+        })
+        .collect();
+    let unique: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    let layer_of = |part: &[(String, Vec<u8>)]| {
+        let mut layer = lamina_sample::LayerBuilder::new()
+            .dir("data", 0o755)
+            .unwrap();
+        for (path, data) in part {
+            layer = layer.file(path, 0o644, data).unwrap();
+        }
+        let tar = layer.finish().unwrap();
+        lamina_sample::Layer {
+            tar,
+            compression: lamina_image::Compression::None,
+        }
+    };
+    let write = |name: &str, layers: Vec<lamina_sample::Layer>| {
+        let dir = fs.path().join(name);
+        let platform = lamina_image::Platform::host();
+        let image = lamina_sample::build_image(&layers, &["PATH=/bin"], &platform).unwrap();
+        lamina_sample::write_oci_layout(&dir, &[&image], &[(image.manifest.clone(), Some("x"))])
+            .unwrap();
+        format!("oci://{}:x", dir.display())
+    };
+    let one = write("one", vec![layer_of(&files)]);
+    let four = write("four", files.chunks(10).map(layer_of).collect());
+
+    let before = used_bytes(fs.path());
+    let a = lamina.create_with(&["--strategy", "composefs"], &one, "a");
+    let b = lamina.create_with(&["--strategy", "composefs"], &four, "b");
+    let grew = used_bytes(fs.path()) - before;
+    assert!(
+        (grew as f64) < 1.25 * unique as f64,
+        "the store grew by {grew} bytes for {unique} unique bytes in two images"
+    );
+    for (path, data) in &files {
+        assert_eq!(&std::fs::read(a.join(path)).unwrap(), data, "{path} in a");
+        assert_eq!(&std::fs::read(b.join(path)).unwrap(), data, "{path} in b");
+    }
+    // Every layer file is still its own inode: classic containers read them as before.
+    let classic = lamina.create_with(&["--strategy", "classic"], &four, "c");
+    for (path, data) in &files {
+        assert_eq!(&std::fs::read(classic.join(path)).unwrap(), data, "{path}");
+        let ino = |root: &Path| std::fs::metadata(root.join(path)).unwrap().nlink();
+        assert_eq!(ino(&classic), 1, "{path}: no layer file became a link");
+    }
+    for id in ["a", "b", "c"] {
+        lamina.delete_and_assert_gone(id, id);
+    }
+    let check = lamina.run(&["check", "--verify"]).json();
+    assert_eq!(check["ok"], true, "{check}");
 }

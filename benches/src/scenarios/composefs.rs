@@ -3,14 +3,15 @@
 //! - images of 10, 30 and 100 layers: the lowers in the mount, the first create
 //!   (composefs builds its metadata image then), warm create and delete p50 — where
 //!   composefs starts to win is what `auto` would go by;
-//! - two images holding the same files layered differently (one layer; five): bytes in
-//!   the store, and the page cache after every shared file is read in a container of
+//! - two images holding the same files layered differently (one layer; five): the disk
+//!   bytes the store grew by (classic first: composefs's build makes the second image's
+//!   layer files share the first's extents where the filesystem can, and that stays),
+//!   and the page cache after every shared file is read in a container of
 //!   each — composefs's containers read one object where classic reads two layer files;
 //! - building the metadata image against importing (unpacking) the same layers, for the
 //!   deep images and for one layer of real-size files (128 MiB).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lamina_image::Image;
@@ -19,13 +20,17 @@ use super::{Ctx, progress};
 use crate::report::Table;
 use crate::rig::Rig;
 use crate::stats::{Samples, human, ratio};
+use lamina_integration::scratch::used_bytes;
 
 const STRATEGIES: &[&str] = &["classic", "composefs"];
 
 pub fn run(ctx: &Ctx) -> Vec<Table> {
     let layer_counts = ctx.mode.pick(vec![10, 30, 100], vec![5]);
     let samples = ctx.mode.pick(50, 3);
-    let (files, size) = ctx.mode.pick((500, 16 << 10), (20, 4 << 10));
+    let files = ctx.mode.pick(500, 20);
+    // Per-file metadata (inodes, directory entries, the images' entries) weighs more
+    // against small files: two sizes show how much.
+    let sizes = ctx.mode.pick(vec![16 << 10, 64 << 10], vec![4 << 10]);
     let mut deep = Table::new(
         "composefs-deep",
         &[
@@ -44,8 +49,10 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         &[
             "fs",
             "strategy",
+            "files",
             "unique file bytes",
-            "store bytes",
+            "store grew by",
+            "store vs unique bytes",
             "page cache after reading both",
             "cache vs unique bytes",
         ],
@@ -114,34 +121,54 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         let label = format!("1 of {} MiB", total >> 20);
         import_and_build(&rig, &image, &label, &mut import);
 
-        progress(&format!("composefs {} shared files", rig.fs_name()));
-        let (refs, paths) = crate::images::shared_files(&rig.scratch("shared"), files, size, 5);
-        let images: Vec<Image> = refs.iter().map(|r| rig.warm(r)).collect();
-        let unique = (files * size) as u64;
-        for strategy in STRATEGIES {
-            let roots: Vec<_> = images
-                .iter()
-                .enumerate()
-                .map(|(i, image)| {
-                    let id = format!("shared-{i}");
-                    rig.create(image, &id, strategy, false);
-                    rig.store.layout().container(&id).join("rootfs")
-                })
-                .collect();
-            let store_bytes = du(rig.store.root());
-            let cached = cached_after_reading(&roots, &paths);
-            shared.row(vec![
-                rig.fs_name().into(),
-                format!("`{strategy}`"),
-                bytes(unique),
-                bytes(store_bytes),
-                bytes(cached),
-                format!("{:.2}×", cached as f64 / unique as f64),
-            ]);
-            rig.delete_all();
+        for &size in &sizes {
+            shared_files(&rig, files, size, &mut shared);
         }
     }
     vec![deep, shared, import]
+}
+
+/// Two images holding the same `files` files of `size` bytes, one as a single layer
+/// and one over five: the disk bytes the store grows by once each has a container of
+/// each strategy (classic first: a composefs build makes the second image's layer files
+/// share the first's extents where the filesystem can, and that stays), and the page
+/// cache while every file is read in both, as rows of `table`.
+fn shared_files(rig: &Rig, files: usize, size: usize, table: &mut Table) {
+    progress(&format!(
+        "composefs {} shared files of {} KiB",
+        rig.fs_name(),
+        size >> 10
+    ));
+    let scratch = rig.scratch(&format!("shared-{size}"));
+    let (refs, paths) = crate::images::shared_files(&scratch, files, size, 5);
+    // The images' layouts are on the same filesystem: written before the baseline.
+    let baseline = used_bytes(rig.store.root());
+    let images: Vec<Image> = refs.iter().map(|r| rig.warm(r)).collect();
+    let unique = (files * size) as u64;
+    for strategy in STRATEGIES {
+        let roots: Vec<_> = images
+            .iter()
+            .enumerate()
+            .map(|(i, image)| {
+                let id = format!("shared-{i}");
+                rig.create(image, &id, strategy, false);
+                rig.store.layout().container(&id).join("rootfs")
+            })
+            .collect();
+        let store_bytes = used_bytes(rig.store.root()) - baseline;
+        let cached = cached_after_reading(&roots, &paths);
+        table.row(vec![
+            rig.fs_name().into(),
+            format!("`{strategy}`"),
+            format!("{files} × {} KiB", size >> 10),
+            bytes(unique),
+            bytes(store_bytes),
+            format!("{:.2}×", store_bytes as f64 / unique as f64),
+            bytes(cached),
+            format!("{:.2}×", cached as f64 / unique as f64),
+        ]);
+        rig.delete_all();
+    }
 }
 
 /// Imports `image` and builds its metadata image and objects, each timed, as a row of
@@ -215,20 +242,6 @@ fn cached_bytes() -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .unwrap()
         * 1024
-}
-
-/// Disk blocks under `dir` (each inode once, as `du` counts hardlinks).
-fn du(dir: &Path) -> u64 {
-    let out = Command::new("du")
-        .args(["-sx", "--block-size=1"])
-        .arg(dir)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap()
 }
 
 fn bytes(n: u64) -> String {

@@ -2,8 +2,9 @@
 //! container costs a superblock and its own inode and dentry cache for every file
 //! walked; `shared-ro` binds one shared read-only overlay, `direct` binds the layer (or a
 //! flattened hardlink tree) with no overlay at all; `composefs` mounts an overlay per
-//! container on the image's EROFS metadata image. Reports create and delete latency and
-//! slab growth after walking every rootfs once.
+//! container on the image's EROFS metadata image. Then as many read-write containers,
+//! `classic` against `composefs` (issue 24). Reports create and delete latency and slab
+//! growth after walking every rootfs once.
 
 use std::path::Path;
 use std::time::Instant;
@@ -14,8 +15,15 @@ use crate::report::Table;
 use crate::rig::Rig;
 use crate::stats::{Samples, human, ratio};
 
-/// Strategy name as `--strategy` takes it, with `--read-only`.
-const STRATEGIES: &[&str] = &["classic", "shared-ro", "direct", "composefs"];
+/// Strategy name as `--strategy` takes it, and whether the containers are read-only.
+const STRATEGIES: &[(&str, bool)] = &[
+    ("classic", true),
+    ("shared-ro", true),
+    ("direct", true),
+    ("composefs", true),
+    ("classic", false),
+    ("composefs", false),
+];
 const CACHES: &[&str] = &["ovl_inode", "dentry", "erofs_inode"];
 
 pub fn run(ctx: &Ctx) -> Vec<Table> {
@@ -24,8 +32,9 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         "s4-density",
         &[
             "fs",
-            "strategy (read-only)",
-            "rootfs",
+            "strategy",
+            "mode",
+            "containers",
             "create p50",
             "create p99",
             "create max",
@@ -42,9 +51,13 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
     for &kind in &ctx.filesystems {
         let rig = Rig::new(kind, 1024);
         let image = rig.warm(&crate::images::sample(&rig.scratch("image")));
-        let mut baseline = None;
-        for strategy in STRATEGIES {
-            progress(&format!("S4 {} {strategy} × {containers}", rig.fs_name()));
+        let mut baselines = [None, None];
+        for &(strategy, read_only) in STRATEGIES {
+            let mode = if read_only { "read-only" } else { "read-write" };
+            progress(&format!(
+                "S4 {} {strategy} {mode} × {containers}",
+                rig.fs_name()
+            ));
             host::drop_caches();
             let ovl_before = host::slab_bytes(&CACHES[..1]);
             let dentry_before = host::slab_bytes(&CACHES[1..2]);
@@ -56,7 +69,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             let start = Instant::now();
             for id in &ids {
                 let t = Instant::now();
-                rootfs.push(rig.create(&image, id, strategy, true).rootfs);
+                rootfs.push(rig.create(&image, id, strategy, read_only).rootfs);
                 creates.push(t.elapsed());
             }
             let created = start.elapsed();
@@ -70,15 +83,16 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             for id in &ids {
                 deletes.push(rig.timed_delete(id));
             }
-            // Read-only deletes are deferred: the reaper's time counts.
+            // Deferred deletes: the reaper's time counts.
             rig.reap_all();
             let total = created + start.elapsed();
             assert!(rig.no_trace(), "S4 left containers behind ({strategy})");
             let (c, d) = (creates.summary(), deletes.summary());
-            let base = *baseline.get_or_insert(total);
+            let base = *baselines[usize::from(read_only)].get_or_insert(total);
             table.row(vec![
                 rig.fs_name().into(),
                 format!("`{strategy}`"),
+                mode.into(),
                 containers.to_string(),
                 human(c.p50),
                 human(c.p99),

@@ -363,6 +363,7 @@ pub fn assume_full_probe(store: &Store, mounter: &dyn Mounter) -> std::io::Resul
     probe.redirect_dir = true;
     probe.new_mount_api = true;
     probe.erofs_file_backed = Some(true);
+    probe.fs_verity = Some(false);
     let path = lamina_mount::probe::cache_path(store);
     std::fs::write(
         &path,

@@ -255,7 +255,13 @@ pub fn check_verified(
                 ] {
                     std::fs::remove_file(&path).map_err(StoreError::io("removing", &path))?;
                 }
-                Ok(())
+                let mark = crate::composefs::verity_path(&damage.path);
+                match std::fs::remove_file(&mark) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        Err(StoreError::io("removing", &mark)(e).into())
+                    }
+                    _ => Ok(()),
+                }
             });
         }
     }

@@ -318,6 +318,7 @@ mod tests {
             idmapped_layers: true,
             max_lower_layers: 500,
             erofs_file_backed: Some(true),
+            fs_verity: Some(false),
         }
     }
 
@@ -391,6 +392,7 @@ mod tests {
         assert!(ok.model.flavor().unwrap().composefs);
         let older = Probe {
             erofs_file_backed: Some(false),
+            fs_verity: Some(false),
             ..probe(true)
         };
         let err = choose(&named, &older, 3, &Pools::EMPTY).unwrap_err();

@@ -8,7 +8,9 @@
 //!   once in `objects/<ab>/<rest>`, named by its fs-verity digest (SHA-256, computed in
 //!   userspace: this kernel has no fs-verity). An object is a hardlink to the layer's
 //!   inode, so building costs no data copy; a file whose content is already an object
-//!   (from any image) adds nothing;
+//!   (from any image) is made to share that object's extents where the filesystem can
+//!   (xfs, btrfs: `FIDEDUPERANGE`), so the store holds each content once on disk while
+//!   every layer keeps its own inodes for the strategies that mount layers;
 //! - the merged tree becomes `composefs/<top>.erofs`, an EROFS image written by the
 //!   `composefs` crate whose regular files are overlay metacopy inodes redirecting into
 //!   `objects/`.
@@ -86,11 +88,20 @@ pub fn ensure(
         );
     };
     let image = image_path(store, top);
-    if image.is_file() {
+    if image.is_file() && verity_path(&image).is_file() {
+        return Ok(image);
+    }
+    let verity = verity_here(store, mounter);
+    if image.is_file() && !verity {
         return Ok(image);
     }
     let _lock = store.lock(&format!("composefs-{}", top.hex()))?;
     if image.is_file() {
+        if verity && !verity_path(&image).is_file() {
+            // Built before this kernel (or filesystem) could seal: sealed now, so every
+            // container of the image from here on mounts with `verity=require`.
+            seal_built(store, &image).map_err(StoreError::io("sealing with fs-verity", &image))?;
+        }
         return Ok(image);
     }
     // A mount left from an image that is gone (removed by hand, or as damaged by `check
@@ -108,15 +119,23 @@ pub fn ensure(
         top.hex(),
         lamina_store::unique_suffix()
     ));
-    let built = build(store, chain_ids).and_then(|bytes| {
+    let built = build(store, chain_ids, verity).and_then(|bytes| {
         let mut file = File::create(&staging)?;
         file.write_all(&bytes)?;
         file.sync_all()?;
+        drop(file);
+        if verity {
+            seal(&**store.host(), &staging)?;
+        }
         // What `check --verify` holds the image to, recorded before the image appears.
         let digest = compute_verity::<ObjectId>(&bytes).to_hex();
         lamina_store::write_durably(&digest_path(&image), digest.as_bytes())
             .map_err(io::Error::other)?;
         fs::rename(&staging, &image)?;
+        if verity {
+            lamina_store::write_durably(&verity_path(&image), VERITY_MARK)
+                .map_err(io::Error::other)?;
+        }
         lamina_store::sync_dir(&store.layout().composefs()).map_err(io::Error::other)
     });
     if let Err(e) = built {
@@ -143,14 +162,71 @@ pub fn mounted(
         .last()
         .expect("ensure refuses an image without layers");
     let target = mount_path(store, top);
+    // Mounted already (every create but an image's first since boot): no lock needed,
+    // since only `clean` unmounts it, under the layers lock the caller holds shared.
+    let mounted = |target: &Path| -> Result<bool, RootfsError> {
+        Ok(target.is_dir() && mounter.is_mountpoint(target)?)
+    };
+    if mounted(&target)? {
+        return Ok(target);
+    }
     let _lock = store.lock(&format!("composefs-{}", top.hex()))?;
-    if target.is_dir() && mounter.is_mountpoint(&target)? {
+    if mounted(&target)? {
         return Ok(target);
     }
     fs::create_dir_all(&target).map_err(StoreError::io("creating", &target))?;
     mounter.mount_erofs(&image, &target)?;
     tracing::info!(image = %top, "mounted composefs metadata image");
     Ok(target)
+}
+
+/// Whether this store's kernel and filesystem seal files with fs-verity (the cached
+/// probe; a probe that cannot run says no).
+fn verity_here(store: &Store, mounter: &dyn Mounter) -> bool {
+    crate::probe::probe(store, mounter, false).is_ok_and(|p| p.fs_verity == Some(true))
+}
+
+/// Seals `path` with fs-verity: opened read-only, as the kernel requires.
+fn seal(host: &dyn HostFs, path: &Path) -> io::Result<()> {
+    let file = File::open(path)?;
+    host.enable_verity(&file, path).map_err(|e| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!("sealing {} with fs-verity: {e}", path.display()),
+        )
+    })
+}
+
+/// Seals metadata image `image` and every object it references, then marks it sealed.
+fn seal_built(store: &Store, image: &Path) -> io::Result<()> {
+    let bytes = fs::read(image)?;
+    let objects = composefs::erofs::reader::collect_objects::<ObjectId>(&bytes)
+        .map_err(|e| io::Error::other(format!("{e:#}")))?;
+    for object in objects {
+        seal(
+            &**store.host(),
+            &store.layout().objects().join(object.to_object_pathname()),
+        )?;
+    }
+    seal(&**store.host(), image)?;
+    lamina_store::write_durably(&verity_path(image), VERITY_MARK).map_err(io::Error::other)
+}
+
+/// What the verity mark holds: the algorithm objects are sealed with.
+const VERITY_MARK: &[u8] = b"sha256\n";
+
+/// Where the mark lives that says metadata image `image` and every object it references
+/// are sealed with fs-verity: its containers mount with `verity=require`, so the kernel
+/// refuses a file whose object's content is not the one the image names.
+pub fn verity_path(image: &Path) -> PathBuf {
+    let mut name = image.as_os_str().to_os_string();
+    name.push(".verity");
+    PathBuf::from(name)
+}
+
+/// What lives beside metadata image `image` and goes with it.
+pub fn companions(image: &Path) -> [PathBuf; 2] {
+    [digest_path(image), verity_path(image)]
 }
 
 /// The directory inside a metadata image that holds the image's tree.
@@ -195,7 +271,7 @@ pub fn digest_path(image: &Path) -> PathBuf {
 }
 
 /// The EROFS image of `chain_ids` merged, its objects stored and synced.
-fn build(store: &Store, chain_ids: &[Digest]) -> io::Result<Box<[u8]>> {
+fn build(store: &Store, chain_ids: &[Digest], verity: bool) -> io::Result<Box<[u8]>> {
     let host = &**store.host();
     let mut merge = Merge {
         host,
@@ -229,8 +305,22 @@ fn build(store: &Store, chain_ids: &[Digest]) -> io::Result<Box<[u8]>> {
         chain_ids[chain_ids.len() - 1].hex(),
         lamina_store::unique_suffix()
     ));
-    let tree = tree.try_map_regular(|path| store_object(path, &objects, &staging))?;
-    host.syncfs(&objects).map_err(io::Error::from)?;
+    let mut objects = Objects {
+        host,
+        dir: objects,
+        staging,
+        can_share: true,
+        shared_bytes: 0,
+        verity,
+    };
+    let tree = tree.try_map_regular(|path| objects.store(path))?;
+    host.syncfs(&objects.dir).map_err(io::Error::from)?;
+    if objects.shared_bytes > 0 {
+        tracing::info!(
+            bytes = objects.shared_bytes,
+            "layer files now share their objects' extents"
+        );
+    }
     let tree = ValidatedFileSystem::new(tree).map_err(|e| io::Error::other(format!("{e:#}")))?;
     Ok(mkfs_erofs(&tree))
 }
@@ -409,41 +499,103 @@ fn device(rdev: u64) -> io::Result<u64> {
     Ok(rdev)
 }
 
-/// A layer's regular file as the image records it: inline when small, otherwise an
-/// object in `objects`, made if no file of that content is there yet.
-fn store_object(
-    path: &PathBuf,
-    objects: &Path,
-    staging: &Path,
-) -> io::Result<RegularFile<ObjectId>> {
-    let mut file = File::open(path)?;
-    let size = file.metadata()?.len();
-    if size <= composefs::INLINE_CONTENT_MAX_V0 as u64 {
-        let mut data = Vec::with_capacity(size as usize);
-        io::Read::read_to_end(&mut file, &mut data)?;
-        return Ok(RegularFile::Inline(data.into()));
+/// Where a build stores its objects.
+struct Objects<'a> {
+    host: &'a dyn HostFs,
+    /// The store's `objects/`.
+    dir: PathBuf,
+    /// The build's own name in `tmp/` for an object it must copy.
+    staging: PathBuf,
+    /// False once the filesystem has said it cannot share extents.
+    can_share: bool,
+    /// Bytes of layer files this build made share an object's extents.
+    shared_bytes: u64,
+    /// Seal every object with fs-verity (the probe found it works here).
+    verity: bool,
+}
+
+impl Objects<'_> {
+    /// A layer's regular file as the image records it: inline when small, otherwise an
+    /// object in `objects/`, made if no file of that content is there yet. When one is
+    /// there already (another layer's file, of this image or another), the layer's file
+    /// is made to share the object's extents where the filesystem can (xfs, btrfs), so
+    /// the store holds that content once on disk (issue 24) while every layer keeps its
+    /// own inode, owner, mode and hardlinks for the strategies that mount layers.
+    fn store(&mut self, path: &PathBuf) -> io::Result<RegularFile<ObjectId>> {
+        let mut file = File::open(path)?;
+        let size = file.metadata()?.len();
+        if size <= composefs::INLINE_CONTENT_MAX_V0 as u64 {
+            let mut data = Vec::with_capacity(size as usize);
+            io::Read::read_to_end(&mut file, &mut data)?;
+            return Ok(RegularFile::Inline(data.into()));
+        }
+        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
+        let hashed = io::copy(&mut file, &mut hasher)?;
+        let id = hasher.digest();
+        let object = self.dir.join(id.to_object_pathname());
+        if object.exists() {
+            self.share(&object, &file, path, hashed);
+        } else {
+            drop(file);
+            self.publish(path, &object)?;
+        }
+        if self.verity {
+            seal(self.host, &object)?;
+        }
+        Ok(RegularFile::External(id, hashed))
     }
-    let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-    let hashed = io::copy(&mut file, &mut hasher)?;
-    let id = hasher.digest();
-    let object = objects.join(id.to_object_pathname());
-    if !object.exists() {
+
+    /// Makes `object` hold the content of layer file `path`.
+    fn publish(&self, path: &Path, object: &Path) -> io::Result<()> {
         if let Some(fan_out) = object.parent() {
             fs::create_dir_all(fan_out)?;
         }
-        match fs::hard_link(path, &object) {
+        match fs::hard_link(path, object) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            // Past the filesystem's link limit, or refused: a copy of our own, written in
-            // `tmp/` under the build's name (swept with it after a crash), synced, then
+            // Past the filesystem's link limit, or refused: a copy of our own (a reflink
+            // where the filesystem has them: `fs::copy` asks for one), written in `tmp/`
+            // under the build's name (swept with it after a crash), synced, then
             // published whole by a rename: an object's name is never trusted before its
             // content is on disk.
             Err(_) => {
-                fs::copy(path, staging)?;
-                File::open(staging)?.sync_all()?;
-                fs::rename(staging, &object)?;
+                fs::copy(path, &self.staging)?;
+                File::open(&self.staging)?.sync_all()?;
+                fs::rename(&self.staging, object)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes layer file `file` (at `path`, `len` bytes) share `object`'s extents, unless
+    /// it is the object's own inode. Best effort: the kernel compares the bytes itself
+    /// and changes nothing where they differ, and a refusal (ext4 and tmpfs have no
+    /// shared extents; a file in use as swap) leaves the file whole and the build going.
+    fn share(&mut self, object: &Path, file: &File, path: &Path, len: u64) {
+        if !self.can_share {
+            return;
+        }
+        let Ok(source) = File::open(object) else {
+            return;
+        };
+        let same_inode = match (source.metadata(), file.metadata()) {
+            (Ok(a), Ok(b)) => {
+                use std::os::unix::fs::MetadataExt;
+                (a.dev(), a.ino()) == (b.dev(), b.ino())
+            }
+            _ => true,
+        };
+        if same_inode {
+            return;
+        }
+        match self.host.share_extents(&source, file, path, len) {
+            Ok(shared) => self.shared_bytes += shared,
+            Err(lamina_sys::Errno::OPNOTSUPP | lamina_sys::Errno::INVAL) => {
+                self.can_share = false;
+            }
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "layer file keeps its own extents")
             }
         }
     }
-    Ok(RegularFile::External(id, hashed))
 }

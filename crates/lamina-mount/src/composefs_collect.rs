@@ -64,16 +64,17 @@ pub(crate) fn collect(
     for path in in_images {
         let name = file_name(&path);
         let Some(top) = name.strip_suffix(".erofs") else {
-            continue; // a mount (above), or a digest: removed with its image
+            continue; // a mount (above), or a digest or verity mark: removed with its image
         };
         if !kept.contains(top) {
             collected.bytes += size_freed(&path)?;
             fs::remove_file(&path).map_err(StoreError::io("removing", &path))?;
-            let digest = crate::composefs::digest_path(&path);
-            match fs::remove_file(&digest) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StoreError::io("removing", &digest)(e).into()),
+            for companion in crate::composefs::companions(&path) {
+                match fs::remove_file(&companion) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StoreError::io("removing", &companion)(e).into()),
+                }
             }
             collected.images += 1;
             continue;

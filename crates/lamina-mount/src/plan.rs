@@ -73,7 +73,19 @@ pub fn read_write(
         composefs_lowers(&mut spec, store, chain_ids);
     }
     spec.options = flavor.overlay_options();
+    if flavor.composefs && composefs_sealed(store, chain_ids) {
+        spec.options.push(("verity".into(), Some("require".into())));
+    }
     spec
+}
+
+/// Whether the image's metadata image and objects are sealed with fs-verity (the
+/// build marks them so where the store's filesystem can): overlay then reads a file's
+/// data only from an object whose sealed digest is the one the image names.
+fn composefs_sealed(store: &Store, chain_ids: &[Digest]) -> bool {
+    chain_ids.last().is_some_and(|top| {
+        crate::composefs::verity_path(&crate::composefs::image_path(store, top)).is_file()
+    })
 }
 
 /// The image's mounted composefs metadata image as the only lower, the store's objects

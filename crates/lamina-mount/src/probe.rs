@@ -35,6 +35,11 @@ pub struct Probe {
     /// metadata images need. `None` in a cache written before lamina asked: probe again.
     #[serde(default)]
     pub erofs_file_backed: Option<bool>,
+    /// The store's filesystem seals a file with fs-verity: composefs seals its objects
+    /// and images and mounts with `verity=require`. `None` in a cache written before
+    /// lamina asked: probe again.
+    #[serde(default)]
+    pub fs_verity: Option<bool>,
 }
 
 /// The cached probe when it matches this boot and kernel, otherwise a fresh one (cached).
@@ -47,6 +52,7 @@ pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Re
         && cached.kernel == kernel
         && cached.boot_id == boot_id
         && cached.erofs_file_backed.is_some()
+        && cached.fs_verity.is_some()
     {
         return Ok(cached);
     }
@@ -67,6 +73,7 @@ pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Re
         idmapped_layers: probe_idmapped(mounter, &scratch.dir("idmap")?),
         max_lower_layers: probe_max_lowers(mounter, &scratch.dir("lowers")?)?,
         erofs_file_backed: Some(probe_erofs(mounter, &scratch.dir("erofs")?)),
+        fs_verity: Some(probe_verity(&**store.host(), &scratch.dir("verity")?)),
     };
     if !result.metacopy {
         tracing::warn!("metadata-only copy-up does not work on this kernel and store filesystem");
@@ -189,6 +196,15 @@ fn probe_erofs(mounter: &dyn Mounter, dir: &Path) -> bool {
         let _ = mounter.unmount(&target);
     }
     mounted
+}
+
+/// Seals a file of one block in the store's filesystem with fs-verity.
+fn probe_verity(host: &dyn HostFs, dir: &Path) -> bool {
+    let path = dir.join("sealed");
+    if fs::write(&path, [b'v'; 4096]).is_err() {
+        return false;
+    }
+    fs::File::open(&path).is_ok_and(|file| host.enable_verity(&file, &path).is_ok())
 }
 
 /// The chown and the xattr read go through the store's host, like every ownership call.

@@ -61,6 +61,10 @@ pub enum FakeCall {
     Write(PathBuf),
     Fsync(PathBuf),
     Syncfs(PathBuf),
+    /// A layer file made to share an object's extents (the layer file).
+    ShareExtents(PathBuf),
+    /// A composefs object or metadata image sealed with fs-verity.
+    EnableVerity(PathBuf),
 }
 
 /// What the fake kernel supports, as its probes report it. Everything by default.
@@ -71,6 +75,9 @@ pub struct FakeKernel {
     /// The store is on btrfs with quotas enabled (`isolated-quota` works). Off by
     /// default: the fake's store is on whatever filesystem the test runs on.
     pub btrfs_quotas: bool,
+    /// The store's filesystem seals files with fs-verity (composefs's objects are
+    /// sealed and mounted with `verity=require`). Off by default, as on this VM.
+    pub fs_verity: bool,
 }
 
 impl Default for FakeKernel {
@@ -82,6 +89,7 @@ impl Default for FakeKernel {
             },
             idmapped_layers: true,
             btrfs_quotas: false,
+            fs_verity: false,
         }
     }
 }
@@ -110,7 +118,7 @@ pub(crate) struct State {
     mounts_made: u64,
     pub(crate) calls: Vec<FakeCall>,
     pub(crate) faults: Faults,
-    kernel: FakeKernel,
+    pub(crate) kernel: FakeKernel,
     /// Subvolumes made (a real directory each), with their qgroup limit: like a mount,
     /// a subvolume follows its directory through renames.
     subvolumes: BTreeMap<DirId, u64>,

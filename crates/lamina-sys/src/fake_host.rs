@@ -25,6 +25,8 @@ pub(crate) struct FileMeta {
     owner: Option<(u32, u32)>,
     node: Option<Node>,
     xattrs: BTreeMap<OsString, Vec<u8>>,
+    /// Sealed with fs-verity through the seam.
+    verity: bool,
 }
 
 /// The xattr the kernel removes on every chown.
@@ -62,6 +64,11 @@ impl FakeMounter {
     pub fn xattr_of(&self, path: &Path, name: &str) -> Option<Vec<u8>> {
         self.meta_of(path)
             .and_then(|m| m.xattrs.get(OsStr::new(name)).cloned())
+    }
+
+    /// Whether `path` was sealed with fs-verity through the seam.
+    pub fn has_verity(&self, path: &Path) -> bool {
+        self.meta_of(path).is_some_and(|m| m.verity)
     }
 
     fn meta_of(&self, path: &Path) -> Option<FileMeta> {
@@ -190,6 +197,27 @@ impl HostFs for FakeMounter {
     /// whose calls it records and can fail.
     fn write_new_direct(&self, _path: &Path, _bytes: &[u8]) -> Result<bool, Errno> {
         Ok(false)
+    }
+
+    /// Recorded, and done for real (the fake's files are real files).
+    fn share_extents(&self, from: &File, into: &File, path: &Path, len: u64) -> Result<u64, Errno> {
+        let record = FakeCall::ShareExtents(path.to_path_buf());
+        self.lock().enter(Call::ShareExtents, path, Some(record))?;
+        RealHost.share_extents(from, into, path, len)
+    }
+
+    /// Sealing is recorded on the inode, where the fake kernel has fs-verity
+    /// ([`crate::FakeKernel::fs_verity`]); the file is not touched.
+    fn enable_verity(&self, file: &File, path: &Path) -> Result<(), Errno> {
+        if !self.lock().kernel.fs_verity {
+            return Err(Errno::OPNOTSUPP);
+        }
+        self.record(
+            Call::EnableVerity,
+            At::Fd(std::os::fd::AsFd::as_fd(file)),
+            |_| Some(FakeCall::EnableVerity(path.to_path_buf())),
+            |meta| meta.verity = true,
+        )
     }
 
     fn fsync(&self, _file: &File, path: &Path) -> Result<(), Errno> {

@@ -52,6 +52,10 @@ pub enum Call {
     Fsync,
     /// [`crate::HostFs::syncfs`]: an imported layer or flattened tree made durable.
     Syncfs,
+    /// [`crate::HostFs::share_extents`]: a layer file deduplicated against an object.
+    ShareExtents,
+    /// [`crate::HostFs::enable_verity`]: a composefs object or image sealed.
+    EnableVerity,
 }
 
 /// When a rule fires.

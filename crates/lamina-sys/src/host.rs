@@ -121,6 +121,17 @@ pub trait HostFs: Send + Sync + Debug {
     /// durable. No flush of its own: a buffered write could reach a commit as a name with
     /// size 0. `Ok(false)`: not such a filesystem or file; nothing is left behind.
     fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno>;
+
+    /// Makes the first `len` bytes of `into` (which is `path`) share `from`'s extents,
+    /// where the kernel finds the bytes equal (`FIDEDUPERANGE`, safe on files in use).
+    /// Returns the bytes now shared. `EOPNOTSUPP`/`EINVAL`: the filesystem has no
+    /// shared extents (ext4, tmpfs).
+    fn share_extents(&self, from: &File, into: &File, path: &Path, len: u64) -> Result<u64, Errno>;
+
+    /// Seals `file` (which is `path`, open read-only, no writer anywhere) with fs-verity:
+    /// SHA-256 over 4 KiB blocks, the digest composefs names objects by. Already sealed
+    /// is success. `EOPNOTSUPP`/`ENOTTY`: no fs-verity here (this VM's kernel has none).
+    fn enable_verity(&self, file: &File, path: &Path) -> Result<(), Errno>;
 }
 
 /// One page-aligned block, as `O_DIRECT` needs its buffers.
@@ -220,6 +231,20 @@ impl HostFs for RealHost {
     fn syncfs(&self, path: &Path) -> Result<(), Errno> {
         let dir = File::open(path).map_err(|e| io_errno(&e))?;
         rustix::fs::syncfs(dir.as_fd())
+    }
+
+    fn share_extents(
+        &self,
+        from: &File,
+        into: &File,
+        _path: &Path,
+        len: u64,
+    ) -> Result<u64, Errno> {
+        crate::raw::dedupe::share_extents(from, into, len)
+    }
+
+    fn enable_verity(&self, file: &File, _path: &Path) -> Result<(), Errno> {
+        crate::raw::verity::enable_verity(file)
     }
 
     fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {

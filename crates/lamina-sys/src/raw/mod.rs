@@ -1,5 +1,6 @@
 //! The kernel calls rustix does not wrap: `mount_setattr(2)`, the loop device ioctls and the
-//! btrfs subvolume and qgroup ioctls, and xfs's geometry ioctl.
+//! btrfs subvolume and qgroup ioctls, xfs's geometry ioctl, `FIDEDUPERANGE` and
+//! `FS_IOC_ENABLE_VERITY`.
 //! This is the only module in the workspace allowed `unsafe`; each submodule exposes safe
 //! functions over borrowed or owned file descriptors, and every `unsafe` block says why
 //! it is sound.
@@ -7,6 +8,8 @@
 #![allow(unsafe_code)]
 
 pub mod btrfs;
+pub mod dedupe;
 pub mod loop_dev;
 pub mod setattr;
+pub mod verity;
 pub mod xfs;

@@ -1,0 +1,163 @@
+//! composefs where the store's filesystem has fs-verity (issue 24), against the fake
+//! kernel (this VM's kernel has no fs-verity, so nothing real can seal a file here):
+//! the probe finds it, the build seals every object and the metadata image and marks the
+//! image sealed, and its containers mount with `verity=require`; an image built before
+//! the kernel could seal is sealed by the next create; a seal the kernel refuses fails
+//! the create and leaves no image behind. Without fs-verity nothing is sealed and the
+//! option is absent.
+
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::with;
+use lamina_image::{Image, ImageRef, Platform, resolve};
+use lamina_mount::{composefs, create, probe};
+use lamina_store::{Store, StoreProperties};
+use lamina_sys::{Call, Errno, FakeCall, FakeKernel, FakeMounter, When};
+
+/// A store on `fake`, and an image whose busybox is past composefs's inline limit (so it
+/// becomes an object).
+fn store_and_image(tmp: &Path, fake: &Arc<FakeMounter>) -> (Store, Image) {
+    let busybox = tmp.join("fake-busybox");
+    std::fs::write(&busybox, [b'#'; 300]).unwrap();
+    let built = lamina_sample::busybox_image(&busybox).unwrap();
+    let files = lamina_sample::write_all_formats(&built, &tmp.join("image")).unwrap();
+    let image = resolve(
+        &ImageRef::parse(&files.references()[0]).unwrap(),
+        &Platform::host(),
+    )
+    .unwrap();
+    let store = Store::init_hosted(
+        &tmp.join("store"),
+        &StoreProperties::default(),
+        fake.clone(),
+    )
+    .unwrap();
+    (store, image)
+}
+
+fn kernel(fs_verity: bool) -> FakeKernel {
+    FakeKernel {
+        fs_verity,
+        ..FakeKernel::default()
+    }
+}
+
+/// Probes the store afresh (the fake mounts nothing, so copy-up is never observed: the
+/// overlay features composefs needs are then claimed as a real 6.x kernel has them) and
+/// returns what it found about fs-verity.
+fn probe_afresh(store: &Store, fake: &FakeMounter) -> Option<bool> {
+    let mut found = probe::probe(store, fake, true).unwrap();
+    found.metacopy = true;
+    found.volatile = true;
+    found.redirect_dir = true;
+    found.erofs_file_backed = Some(true);
+    std::fs::write(
+        probe::cache_path(store),
+        serde_json::to_vec(&found).unwrap(),
+    )
+    .unwrap();
+    found.fs_verity
+}
+
+fn objects(store: &Store) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for fan_out in std::fs::read_dir(store.layout().objects()).unwrap() {
+        for object in std::fs::read_dir(fan_out.unwrap().path()).unwrap() {
+            found.push(object.unwrap().path());
+        }
+    }
+    found
+}
+
+fn requires_verity(fake: &FakeMounter, rootfs: &Path) -> bool {
+    let spec = fake.spec_at(rootfs).unwrap();
+    spec.options
+        .contains(&("verity".to_string(), Some("require".to_string())))
+}
+
+fn image_of(store: &Store, image: &Image) -> PathBuf {
+    let top = image.chain_ids().pop().unwrap();
+    composefs::image_path(store, &top)
+}
+
+#[test]
+fn a_store_with_fs_verity_seals_objects_and_images_and_mounts_with_verity_require() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    fake.set_kernel(kernel(true));
+    let (store, image) = store_and_image(tmp.path(), &fake);
+    assert_eq!(probe_afresh(&store, &fake), Some(true));
+
+    let created = create(&store, &*fake, &image, "a", &with("composefs")).unwrap();
+    assert!(requires_verity(&fake, &created.rootfs));
+    let objects = objects(&store);
+    assert!(!objects.is_empty(), "busybox is an object");
+    for object in &objects {
+        assert!(fake.has_verity(object), "{} sealed", object.display());
+    }
+    let metadata_image = image_of(&store, &image);
+    assert!(
+        fake.has_verity(&metadata_image),
+        "the metadata image sealed"
+    );
+    assert!(composefs::verity_path(&metadata_image).is_file());
+
+    // A classic container of the same store is not composefs: no verity option.
+    let classic = create(&store, &*fake, &image, "c", &with("classic")).unwrap();
+    assert!(!requires_verity(&fake, &classic.rootfs));
+}
+
+#[test]
+fn without_fs_verity_nothing_is_sealed_and_an_image_built_so_is_sealed_once_it_can_be() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let (store, image) = store_and_image(tmp.path(), &fake);
+    assert_eq!(probe_afresh(&store, &fake), Some(false));
+
+    let created = create(&store, &*fake, &image, "a", &with("composefs")).unwrap();
+    assert!(!requires_verity(&fake, &created.rootfs));
+    let metadata_image = image_of(&store, &image);
+    assert!(!composefs::verity_path(&metadata_image).exists());
+    assert!(
+        !fake
+            .calls()
+            .iter()
+            .any(|c| matches!(c, FakeCall::EnableVerity(_))),
+        "nothing sealed"
+    );
+
+    // The kernel (or the store's filesystem) gains fs-verity: the next create seals the
+    // image built before, and mounts with the option.
+    fake.set_kernel(kernel(true));
+    assert_eq!(probe_afresh(&store, &fake), Some(true));
+    let sealed = create(&store, &*fake, &image, "b", &with("composefs")).unwrap();
+    assert!(requires_verity(&fake, &sealed.rootfs));
+    assert!(fake.has_verity(&metadata_image));
+    for object in objects(&store) {
+        assert!(fake.has_verity(&object), "{} sealed", object.display());
+    }
+}
+
+#[test]
+fn a_seal_the_kernel_refuses_fails_the_create_and_leaves_no_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    fake.set_kernel(kernel(true));
+    let (store, image) = store_and_image(tmp.path(), &fake);
+    assert_eq!(probe_afresh(&store, &fake), Some(true));
+
+    fake.fail(Call::EnableVerity, When::Always, Errno::TXTBSY);
+    let err = create(&store, &*fake, &image, "a", &with("composefs")).unwrap_err();
+    assert!(err.to_string().contains("fs-verity"), "{err}");
+    let metadata_image = image_of(&store, &image);
+    assert!(!metadata_image.exists(), "no image without its seals");
+    assert!(!composefs::verity_path(&metadata_image).exists());
+    assert!(!store.container_exists("a"));
+    assert!(fake.mounted().is_empty(), "{:?}", fake.mounted());
+}
