@@ -703,3 +703,131 @@ fn files_two_images_share_are_stored_once(kind: lamina_integration::FsKind) {
     let check = lamina.run(&["check", "--verify"]).json();
     assert_eq!(check["ok"], true, "{check}");
 }
+
+/// An image of `layers` layers, each adding a file past the inline limit (an object)
+/// and, with `xattr`, a value larger than an EROFS inode holds on the first.
+fn deep_image(dir: &Path, layers: usize, xattr: Option<&[u8]>) -> String {
+    let tars: Vec<lamina_sample::Layer> = (0..layers)
+        .map(|i| {
+            let data = format!("layer {i} ").repeat(20);
+            let mut layer = lamina_sample::LayerBuilder::new().dir("d", 0o755).unwrap();
+            layer = match xattr {
+                Some(value) if i == 0 => layer
+                    .file_with_xattrs("d/f0", 0o644, data.as_bytes(), &[("user.big", value)])
+                    .unwrap(),
+                _ => layer
+                    .file(&format!("d/f{i}"), 0o644, data.as_bytes())
+                    .unwrap(),
+            };
+            lamina_sample::Layer {
+                tar: layer.finish().unwrap(),
+                compression: lamina_image::Compression::None,
+            }
+        })
+        .collect();
+    let platform = lamina_image::Platform::host();
+    let image = lamina_sample::build_image(&tars, &["PATH=/bin"], &platform).unwrap();
+    lamina_sample::write_oci_layout(dir, &[&image], &[(image.manifest.clone(), Some("x"))])
+        .unwrap();
+    format!("oci://{}:x", dir.display())
+}
+
+/// Waits (up to 60 s: a loaded machine) for `path` to exist.
+fn wait_for(path: &Path) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
+fn strategy_of(lamina: &Lamina, id: &str) -> String {
+    lamina_integration::records::rootfs_of(&lamina.store, id)["strategy"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The lowers of the overlay mounted on `rootfs` (data-only ones not counted).
+fn lowers_of(rootfs: &Path) -> usize {
+    let options = lamina_integration::proof::super_options(rootfs).unwrap();
+    options
+        .split(',')
+        .filter(|o| o.starts_with("lowerdir"))
+        .map(|o| o.split("::").next().unwrap().split(':').count())
+        .sum()
+}
+
+/// Where the metadata image of container `id`'s image is.
+fn metadata_image_of(lamina: &Lamina, id: &str) -> PathBuf {
+    let store = lamina_store::Store::open(&lamina.store).unwrap();
+    let container = lamina_mount::record::read(&store, id).unwrap();
+    lamina_mount::composefs::image_path(&store, container.record.layers.last().unwrap())
+}
+
+/// `auto` and a deep image (docs/strategies.md, auto): the first create is served from
+/// the layers and starts the metadata image's build in the background; once it is built,
+/// creates mount the image as one lower. A build that refuses the image is recorded, and
+/// auto keeps to the layers without trying again until `clean` forgets it.
+#[test]
+fn auto_mounts_a_deep_image_through_composefs_once_a_background_build_made_it() {
+    require_root();
+    let fs = ScratchFs::loop_backed(lamina_integration::FsKind::Xfs, 512, false);
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let layers = lamina_mount::COMPOSEFS_FROM_LAYERS;
+    let image = deep_image(&fs.path().join("deep"), layers, None);
+    let first = lamina.create_with(&[], &image, "first");
+    assert_eq!(strategy_of(&lamina, "first"), "metacopy,deferred");
+    assert_eq!(lowers_of(&first), layers);
+    let built = metadata_image_of(&lamina, "first");
+    assert!(
+        wait_for(&built),
+        "the background build made {}",
+        built.display()
+    );
+    let second = lamina.create_with(&[], &image, "second");
+    assert_eq!(strategy_of(&lamina, "second"), "composefs,deferred");
+    assert_eq!(lowers_of(&second), 1, "one lower for {layers} layers");
+    for i in 0..layers {
+        let path = format!("d/f{i}");
+        assert_eq!(
+            std::fs::read(first.join(&path)).unwrap(),
+            std::fs::read(second.join(&path)).unwrap(),
+            "{path}"
+        );
+    }
+    // One layer fewer: the layers, and nothing built.
+    let shallow = deep_image(&fs.path().join("shallow"), layers - 1, None);
+    lamina.create_with(&[], &shallow, "shallow");
+    assert_eq!(strategy_of(&lamina, "shallow"), "metacopy,deferred");
+    for id in ["first", "second", "shallow"] {
+        lamina.delete_and_assert_gone(id, id);
+    }
+
+    // An image composefs refuses (an xattr past what an EROFS inode holds): the
+    // refusal is recorded, and later creates keep to the layers without a build.
+    let big = vec![b'x'; 40 << 10];
+    let refused = deep_image(&fs.path().join("refused"), layers, Some(&big));
+    lamina.create_with(&[], &refused, "r1");
+    let image_path = metadata_image_of(&lamina, "r1");
+    let mark = lamina_mount::composefs_auto::refused_path(&image_path);
+    assert!(
+        wait_for(&mark),
+        "the refusal is recorded at {}",
+        mark.display()
+    );
+    let why = std::fs::read_to_string(&mark).unwrap();
+    assert!(why.contains("xattrs"), "{why}");
+    lamina.create_with(&[], &refused, "r2");
+    assert_eq!(strategy_of(&lamina, "r2"), "metacopy,deferred");
+    assert!(!image_path.exists());
+    for id in ["r1", "r2"] {
+        lamina.delete_and_assert_gone(id, id);
+    }
+    let cleaned = lamina.run(&["clean"]).json();
+    assert!(!mark.exists(), "clean forgets refusals: {cleaned}");
+    assert!(mounts_under(&lamina.store).is_empty());
+}

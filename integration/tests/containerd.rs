@@ -23,12 +23,17 @@ fn entries(dir: &std::path::Path) -> usize {
 
 /// `run --rm --snapshotter lamina IMAGE ID sh -c SCRIPT`, as ctr takes it.
 fn run_args<'a>(id: &'a str, script: &'a str) -> [&'a str; 9] {
+    image_run_args(IMAGE, id, script)
+}
+
+/// [`run_args`] of `image`.
+fn image_run_args<'a>(image: &'a str, id: &'a str, script: &'a str) -> [&'a str; 9] {
     [
         "run",
         "--rm",
         "--snapshotter",
         "lamina",
-        IMAGE,
+        image,
         id,
         "sh",
         "-c",
@@ -154,10 +159,23 @@ fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
     drop(daemon);
 }
 
+/// The composefs metadata images in `store`.
+fn metadata_images(store: &std::path::Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(store.join("composefs"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.ends_with(".erofs"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Images deeper than one page of mount options used to fail under containerd ("mount
 /// options is too long" past ~50 layers): `Mounts` now names each layer by its short link
 /// in `l/`, which containerd mounts from inside that directory. 128 and 300 layers run;
-/// every layer's file is there.
+/// every layer's file is there. Then, as `auto` does for deep chains, through the
+/// composefs metadata image built meanwhile: one lower.
 #[test]
 fn ctr_runs_images_of_128_and_300_layers_on_lamina() {
     require_root();
@@ -171,22 +189,33 @@ fn ctr_runs_images_of_128_and_300_layers_on_lamina() {
         import(&ctd, &name, &files.oci_archive);
         let image = format!("{name}:latest");
         let id = format!("deep{depth}");
-        let out = ctd.ctr_ok(&[
-            "run",
-            "--rm",
-            "--snapshotter",
-            "lamina",
+        let before = metadata_images(&store);
+        let out = ctd.ctr_ok(&image_run_args(
             &image,
             &id,
-            "sh",
-            "-c",
             "ls /deep | wc -l; cat /deep/1 /deep/$(ls /deep | sort -n | tail -1)",
-        ]);
+        ));
         let last = depth - 1;
         assert_eq!(
             out.split_whitespace().collect::<Vec<_>>(),
             [last.to_string(), "1".into(), last.to_string()],
             "{depth} layers: {out}\n{}",
+            daemon.log()
+        );
+        // auto served that container from the layers and built the chain's composefs
+        // metadata image on a thread of its own: the next container mounts it as the
+        // one lower.
+        wait_until("the chain's composefs metadata image", || {
+            metadata_images(&store).difference(&before).count() == 1
+        });
+        let out = ctd.ctr_ok(&image_run_args(
+            &image,
+            &id,
+            "ls /deep | wc -l; grep -o 'lowerdir[^,]*' /proc/self/mountinfo | head -1",
+        ));
+        assert!(
+            out.starts_with(&format!("{last}\n")) && out.contains(".mnt/rootfs"),
+            "{depth} layers through composefs: {out}\n{}",
             daemon.log()
         );
         ctd.ctr_ok(&["images", "rm", "--sync", &image]);

@@ -25,7 +25,7 @@ use lamina_integration::scratch::used_bytes;
 const STRATEGIES: &[&str] = &["classic", "composefs"];
 
 pub fn run(ctx: &Ctx) -> Vec<Table> {
-    let layer_counts = ctx.mode.pick(vec![10, 30, 100], vec![5]);
+    let layer_counts = ctx.mode.pick(vec![10, 20, 30, 100], vec![5]);
     let samples = ctx.mode.pick(50, 3);
     let files = ctx.mode.pick(500, 20);
     // Per-file metadata (inodes, directory entries, the images' entries) weighs more

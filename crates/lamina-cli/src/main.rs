@@ -125,6 +125,14 @@ enum Command {
     DeleteStore,
     /// Finish deferred deletes now: unmount and remove what is in the store's trash
     Reap,
+    /// Build the composefs metadata image of the image made of these layers (chain IDs,
+    /// bottom first): what `create` starts in the background when `auto` served a deep
+    /// image from its layers (docs/strategies.md, auto). Prints a JSON line
+    #[command(hide = true)]
+    BuildMetadataImage {
+        #[arg(required = true)]
+        chain_ids: Vec<String>,
+    },
     /// Finish work a crash left (trash, half-made containers, tmp/); then, unless the store uses no more than the threshold, release unused shared mounts and pool entries and remove layers no container uses. Prints a JSON report
     Clean {
         /// Remove unused layers only when the store uses more than this many bytes (0: always) [default: `clean.threshold_bytes` in --config]

@@ -23,6 +23,32 @@ pub struct Request {
     /// The store idmaps its layers at mount time (a uid-mapped store): a plain bind of a
     /// layer, or of a tree of hardlinks to one, would show host ids.
     pub idmapped_layers: bool,
+    /// Where the image's composefs metadata image stands: `auto` mounts a deep image
+    /// on it once it is built, and never builds it on the caller's path.
+    pub metadata_image: MetadataImage,
+}
+
+/// Where an image's composefs metadata image stands (`composefs.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MetadataImage {
+    /// Not built (or not asked: only `auto` reads it).
+    #[default]
+    Absent,
+    Built,
+    /// A build refused the image (past a bound, an xattr EROFS cannot hold): `auto`
+    /// keeps to the layers and does not try again.
+    Refused,
+}
+
+/// The fewest layers for which `auto` mounts an image through composefs: its create
+/// costs about what classic's does at 10 layers and 0.7–0.8× of it from 20 up
+/// (docs/benchmarks.md, composefs-deep), and a deep image's one lower also keeps
+/// containerd's mount options short and shares the page cache across images.
+pub const COMPOSEFS_FROM_LAYERS: usize = 20;
+
+/// Whether the kernel mounts composefs overlays (`lamina probe`).
+fn composefs_supported(probe: &Probe) -> bool {
+    probe.lowerdir_plus && probe.metacopy && probe.erofs_file_backed == Some(true)
 }
 
 impl Request {
@@ -45,6 +71,7 @@ impl Request {
             disk_limit,
             quota_store: quota_matters && mounter.btrfs_quotas(store.root()),
             idmapped_layers: store.properties().idmaps_layers(),
+            metadata_image: MetadataImage::Absent,
         }
     }
 }
@@ -81,6 +108,10 @@ pub struct Choice {
     /// The operator named these strategies (not `auto`): each is honoured or the create
     /// fails saying why, never silently replaced.
     pub named: bool,
+    /// `auto` would mount this image through composefs once its metadata image is
+    /// built: the front-end builds it in the background (`lamina build-composefs`), off
+    /// the caller's path, for the creates after this one.
+    pub build_metadata_image: bool,
 }
 
 /// Resolves `request`. `layers` is the image's layer count.
@@ -127,9 +158,7 @@ pub fn choose(
             "metadata-only copy-up did not happen in the probe",
         );
     }
-    if strategies.composefs
-        && !(probe.lowerdir_plus && probe.metacopy && probe.erofs_file_backed == Some(true))
-    {
+    if strategies.composefs && !composefs_supported(probe) {
         return unsupported(
             "composefs",
             "it needs overlay's `lowerdir+`/`datadir+` (Linux 6.8), metadata-only copy-up and file-backed EROFS (Linux 6.12)",
@@ -156,6 +185,7 @@ pub fn choose(
         model: Model::named(strategies, read_only).map_err(RootfsError::Refused)?,
         reason: "requested".into(),
         named: true,
+        build_metadata_image: false,
     })
 }
 
@@ -192,6 +222,7 @@ pub fn for_own_idmap(choice: Choice) -> Result<Choice, RootfsError> {
             choice.reason
         ),
         named: false,
+        build_metadata_image: false,
     })
 }
 
@@ -215,6 +246,7 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
             model: Model::named(s, true).expect("auto picks a read-only model"),
             reason: why.join("; "),
             named: false,
+            build_metadata_image: false,
         };
     }
     if probe.metacopy {
@@ -231,12 +263,14 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
             why.push("ephemeral, but overlay refused volatile");
         }
     }
+    let build_metadata_image = choose_composefs(request, probe, layers, &mut s, &mut why);
     s.isolated = choose_upper(request, &s, pools, &mut why);
     // No pool holds quota uppers: a subvolume costs about what a claim does.
     if s.isolated != Some(UpperBackend::Quota)
         && let Some(flavor) = ready_pool_flavor(pools, Flavor::of(s))
     {
         s.metacopy = flavor.metacopy;
+        s.composefs = flavor.composefs;
         s.pooled = true;
         why.push("a pre-mounted overlay is ready in the pool");
     }
@@ -244,19 +278,73 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
         model: Model::named(s, false).expect("auto picks a read-write model"),
         reason: why.join("; "),
         named: false,
+        build_metadata_image,
+    }
+}
+
+/// Whether an auto read-write create of an image of `layers` layers mounts it through
+/// composefs (sets `s.composefs`): a deep image whose metadata image is built, where the
+/// kernel mounts composefs and the store does not idmap layers. Returns whether the
+/// image's metadata image should be built in the background: a deep image whose build
+/// has not been tried. Building it here would put ~0.6 s per 128 MiB of files on this
+/// caller's path (docs/benchmarks.md, composefs-import); the layers serve this create.
+fn choose_composefs(
+    request: &Request,
+    probe: &Probe,
+    layers: usize,
+    s: &mut Strategies,
+    why: &mut Vec<&'static str>,
+) -> bool {
+    if layers < COMPOSEFS_FROM_LAYERS
+        || !s.metacopy
+        || request.idmapped_layers
+        || !composefs_supported(probe)
+    {
+        return false;
+    }
+    match request.metadata_image {
+        MetadataImage::Built => {
+            // composefs implies metacopy (its files are metacopy inodes): named as
+            // `composefs` alone, as `pool fill --strategy pooled,composefs` names it.
+            s.composefs = true;
+            s.metacopy = false;
+            why.push("deep image with its composefs metadata image built: one lower");
+            false
+        }
+        MetadataImage::Absent => {
+            why.push("deep image: its composefs metadata image is built in the background for the creates after this one");
+            true
+        }
+        MetadataImage::Refused => {
+            why.push("deep image, but composefs refused it: the layers as lowers");
+            false
+        }
     }
 }
 
 /// The flavor of a ready pool that serves an auto create wanting `flavor`: that flavor,
-/// or the same without metacopy (a pre-mounted overlay saves the mount stall, S2; metacopy
-/// only speeds later copy-ups, S3). Volatile and the upper filesystem never change: they
-/// decide what survives a crash and how much the container may write.
+/// or the same over the layers instead of composefs, or without metacopy either (a
+/// pre-mounted overlay saves the mount stall, S2; composefs and metacopy only speed the
+/// mount and later copy-ups, S3: an operator's pool filled before `auto` took composefs
+/// is still claimed). Volatile and the upper filesystem never change: they decide what
+/// survives a crash and how much the container may write.
 fn ready_pool_flavor(pools: &Pools<'_>, flavor: Flavor) -> Option<Flavor> {
-    let plain = Flavor {
-        metacopy: false,
+    let layers = Flavor {
+        composefs: false,
+        metacopy: flavor.metacopy || flavor.composefs,
         ..flavor
     };
-    [flavor, plain]
+    let plain = Flavor {
+        metacopy: false,
+        ..layers
+    };
+    let mut candidates = vec![flavor];
+    for candidate in [layers, plain] {
+        if !candidates.contains(&candidate) {
+            candidates.push(candidate); // each pool asked once
+        }
+    }
+    candidates
         .into_iter()
         .find(|&candidate| (pools.overlay_ready)(candidate))
 }
@@ -281,7 +369,7 @@ fn choose_upper(
     }
     if request.disk_limit {
         why.push("disk limit: an isolated upper filesystem of that size");
-    } else if !s.metacopy {
+    } else if !s.metacopy && !s.composefs {
         return None;
     }
     let backends: &[UpperBackend] = if request.ephemeral {
@@ -379,6 +467,94 @@ mod tests {
         assert_eq!(
             chosen(auto(false, false), &probe(false), 3, false),
             "deferred"
+        );
+    }
+
+    #[test]
+    fn auto_mounts_a_deep_image_through_composefs_once_its_metadata_image_is_built() {
+        let good = probe(true);
+        let deep = COMPOSEFS_FROM_LAYERS;
+        let with = |metadata_image| Request {
+            metadata_image,
+            ..auto(false, false)
+        };
+        let pick =
+            |request: Request, probe: &Probe, layers: usize, ready: &dyn Fn(Flavor) -> bool| {
+                let pools = Pools {
+                    overlay_ready: ready,
+                    upper_ready: &|_| false,
+                };
+                let choice = choose(&request, probe, layers, &pools).unwrap();
+                (choice.model.to_string(), choice.build_metadata_image)
+            };
+        let none = |_: Flavor| false;
+        // Not built: the layers serve this create, and the image is built for the next.
+        assert_eq!(
+            pick(with(MetadataImage::Absent), &good, deep, &none),
+            ("metacopy,deferred".to_string(), true)
+        );
+        assert_eq!(
+            pick(with(MetadataImage::Built), &good, deep, &none),
+            ("composefs,deferred".to_string(), false)
+        );
+        // Refused once: the layers, and no build again.
+        assert_eq!(
+            pick(with(MetadataImage::Refused), &good, deep, &none),
+            ("metacopy,deferred".to_string(), false)
+        );
+        // Shallow images, a uid-mapped store, a kernel without file-backed EROFS or
+        // metacopy, read-only containers: never composefs, never a build.
+        for (request, probe, layers) in [
+            (with(MetadataImage::Built), good.clone(), deep - 1),
+            (
+                Request {
+                    idmapped_layers: true,
+                    ..with(MetadataImage::Built)
+                },
+                good.clone(),
+                deep,
+            ),
+            (
+                with(MetadataImage::Built),
+                Probe {
+                    erofs_file_backed: Some(false),
+                    ..good.clone()
+                },
+                deep,
+            ),
+            (with(MetadataImage::Absent), probe(false), deep),
+            (
+                Request {
+                    read_only: true,
+                    ..with(MetadataImage::Built)
+                },
+                good.clone(),
+                deep,
+            ),
+        ] {
+            let (model, build) = pick(request, &probe, layers, &none);
+            assert!(!model.contains("composefs") && !build, "{model} {build}");
+        }
+        // With a disk limit or ephemeral, composefs combines with the upper auto picks.
+        let ephemeral = Request {
+            ephemeral: true,
+            ..with(MetadataImage::Built)
+        };
+        assert_eq!(
+            pick(ephemeral, &good, deep, &none).0,
+            "composefs,volatile,deferred"
+        );
+        // A pool of the image's composefs overlays is claimed first; a pool filled
+        // before auto took composefs (over the layers) is still claimed.
+        let composefs_pool = |f: Flavor| f.composefs && f.isolated.is_none();
+        assert_eq!(
+            pick(with(MetadataImage::Built), &good, deep, &composefs_pool).0,
+            "composefs,pooled,deferred"
+        );
+        let layers_pool = |f: Flavor| !f.composefs && f.metacopy && f.isolated.is_none();
+        assert_eq!(
+            pick(with(MetadataImage::Built), &good, deep, &layers_pool).0,
+            "pooled,metacopy,deferred"
         );
     }
 

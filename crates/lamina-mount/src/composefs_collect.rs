@@ -36,6 +36,7 @@ pub(crate) fn collect(
     in_use: &HashSet<String>,
 ) -> Result<CollectedObjects, RootfsError> {
     let mut collected = CollectedObjects::default();
+    crate::composefs_auto::forget_refusals(store)?;
     let images_dir = store.layout().composefs();
     let in_images = entries(&images_dir)?;
     // First the mounts of unused images: unmounted and removed (no overlay needs it
@@ -64,7 +65,8 @@ pub(crate) fn collect(
     for path in in_images {
         let name = file_name(&path);
         let Some(top) = name.strip_suffix(".erofs") else {
-            continue; // a mount (above), or a digest or verity mark: removed with its image
+            continue; // a mount (above), a digest or verity mark (removed with its
+            // image), or a refusal (forgotten above)
         };
         if !kept.contains(top) {
             collected.bytes += size_freed(&path)?;

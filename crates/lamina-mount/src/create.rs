@@ -67,6 +67,10 @@ pub struct Created {
     /// Something was claimed from a pool (an overlay, or an isolated upper), which a
     /// refill should replace.
     pub claimed_from_pool: bool,
+    /// `auto` served a deep image from its layers because its composefs metadata image
+    /// is not built: the front-end builds it off this caller's path
+    /// ([`crate::composefs_auto::build_for`] the container's layers), for later creates.
+    pub build_metadata_image: bool,
 }
 
 /// The mount a `--without-mount` caller makes on the rootfs path.
@@ -188,6 +192,7 @@ fn create_locked(
                     .map_err(RootfsError::Refused)?,
                 reason: "requested".into(),
                 named: true,
+                build_metadata_image: false,
             }
         } else {
             let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
@@ -200,6 +205,14 @@ fn create_locked(
                 upper_ready: &|backend| {
                     pool::ready(store, &PoolKind::uppers(planned_upper(backend, &chain_ids)))
                 },
+            };
+            let request = Request {
+                metadata_image: if request.strategies.auto {
+                    crate::composefs_auto::state(store, &chain_ids)
+                } else {
+                    request.metadata_image
+                },
+                ..request
             };
             choose(&request, &probe, chain_ids.len(), &pools)?
         };
@@ -325,6 +338,7 @@ fn create_locked(
         to_mount,
         reason: choice.reason,
         claimed_from_pool,
+        build_metadata_image: choice.build_metadata_image,
     })
 }
 

@@ -16,6 +16,7 @@ mod choose;
 mod clean;
 mod collect;
 pub mod composefs;
+pub mod composefs_auto;
 mod composefs_collect;
 mod composefs_verify;
 mod create;
@@ -38,7 +39,7 @@ mod strategy;
 
 pub use attach::{Attach, UpperToCommit, attach, commit_upper, create_empty, upper_to_commit};
 pub use check::{CheckReport, Problem, check, check_verified};
-pub use choose::{Choice, Pools, Request, choose};
+pub use choose::{COMPOSEFS_FROM_LAYERS, Choice, MetadataImage, Pools, Request, choose};
 pub use clean::{CleanReport, clean, remove_crashed_create};
 pub use create::{CreateOptions, Created, Layers, StoredLayers, ToMount, create, create_from};
 pub use delete::{Deleted, Reaped, delete, reap};

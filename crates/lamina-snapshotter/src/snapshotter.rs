@@ -324,14 +324,36 @@ impl Snapshotter {
             source: format!("{SOURCE_PREFIX}{key}"),
             chain_ids: chain.to_vec(),
         };
-        lamina_mount::create_from(
+        let created = lamina_mount::create_from(
             &self.store,
             self.mounter.as_ref(),
             Layers::Stored(&stored),
             id,
             &options,
         )?;
+        if created.build_metadata_image {
+            self.build_metadata_image_later(created.container.record.layers);
+        }
         Ok(())
+    }
+
+    /// `auto` served a deep chain from its layers because its composefs metadata image
+    /// is not built: built on a thread of its own, off containerd's call (and its
+    /// snapshot lock), so the next container snapshot of the chain mounts it.
+    fn build_metadata_image_later(&self, chain_ids: Vec<Digest>) {
+        let (store, mounter) = (self.store.clone(), self.mounter.clone());
+        let spawned = std::thread::Builder::new()
+            .name("build-metadata-image".into())
+            .spawn(move || {
+                let top = chain_ids.last().map(ToString::to_string).unwrap_or_default();
+                match lamina_mount::composefs_auto::build_for(&store, mounter.as_ref(), &chain_ids) {
+                    Ok(built) => tracing::info!(image = %top, ?built, "composefs metadata image"),
+                    Err(e) => tracing::warn!(image = %top, error = %e, "building the composefs metadata image failed"),
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start building a composefs metadata image");
+        }
     }
 
     /// An unpack about to extract a layer the store already has (imported by `lamina

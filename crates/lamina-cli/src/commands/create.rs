@@ -40,6 +40,20 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
     if created.claimed_from_pool {
         ctx.spawn(&store, &["pool", "refill"]);
     }
+    // auto served a deep image from its layers: its composefs metadata image is built
+    // off this caller's path, for the creates after this one.
+    if created.build_metadata_image {
+        let chain: Vec<String> = created
+            .container
+            .record
+            .layers
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let mut build = vec!["build-metadata-image"];
+        build.extend(chain.iter().map(String::as_str));
+        ctx.spawn(&store, &build);
+    }
     // GrootFS's --with-clean, after the create rather than before it: the caller gets
     // its rootfs without waiting, and the new container's layers are already in use.
     let with_clean = args.with_clean || (ctx.config.create.with_clean && !args.without_clean);

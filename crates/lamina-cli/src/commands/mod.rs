@@ -267,6 +267,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::DeleteStore => delete_store(&ctx, &mounter)?,
+        Command::BuildMetadataImage { chain_ids } => {
+            let store = ctx.open_bare_store()?;
+            let chain_ids = chain_ids
+                .iter()
+                .map(|c| lamina_image::Digest::parse(c))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow::anyhow!("invalid chain ID: {e}"))?;
+            let built = match lamina_mount::composefs_auto::build_for(&store, &mounter, &chain_ids)?
+            {
+                lamina_mount::composefs_auto::Built::Built => "built".to_string(),
+                lamina_mount::composefs_auto::Built::NothingToBuild => "nothing to build".into(),
+                lamina_mount::composefs_auto::Built::InProgress => "in progress".into(),
+                lamina_mount::composefs_auto::Built::Refused(why) => format!("refused: {why}"),
+            };
+            let top = chain_ids.last().map(ToString::to_string);
+            println!(
+                "{}",
+                serde_json::json!({ "image": top, "metadata_image": built })
+            );
+        }
         Command::Reap => {
             let store = ctx.open_bare_store()?;
             let reaped = lamina_mount::reap(&store, &mounter)?;
