@@ -312,9 +312,10 @@ fn build(store: &Store, chain_ids: &[Digest], verity: bool) -> io::Result<Box<[u
         can_share: true,
         shared_bytes: 0,
         verity,
+        published_in: std::collections::BTreeSet::new(),
     };
     let tree = tree.try_map_regular(|path| objects.store(path))?;
-    host.syncfs(&objects.dir).map_err(io::Error::from)?;
+    objects.sync_names()?;
     if objects.shared_bytes > 0 {
         tracing::info!(
             bytes = objects.shared_bytes,
@@ -512,6 +513,9 @@ struct Objects<'a> {
     shared_bytes: u64,
     /// Seal every object with fs-verity (the probe found it works here).
     verity: bool,
+    /// Fan-out directories this build published objects in, whose entries
+    /// [`Objects::sync_names`] makes durable before the image names them.
+    published_in: std::collections::BTreeSet<PathBuf>,
 }
 
 impl Objects<'_> {
@@ -546,9 +550,10 @@ impl Objects<'_> {
     }
 
     /// Makes `object` hold the content of layer file `path`.
-    fn publish(&self, path: &Path, object: &Path) -> io::Result<()> {
+    fn publish(&mut self, path: &Path, object: &Path) -> io::Result<()> {
         if let Some(fan_out) = object.parent() {
             fs::create_dir_all(fan_out)?;
+            self.published_in.insert(fan_out.to_path_buf());
         }
         match fs::hard_link(path, object) {
             Ok(()) => {}
@@ -563,6 +568,27 @@ impl Objects<'_> {
                 File::open(&self.staging)?.sync_all()?;
                 fs::rename(&self.staging, object)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Makes the names of the objects this build published durable: an fsync of each
+    /// fan-out directory it linked into (and of `objects/`, which may have gained one).
+    /// An object's data is a layer's, synced when it was imported, or a copy synced
+    /// before its rename; so only names are at stake, and a `syncfs` of the whole store
+    /// filesystem — every container's dirty upper with it, stall S1 — is not needed.
+    fn sync_names(&self) -> io::Result<()> {
+        if self.published_in.is_empty() {
+            return Ok(());
+        }
+        for dir in self.published_in.iter().chain(std::iter::once(&self.dir)) {
+            let handle = File::open(dir)?;
+            self.host.fsync(&handle, dir).map_err(|e| {
+                io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("syncing {}: {e}", dir.display()),
+                )
+            })?;
         }
         Ok(())
     }

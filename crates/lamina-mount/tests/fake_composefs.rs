@@ -4,7 +4,8 @@
 //! image sealed, and its containers mount with `verity=require`; an image built before
 //! the kernel could seal is sealed by the next create; a seal the kernel refuses fails
 //! the create and leaves no image behind. Without fs-verity nothing is sealed and the
-//! option is absent.
+//! option is absent. And the build's durability: the directories it published objects
+//! in are fsynced (no syncfs of the store's filesystem), and a failed fsync fails it.
 
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
@@ -160,4 +161,47 @@ fn a_seal_the_kernel_refuses_fails_the_create_and_leaves_no_image() {
     assert!(!composefs::verity_path(&metadata_image).exists());
     assert!(!store.container_exists("a"));
     assert!(fake.mounted().is_empty(), "{:?}", fake.mounted());
+}
+
+/// The build makes its objects' names durable with an fsync of each directory it linked
+/// into, not a syncfs of the store's filesystem (every container's dirty upper with it):
+/// one that fails fails the build, and no image names objects that may not survive.
+#[test]
+fn the_build_syncs_the_directories_it_published_objects_in_and_fails_without_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let (store, image) = store_and_image(tmp.path(), &fake);
+    probe_afresh(&store, &fake);
+    let objects_dir = store.layout().objects();
+    fake.fail(
+        Call::Fsync,
+        When::path_contains(&format!("{}/", objects_dir.display())),
+        Errno::IO,
+    );
+    let err = create(&store, &*fake, &image, "a", &with("composefs")).unwrap_err();
+    assert!(err.to_string().contains("Input/output error"), "{err}");
+    assert!(
+        !image_of(&store, &image).exists(),
+        "no image naming unsynced objects"
+    );
+    assert!(!store.container_exists("a"));
+
+    let fake = Arc::new(FakeMounter::new());
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image) = store_and_image(tmp.path(), &fake);
+    probe_afresh(&store, &fake);
+    create(&store, &*fake, &image, "a", &with("composefs")).unwrap();
+    let calls = fake.calls();
+    let synced_fan_outs = calls
+        .iter()
+        .filter(|c| matches!(c, FakeCall::Fsync(p) if p.parent() == Some(store.layout().objects().as_path())))
+        .count();
+    assert!(synced_fan_outs >= 1, "{calls:?}");
+    let objects = store.layout().objects();
+    assert!(
+        !calls
+            .iter()
+            .any(|c| matches!(c, FakeCall::Syncfs(p) if p.starts_with(&objects))),
+        "no syncfs of the store's filesystem for the objects: {calls:?}"
+    );
 }
