@@ -78,6 +78,9 @@ pub fn build_for(
     };
     match crate::composefs::ensure(store, mounter, chain_ids) {
         Ok(_) => Ok(Built::Built),
+        // Someone else (a named composefs create, `pool fill`) is building it: theirs
+        // will do, and nothing is refused.
+        Err(e @ StoreError::LockTimeout { .. }) => Err(e.into()),
         Err(e) => {
             let why = e.to_string();
             let mark = refused_path(&image_path(store, top));
