@@ -769,9 +769,10 @@ fn metadata_image_of(lamina: &Lamina, id: &str) -> PathBuf {
 }
 
 /// `auto` and a deep image (docs/strategies.md, auto): the first create is served from
-/// the layers and starts the metadata image's build in the background; once it is built,
-/// creates mount the image as one lower. A build that refuses the image is recorded, and
-/// auto keeps to the layers without trying again until `clean` forgets it.
+/// the layers and starts the metadata image's build in the background; `clean` keeps the
+/// image while a container is made of it, and creates after the build mount it as one
+/// lower. Garden's `--without-mount` keeps to the layers; an image that fails to mount
+/// falls back to them and is recorded as refused.
 #[test]
 fn auto_mounts_a_deep_image_through_composefs_once_a_background_build_made_it() {
     require_root();
@@ -788,6 +789,10 @@ fn auto_mounts_a_deep_image_through_composefs_once_a_background_build_made_it() 
         "the background build made {}",
         built.display()
     );
+    // Nothing mounts it yet, but a container is made of its image: clean keeps it
+    // (review finding: every `--with-clean` create removed it again).
+    let cleaned = lamina.run(&["clean"]).json();
+    assert_eq!(cleaned["composefs_images_removed"], 0, "{cleaned}");
     let second = lamina.create_with(&[], &image, "second");
     assert_eq!(strategy_of(&lamina, "second"), "composefs,deferred");
     assert_eq!(lowers_of(&second), 1, "one lower for {layers} layers");
@@ -799,16 +804,65 @@ fn auto_mounts_a_deep_image_through_composefs_once_a_background_build_made_it() 
             "{path}"
         );
     }
+    // A caller that mounts the printed options itself gets the layers: their
+    // directories outlive a host restart, the image's mount does not.
+    let out = lamina.run(&["create", "--without-mount", &image, "garden"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(strategy_of(&lamina, "garden"), "metacopy,deferred");
+    assert!(!out.stdout.contains(".mnt/rootfs"), "{}", out.stdout);
     // One layer fewer: the layers, and nothing built.
     let shallow = deep_image(&fs.path().join("shallow"), layers - 1, None);
     lamina.create_with(&[], &shallow, "shallow");
     assert_eq!(strategy_of(&lamina, "shallow"), "metacopy,deferred");
-    for id in ["first", "second", "shallow"] {
+    for id in ["first", "second", "garden", "shallow"] {
         lamina.delete_and_assert_gone(id, id);
     }
+    let left = mounts_under(&lamina.store);
+    assert!(
+        left.iter()
+            .all(|m| m.extension().is_some_and(|e| e == "mnt")),
+        "only the image's mount: {left:?}"
+    );
 
-    // An image composefs refuses (an xattr past what an EROFS inode holds): the
-    // refusal is recorded, and later creates keep to the layers without a build.
+    // The image damaged while unmounted (as after a host restart): auto's next create
+    // falls back to the layers, records the refusal, and does not try it again.
+    let mount = built.with_extension("mnt");
+    assert_eq!(
+        std::process::Command::new("umount")
+            .arg(&mount)
+            .status()
+            .unwrap()
+            .code(),
+        Some(0)
+    );
+    std::fs::write(&built, b"not an erofs image").unwrap();
+    let third = lamina.create_with(&[], &image, "third");
+    assert_eq!(strategy_of(&lamina, "third"), "metacopy,deferred");
+    assert_eq!(lowers_of(&third), layers);
+    let mark = lamina_mount::composefs_auto::refused_path(&built);
+    assert!(mark.is_file(), "the failed mount is recorded");
+    let fourth = lamina.create_with(&[], &image, "fourth");
+    assert_eq!(strategy_of(&lamina, "fourth"), "metacopy,deferred");
+    for (id, rootfs) in [("third", &third), ("fourth", &fourth)] {
+        assert_eq!(
+            std::fs::read(rootfs.join("d/f0")).unwrap(),
+            "layer 0 ".repeat(20).into_bytes()
+        );
+        lamina.delete_and_assert_gone(id, id);
+    }
+    assert!(mounts_under(&lamina.store).is_empty());
+}
+
+/// A build `auto` started that refuses the image (an xattr past what an EROFS inode
+/// holds) is recorded: later creates keep to the layers without building again, `clean`
+/// keeps the refusal while the image is in the store and forgets it with the image's
+/// layers. The hidden command builds only a real chain of imported layers.
+#[test]
+fn a_refused_background_build_is_recorded_until_the_image_goes() {
+    require_root();
+    let fs = ScratchFs::loop_backed(lamina_integration::FsKind::Xfs, 512, false);
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let layers = lamina_mount::COMPOSEFS_FROM_LAYERS;
     let big = vec![b'x'; 40 << 10];
     let refused = deep_image(&fs.path().join("refused"), layers, Some(&big));
     lamina.create_with(&[], &refused, "r1");
@@ -821,13 +875,41 @@ fn auto_mounts_a_deep_image_through_composefs_once_a_background_build_made_it() 
     );
     let why = std::fs::read_to_string(&mark).unwrap();
     assert!(why.contains("xattrs"), "{why}");
+    let cleaned = lamina.run(&["clean"]).json();
+    assert!(
+        mark.exists(),
+        "kept while the image is in the store: {cleaned}"
+    );
     lamina.create_with(&[], &refused, "r2");
     assert_eq!(strategy_of(&lamina, "r2"), "metacopy,deferred");
     assert!(!image_path.exists());
+
+    // Only the whole chain: its top alone, or the layers out of order, are refused.
+    let store = lamina_store::Store::open(&lamina.store).unwrap();
+    let chain = lamina_mount::record::read(&store, "r2")
+        .unwrap()
+        .record
+        .layers;
+    let names: Vec<String> = chain.iter().map(ToString::to_string).collect();
+    for args in [
+        vec![names[layers - 1].as_str()],
+        names.iter().rev().map(String::as_str).collect(),
+    ] {
+        let mut full = vec!["build-metadata-image"];
+        full.extend(args);
+        let out = lamina.run(&full);
+        assert_eq!(out.code, 1, "{out:?}");
+        assert!(out.stdout.contains("not a chain"), "{out:?}");
+    }
+    assert!(!image_path.exists());
+
     for id in ["r1", "r2"] {
         lamina.delete_and_assert_gone(id, id);
     }
     let cleaned = lamina.run(&["clean"]).json();
-    assert!(!mark.exists(), "clean forgets refusals: {cleaned}");
+    assert!(
+        !mark.exists(),
+        "forgotten with the image's layers: {cleaned}"
+    );
     assert!(mounts_under(&lamina.store).is_empty());
 }

@@ -249,19 +249,18 @@ pub fn check_verified(
                     ));
                 }
                 clean::remove_unmounted(mounter, &damage.path.with_extension("mnt"))?;
-                for path in [
-                    damage.path.clone(),
-                    crate::composefs::digest_path(&damage.path),
-                ] {
-                    std::fs::remove_file(&path).map_err(StoreError::io("removing", &path))?;
-                }
-                let mark = crate::composefs::verity_path(&damage.path);
-                match std::fs::remove_file(&mark) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        Err(StoreError::io("removing", &mark)(e).into())
+                std::fs::remove_file(&damage.path)
+                    .map_err(StoreError::io("removing", &damage.path))?;
+                // Its digest and marks; a refusal too, so `auto` builds it again.
+                for path in crate::composefs::companions(&damage.path) {
+                    match std::fs::remove_file(&path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(StoreError::io("removing", &path)(e).into());
+                        }
+                        _ => {}
                     }
-                    _ => Ok(()),
                 }
+                Ok(())
             });
         }
     }

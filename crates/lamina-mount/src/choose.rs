@@ -26,6 +26,11 @@ pub struct Request {
     /// Where the image's composefs metadata image stands: `auto` mounts a deep image
     /// on it once it is built, and never builds it on the caller's path.
     pub metadata_image: MetadataImage,
+    /// The caller mounts the rootfs itself from the printed options (Garden's
+    /// `--without-mount`): `auto` keeps to the layers, whose directories outlive a host
+    /// restart, where a composefs overlay's options name the image's mount, which does
+    /// not (review finding).
+    pub caller_mounts: bool,
 }
 
 /// Where an image's composefs metadata image stands (`composefs.rs`).
@@ -72,6 +77,7 @@ impl Request {
             quota_store: quota_matters && mounter.btrfs_quotas(store.root()),
             idmapped_layers: store.properties().idmaps_layers(),
             metadata_image: MetadataImage::Absent,
+            caller_mounts: false,
         }
     }
 }
@@ -194,7 +200,9 @@ pub fn choose(
 /// with those maps: no mount option can say that, and what is shared between containers
 /// (a pool's overlays, the image's shared read-only mount, a bind of the layer itself,
 /// a composefs image's one EROFS mount) is mapped for none of them. `auto` drops those; a strategy naming one is refused.
-pub fn for_own_idmap(choice: Choice) -> Result<Choice, RootfsError> {
+pub fn for_own_idmap(mut choice: Choice) -> Result<Choice, RootfsError> {
+    // Its image could never serve this container: nothing to build for it.
+    choice.build_metadata_image = false;
     let mut s = choice.model.strategies();
     let shared = [
         (s.pooled, "pooled"),
@@ -298,6 +306,7 @@ fn choose_composefs(
     if layers < COMPOSEFS_FROM_LAYERS
         || !s.metacopy
         || request.idmapped_layers
+        || request.caller_mounts
         || !composefs_supported(probe)
     {
         return false;

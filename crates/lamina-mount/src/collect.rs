@@ -52,6 +52,7 @@ pub(crate) fn collect_unused(
         keep,
         bound,
         composefs,
+        tops,
     } = match referenced(store)? {
         Ok(references) => references,
         Err(why) => {
@@ -80,7 +81,7 @@ pub(crate) fn collect_unused(
     }
     // Short links (`l/`) to the layers just set aside go with them.
     store.sweep_layer_links()?;
-    let composefs = crate::composefs_collect::collect(store, mounter, &composefs)?;
+    let composefs = crate::composefs_collect::collect(store, mounter, &tops, &composefs)?;
     collected.composefs_images = composefs.images;
     collected.objects = composefs.objects;
     collected.bytes += composefs.bytes;
@@ -108,12 +109,14 @@ fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> 
     let mut keep = HashSet::new();
     let mut bound = HashSet::new();
     let mut composefs = HashSet::new();
+    let mut tops = HashSet::new();
     let mut unreadable = Vec::new();
     let mut name = |layers: &[Digest]| keep.extend(layers.iter().map(|l| l.hex().to_string()));
     for dir in store.all_container_dirs()? {
         match crate::record::read_in(store, &dir) {
             Ok(Some(container)) => {
                 name(&container.record.layers);
+                tops.extend(container.record.layers.last().map(|t| t.hex().to_string()));
                 composefs.extend(crate::composefs::image_of(&container));
                 bound.extend(container.rootfs.bind_source);
             }
@@ -135,17 +138,23 @@ fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> 
         )));
     }
     for layers in pool::target_layers(store) {
+        tops.extend(layers.last().map(|t| t.hex().to_string()));
         name(&layers);
     }
     composefs.extend(pool::composefs_target_images(store));
-    // containerd's committed snapshots, and commits in flight.
+    // containerd's committed snapshots, and commits in flight: any of them may be the
+    // top of an image containerd runs, so a chain's metadata image stays with its top.
     if let Some(snapshots) = store.snapshots_if_any()? {
-        name(&snapshots.layers()?.into_iter().collect::<Vec<_>>());
+        let layers: Vec<Digest> = snapshots.layers()?.into_iter().collect();
+        tops.extend(layers.iter().map(|l| l.hex().to_string()));
+        name(&layers);
     }
+    tops.extend(composefs.iter().cloned());
     Ok(Ok(References {
         keep,
         bound,
         composefs,
+        tops,
     }))
 }
 
@@ -155,8 +164,14 @@ struct References {
     keep: HashSet<String>,
     /// The directories containers bind.
     bound: HashSet<PathBuf>,
-    /// The images (top chain ID hex) whose composefs metadata image a container mounts.
+    /// The images (top chain ID hex) whose composefs metadata image a container or pool
+    /// slot mounts.
     composefs: HashSet<String>,
+    /// The images whose metadata image stays (a superset of `composefs`): a container,
+    /// pool or committed snapshot is made of each. `auto` builds one in the background
+    /// for the creates after a layers-served one (review finding: every clean removed it
+    /// before anything could mount it).
+    tops: HashSet<String>,
 }
 
 /// Renames `path` to `tmp/gc-<kind>-<name>-<unique>`.

@@ -4,43 +4,70 @@
 //! background ([`build_for`] its layers; the CLI starts `lamina build-metadata-image
 //! CHAIN_ID...` detached, the snapshotter a thread). The layers are named, not the
 //! container: a container may be gone (containerd's `ctr run --rm`) before the build
-//! starts, and its image is still worth building.
-//! Later creates find it built and mount it. A build that refuses the image (past a
-//! bound, an xattr EROFS cannot hold, or a full disk) leaves `<top>.erofs.refused` with
-//! the reason, and `auto` keeps to the layers for that image until `clean` forgets the
-//! refusal.
+//! starts, and its image is still worth building. `clean` keeps a metadata image while a
+//! container, pool or committed snapshot is made of its image (`collect.rs`).
+//!
+//! Bounded: one build at a time per store (the others find it busy and leave their image
+//! to a later create), and a build that failed — refused the image (a bound, an xattr
+//! EROFS cannot hold), hit a full disk, or died (killed, out of memory: its
+//! `<top>.erofs.building` mark is still there) — leaves `<top>.erofs.refused` with the
+//! reason, and `auto` keeps to the layers for that image. `clean` forgets a refusal once
+//! the image's top layer is gone or another lamina release wrote it.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
 use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 
 use crate::RootfsError;
-use crate::choose::MetadataImage;
+use crate::choose::{Choice, MetadataImage};
 use crate::composefs::image_path;
+use crate::model::Model;
 
-/// Where the metadata image of the image whose top layer is `top` stands.
+/// Where the metadata image of the image whose top layer is `top` stands. A refusal
+/// wins over a built image: an image that failed to mount is not tried again.
 pub fn state(store: &Store, chain_ids: &[Digest]) -> MetadataImage {
     let Some(top) = chain_ids.last() else {
         return MetadataImage::Absent;
     };
     let image = image_path(store, top);
-    if image.is_file() {
-        MetadataImage::Built
-    } else if refused_path(&image).is_file() {
+    if refused_path(&image).is_file() {
         MetadataImage::Refused
+    } else if image.is_file() {
+        MetadataImage::Built
     } else {
         MetadataImage::Absent
     }
 }
 
-/// Where a build's refusal of metadata image `image` is recorded.
-pub fn refused_path(image: &std::path::Path) -> PathBuf {
+/// Where a refusal of metadata image `image` is recorded.
+pub fn refused_path(image: &Path) -> PathBuf {
+    beside(image, ".refused")
+}
+
+/// Where a build of `image` in progress is marked; still there after it died.
+fn building_path(image: &Path) -> PathBuf {
+    beside(image, ".building")
+}
+
+fn beside(image: &Path, suffix: &str) -> PathBuf {
     let mut name = image.as_os_str().to_os_string();
-    name.push(".refused");
+    name.push(suffix);
     PathBuf::from(name)
+}
+
+/// The first line of a refusal: which release wrote it.
+fn release_line() -> String {
+    format!("lamina {}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Records that `auto` must not mount image `top` through composefs, and why.
+pub(crate) fn refuse(store: &Store, top: &Digest, why: &str) -> Result<(), StoreError> {
+    let mark = refused_path(&image_path(store, top));
+    tracing::warn!(image = %top, why, "composefs refused the image: auto keeps to its layers");
+    store.write_durably(&mark, format!("{}\n{why}\n", release_line()).as_bytes())
 }
 
 /// What [`build_for`] did.
@@ -50,21 +77,25 @@ pub enum Built {
     Built,
     /// A layer is no longer in the store (collected meanwhile): nothing to build.
     NothingToBuild,
-    /// Another build of the same image is running.
-    InProgress,
-    /// The build refused the image; recorded, with this reason.
+    /// Another build is running in this store: this image waits for a later create.
+    Busy,
+    /// The build failed, or an earlier one died; recorded, with this reason.
     Refused(String),
 }
 
 /// Builds the metadata image of the image made of `chain_ids` (bottom first), as `auto`
 /// asks after serving a deep image from its layers. Holds the layers-in-use lock, so
 /// `clean` neither takes the layers from under the build nor collects the image
-/// half-written.
+/// half-written, and `delete-store` waits for it.
 pub fn build_for(
     store: &Store,
     mounter: &dyn Mounter,
     chain_ids: &[Digest],
 ) -> Result<Built, RootfsError> {
+    // One build at a time per store: each holds a whole image's metadata in memory.
+    let Some(_one_build) = store.try_lock("build-metadata-image")? else {
+        return Ok(Built::Busy);
+    };
     let _layers_in_use = store.use_layers()?;
     let Some(top) = chain_ids.last() else {
         return Ok(Built::NothingToBuild);
@@ -72,33 +103,120 @@ pub fn build_for(
     if chain_ids.iter().any(|c| !store.has_layer(c)) {
         return Ok(Built::NothingToBuild);
     }
-    // Concurrent creates of a new deep image each ask for a build: one runs.
-    let Some(_building) = store.try_lock(&format!("build-metadata-image-{}", top.hex()))? else {
-        return Ok(Built::InProgress);
-    };
-    match crate::composefs::ensure(store, mounter, chain_ids) {
-        Ok(_) => Ok(Built::Built),
-        // Someone else (a named composefs create, `pool fill`) is building it: theirs
-        // will do, and nothing is refused.
-        Err(e @ StoreError::LockTimeout { .. }) => Err(e.into()),
-        Err(e) => {
-            let why = e.to_string();
-            let mark = refused_path(&image_path(store, top));
-            // Every failure is recorded, a full disk too: each retry would hash the whole
-            // image again on every create. `clean` forgets them.
-            store.write_durably(&mark, why.as_bytes())?;
-            tracing::warn!(image = %top, why, "composefs refused the image: auto keeps to its layers");
-            Ok(Built::Refused(why))
+    let image = image_path(store, top);
+    match state(store, chain_ids) {
+        MetadataImage::Built => return Ok(Built::Built),
+        MetadataImage::Refused => return Ok(Built::Refused("refused before".into())),
+        MetadataImage::Absent => {}
+    }
+    let building = building_path(&image);
+    let this_boot = boot_id();
+    if let Ok(mark) = fs::read_to_string(&building) {
+        fs::remove_file(&building).map_err(StoreError::io("removing", &building))?;
+        // A build the host's restart cut short is tried again; one that died in this
+        // boot (killed, out of memory) is not tried on every create.
+        if mark.trim() == this_boot {
+            let why = "an earlier build of this image did not finish (killed, or out of memory)";
+            refuse(store, top, why)?;
+            return Ok(Built::Refused(why.into()));
         }
     }
+    store.write_durably(&building, this_boot.as_bytes())?;
+    let limits = crate::composefs::Limits::AUTO;
+    let outcome = match crate::composefs::ensure_within(store, mounter, chain_ids, limits) {
+        Ok(_) => Built::Built,
+        // Someone else (a named composefs create, `pool fill`) holds the image's lock
+        // and builds it: theirs will do, and nothing is refused.
+        Err(StoreError::LockTimeout { .. }) => Built::Busy,
+        Err(e) => {
+            // Every failure is recorded, a full disk too: each retry would hash the
+            // whole image again on every create.
+            let why = e.to_string();
+            refuse(store, top, &why)?;
+            Built::Refused(why)
+        }
+    };
+    fs::remove_file(&building).map_err(StoreError::io("removing", &building))?;
+    Ok(outcome)
 }
 
-/// Removes every recorded refusal (`clean`): an image refused by an older release, or
-/// whose layers were damaged then, gets one more background build.
-pub(crate) fn forget_refusals(store: &Store) -> Result<usize, StoreError> {
+/// This boot's ID: what a build-in-progress mark holds.
+fn boot_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Whether `chain_ids` is a chain of this store's imported layers, each the chain ID of
+/// its diff ID on the one before (what `lamina build-metadata-image` is handed: it
+/// builds nothing else, so no list can make an image of some layers show as another's).
+pub fn is_imported_chain(store: &Store, chain_ids: &[Digest]) -> Result<bool, StoreError> {
+    let mut parent: Option<&Digest> = None;
+    for chain_id in chain_ids {
+        if !store.has_layer(chain_id) {
+            return Ok(false);
+        }
+        let Some(diff_id) = store.layer_record(chain_id)?.diff_id else {
+            return Ok(false);
+        };
+        if lamina_image::next_chain_id(parent, &diff_id) != *chain_id {
+            return Ok(false);
+        }
+        parent = Some(chain_id);
+    }
+    Ok(!chain_ids.is_empty())
+}
+
+/// `choice` (auto's composefs) over the image's layers instead, because its metadata
+/// image could not serve this create: `why` is logged, and recorded as a refusal when
+/// the image was built (it failed to mount: damaged, or the kernel refused it) rather
+/// than gone (collected since auto looked).
+pub(crate) fn over_the_layers(
+    store: &Store,
+    chain_ids: &[Digest],
+    choice: Choice,
+    why: &RootfsError,
+) -> Result<Choice, RootfsError> {
+    let built = state(store, chain_ids) == MetadataImage::Built;
+    if built && let Some(top) = chain_ids.last() {
+        refuse(store, top, &why.to_string())?;
+    }
+    let mut strategies = choice.model.strategies();
+    strategies.composefs = false;
+    strategies.metacopy = true;
+    let model = Model::named(strategies, choice.model.read_only()).map_err(RootfsError::Refused)?;
+    Ok(Choice {
+        model,
+        reason: format!(
+            "{}; its composefs metadata image could not serve ({why}): the layers",
+            choice.reason
+        ),
+        named: false,
+        build_metadata_image: !built,
+    })
+}
+
+/// Removes the refusals (and dead builds' marks) `clean` should forget: those whose
+/// image's top layer is gone, or that another lamina release wrote (it may build what
+/// this one refused). Returns how many went.
+pub(crate) fn forget_stale_refusals(store: &Store) -> Result<usize, StoreError> {
     let mut forgotten = 0;
     for path in crate::composefs_collect::entries(&store.layout().composefs())? {
-        if path.to_string_lossy().ends_with(".erofs.refused") {
+        let name = crate::collect::file_name(&path);
+        let (top, is_refusal) = match (
+            name.strip_suffix(".erofs.refused"),
+            name.strip_suffix(".erofs.building"),
+        ) {
+            (Some(top), _) => (top.to_string(), true),
+            (_, Some(top)) => (top.to_string(), false),
+            _ => continue,
+        };
+        let layer_gone = !store.layout().layers().join(&top).is_dir();
+        let other_release = is_refusal
+            && fs::read_to_string(&path)
+                .map(|text| text.lines().next() != Some(release_line().as_str()))
+                .unwrap_or(true);
+        if layer_gone || other_release {
             fs::remove_file(&path).map_err(StoreError::io("removing", &path))?;
             forgotten += 1;
         }

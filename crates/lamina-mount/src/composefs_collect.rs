@@ -26,24 +26,27 @@ pub(crate) struct CollectedObjects {
     pub bytes: u64,
 }
 
-/// Removes images not in `in_use` (top chain ID hex of the images composefs containers
-/// mount), then
-/// the objects the remaining images do not reference. When a remaining image cannot be
-/// read, what it references is unknown and every object stays.
+/// Removes images not in `keep` (top chain ID hex of the images containers, pools and
+/// committed snapshots are made of), then the objects the remaining images do not
+/// reference. When a remaining image cannot be read, or an image in `in_use` (mounted by
+/// a composefs container or pool slot) is gone, what is referenced is unknown and every
+/// object stays.
 pub(crate) fn collect(
     store: &Store,
     mounter: &dyn Mounter,
+    keep: &HashSet<String>,
     in_use: &HashSet<String>,
 ) -> Result<CollectedObjects, RootfsError> {
     let mut collected = CollectedObjects::default();
-    crate::composefs_auto::forget_refusals(store)?;
+    crate::composefs_auto::forget_stale_refusals(store)?;
     let images_dir = store.layout().composefs();
     let in_images = entries(&images_dir)?;
-    // First the mounts of unused images: unmounted and removed (no overlay needs it
-    // mounted: each holds its own reference to the EROFS). One a process holds busy
-    // keeps its image, and so its objects, for a later clean (review finding: a busy
-    // mount failed every clean).
-    let mut kept = in_use.clone();
+    // First the mounts no composefs container or pool slot uses: unmounted and removed
+    // (no overlay needs it mounted: each holds its own reference to the EROFS), even of
+    // an image that stays; the next composefs create mounts it again. One a process
+    // holds busy keeps its image, and so its objects, for a later clean (review finding:
+    // a busy mount failed every clean).
+    let mut kept = keep.clone();
     for path in &in_images {
         let name = file_name(path);
         let Some(top) = name.strip_suffix(".mnt") else {
@@ -66,7 +69,7 @@ pub(crate) fn collect(
         let name = file_name(&path);
         let Some(top) = name.strip_suffix(".erofs") else {
             continue; // a mount (above), a digest or verity mark (removed with its
-            // image), or a refusal (forgotten above)
+            // image), or a refusal (forgotten above once stale)
         };
         if !kept.contains(top) {
             collected.bytes += size_freed(&path)?;

@@ -212,6 +212,7 @@ fn create_locked(
                 } else {
                     request.metadata_image
                 },
+                caller_mounts: options.without_mount && !options.mount_volatile_without_mount,
                 ..request
             };
             choose(&request, &probe, chain_ids.len(), &pools)?
@@ -240,9 +241,27 @@ fn create_locked(
     let _layers_in_use = store.use_layers()?;
     let chain_ids = layers.ensure(store)?;
     store.pause_point("create-imported");
-    if composefs {
-        crate::composefs::mounted(store, mounter, &chain_ids)?;
-    }
+    let choice = if composefs && !choice.named {
+        // auto's: the image was built when auto looked; it is never built here, and if
+        // it is gone (collected since) or fails to mount, this create uses the layers
+        // (review finding: a damaged image failed every default create).
+        let top = chain_ids.last().expect("an image has layers");
+        match crate::composefs::mounted_if_built(store, mounter, top) {
+            Ok(Some(_)) => choice,
+            Ok(None) => crate::composefs_auto::over_the_layers(
+                store,
+                &chain_ids,
+                choice,
+                &RootfsError::Refused("collected since".into()),
+            )?,
+            Err(e) => crate::composefs_auto::over_the_layers(store, &chain_ids, choice, &e)?,
+        }
+    } else {
+        if composefs {
+            crate::composefs::mounted(store, mounter, &chain_ids)?;
+        }
+        choice
+    };
     let upper = choice
         .model
         .flavor()

@@ -18,6 +18,8 @@ mod collect;
 pub mod composefs;
 pub mod composefs_auto;
 mod composefs_collect;
+mod composefs_merge;
+mod composefs_objects;
 mod composefs_verify;
 mod create;
 mod delete;

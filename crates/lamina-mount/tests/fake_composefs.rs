@@ -2,7 +2,7 @@
 //! kernel (this VM's kernel has no fs-verity, so nothing real can seal a file here):
 //! the probe finds it, the build seals every object and the metadata image and marks the
 //! image sealed, and its containers mount with `verity=require`; an image built before
-//! the kernel could seal is sealed by the next create; a seal the kernel refuses fails
+//! the kernel could seal stays as it was until it is built again; a seal the kernel refuses fails
 //! the create and leaves no image behind. Without fs-verity nothing is sealed and the
 //! option is absent. And the build's durability: the directories it published objects
 //! in are fsynced (no syncfs of the store's filesystem), and a failed fsync fails it.
@@ -115,7 +115,7 @@ fn a_store_with_fs_verity_seals_objects_and_images_and_mounts_with_verity_requir
 }
 
 #[test]
-fn without_fs_verity_nothing_is_sealed_and_an_image_built_so_is_sealed_once_it_can_be() {
+fn without_fs_verity_nothing_is_sealed_and_an_image_stays_as_it_was_built() {
     let tmp = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeMounter::new());
     let (store, image) = store_and_image(tmp.path(), &fake);
@@ -125,19 +125,35 @@ fn without_fs_verity_nothing_is_sealed_and_an_image_built_so_is_sealed_once_it_c
     assert!(!requires_verity(&fake, &created.rootfs));
     let metadata_image = image_of(&store, &image);
     assert!(!composefs::verity_path(&metadata_image).exists());
-    assert!(
-        !fake
-            .calls()
-            .iter()
-            .any(|c| matches!(c, FakeCall::EnableVerity(_))),
-        "nothing sealed"
-    );
+    // The probe's own scratch file aside.
+    let sealed_any = |fake: &FakeMounter| {
+        fake.calls().iter().any(
+            |c| matches!(c, FakeCall::EnableVerity(p) if !p.to_string_lossy().contains("/probe-")),
+        )
+    };
+    assert!(!sealed_any(&fake), "nothing sealed");
 
-    // The kernel (or the store's filesystem) gains fs-verity: the next create seals the
-    // image built before, and mounts with the option.
+    // The kernel (or the store's filesystem) gains fs-verity: the image built before
+    // stays unsealed, so containers made on it (whose metacopy copy-ups carry no
+    // digest) mount as before (review finding: sealing it in place made
+    // `verity=require` refuse them).
     fake.set_kernel(kernel(true));
     assert_eq!(probe_afresh(&store, &fake), Some(true));
-    let sealed = create(&store, &*fake, &image, "b", &with("composefs")).unwrap();
+    let unsealed = create(&store, &*fake, &image, "b", &with("composefs")).unwrap();
+    assert!(!requires_verity(&fake, &unsealed.rootfs));
+    assert!(!sealed_any(&fake));
+    let remounted = lamina_mount::unmount(&store, &*fake, "a")
+        .and_then(|_| lamina_mount::mount(&store, &*fake, "a"));
+    remounted.unwrap();
+    assert!(!requires_verity(&fake, &created.rootfs));
+
+    // Once nothing is made of it, `clean` removes it; built again, it is sealed.
+    for id in ["a", "b"] {
+        lamina_mount::delete(&store, &*fake, id).unwrap();
+    }
+    lamina_mount::clean(&store, &*fake, Some(0)).unwrap();
+    assert!(!metadata_image.exists());
+    let sealed = create(&store, &*fake, &image, "c", &with("composefs")).unwrap();
     assert!(requires_verity(&fake, &sealed.rootfs));
     assert!(fake.has_verity(&metadata_image));
     for object in objects(&store) {

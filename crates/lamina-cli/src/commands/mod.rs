@@ -274,11 +274,18 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 .map(|c| lamina_image::Digest::parse(c))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| anyhow::anyhow!("invalid chain ID: {e}"))?;
+            // Only a real chain of imported layers: a list of some of them would build
+            // an image that shows as the whole one's.
+            if !lamina_mount::composefs_auto::is_imported_chain(&store, &chain_ids)? {
+                anyhow::bail!(
+                    "the chain IDs are not a chain of layers imported into this store, bottom first"
+                );
+            }
             let built = match lamina_mount::composefs_auto::build_for(&store, &mounter, &chain_ids)?
             {
                 lamina_mount::composefs_auto::Built::Built => "built".to_string(),
                 lamina_mount::composefs_auto::Built::NothingToBuild => "nothing to build".into(),
-                lamina_mount::composefs_auto::Built::InProgress => "in progress".into(),
+                lamina_mount::composefs_auto::Built::Busy => "busy".into(),
                 lamina_mount::composefs_auto::Built::Refused(why) => format!("refused: {why}"),
             };
             let top = chain_ids.last().map(ToString::to_string);

@@ -1,0 +1,264 @@
+//! composefs's merge: an image's layers laid one over the other in memory, as overlay
+//! would show them (whiteouts remove, opaque directories hide what is below, a
+//! directory's metadata is its top-most layer's, hardlinks stay one inode), with a
+//! regular file still its path in its layer. Bounded by [`Limits`].
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use composefs::generic_tree::{self, Inode, Leaf, LeafContent, LeafId, Stat};
+use rustix::fs::FileType;
+
+use lamina_image::Digest;
+use lamina_store::Store;
+use lamina_sys::{At, HostFs};
+
+/// Entries (of every layer, replaced ones included) a metadata image may be built from.
+/// The tree and the image are built in memory, a few hundred bytes an entry plus the
+/// names, link targets and xattrs it holds (bounded by [`MAX_METADATA_BYTES`]): together
+/// about 1.5 GiB at worst, where a hostile layer of long symlinks cost 12.5 KiB an entry
+/// without the second bound (review finding). Real images have tens of thousands.
+pub const MAX_ENTRIES: usize = 1_000_000;
+
+/// Bytes of names, regular files' layer paths (held until hashed), symlink targets and
+/// xattrs (names and values) the build reads, across every layer: each is held about
+/// three times (tree, image, hashes of names).
+pub const MAX_METADATA_BYTES: usize = 256 << 20;
+
+/// How much of an image one build may read into memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub entries: usize,
+    pub metadata_bytes: usize,
+}
+
+impl Limits {
+    /// An operator asked for composefs (`--strategy composefs`, `pool fill`).
+    pub const NAMED: Limits = Limits {
+        entries: MAX_ENTRIES,
+        metadata_bytes: MAX_METADATA_BYTES,
+    };
+    /// `auto`'s background build, for any image a caller creates from: a quarter of
+    /// that (about 400 MiB at worst), far above real images' tens of thousands of
+    /// entries; a larger image keeps to its layers (review finding: builds any create
+    /// could start were bounded only by the named limits).
+    pub const AUTO: Limits = Limits {
+        entries: MAX_ENTRIES / 4,
+        metadata_bytes: MAX_METADATA_BYTES / 4,
+    };
+}
+
+/// The most xattrs, and xattr bytes (names and values), one inode may carry into a
+/// metadata image. EROFS (and the `composefs` crate's writer) stores an inode's shared
+/// xattr count in a byte and its xattr area's size and each value's size in 16 bits, and
+/// the writer truncates past them silently: a 64 KiB value on an XFS layer made the
+/// kernel read the value's bytes as forged overlay redirects into another image's objects
+/// (review finding). Far above what real images carry (ACLs, capabilities, labels).
+pub const MAX_XATTRS_PER_INODE: usize = 128;
+pub const MAX_XATTR_BYTES_PER_INODE: usize = 32 << 10;
+
+/// The merged tree while layers are laid over it: a regular file is still its path in a
+/// layer (hashed once the tree is final, so replaced files are never read).
+pub(crate) type Merging = generic_tree::FileSystem<PathBuf>;
+type MergingDir = generic_tree::Directory<PathBuf>;
+
+/// The layers of `chain_ids` (bottom first) merged, read within `limits`.
+pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::Result<Merging> {
+    let mut merge = Merge {
+        host: &**store.host(),
+        limits,
+        inodes: HashMap::new(),
+        entries: 0,
+        metadata_bytes: 0,
+    };
+    let bottom = store.layout().layer_diff(&chain_ids[0]);
+    let mut tree = Merging::new(merge.metadata_of(&bottom)?);
+    for chain_id in chain_ids {
+        let layer = store.layout().layer_diff(chain_id);
+        let Merging { root, leaves } = &mut tree;
+        merge.apply(&layer, root, leaves)?;
+        root.stat = merge.metadata_of(&layer)?;
+    }
+    tree.compact();
+    Ok(tree)
+}
+
+struct Merge<'a> {
+    host: &'a dyn HostFs,
+    /// Layer inodes already in the tree, so a hardlink stays one inode.
+    inodes: HashMap<(u64, u64), LeafId>,
+    limits: Limits,
+    /// Entries read so far, against the limits.
+    entries: usize,
+    /// Names, paths, link targets and xattrs read so far, against the limits.
+    metadata_bytes: usize,
+}
+
+impl Merge<'_> {
+    /// Lays layer directory `src` over `dir`.
+    fn apply(
+        &mut self,
+        src: &Path,
+        dir: &mut MergingDir,
+        leaves: &mut Vec<Leaf<PathBuf>>,
+    ) -> io::Result<()> {
+        for entry in fs::read_dir(src)? {
+            let name = entry?.file_name();
+            let name = name.as_os_str();
+            let from = src.join(name);
+            self.entries += 1;
+            if self.entries > self.limits.entries {
+                return Err(io::Error::other(format!(
+                    "the image's layers hold more than {} entries, more than a composefs image is built from",
+                    self.limits.entries
+                )));
+            }
+            self.count_bytes(name.len())?;
+            self.apply_entry(&from, name, dir, leaves)?;
+        }
+        Ok(())
+    }
+
+    /// Lays one entry of a layer, `from`, over `dir` under `name`. Errors name the entry
+    /// (from the layer's `diff/` down).
+    fn apply_entry(
+        &mut self,
+        from: &Path,
+        name: &OsStr,
+        dir: &mut MergingDir,
+        leaves: &mut Vec<Leaf<PathBuf>>,
+    ) -> io::Result<()> {
+        let at = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", shown(from)));
+        let st = self
+            .host
+            .stat(At::Path(from))
+            .map_err(io::Error::from)
+            .map_err(at)?;
+        let kind = FileType::from_raw_mode(st.st_mode);
+        if kind == FileType::CharacterDevice && st.st_rdev == 0 {
+            dir.remove(name); // a whiteout: the name is gone from here down
+            return Ok(());
+        }
+        if kind == FileType::Directory {
+            let keep = matches!(dir.lookup(name), Some(Inode::Directory(_)))
+                && !crate::flatten::is_opaque(self.host, from);
+            if !keep {
+                let fresh = generic_tree::Directory::new(Stat::uninitialized());
+                dir.insert(name, Inode::Directory(Box::new(fresh)));
+            }
+            let child = dir
+                .get_directory_mut(name)
+                .map_err(|e| at(io::Error::other(e.to_string())))?;
+            self.apply(from, child, leaves)?;
+            child.stat = self.stat_of(from, &st).map_err(at)?;
+            return Ok(());
+        }
+        let id = match self.inodes.get(&(st.st_dev, st.st_ino)) {
+            Some(&id) => id,
+            None => {
+                let content = match kind {
+                    FileType::RegularFile => {
+                        // The leaf keeps its layer path until it is hashed (review
+                        // finding: deep paths cost 3.6 KiB an entry, uncounted).
+                        self.count_bytes(from.as_os_str().len())?;
+                        LeafContent::Regular(from.to_path_buf())
+                    }
+                    FileType::Symlink => {
+                        let target = fs::read_link(from).map_err(at)?.into_os_string();
+                        self.count_bytes(target.len())?;
+                        LeafContent::Symlink(target.into())
+                    }
+                    FileType::CharacterDevice => {
+                        LeafContent::CharacterDevice(device(st.st_rdev).map_err(at)?)
+                    }
+                    FileType::BlockDevice => {
+                        LeafContent::BlockDevice(device(st.st_rdev).map_err(at)?)
+                    }
+                    FileType::Fifo => LeafContent::Fifo,
+                    FileType::Socket => LeafContent::Socket,
+                    _ => return Err(at(io::Error::other("a file of unknown type"))),
+                };
+                let id = LeafId(leaves.len());
+                leaves.push(Leaf {
+                    stat: self.stat_of(from, &st).map_err(at)?,
+                    content,
+                });
+                self.inodes.insert((st.st_dev, st.st_ino), id);
+                id
+            }
+        };
+        dir.insert(name, Inode::leaf(id));
+        Ok(())
+    }
+
+    fn count_bytes(&mut self, n: usize) -> io::Result<()> {
+        self.metadata_bytes += n;
+        if self.metadata_bytes > self.limits.metadata_bytes {
+            return Err(io::Error::other(format!(
+                "the image's names, paths, link targets and xattrs pass {} bytes, more than a composefs image is built from",
+                self.limits.metadata_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`Merge::stat_of`] for a path not yet stat'ed (a layer's root).
+    fn metadata_of(&mut self, path: &Path) -> io::Result<Stat> {
+        let st = self.host.stat(At::Path(path))?;
+        self.stat_of(path, &st)
+    }
+
+    /// Owner, mode (set-id and sticky bits included) and mtime from `st` (`path`'s own
+    /// stat), and `path`'s xattrs other than overlay's own markers, read through the
+    /// store's host (the kernel seam).
+    fn stat_of(&mut self, path: &Path, st: &rustix::fs::Stat) -> io::Result<Stat> {
+        let mut xattrs = std::collections::BTreeMap::new();
+        let mut xattr_bytes = 0;
+        for name in self.host.list_xattrs(At::Path(path))? {
+            if name.as_encoded_bytes().starts_with(b"trusted.overlay.") {
+                continue; // overlay's markers mean nothing in the merged tree
+            }
+            if let Some(value) = self.host.get_xattr(At::Path(path), &name)? {
+                xattr_bytes += name.len() + value.len();
+                xattrs.insert(name.into_boxed_os_str(), value.into_boxed_slice());
+            }
+        }
+        if xattrs.len() > MAX_XATTRS_PER_INODE || xattr_bytes > MAX_XATTR_BYTES_PER_INODE {
+            return Err(io::Error::other(format!(
+                "{} xattrs of {xattr_bytes} bytes on one file, more than a composefs image holds ({MAX_XATTRS_PER_INODE}, {MAX_XATTR_BYTES_PER_INODE} bytes)",
+                xattrs.len()
+            )));
+        }
+        self.count_bytes(xattr_bytes)?;
+        Ok(Stat {
+            st_mode: st.st_mode & 0o7777,
+            st_uid: st.st_uid,
+            st_gid: st.st_gid,
+            st_mtim_sec: st.st_mtime,
+            st_mtim_nsec: st.st_mtime_nsec as u32,
+            xattrs,
+        })
+    }
+}
+
+/// A layer path as errors show it: from the layer's `diff/` down.
+fn shown(path: &Path) -> String {
+    let text = path.display().to_string();
+    match text.find("/diff/") {
+        Some(at) => text[at + "/diff/".len()..].to_string(),
+        None => text,
+    }
+}
+
+/// A device number as EROFS stores it (32 bits; the writer would panic on more).
+fn device(rdev: u64) -> io::Result<u64> {
+    if rdev > u64::from(u32::MAX) {
+        return Err(io::Error::other(format!(
+            "device number {rdev:#x} does not fit an EROFS inode"
+        )));
+    }
+    Ok(rdev)
+}

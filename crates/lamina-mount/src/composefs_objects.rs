@@ -1,0 +1,166 @@
+//! Where a composefs build puts file contents: `objects/<ab>/<62 hex>`, named by their
+//! fs-verity digest. An object is a hardlink to the layer file's own inode (no data
+//! copy); a layer file whose content is already an object shares its extents where the
+//! filesystem can; the names are made durable by an fsync of each fan-out directory.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use composefs::fsverity::{FsVerityHashValue, FsVerityHasher};
+use composefs::tree::RegularFile;
+
+use lamina_sys::HostFs;
+
+use crate::composefs::{ObjectId, seal};
+
+/// Where a build stores its objects.
+pub(crate) struct Objects<'a> {
+    host: &'a dyn HostFs,
+    /// The store's `objects/`.
+    dir: PathBuf,
+    /// The build's own name in `tmp/` for an object it must copy.
+    staging: PathBuf,
+    /// False once the filesystem has said it cannot share extents.
+    can_share: bool,
+    /// Bytes of layer files this build made share an object's extents.
+    pub(crate) shared_bytes: u64,
+    /// Seal every object with fs-verity (the probe found it works here).
+    verity: bool,
+    /// Fan-out directories this build published objects in, whose entries
+    /// [`Objects::sync_names`] makes durable before the image names them.
+    published_in: std::collections::BTreeSet<PathBuf>,
+}
+
+impl<'a> Objects<'a> {
+    /// Objects in `dir` (the store's `objects/`), copies staged at `staging`, each
+    /// sealed with fs-verity when `verity`.
+    pub(crate) fn new(host: &'a dyn HostFs, dir: PathBuf, staging: PathBuf, verity: bool) -> Self {
+        Objects {
+            host,
+            dir,
+            staging,
+            can_share: true,
+            shared_bytes: 0,
+            verity,
+            published_in: std::collections::BTreeSet::new(),
+        }
+    }
+
+    /// A layer's regular file as the image records it: inline when small, otherwise an
+    /// object in `objects/`, made if no file of that content is there yet. When one is
+    /// there already (another layer's file, of this image or another), the layer's file
+    /// is made to share the object's extents where the filesystem can (xfs, btrfs), so
+    /// the store holds that content once on disk (issue 24) while every layer keeps its
+    /// own inode, owner, mode and hardlinks for the strategies that mount layers.
+    pub(crate) fn store(&mut self, path: &PathBuf) -> io::Result<RegularFile<ObjectId>> {
+        let mut file = File::open(path)?;
+        let size = file.metadata()?.len();
+        if size <= composefs::INLINE_CONTENT_MAX_V0 as u64 {
+            let mut data = Vec::with_capacity(size as usize);
+            io::Read::read_to_end(&mut file, &mut data)?;
+            return Ok(RegularFile::Inline(data.into()));
+        }
+        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
+        let hashed = io::copy(&mut file, &mut hasher)?;
+        let id = hasher.digest();
+        let object = self.dir.join(id.to_object_pathname());
+        if object.exists() {
+            self.share(&object, &file, path, hashed);
+            // Published by a build running beside this one, its name maybe not yet
+            // durable: synced here too before this image names it.
+            if let Some(fan_out) = object.parent() {
+                self.published_in.insert(fan_out.to_path_buf());
+            }
+        } else {
+            drop(file);
+            self.publish(path, &object)?;
+        }
+        if self.verity {
+            seal(self.host, &object)?;
+        }
+        Ok(RegularFile::External(id, hashed))
+    }
+
+    /// Makes `object` hold the content of layer file `path`.
+    fn publish(&mut self, path: &Path, object: &Path) -> io::Result<()> {
+        if let Some(fan_out) = object.parent() {
+            // Only the fan-out directory: a build that outlived `delete-store` must not
+            // make the store's directories again (review finding).
+            match fs::create_dir(fan_out) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+            self.published_in.insert(fan_out.to_path_buf());
+        }
+        match fs::hard_link(path, object) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            // Past the filesystem's link limit, or refused: a copy of our own (a reflink
+            // where the filesystem has them: `fs::copy` asks for one), written in `tmp/`
+            // under the build's name (swept with it after a crash), synced, then
+            // published whole by a rename: an object's name is never trusted before its
+            // content is on disk.
+            Err(_) => {
+                fs::copy(path, &self.staging)?;
+                File::open(&self.staging)?.sync_all()?;
+                fs::rename(&self.staging, object)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the names of the objects this build published durable: an fsync of each
+    /// fan-out directory it linked into (and of `objects/`, which may have gained one).
+    /// An object's data is a layer's, synced when it was imported, or a copy synced
+    /// before its rename; so only names are at stake, and a `syncfs` of the whole store
+    /// filesystem — every container's dirty upper with it, stall S1 — is not needed.
+    pub(crate) fn sync_names(&self) -> io::Result<()> {
+        if self.published_in.is_empty() {
+            return Ok(());
+        }
+        for dir in self.published_in.iter().chain(std::iter::once(&self.dir)) {
+            let handle = File::open(dir)?;
+            self.host.fsync(&handle, dir).map_err(|e| {
+                io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("syncing {}: {e}", dir.display()),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Makes layer file `file` (at `path`, `len` bytes) share `object`'s extents, unless
+    /// it is the object's own inode. Best effort: the kernel compares the bytes itself
+    /// and changes nothing where they differ, and a refusal (ext4 and tmpfs have no
+    /// shared extents; a file in use as swap) leaves the file whole and the build going.
+    fn share(&mut self, object: &Path, file: &File, path: &Path, len: u64) {
+        if !self.can_share {
+            return;
+        }
+        let Ok(source) = File::open(object) else {
+            return;
+        };
+        let same_inode = match (source.metadata(), file.metadata()) {
+            (Ok(a), Ok(b)) => {
+                use std::os::unix::fs::MetadataExt;
+                (a.dev(), a.ino()) == (b.dev(), b.ino())
+            }
+            _ => true,
+        };
+        if same_inode {
+            return;
+        }
+        match self.host.share_extents(&source, file, path, len) {
+            Ok(shared) => self.shared_bytes += shared,
+            // The filesystem has no shared extents (ext4, tmpfs): no use asking again.
+            Err(lamina_sys::Errno::OPNOTSUPP | lamina_sys::Errno::XDEV) => {
+                self.can_share = false;
+            }
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "layer file keeps its own extents")
+            }
+        }
+    }
+}
