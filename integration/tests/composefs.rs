@@ -843,13 +843,30 @@ fn auto_mounts_a_deep_image_through_composefs_once_a_background_build_made_it() 
     assert!(mark.is_file(), "the failed mount is recorded");
     let fourth = lamina.create_with(&[], &image, "fourth");
     assert_eq!(strategy_of(&lamina, "fourth"), "metacopy,deferred");
-    for (id, rootfs) in [("third", &third), ("fourth", &fourth)] {
+    for rootfs in [&third, &fourth] {
         assert_eq!(
             std::fs::read(rootfs.join("d/f0")).unwrap(),
             "layer 0 ".repeat(20).into_bytes()
         );
+    }
+    // `check --verify --repair` removes the damaged image and forgets the refusal
+    // with it: the next create builds it again in the background.
+    let repaired = lamina.run(&["check", "--verify", "--repair"]);
+    assert!(
+        !built.exists() && !mark.exists(),
+        "{} {}",
+        repaired.stdout,
+        repaired.stderr
+    );
+    lamina.create_with(&[], &image, "fifth");
+    assert!(wait_for(&built), "built again");
+    let sixth = lamina.create_with(&[], &image, "sixth");
+    assert_eq!(strategy_of(&lamina, "sixth"), "composefs,deferred");
+    assert_eq!(lowers_of(&sixth), 1);
+    for id in ["third", "fourth", "fifth", "sixth"] {
         lamina.delete_and_assert_gone(id, id);
     }
+    lamina.run(&["clean"]);
     assert!(mounts_under(&lamina.store).is_empty());
 }
 

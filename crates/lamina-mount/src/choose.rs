@@ -115,7 +115,7 @@ pub struct Choice {
     /// fails saying why, never silently replaced.
     pub named: bool,
     /// `auto` would mount this image through composefs once its metadata image is
-    /// built: the front-end builds it in the background (`lamina build-composefs`), off
+    /// built: the front-end builds it in the background (`lamina build-metadata-image`), off
     /// the caller's path, for the creates after this one.
     pub build_metadata_image: bool,
 }

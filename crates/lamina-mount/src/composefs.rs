@@ -153,7 +153,12 @@ pub fn mounted(
     let top = chain_ids
         .last()
         .expect("ensure refuses an image without layers");
-    mount_image(store, mounter, top, &image)
+    let target = mount_image(store, mounter, top, &image)?;
+    // An operator's composefs (a named create, `pool fill`, a remount) built and
+    // mounted it: whatever `auto` recorded against it no longer holds (review finding:
+    // a refusal hid the operator's composefs pool from `auto`).
+    crate::composefs_auto::forget_refusal(store, top)?;
+    Ok(target)
 }
 
 /// The metadata image of the image whose top layer is `top`, mounted as [`mounted`]
@@ -226,12 +231,13 @@ pub fn verity_path(image: &Path) -> PathBuf {
 }
 
 /// What lives beside metadata image `image` and goes with it: its digest, its verity
-/// mark, and a refusal `auto` recorded when it failed to mount.
-pub fn companions(image: &Path) -> [PathBuf; 3] {
+/// mark, and `auto`'s refusal (when it failed to mount) and build-in-progress marks.
+pub fn companions(image: &Path) -> [PathBuf; 4] {
     [
         digest_path(image),
         verity_path(image),
         crate::composefs_auto::refused_path(image),
+        crate::composefs_auto::building_path(image),
     ]
 }
 
@@ -311,6 +317,7 @@ fn build(
             "layer files now share their objects' extents"
         );
     }
-    let tree = ValidatedFileSystem::new(tree).map_err(|e| io::Error::other(format!("{e:#}")))?;
+    let tree = ValidatedFileSystem::new(tree)
+        .map_err(|e| crate::composefs_merge::refusal(format!("{e:#}")))?;
     Ok(mkfs_erofs(&tree))
 }

@@ -48,7 +48,7 @@ pub fn refused_path(image: &Path) -> PathBuf {
 }
 
 /// Where a build of `image` in progress is marked; still there after it died.
-fn building_path(image: &Path) -> PathBuf {
+pub(crate) fn building_path(image: &Path) -> PathBuf {
     beside(image, ".building")
 }
 
@@ -63,11 +63,27 @@ fn release_line() -> String {
     format!("lamina {}", env!("CARGO_PKG_VERSION"))
 }
 
-/// Records that `auto` must not mount image `top` through composefs, and why.
-pub(crate) fn refuse(store: &Store, top: &Digest, why: &str) -> Result<(), StoreError> {
+/// Records that `auto` must not mount image `top` through composefs, and why. Best
+/// effort: a mark that cannot be written costs a later build, never a create.
+pub(crate) fn refuse(store: &Store, top: &Digest, why: &str) {
     let mark = refused_path(&image_path(store, top));
     tracing::warn!(image = %top, why, "composefs refused the image: auto keeps to its layers");
-    store.write_durably(&mark, format!("{}\n{why}\n", release_line()).as_bytes())
+    let text = format!("{}\n{why}\n", release_line());
+    if let Err(e) = store.write_durably(&mark, text.as_bytes()) {
+        tracing::warn!(mark = %mark.display(), error = %e, "could not record the refusal");
+    }
+}
+
+/// Removes `auto`'s refusal of image `top`, if any: the operator's composefs built and
+/// mounted it.
+pub(crate) fn forget_refusal(store: &Store, top: &Digest) -> Result<(), StoreError> {
+    let mark = refused_path(&image_path(store, top));
+    match fs::remove_file(&mark) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(StoreError::io("removing", &mark)(e))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What [`build_for`] did.
@@ -79,8 +95,11 @@ pub enum Built {
     NothingToBuild,
     /// Another build is running in this store: this image waits for a later create.
     Busy,
-    /// The build failed, or an earlier one died; recorded, with this reason.
+    /// The image cannot be built (or its builds keep dying); recorded, with this reason.
     Refused(String),
+    /// Not built this time, for a reason that is not the image's (a full disk, a lock
+    /// held too long); not recorded: a later create asks again.
+    Failed(String),
 }
 
 /// Builds the metadata image of the image made of `chain_ids` (bottom first), as `auto`
@@ -109,36 +128,51 @@ pub fn build_for(
         MetadataImage::Refused => return Ok(Built::Refused("refused before".into())),
         MetadataImage::Absent => {}
     }
+    // A build that died (killed, out of memory) leaves its mark. One death in this boot
+    // is retried — a daemon stopped by its service manager kills its build too — but
+    // not a second: an image that kills its build must not do so on every create. A
+    // host restart starts the count again.
     let building = building_path(&image);
     let this_boot = boot_id();
-    if let Ok(mark) = fs::read_to_string(&building) {
+    let deaths = fs::read_to_string(&building)
+        .ok()
+        .and_then(|mark| {
+            let (boot, deaths) = mark.trim().split_once(' ')?;
+            (boot == this_boot).then(|| deaths.parse::<u32>().ok())?
+        })
+        .unwrap_or(0);
+    if deaths >= MOST_DEATHS {
+        let why =
+            format!("{deaths} builds of this image died in this boot (killed, or out of memory)");
+        refuse(store, top, &why);
         fs::remove_file(&building).map_err(StoreError::io("removing", &building))?;
-        // A build the host's restart cut short is tried again; one that died in this
-        // boot (killed, out of memory) is not tried on every create.
-        if mark.trim() == this_boot {
-            let why = "an earlier build of this image did not finish (killed, or out of memory)";
-            refuse(store, top, why)?;
-            return Ok(Built::Refused(why.into()));
-        }
+        return Ok(Built::Refused(why));
     }
-    store.write_durably(&building, this_boot.as_bytes())?;
+    store.write_durably(&building, format!("{this_boot} {}", deaths + 1).as_bytes())?;
     let limits = crate::composefs::Limits::AUTO;
     let outcome = match crate::composefs::ensure_within(store, mounter, chain_ids, limits) {
         Ok(_) => Built::Built,
-        // Someone else (a named composefs create, `pool fill`) holds the image's lock
-        // and builds it: theirs will do, and nothing is refused.
-        Err(StoreError::LockTimeout { .. }) => Built::Busy,
-        Err(e) => {
-            // Every failure is recorded, a full disk too: each retry would hash the
-            // whole image again on every create.
-            let why = e.to_string();
-            refuse(store, top, &why)?;
+        // Only what the image itself makes fail is recorded (a bound, an xattr EROFS
+        // cannot hold, a path too long): building again would fail again. A full disk,
+        // an I/O error or a lock held by another builder is not the image's doing
+        // (review finding: it turned composefs off for good), and a later create asks
+        // again.
+        Err(StoreError::Io { source, .. }) if crate::composefs_merge::is_refusal(&source) => {
+            let why = source.to_string();
+            refuse(store, top, &why);
             Built::Refused(why)
+        }
+        Err(e) => {
+            tracing::warn!(image = %top, error = %e, "composefs metadata image not built this time");
+            Built::Failed(e.to_string())
         }
     };
     fs::remove_file(&building).map_err(StoreError::io("removing", &building))?;
     Ok(outcome)
 }
+
+/// Builds of one image that may die in one boot before it is refused.
+const MOST_DEATHS: u32 = 2;
 
 /// This boot's ID: what a build-in-progress mark holds.
 fn boot_id() -> String {
@@ -169,8 +203,8 @@ pub fn is_imported_chain(store: &Store, chain_ids: &[Digest]) -> Result<bool, St
 
 /// `choice` (auto's composefs) over the image's layers instead, because its metadata
 /// image could not serve this create: `why` is logged, and recorded as a refusal when
-/// the image was built (it failed to mount: damaged, or the kernel refused it) rather
-/// than gone (collected since auto looked).
+/// the kernel refused to mount the image (damaged, or a format it does not take) —
+/// not for a lock held too long or a lack of memory, which pass (review finding).
 pub(crate) fn over_the_layers(
     store: &Store,
     chain_ids: &[Digest],
@@ -178,8 +212,15 @@ pub(crate) fn over_the_layers(
     why: &RootfsError,
 ) -> Result<Choice, RootfsError> {
     let built = state(store, chain_ids) == MetadataImage::Built;
-    if built && let Some(top) = chain_ids.last() {
-        refuse(store, top, &why.to_string())?;
+    let kernel_refused = matches!(
+        why,
+        RootfsError::Mount(e) if matches!(e.errno, lamina_sys::Errno::INVAL | lamina_sys::Errno::UCLEAN)
+    );
+    if built
+        && kernel_refused
+        && let Some(top) = chain_ids.last()
+    {
+        refuse(store, top, &why.to_string());
     }
     let mut strategies = choice.model.strategies();
     strategies.composefs = false;

@@ -235,8 +235,18 @@ pub(crate) fn target_layers(store: &Store) -> Vec<Vec<Digest>> {
 /// overlays: collection keeps their metadata images (and so their objects), as it keeps
 /// the layers.
 pub(crate) fn composefs_target_images(store: &Store) -> Vec<String> {
-    targets(store)
-        .into_iter()
+    let Ok(entries) = fs::read_dir(store.layout().pool()) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "target"))
+        // A pool with no slot mounts nothing of its image (review finding: a target
+        // whose image failed to build made `clean` keep every object, as if a mounted
+        // image's references were unknown); `clean` still keeps the image for refills.
+        .filter(|p| unsorted_slots(&p.with_extension("")).next().is_some())
+        .filter_map(|p| read_target(&p))
         .filter(|t| Strategies::parse(&t.flavor).is_ok_and(|s| s.composefs))
         .filter_map(|t| t.layers.last().map(|top| top.hex().to_string()))
         .collect()

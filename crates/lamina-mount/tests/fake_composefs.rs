@@ -221,3 +221,62 @@ fn the_build_syncs_the_directories_it_published_objects_in_and_fails_without_the
         "no syncfs of the store's filesystem for the objects: {calls:?}"
     );
 }
+
+/// `auto`'s background build records only what the image makes fail: an I/O error is
+/// not the image's (review finding: any failure turned composefs off for good), a build
+/// that died once in this boot is tried again, twice is refused; a mark from another
+/// boot counts nothing.
+#[test]
+fn background_builds_refuse_only_what_would_fail_again() {
+    use lamina_mount::composefs_auto::{Built, build_for, refused_path};
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let (store, image) = store_and_image(tmp.path(), &fake);
+    probe_afresh(&store, &fake);
+    create(&store, &*fake, &image, "c", &with("classic")).unwrap();
+    let chain = image.chain_ids();
+    let metadata_image = image_of(&store, &image);
+    let mut building = metadata_image.as_os_str().to_os_string();
+    building.push(".building");
+    let building = PathBuf::from(building);
+    let refused = refused_path(&metadata_image);
+
+    // The first fsync of an objects directory fails, once.
+    let objects_dir = store.layout().objects();
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let once = fired.clone();
+    fake.fail(
+        Call::Fsync,
+        When::Path(Arc::new(move |p: &Path| {
+            p.starts_with(&objects_dir) && !once.swap(true, std::sync::atomic::Ordering::SeqCst)
+        })),
+        Errno::IO,
+    );
+    let failed = build_for(&store, &*fake, &chain).unwrap();
+    assert!(fired.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(matches!(failed, Built::Failed(_)), "{failed:?}");
+    assert!(!refused.exists() && !building.exists() && !metadata_image.exists());
+
+    let this_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    std::fs::write(&building, "another-boot 7").unwrap();
+    assert_eq!(build_for(&store, &*fake, &chain).unwrap(), Built::Built);
+    assert!(!building.exists() && !refused.exists());
+
+    std::fs::remove_file(&metadata_image).unwrap();
+    std::fs::write(&building, format!("{} 2", this_boot.trim())).unwrap();
+    let refusal = build_for(&store, &*fake, &chain).unwrap();
+    assert!(matches!(refusal, Built::Refused(_)), "{refusal:?}");
+    assert!(refused.is_file() && !building.exists() && !metadata_image.exists());
+    assert_eq!(
+        lamina_mount::composefs_auto::state(&store, &chain),
+        lamina_mount::MetadataImage::Refused
+    );
+
+    // The operator's composefs builds and mounts it: the refusal goes.
+    create(&store, &*fake, &image, "n", &with("composefs")).unwrap();
+    assert!(!refused.exists());
+    assert_eq!(
+        lamina_mount::composefs_auto::state(&store, &chain),
+        lamina_mount::MetadataImage::Built
+    );
+}

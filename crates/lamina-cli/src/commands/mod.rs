@@ -287,6 +287,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 lamina_mount::composefs_auto::Built::NothingToBuild => "nothing to build".into(),
                 lamina_mount::composefs_auto::Built::Busy => "busy".into(),
                 lamina_mount::composefs_auto::Built::Refused(why) => format!("refused: {why}"),
+                lamina_mount::composefs_auto::Built::Failed(why) => format!("not built: {why}"),
             };
             let top = chain_ids.last().map(ToString::to_string);
             println!(
