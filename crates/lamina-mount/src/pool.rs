@@ -235,13 +235,8 @@ pub(crate) fn target_layers(store: &Store) -> Vec<Vec<Digest>> {
 /// overlays: collection keeps their metadata images (and so their objects), as it keeps
 /// the layers.
 pub(crate) fn composefs_target_images(store: &Store) -> Vec<String> {
-    let Ok(entries) = fs::read_dir(store.layout().pool()) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "target"))
+    target_files(store)
+        .into_iter()
         // A pool with no slot mounts nothing of its image (review finding: a target
         // whose image failed to build made `clean` keep every object, as if a mounted
         // image's references were unknown); `clean` still keeps the image for refills.
@@ -253,6 +248,14 @@ pub(crate) fn composefs_target_images(store: &Store) -> Vec<String> {
 }
 
 fn targets(store: &Store) -> Vec<Target> {
+    target_files(store)
+        .into_iter()
+        .filter_map(|p| read_target(&p))
+        .collect()
+}
+
+/// Every pool's `<name>.target` file.
+fn target_files(store: &Store) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(store.layout().pool()) else {
         return Vec::new();
     };
@@ -260,7 +263,6 @@ fn targets(store: &Store) -> Vec<Target> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "target"))
-        .filter_map(|p| read_target(&p))
         .collect()
 }
 
