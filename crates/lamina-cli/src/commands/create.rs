@@ -41,15 +41,14 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
         ctx.spawn(&store, &["pool", "refill"]);
     }
     // auto served a deep image from its layers: its composefs metadata image is built
-    // off this caller's path, for the creates after this one.
-    if created.build_metadata_image {
-        let chain: Vec<String> = created
-            .container
-            .record
-            .layers
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+    // off this caller's path, for the creates after this one. The child builds only a
+    // chain it can check by diff IDs, which layers containerd committed lack: none is
+    // started for those (the snapshotter builds them itself).
+    let chain = &created.container.record.layers;
+    if created.build_metadata_image
+        && lamina_mount::composefs_auto::is_imported_chain(&store, chain).unwrap_or(false)
+    {
+        let chain: Vec<String> = chain.iter().map(ToString::to_string).collect();
         let mut build = vec!["build-metadata-image"];
         build.extend(chain.iter().map(String::as_str));
         ctx.spawn(&store, &build);
