@@ -157,7 +157,9 @@ pub fn mounted(
     // An operator's composefs (a named create, `pool fill`, a remount) built and
     // mounted it: whatever `auto` recorded against it no longer holds (review finding:
     // a refusal hid the operator's composefs pool from `auto`).
-    crate::composefs_auto::forget_refusal(store, top)?;
+    if let Err(e) = crate::composefs_auto::forget_refusal(store, top) {
+        tracing::warn!(image = %top, error = %e, "could not forget auto's refusal");
+    }
     Ok(target)
 }
 

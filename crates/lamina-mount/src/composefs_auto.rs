@@ -8,10 +8,12 @@
 //! container, pool or committed snapshot is made of its image (`collect.rs`).
 //!
 //! Bounded: one build at a time per store (the others find it busy and leave their image
-//! to a later create), and a build that failed — refused the image (a bound, an xattr
-//! EROFS cannot hold), hit a full disk, or died (killed, out of memory: its
-//! `<top>.erofs.building` mark is still there) — leaves `<top>.erofs.refused` with the
-//! reason, and `auto` keeps to the layers for that image. `clean` forgets a refusal once
+//! to a later create). What the image makes fail — a bound, an xattr EROFS cannot hold,
+//! a path too long, the kernel refusing to mount it, builds that died twice in a row in
+//! one boot (killed, out of memory: the `<top>.erofs.building` mark counts them) —
+//! leaves `<top>.erofs.refused` with the reason, and `auto` keeps to the layers for that
+//! image; a full disk, an I/O error or a lock held too long is not recorded. The
+//! operator's composefs mounting the image removes a refusal; `clean` forgets one once
 //! the image's top layer is gone or another lamina release wrote it.
 
 use std::fs;
@@ -212,9 +214,12 @@ pub(crate) fn over_the_layers(
     why: &RootfsError,
 ) -> Result<Choice, RootfsError> {
     let built = state(store, chain_ids) == MetadataImage::Built;
+    // The step that reads the image, not the attach (whose EINVAL can be the mount
+    // point's): what the kernel says of the image itself.
     let kernel_refused = matches!(
         why,
-        RootfsError::Mount(e) if matches!(e.errno, lamina_sys::Errno::INVAL | lamina_sys::Errno::UCLEAN)
+        RootfsError::Mount(e) if e.op == lamina_sys::MOUNT_EROFS_OP
+            && matches!(e.errno, lamina_sys::Errno::INVAL | lamina_sys::Errno::UCLEAN)
     );
     if built
         && kernel_refused

@@ -94,7 +94,6 @@ pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::
         inodes: HashMap::new(),
         entries: 0,
         metadata_bytes: 0,
-        file_bytes: 0,
     };
     let bottom = store.layout().layer_diff(&chain_ids[0]);
     let mut tree = Merging::new(merge.metadata_of(&bottom)?);
@@ -105,7 +104,30 @@ pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::
         root.stat = merge.metadata_of(&layer)?;
     }
     tree.compact();
+    refuse_past_file_bytes(&tree, limits.file_bytes)?;
     Ok(tree)
+}
+
+/// Refuses a merged tree whose regular files (each inode once, as the build hashes
+/// them) pass `most` bytes. Counted on the final tree, not per layer: a file a later
+/// layer replaces or deletes is never hashed (review finding: counting every layer's
+/// copy refused images that hash far less).
+fn refuse_past_file_bytes(tree: &Merging, most: u64) -> io::Result<()> {
+    if most == u64::MAX {
+        return Ok(());
+    }
+    let mut total: u64 = 0;
+    for leaf in &tree.leaves {
+        if let LeafContent::Regular(path) = &leaf.content {
+            total = total.saturating_add(fs::symlink_metadata(path)?.len());
+            if total > most {
+                return Err(refusal(format!(
+                    "the image's files pass {most} bytes, more than a composefs image is built from here"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 struct Merge<'a> {
@@ -117,9 +139,6 @@ struct Merge<'a> {
     entries: usize,
     /// Names, paths, link targets and xattrs read so far, against the limits.
     metadata_bytes: usize,
-    /// Regular files' bytes (each inode once), against the limits: what the build will
-    /// hash.
-    file_bytes: u64,
 }
 
 impl Merge<'_> {
@@ -189,13 +208,6 @@ impl Merge<'_> {
                         // The leaf keeps its layer path until it is hashed (review
                         // finding: deep paths cost 3.6 KiB an entry, uncounted).
                         self.count_bytes(from.as_os_str().len())?;
-                        self.file_bytes = self.file_bytes.saturating_add(st.st_size as u64);
-                        if self.file_bytes > self.limits.file_bytes {
-                            return Err(refusal(format!(
-                                "the image's files pass {} bytes, more than a composefs image is built from here",
-                                self.limits.file_bytes
-                            )));
-                        }
                         LeafContent::Regular(from.to_path_buf())
                     }
                     FileType::Symlink => {

@@ -280,3 +280,43 @@ fn background_builds_refuse_only_what_would_fail_again() {
         lamina_mount::MetadataImage::Built
     );
 }
+
+/// The file bytes a build may hash are counted on the merged tree: a file a later layer
+/// replaces is never hashed, so it does not count (review finding: every layer's copy
+/// did, and refused images that hash far less).
+#[test]
+fn the_file_bytes_bound_counts_what_the_merged_tree_holds() {
+    use lamina_mount::composefs::{Limits, ensure_within};
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let (store, _) = store_and_image(tmp.path(), &fake);
+    probe_afresh(&store, &fake);
+    let layer = |size: usize| lamina_sample::Layer {
+        tar: lamina_sample::LayerBuilder::new()
+            .file("f", 0o644, &vec![b'x'; size])
+            .unwrap()
+            .finish()
+            .unwrap(),
+        compression: lamina_image::Compression::None,
+    };
+    let built =
+        lamina_sample::build_image(&[layer(3000), layer(2999)], &["PATH=/bin"], &Platform::host())
+            .unwrap();
+    let dir = tmp.path().join("two");
+    lamina_sample::write_oci_layout(&dir, &[&built], &[(built.manifest.clone(), Some("x"))])
+        .unwrap();
+    let image = resolve(
+        &ImageRef::parse(&format!("oci://{}:x", dir.display())).unwrap(),
+        &Platform::host(),
+    )
+    .unwrap();
+    create(&store, &*fake, &image, "c", &with("classic")).unwrap();
+    let chain = image.chain_ids();
+    let limits = |file_bytes| Limits {
+        file_bytes,
+        ..Limits::NAMED
+    };
+    let err = ensure_within(&store, &*fake, &chain, limits(2998)).unwrap_err();
+    assert!(err.to_string().contains("2998 bytes"), "{err}");
+    ensure_within(&store, &*fake, &chain, limits(2999)).unwrap();
+}

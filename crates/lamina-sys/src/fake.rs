@@ -397,7 +397,7 @@ impl Mounter for FakeMounter {
             .enter(Call::MountErofs, target, Some(record))
             .map_err(|e| MountError::new("mount EROFS image at", target, e))?;
         if !image.is_file() {
-            return Err(MountError::new("mount EROFS image", image, Errno::NOENT));
+            return Err(MountError::new(crate::MOUNT_EROFS_OP, image, Errno::NOENT));
         }
         self.attach(
             &mut state,

@@ -44,6 +44,10 @@ pub use api_probe::{MountApiSupport, probe_idmapped_layers, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
 pub use discard::unlink_written;
 pub use error::{Errno, MountError};
+
+/// The [`MountError::op`] of [`Mounter::mount_erofs`]'s step that reads the image (not
+/// the attach at the target): its errors are the kernel's verdict on the image.
+pub const MOUNT_EROFS_OP: &str = "mount EROFS image";
 pub use fake::{FakeCall, FakeKernel, FakeMounter};
 pub use faults::{Call, When};
 pub use host::{At, HostFs, Node, RealHost, Stat};

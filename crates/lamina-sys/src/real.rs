@@ -107,7 +107,7 @@ impl Mounter for RealMounter {
 
     fn mount_erofs(&self, image: &Path, target: &Path) -> Result<(), MountError> {
         let mnt = mount_erofs_detached(image)
-            .map_err(|e| MountError::new("mount EROFS image", image, e))?;
+            .map_err(|e| MountError::new(crate::MOUNT_EROFS_OP, image, e))?;
         attach(mnt, target).map_err(|e| MountError::new("attach EROFS image at", target, e))
     }
 
