@@ -14,7 +14,7 @@
 //! leaves `<top>.erofs.refused` with the reason, and `auto` keeps to the layers for that
 //! image; a full disk, an I/O error or a lock held too long is not recorded. The
 //! operator's composefs mounting the image removes a refusal; `clean` forgets one once
-//! the image's top layer is gone or another lamina release wrote it.
+//! the image's top layer is gone or another lamina release or kernel wrote it.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -60,9 +60,16 @@ fn beside(image: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// The first line of a refusal: which release wrote it.
+/// The first line of a refusal: which lamina release wrote it, on which kernel. Either
+/// changing makes `clean` forget it: another release may build what this one refused,
+/// and another kernel may mount what this one would not.
 fn release_line() -> String {
-    format!("lamina {}", env!("CARGO_PKG_VERSION"))
+    let kernel = rustix::system::uname();
+    format!(
+        "lamina {} on Linux {}",
+        env!("CARGO_PKG_VERSION"),
+        kernel.release().to_string_lossy()
+    )
 }
 
 /// Records that `auto` must not mount image `top` through composefs, and why. Best
@@ -243,8 +250,8 @@ pub(crate) fn over_the_layers(
 }
 
 /// Removes the refusals (and dead builds' marks) `clean` should forget: those whose
-/// image's top layer is gone, or that another lamina release wrote (it may build what
-/// this one refused). Returns how many went.
+/// image's top layer is gone, or that another lamina release or kernel wrote. Returns
+/// how many went.
 pub(crate) fn forget_stale_refusals(store: &Store) -> Result<usize, StoreError> {
     let mut forgotten = 0;
     for path in crate::composefs_collect::entries(&store.layout().composefs())? {
