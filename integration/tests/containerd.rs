@@ -21,7 +21,10 @@ fn entries(dir: &std::path::Path) -> usize {
     fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
 
-/// `run --rm --snapshotter lamina IMAGE ID sh -c SCRIPT`, as ctr takes it.
+/// `run --rm --snapshotter lamina IMAGE ID sh -c SCRIPT`, as ctr takes it. IDs must be
+/// unique across the tests of this file: they run at once, each with a containerd of its
+/// own, but every containerd's runc keeps its state in `/run/containerd/runc/default`, so
+/// two `proof` containers at once collided ("container with given ID already exists").
 fn run_args<'a>(id: &'a str, script: &'a str) -> [&'a str; 9] {
     image_run_args(IMAGE, id, script)
 }
@@ -242,7 +245,7 @@ fn ctr_runs_containers_on_composefs_snapshots() {
     );
     let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
     import(&ctd, "docker.io/lamina/sample", &files.oci_archive);
-    let out = run_on_lamina(&ctd, "proof", PROOF);
+    let out = run_on_lamina(&ctd, "proof-composefs", PROOF);
     assert_eq!(out, MERGED, "{}", daemon.log());
     assert_eq!(
         entries(&store.join("composefs")),

@@ -299,9 +299,12 @@ fn the_file_bytes_bound_counts_what_the_merged_tree_holds() {
             .unwrap(),
         compression: lamina_image::Compression::None,
     };
-    let built =
-        lamina_sample::build_image(&[layer(3000), layer(2999)], &["PATH=/bin"], &Platform::host())
-            .unwrap();
+    let built = lamina_sample::build_image(
+        &[layer(3000), layer(2999)],
+        &["PATH=/bin"],
+        &Platform::host(),
+    )
+    .unwrap();
     let dir = tmp.path().join("two");
     lamina_sample::write_oci_layout(&dir, &[&built], &[(built.manifest.clone(), Some("x"))])
         .unwrap();
