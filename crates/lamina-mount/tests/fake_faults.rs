@@ -139,3 +139,26 @@ fn the_import_records_owners_and_device_nodes_instead_of_making_them() {
         .join("bin/busybox");
     assert_eq!(fake.owner_of(&busybox), Some((0, 0)));
 }
+
+/// A container deleted while `check` runs (its rootfs renamed into trash/ after the
+/// scan read its record) is skipped, not an error: the kernel's statx of the rootfs
+/// answers ENOENT then (review finding: `check` beside a delete failed).
+#[test]
+fn check_skips_a_container_whose_rootfs_went_since_the_scan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap();
+    fake.fail(
+        Call::IsMountpoint,
+        When::path_contains("/images/c/"),
+        Errno::NOENT,
+    );
+    let report = lamina_mount::check(&store, &*fake, false).unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .all(|p| p.kind != "rootfs_not_mounted"),
+        "{report:?}"
+    );
+}
