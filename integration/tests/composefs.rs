@@ -134,16 +134,7 @@ fn a_crashed_image_build_is_swept_and_the_next_create_builds_it_whole() {
     let built = images(&lamina.store);
     assert_eq!(built.len(), 1);
     let path = lamina.store.join("composefs").join(&built[0]);
-    // Damaged while nothing has it mounted (a host restart unmounted it).
-    let mnt = path.with_extension("mnt");
-    assert!(
-        std::process::Command::new("umount")
-            .arg(&mnt)
-            .status()
-            .unwrap()
-            .success()
-    );
-    std::fs::write(&path, b"not an image").unwrap();
+    damage_unmounted(&path);
     let out = lamina.run(&["create", "--strategy", "composefs", image, "b"]);
     assert_eq!(out.code, 1, "{out:?}");
     assert!(out.stdout.contains("EROFS"), "names the image: {out:?}");
@@ -732,6 +723,18 @@ fn deep_image(dir: &Path, layers: usize, xattr: Option<&[u8]>) -> String {
     format!("oci://{}:x", dir.display())
 }
 
+/// Damages metadata image `image` while nothing has it mounted, as after a host restart
+/// unmounted it: its mount goes, and its bytes are no EROFS image.
+fn damage_unmounted(image: &Path) {
+    let mount = image.with_extension("mnt");
+    let status = std::process::Command::new("umount")
+        .arg(&mount)
+        .status()
+        .unwrap();
+    assert!(status.success(), "unmounting {}", mount.display());
+    std::fs::write(image, b"not an erofs image").unwrap();
+}
+
 /// Waits (up to 60 s: a loaded machine) for `path` to exist.
 fn wait_for(path: &Path) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -826,16 +829,7 @@ fn auto_mounts_a_deep_image_through_composefs_once_a_background_build_made_it() 
 
     // The image damaged while unmounted (as after a host restart): auto's next create
     // falls back to the layers, records the refusal, and does not try it again.
-    let mount = built.with_extension("mnt");
-    assert_eq!(
-        std::process::Command::new("umount")
-            .arg(&mount)
-            .status()
-            .unwrap()
-            .code(),
-        Some(0)
-    );
-    std::fs::write(&built, b"not an erofs image").unwrap();
+    damage_unmounted(&built);
     let third = lamina.create_with(&[], &image, "third");
     assert_eq!(strategy_of(&lamina, "third"), "metacopy,deferred");
     assert_eq!(lowers_of(&third), layers);

@@ -256,18 +256,8 @@ pub fn check_verified(
                     ));
                 }
                 clean::remove_unmounted(mounter, &damage.path.with_extension("mnt"))?;
-                std::fs::remove_file(&damage.path)
-                    .map_err(StoreError::io("removing", &damage.path))?;
-                // Its digest and marks; a refusal too, so `auto` builds it again.
-                for path in crate::composefs::companions(&damage.path) {
-                    match std::fs::remove_file(&path) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            return Err(StoreError::io("removing", &path)(e).into());
-                        }
-                        _ => {}
-                    }
-                }
-                Ok(())
+                // With its digest and marks; a refusal too, so `auto` builds it again.
+                crate::composefs::remove_image(&damage.path).map_err(Into::into)
             });
         }
     }

@@ -89,13 +89,7 @@ pub fn ensure_within(
     // digest, on their next mount). A mark left by a crash between removing an image and
     // its companions goes first.
     let verity = verity_here(store, mounter);
-    let mark = verity_path(&image);
-    match fs::remove_file(&mark) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => {
-            return Err(StoreError::io("removing", &mark)(e));
-        }
-        _ => {}
-    }
+    remove_if_present(&verity_path(&image))?;
     // A mount left from an image that is gone (removed by hand, or as damaged by `check
     // --verify --repair`) shows that image, not the one built now: it goes first (review
     // finding: a repaired image went on being served from its old mount).
@@ -227,9 +221,32 @@ const VERITY_MARK: &[u8] = b"sha256\n";
 /// are sealed with fs-verity: its containers mount with `verity=require`, so the kernel
 /// refuses a file whose object's content is not the one the image names.
 pub fn verity_path(image: &Path) -> PathBuf {
+    beside(image, ".verity")
+}
+
+/// `image`'s path with `suffix` appended: where each file that goes with a metadata
+/// image lives.
+pub(crate) fn beside(image: &Path, suffix: &str) -> PathBuf {
     let mut name = image.as_os_str().to_os_string();
-    name.push(".verity");
+    name.push(suffix);
     PathBuf::from(name)
+}
+
+/// Removes metadata image `image` and everything beside it ([`companions`]).
+pub(crate) fn remove_image(image: &Path) -> Result<(), StoreError> {
+    fs::remove_file(image).map_err(StoreError::io("removing", image))?;
+    for companion in companions(image) {
+        remove_if_present(&companion)?;
+    }
+    Ok(())
+}
+
+/// Removes `path`; one already gone is no error.
+pub(crate) fn remove_if_present(path: &Path) -> Result<(), StoreError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(StoreError::io("removing", path)(e)),
+        _ => Ok(()),
+    }
 }
 
 /// What lives beside metadata image `image` and goes with it: its digest, its verity
@@ -279,9 +296,7 @@ pub fn image_path(store: &Store, top: &Digest) -> PathBuf {
 
 /// Where the fs-verity digest (hex) of metadata image `image` is recorded.
 pub fn digest_path(image: &Path) -> PathBuf {
-    let mut name = image.as_os_str().to_os_string();
-    name.push(".digest");
-    PathBuf::from(name)
+    beside(image, ".digest")
 }
 
 /// The EROFS image of `chain_ids` merged, its objects stored and synced.

@@ -25,7 +25,7 @@ use lamina_sys::Mounter;
 
 use crate::RootfsError;
 use crate::choose::{Choice, MetadataImage};
-use crate::composefs::image_path;
+use crate::composefs::{beside, image_path};
 use crate::model::Model;
 
 /// Where the metadata image of the image whose top layer is `top` stands. A refusal
@@ -54,21 +54,14 @@ pub(crate) fn building_path(image: &Path) -> PathBuf {
     beside(image, ".building")
 }
 
-fn beside(image: &Path, suffix: &str) -> PathBuf {
-    let mut name = image.as_os_str().to_os_string();
-    name.push(suffix);
-    PathBuf::from(name)
-}
-
 /// The first line of a refusal: which lamina release wrote it, on which kernel. Either
 /// changing makes `clean` forget it: another release may build what this one refused,
 /// and another kernel may mount what this one would not.
 fn release_line() -> String {
-    let kernel = rustix::system::uname();
     format!(
         "lamina {} on Linux {}",
         env!("CARGO_PKG_VERSION"),
-        kernel.release().to_string_lossy()
+        crate::probe::kernel_release()
     )
 }
 
@@ -86,13 +79,7 @@ pub(crate) fn refuse(store: &Store, top: &Digest, why: &str) {
 /// Removes `auto`'s refusal of image `top`, if any: the operator's composefs built and
 /// mounted it.
 pub(crate) fn forget_refusal(store: &Store, top: &Digest) -> Result<(), StoreError> {
-    let mark = refused_path(&image_path(store, top));
-    match fs::remove_file(&mark) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(StoreError::io("removing", &mark)(e))
-        }
-        _ => Ok(()),
-    }
+    crate::composefs::remove_if_present(&refused_path(&image_path(store, top)))
 }
 
 /// What [`build_for`] did.
@@ -142,7 +129,7 @@ pub fn build_for(
     // not a second: an image that kills its build must not do so on every create. A
     // host restart starts the count again.
     let building = building_path(&image);
-    let this_boot = boot_id();
+    let this_boot = crate::probe::boot_id();
     let deaths = fs::read_to_string(&building)
         .ok()
         .and_then(|mark| {
@@ -182,13 +169,6 @@ pub fn build_for(
 
 /// Builds of one image that may die in one boot before it is refused.
 const MOST_DEATHS: u32 = 2;
-
-/// This boot's ID: what a build-in-progress mark holds.
-fn boot_id() -> String {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
 
 /// Whether `chain_ids` is a chain of this store's imported layers, each the chain ID of
 /// its diff ID on the one before (what `lamina build-metadata-image` is handed: it

@@ -73,14 +73,7 @@ pub(crate) fn collect(
         };
         if !kept.contains(top) {
             collected.bytes += size_freed(&path)?;
-            fs::remove_file(&path).map_err(StoreError::io("removing", &path))?;
-            for companion in crate::composefs::companions(&path) {
-                match fs::remove_file(&companion) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(StoreError::io("removing", &companion)(e).into()),
-                }
-            }
+            crate::composefs::remove_image(&path)?;
             collected.images += 1;
             continue;
         }

@@ -83,8 +83,16 @@ pub const MAX_XATTR_BYTES_PER_INODE: usize = 32 << 10;
 
 /// The merged tree while layers are laid over it: a regular file is still its path in a
 /// layer (hashed once the tree is final, so replaced files are never read).
-pub(crate) type Merging = generic_tree::FileSystem<PathBuf>;
-type MergingDir = generic_tree::Directory<PathBuf>;
+pub(crate) type Merging = generic_tree::FileSystem<LayerFile>;
+type MergingDir = generic_tree::Directory<LayerFile>;
+
+/// A regular file of the merged tree, where a layer holds it.
+#[derive(Debug)]
+pub(crate) struct LayerFile {
+    pub(crate) path: PathBuf,
+    /// Its size when the merge stat'ed it (layers do not change).
+    pub(crate) size: u64,
+}
 
 /// The layers of `chain_ids` (bottom first) merged, read within `limits`.
 pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::Result<Merging> {
@@ -118,8 +126,8 @@ fn refuse_past_file_bytes(tree: &Merging, most: u64) -> io::Result<()> {
     }
     let mut total: u64 = 0;
     for leaf in &tree.leaves {
-        if let LeafContent::Regular(path) = &leaf.content {
-            total = total.saturating_add(fs::symlink_metadata(path)?.len());
+        if let LeafContent::Regular(file) = &leaf.content {
+            total = total.saturating_add(file.size);
             if total > most {
                 return Err(refusal(format!(
                     "the image's files pass {most} bytes, more than a composefs image is built from here"
@@ -147,7 +155,7 @@ impl Merge<'_> {
         &mut self,
         src: &Path,
         dir: &mut MergingDir,
-        leaves: &mut Vec<Leaf<PathBuf>>,
+        leaves: &mut Vec<Leaf<LayerFile>>,
     ) -> io::Result<()> {
         for entry in fs::read_dir(src)? {
             let name = entry?.file_name();
@@ -173,7 +181,7 @@ impl Merge<'_> {
         from: &Path,
         name: &OsStr,
         dir: &mut MergingDir,
-        leaves: &mut Vec<Leaf<PathBuf>>,
+        leaves: &mut Vec<Leaf<LayerFile>>,
     ) -> io::Result<()> {
         let at = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", shown(from)));
         let st = self
@@ -208,7 +216,10 @@ impl Merge<'_> {
                         // The leaf keeps its layer path until it is hashed (review
                         // finding: deep paths cost 3.6 KiB an entry, uncounted).
                         self.count_bytes(from.as_os_str().len())?;
-                        LeafContent::Regular(from.to_path_buf())
+                        LeafContent::Regular(LayerFile {
+                            path: from.to_path_buf(),
+                            size: st.st_size as u64,
+                        })
                     }
                     FileType::Symlink => {
                         let target = fs::read_link(from).map_err(at)?.into_os_string();

@@ -13,6 +13,7 @@ use composefs::tree::RegularFile;
 use lamina_sys::HostFs;
 
 use crate::composefs::{ObjectId, seal};
+use crate::composefs_merge::LayerFile;
 
 /// Where a build stores its objects.
 pub(crate) struct Objects<'a> {
@@ -53,7 +54,8 @@ impl<'a> Objects<'a> {
     /// is made to share the object's extents where the filesystem can (xfs, btrfs), so
     /// the store holds that content once on disk (issue 24) while every layer keeps its
     /// own inode, owner, mode and hardlinks for the strategies that mount layers.
-    pub(crate) fn store(&mut self, path: &PathBuf) -> io::Result<RegularFile<ObjectId>> {
+    pub(crate) fn store(&mut self, layer_file: &LayerFile) -> io::Result<RegularFile<ObjectId>> {
+        let path = &layer_file.path;
         let mut file = File::open(path)?;
         let size = file.metadata()?.len();
         if size <= composefs::INLINE_CONTENT_MAX_V0 as u64 {

@@ -91,14 +91,14 @@ pub fn cache_path(store: &Store) -> PathBuf {
     store.root().join("run").join("probe.json")
 }
 
-fn kernel_release() -> String {
+pub(crate) fn kernel_release() -> String {
     rustix::system::uname()
         .release()
         .to_string_lossy()
         .into_owned()
 }
 
-fn boot_id() -> String {
+pub(crate) fn boot_id() -> String {
     fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()

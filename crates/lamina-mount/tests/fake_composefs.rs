@@ -49,6 +49,29 @@ fn kernel(fs_verity: bool) -> FakeKernel {
     }
 }
 
+/// A store and image on a fake kernel that has fs-verity or not, its probe taken. Bind
+/// `tmp` for as long as the store is used: dropping it removes the store.
+struct Fixture {
+    tmp: tempfile::TempDir,
+    fake: Arc<FakeMounter>,
+    store: Store,
+    image: Image,
+}
+
+fn fixture(fs_verity: bool) -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    fake.set_kernel(kernel(fs_verity));
+    let (store, image) = store_and_image(tmp.path(), &fake);
+    assert_eq!(probe_afresh(&store, &fake), Some(fs_verity));
+    Fixture {
+        tmp,
+        fake,
+        store,
+        image,
+    }
+}
+
 /// Probes the store afresh (the fake mounts nothing, so copy-up is never observed: the
 /// overlay features composefs needs are then claimed as a real 6.x kernel has them) and
 /// returns what it found about fs-verity.
@@ -89,11 +112,12 @@ fn image_of(store: &Store, image: &Image) -> PathBuf {
 
 #[test]
 fn a_store_with_fs_verity_seals_objects_and_images_and_mounts_with_verity_require() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fake = Arc::new(FakeMounter::new());
-    fake.set_kernel(kernel(true));
-    let (store, image) = store_and_image(tmp.path(), &fake);
-    assert_eq!(probe_afresh(&store, &fake), Some(true));
+    let Fixture {
+        tmp: _tmp,
+        fake,
+        store,
+        image,
+    } = fixture(true);
 
     let created = create(&store, &*fake, &image, "a", &with("composefs")).unwrap();
     assert!(requires_verity(&fake, &created.rootfs));
@@ -116,10 +140,12 @@ fn a_store_with_fs_verity_seals_objects_and_images_and_mounts_with_verity_requir
 
 #[test]
 fn without_fs_verity_nothing_is_sealed_and_an_image_stays_as_it_was_built() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fake = Arc::new(FakeMounter::new());
-    let (store, image) = store_and_image(tmp.path(), &fake);
-    assert_eq!(probe_afresh(&store, &fake), Some(false));
+    let Fixture {
+        tmp: _tmp,
+        fake,
+        store,
+        image,
+    } = fixture(false);
 
     let created = create(&store, &*fake, &image, "a", &with("composefs")).unwrap();
     assert!(!requires_verity(&fake, &created.rootfs));
@@ -163,11 +189,12 @@ fn without_fs_verity_nothing_is_sealed_and_an_image_stays_as_it_was_built() {
 
 #[test]
 fn a_seal_the_kernel_refuses_fails_the_create_and_leaves_no_image() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fake = Arc::new(FakeMounter::new());
-    fake.set_kernel(kernel(true));
-    let (store, image) = store_and_image(tmp.path(), &fake);
-    assert_eq!(probe_afresh(&store, &fake), Some(true));
+    let Fixture {
+        tmp: _tmp,
+        fake,
+        store,
+        image,
+    } = fixture(true);
 
     fake.fail(Call::EnableVerity, When::Always, Errno::TXTBSY);
     let err = create(&store, &*fake, &image, "a", &with("composefs")).unwrap_err();
@@ -184,10 +211,12 @@ fn a_seal_the_kernel_refuses_fails_the_create_and_leaves_no_image() {
 /// one that fails fails the build, and no image names objects that may not survive.
 #[test]
 fn the_build_syncs_the_directories_it_published_objects_in_and_fails_without_them() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fake = Arc::new(FakeMounter::new());
-    let (store, image) = store_and_image(tmp.path(), &fake);
-    probe_afresh(&store, &fake);
+    let Fixture {
+        tmp: _tmp,
+        fake,
+        store,
+        image,
+    } = fixture(false);
     let objects_dir = store.layout().objects();
     fake.fail(
         Call::Fsync,
@@ -202,10 +231,12 @@ fn the_build_syncs_the_directories_it_published_objects_in_and_fails_without_the
     );
     assert!(!store.container_exists("a"));
 
-    let fake = Arc::new(FakeMounter::new());
-    let tmp = tempfile::tempdir().unwrap();
-    let (store, image) = store_and_image(tmp.path(), &fake);
-    probe_afresh(&store, &fake);
+    let Fixture {
+        tmp: _tmp,
+        fake,
+        store,
+        image,
+    } = fixture(false);
     create(&store, &*fake, &image, "a", &with("composefs")).unwrap();
     let calls = fake.calls();
     let synced_fan_outs = calls
@@ -229,10 +260,12 @@ fn the_build_syncs_the_directories_it_published_objects_in_and_fails_without_the
 #[test]
 fn background_builds_refuse_only_what_would_fail_again() {
     use lamina_mount::composefs_auto::{Built, build_for, refused_path};
-    let tmp = tempfile::tempdir().unwrap();
-    let fake = Arc::new(FakeMounter::new());
-    let (store, image) = store_and_image(tmp.path(), &fake);
-    probe_afresh(&store, &fake);
+    let Fixture {
+        tmp: _tmp,
+        fake,
+        store,
+        image,
+    } = fixture(false);
     create(&store, &*fake, &image, "c", &with("classic")).unwrap();
     let chain = image.chain_ids();
     let metadata_image = image_of(&store, &image);
@@ -287,10 +320,9 @@ fn background_builds_refuse_only_what_would_fail_again() {
 #[test]
 fn the_file_bytes_bound_counts_what_the_merged_tree_holds() {
     use lamina_mount::composefs::{Limits, ensure_within};
-    let tmp = tempfile::tempdir().unwrap();
-    let fake = Arc::new(FakeMounter::new());
-    let (store, _) = store_and_image(tmp.path(), &fake);
-    probe_afresh(&store, &fake);
+    let Fixture {
+        tmp, fake, store, ..
+    } = fixture(false);
     let layer = |size: usize| lamina_sample::Layer {
         tar: lamina_sample::LayerBuilder::new()
             .file("f", 0o644, &vec![b'x'; size])
