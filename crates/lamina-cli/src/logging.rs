@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 
 use indicatif::MultiProgress;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
 /// `bars`: progress bars drawn on stderr, which log lines on stderr must go above.
@@ -18,10 +18,17 @@ pub fn init(level: &str, file: Option<&Path>, bars: Option<MultiProgress>) -> an
     }
     // GrootFS's levels (lager) end at `fatal`, its default; tracing has no level above
     // `error`, which is the nearest: a GrootFS config works unchanged.
-    let filter = EnvFilter::try_new(if lower == "fatal" { "error" } else { level })?;
+    let filter = match lower.as_str() {
+        "off" => LevelFilter::OFF,
+        "fatal" | "error" => LevelFilter::ERROR,
+        "warn" => LevelFilter::WARN,
+        "info" => LevelFilter::INFO,
+        "debug" => LevelFilter::DEBUG,
+        _ => LevelFilter::TRACE,
+    };
     let builder = tracing_subscriber::fmt()
         .json()
-        .with_env_filter(filter)
+        .with_max_level(filter)
         .with_current_span(false);
     match (file, bars) {
         (Some(path), _) => {

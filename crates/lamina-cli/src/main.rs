@@ -3,6 +3,7 @@
 
 mod commands;
 mod config;
+mod fast_args;
 mod logging;
 mod output;
 mod progress;
@@ -32,7 +33,7 @@ pub struct Cli {
 }
 
 /// The flags every command takes (`global`: before or after the command's name).
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Default, clap::Args)]
 pub struct Globals {
     /// Store directory [default: /var/lib/lamina, or `store` in --config]
     #[arg(long, global = true)]

@@ -12,32 +12,35 @@ use crate::{Cli, Command, CreateArgs, Globals};
 
 /// Flags GrootFS accepts that mean nothing to lamina. They are parsed, so a Garden or a
 /// BOSH job written for GrootFS runs lamina unchanged, and otherwise ignored.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Default, clap::Args)]
 pub struct GrootfsGlobals {
     /// Ignored (GrootFS's setuid helper for XFS quotas; lamina needs none)
     #[arg(long, global = true, value_name = "PATH")]
-    tardis_bin: Option<String>,
+    pub(crate) tardis_bin: Option<String>,
     /// Ignored (GrootFS maps ids for rootless stores with it; lamina runs as root)
     #[arg(long, global = true, value_name = "PATH")]
-    newuidmap_bin: Option<String>,
+    pub(crate) newuidmap_bin: Option<String>,
     /// Ignored (as --newuidmap-bin, for groups)
     #[arg(long, global = true, value_name = "PATH")]
-    newgidmap_bin: Option<String>,
+    pub(crate) newgidmap_bin: Option<String>,
     /// Ignored (GrootFS's metrics go to metron; lamina logs its measurements)
     #[arg(long, global = true, value_name = "HOST:PORT")]
-    metron_endpoint: Option<String>,
+    pub(crate) metron_endpoint: Option<String>,
     /// Ignored (GrootFS's filesystem driver; lamina always uses overlay)
     #[arg(long, global = true, value_name = "NAME")]
-    driver: Option<String>,
+    pub(crate) driver: Option<String>,
 }
 
 /// The parsed command line, or the exit code after printing why there is none.
 pub fn parse() -> Result<Cli, ExitCode> {
-    let parsed = match HotCli::try_parse() {
-        Ok(hot) => Ok(hot.into()),
-        // Anything else, `--help` and every mistake included, is the whole CLI's to
-        // parse and to word.
-        Err(_) => Cli::try_parse(),
+    let parsed = match crate::fast_args::parse(std::env::args_os()) {
+        Some(cli) => Ok(cli),
+        None => match HotCli::try_parse() {
+            Ok(hot) => Ok(hot.into()),
+            // Anything else, `--help` and every mistake included, is the whole CLI's to
+            // parse and to word.
+            Err(_) => Cli::try_parse(),
+        },
     };
     match parsed {
         Ok(cli) => match check(&cli.command) {
@@ -165,11 +168,11 @@ pub fn bytes(value: Option<i64>) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Command lines Garden, GrootFS's specs and operators use for create and delete.
-    const LINES: &[&[&str]] = &[
+    pub(crate) const LINES: &[&[&str]] = &[
         &["create", "oci:///img:latest", "c1"],
         &["--store", "/s", "create", "/rootfs.tar", "c1"],
         &[

@@ -168,8 +168,11 @@ impl Members {
         let missing = || ImageError::new(format!("{source}: `{shown_name}` is missing"));
         let loc = self.locate(name).ok_or_else(missing)?;
         let fail = |e: io::Error| ImageError::new(format!("{source}: reading `{shown_name}`: {e}"));
-        check_document_size(&format!("`{shown_name}`"), loc.size().map_err(fail)?)?;
-        let mut buf = Vec::new();
+        let size = loc.size().map_err(fail)?;
+        check_document_size(&format!("`{shown_name}`"), size)?;
+        // Room for the whole document and one byte more: read in one call, not in
+        // doubling steps from 32 bytes (its size is bounded just above).
+        let mut buf = Vec::with_capacity(usize::try_from(size).unwrap_or(0).saturating_add(1));
         loc.open()
             .map_err(fail)?
             .take(MAX_DOCUMENT_BYTES + 1)

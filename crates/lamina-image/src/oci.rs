@@ -106,7 +106,8 @@ fn read_verified(members: &Members, desc: &Descriptor, what: &str) -> Result<Vec
             desc.digest, desc.size
         )));
     }
-    let mut bytes = Vec::new();
+    // Bounded by the size check above; room for one byte more reads it in one call.
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0).saturating_add(1));
     location
         .open()
         .map_err(fail)?

@@ -438,7 +438,9 @@ fn read_record(
         }
         Err(e) => return Err(bad(e.to_string())),
     };
-    let mut bytes = Vec::new();
+    // A record is one 4 KiB block (written with O_DIRECT) and rarely more: room for two
+    // reads it in one call instead of doubling steps from 32 bytes.
+    let mut bytes = Vec::with_capacity(8192);
     file.take(MAX_RECORD_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| bad(e.to_string()))?;
@@ -474,7 +476,7 @@ pub fn unique_suffix() -> String {
 /// Creates and flocks `dir/lock`.
 fn lock_new(dir: &Path) -> Result<File, StoreError> {
     let path = dir.join(LOCK);
-    let file = File::create(&path).map_err(StoreError::io("creating", &path))?;
+    let file = crate::locks::open_lock_file(&path).map_err(StoreError::io("creating", &path))?;
     rustix::fs::flock(file.as_fd(), FlockOperation::LockExclusive)
         .map_err(StoreError::errno("locking", &path))?;
     Ok(file)

@@ -49,7 +49,8 @@ impl Store {
         validate_id(id)?;
         let path = self.layout.lock(&format!("id-{id}"));
         loop {
-            let file = File::create(&path).map_err(StoreError::io("creating lock", &path))?;
+            let file = crate::locks::open_lock_file(&path)
+                .map_err(StoreError::io("creating lock", &path))?;
             self.wait_for_flock(&file, &path, false)?;
             // Whoever held it may have removed the file (the container is gone) and a
             // third process made a new one: hold the file that is there now.

@@ -188,7 +188,8 @@ impl Store {
     /// at most the store's lock timeout.
     fn lock_layer(&self, chain_id: &Digest) -> Result<File, StoreError> {
         let lock_path = self.layout.layer_lock(chain_id);
-        let lock = File::create(&lock_path).map_err(StoreError::io("creating lock", &lock_path))?;
+        let lock = crate::locks::open_lock_file(&lock_path)
+            .map_err(StoreError::io("creating lock", &lock_path))?;
         self.wait_for_flock(&lock, &lock_path, false)?;
         Ok(lock)
     }

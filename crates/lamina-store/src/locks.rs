@@ -17,6 +17,18 @@ use rustix::fs::FlockOperation;
 
 use crate::{Store, StoreError, lock_holders};
 
+/// Opens (making it if needed) the lock file at `path`. Its contents are never read, so
+/// it is not truncated: `File::create`'s `O_TRUNC` makes the filesystem update an empty
+/// file's times, one journal transaction per lock taken, which every create and delete
+/// paid several times over (docs/benchmarks.md, process per call).
+pub(crate) fn open_lock_file(path: &std::path::Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+}
+
 /// How long a lock wait lasts unless [`Store::with_lock_timeout`] says otherwise: long
 /// enough to queue behind a legitimate multi-gigabyte import of the same layer, short
 /// enough that a wedged holder surfaces as an error within minutes.
@@ -76,7 +88,7 @@ impl Store {
     /// Takes the lock called `name`, shared or exclusive, waiting at most the lock timeout.
     fn wait_for_lock(&self, name: &str, shared: bool) -> Result<StoreLock, StoreError> {
         let path = self.layout.lock(name);
-        let file = File::create(&path).map_err(StoreError::io("creating lock", &path))?;
+        let file = open_lock_file(&path).map_err(StoreError::io("creating lock", &path))?;
         self.wait_for_flock(&file, &path, shared)?;
         Ok(StoreLock {
             _file: Flocked::new(file),
@@ -131,7 +143,7 @@ impl Store {
     /// Takes the lock called `name` if nobody holds it.
     pub fn try_lock(&self, name: &str) -> Result<Option<StoreLock>, StoreError> {
         let path = self.layout.lock(name);
-        let file = File::create(&path).map_err(StoreError::io("creating lock", &path))?;
+        let file = open_lock_file(&path).map_err(StoreError::io("creating lock", &path))?;
         match rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => Ok(Some(StoreLock {
                 _file: Flocked::new(file),
