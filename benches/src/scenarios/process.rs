@@ -15,6 +15,12 @@
 //!
 //! The binary is the release build beside the bench executable: static and non-PIE, as
 //! every build is (`.cargo/config.toml`), which is most of what a process pays here.
+//!
+//! With `LAMINA_BASELINE_BIN=/path/to/another/lamina` (an older build), that binary's
+//! create and delete are timed in the same loop too, interleaved with this build's on the
+//! same store, and a second table compares the two: on this VM a run's absolute times move
+//! by a fifth from one hour to the next, so a change is measured against its baseline in
+//! one run, never against an earlier table.
 
 use std::fs;
 use std::process::Command;
@@ -47,12 +53,33 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             "create+delete p50 vs classic",
         ],
     );
+    let baseline_bin = std::env::var_os("LAMINA_BASELINE_BIN").map(std::path::PathBuf::from);
+    let mut compared = Table::new(
+        "process-baseline",
+        &[
+            "fs",
+            "strategy",
+            "live containers",
+            "calls",
+            "create p50: this build / baseline",
+            "delete p50: this build / baseline",
+            "create / delete vs baseline",
+        ],
+    );
     for &kind in &ctx.filesystems {
         let rig = Rig::new(kind, 512);
         let reference = crate::images::sample(&rig.scratch("image"));
         let image = rig.warm(&reference);
         let floor = Floor::new(&rig, &image);
         let lamina = Lamina::new(rig.store.root());
+        // The timed calls run copies, made the same way: an earlier run timed the build
+        // where the linker wrote it and found it 15% slower than the very same bytes
+        // copied, which a comparison between two builds must not inherit.
+        let bins = rig.scratch("bin");
+        let this_bin = installed(&lamina_integration::lamina::binary(), &bins.join("this"));
+        let baseline_bin = baseline_bin
+            .as_deref()
+            .map(|bin| installed(bin, &bins.join("baseline")));
         let mut classic = None;
         for (strategy, live) in [("classic", 0), ("auto", 0), ("auto", live_count)] {
             progress(&format!(
@@ -73,16 +100,40 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             let mut deletes = Samples::new();
             let mut floor_creates = Samples::new();
             let mut floor_deletes = Samples::new();
+            let mut baseline_creates = Samples::new();
+            let mut baseline_deletes = Samples::new();
             for i in 0..calls {
                 spawns.push(spawn_true());
+                // With a baseline, every other round runs it first: what one call leaves
+                // behind (a reaper, a journal commit) then weighs on both builds alike.
+                let baseline_first = i % 2 == 1;
+                let baseline_round = || {
+                    if let Some(bin) = &baseline_bin {
+                        let id = format!("b-{i}");
+                        let create = ["--strategy", strategy, &reference, &id];
+                        let c = timed(bin, rig.store.root(), "create", &create);
+                        let d = timed(bin, rig.store.root(), "delete", &[&id]);
+                        Some((c, d))
+                    } else {
+                        None
+                    }
+                };
+                let mut baseline_times = if baseline_first {
+                    baseline_round()
+                } else {
+                    None
+                };
                 let id = format!("p-{i}");
-                let t = Instant::now();
-                lamina.create_with(&["--strategy", strategy], &reference, &id);
-                creates.push(t.elapsed());
-                let t = Instant::now();
-                let out = lamina.run(&["delete", &id]);
-                deletes.push(t.elapsed());
-                assert_eq!(out.code, 0, "delete {id}: {out:?}");
+                let create = ["--strategy", strategy, &reference, &id];
+                creates.push(timed(&this_bin, rig.store.root(), "create", &create));
+                deletes.push(timed(&this_bin, rig.store.root(), "delete", &[&id]));
+                if !baseline_first {
+                    baseline_times = baseline_round();
+                }
+                if let Some((c, d)) = baseline_times {
+                    baseline_creates.push(c);
+                    baseline_deletes.push(d);
+                }
                 let (create, delete) = floor.once();
                 floor_creates.push(create);
                 floor_deletes.push(delete);
@@ -112,9 +163,51 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 ),
                 crate::stats::ratio(both, base),
             ]);
+            if baseline_bin.is_some() {
+                let (bc, bd) = (baseline_creates.summary(), baseline_deletes.summary());
+                compared.row(vec![
+                    rig.fs_name().into(),
+                    format!("`{strategy}`"),
+                    live.to_string(),
+                    calls.to_string(),
+                    format!("{} / {}", human(c.p50), human(bc.p50)),
+                    format!("{} / {}", human(d.p50), human(bd.p50)),
+                    format!(
+                        "{} / {}",
+                        crate::stats::ratio(c.p50, bc.p50),
+                        crate::stats::ratio(d.p50, bd.p50)
+                    ),
+                ]);
+            }
         }
     }
-    vec![table]
+    if baseline_bin.is_some() {
+        vec![table, compared]
+    } else {
+        vec![table]
+    }
+}
+
+/// A copy of the binary at `from`, at `to`, executable.
+fn installed(from: &std::path::Path, to: &std::path::Path) -> std::path::PathBuf {
+    fs::copy(from, to).unwrap_or_else(|e| panic!("copying {}: {e}", from.display()));
+    to.to_path_buf()
+}
+
+/// One call of the binary at `bin` on `store`, spawned and timed as [`Lamina::run`]'s
+/// are (stdout and stderr captured); it must succeed.
+fn timed(bin: &std::path::Path, store: &std::path::Path, command: &str, args: &[&str]) -> Duration {
+    let t = Instant::now();
+    let out = Command::new(bin)
+        .arg("--store")
+        .arg(store)
+        .arg(command)
+        .args(args)
+        .output()
+        .expect("baseline lamina");
+    let elapsed = t.elapsed();
+    assert!(out.status.success(), "baseline {command} {args:?}: {out:?}");
+    elapsed
 }
 
 /// `/bin/true`, spawned as [`Lamina::run`] spawns lamina.
