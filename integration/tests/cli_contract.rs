@@ -109,6 +109,53 @@ fn delete_of_a_missing_container_succeeds_with_a_message() {
     );
 }
 
+/// docs/registry.md has operators export `LAMINA_REGISTRY_PASSWORD` rather than pass
+/// `--password`; exported for every command, it must not fail the ones that name no
+/// user (review finding: every delete failed with "--username and --password go
+/// together"), while a `--password` flag without `--username` is still refused. The
+/// variable also sends these lines to clap rather than to the fast reader of Garden's
+/// lines (fast_args.rs), so both readers are exercised.
+#[test]
+fn a_registry_password_in_the_environment_alone_fails_nothing() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let store = lamina.store.to_str().expect("utf-8 store");
+    let run = |env: Option<&str>, args: &[&str]| {
+        let mut command = Command::new(lamina_integration::lamina::binary());
+        command.args(["--store", store]).args(args);
+        command.env_remove("LAMINA_REGISTRY_PASSWORD");
+        if let Some(value) = env {
+            command.env("LAMINA_REGISTRY_PASSWORD", value);
+        }
+        command.output().expect("running lamina")
+    };
+    let exported = run(Some("secret"), &["delete", "never-existed"]);
+    assert!(exported.status.success(), "{exported:?}");
+    let flag_alone = run(None, &["--password", "secret", "delete", "never-existed"]);
+    assert_eq!(flag_alone.status.code(), Some(1), "{flag_alone:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&flag_alone.stdout).trim(),
+        "--username and --password go together",
+        "{flag_alone:?}"
+    );
+    // With the variable exported, a create is read (by clap) exactly as without it.
+    let image = &sample_image(&fs.path().join("image")).references()[0];
+    let created = run(Some("secret"), &["create", image, "with-env"]);
+    assert!(created.status.success(), "{created:?}");
+    let spec: serde_json::Value =
+        serde_json::from_slice(&created.stdout).expect("runtime spec JSON");
+    assert_eq!(
+        spec["root"]["path"],
+        lamina
+            .store
+            .join("images/with-env/rootfs")
+            .display()
+            .to_string()
+    );
+    lamina.delete_and_assert_gone("with-env", "created with the password exported");
+}
+
 #[test]
 fn without_mount_prints_an_overlay_the_caller_can_mount() {
     require_root();

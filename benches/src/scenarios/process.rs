@@ -204,9 +204,13 @@ fn timed(bin: &std::path::Path, store: &std::path::Path, command: &str, args: &[
         .arg(command)
         .args(args)
         .output()
-        .expect("baseline lamina");
+        .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
     let elapsed = t.elapsed();
-    assert!(out.status.success(), "baseline {command} {args:?}: {out:?}");
+    assert!(
+        out.status.success(),
+        "{} {command} {args:?}: {out:?}",
+        bin.display()
+    );
     elapsed
 }
 

@@ -19,13 +19,22 @@ use std::path::PathBuf;
 use crate::usage::GrootfsGlobals;
 use crate::{Cli, Command, CreateArgs, Globals};
 
-/// The environment variable clap reads `--password` from; when it is set the line is
-/// clap's to read (its rules for an empty or non-UTF-8 value are its own).
-const PASSWORD_ENV: &str = "LAMINA_REGISTRY_PASSWORD";
+/// The environment variables clap reads flags from (`--password`'s); when one is set the
+/// line is clap's to read (its rules for an empty or non-UTF-8 value are its own).
+/// `tests::every_flag_clap_reads_from_the_environment_is_deferred` keeps this list whole.
+pub const DEFERRED_ENV: &[&str] = &[crate::PASSWORD_ENV];
 
 /// `args` is the whole command line, program name first.
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Option<Cli> {
-    if std::env::var_os(PASSWORD_ENV).is_some() {
+    parse_with(args, |name| std::env::var_os(name).is_some())
+}
+
+/// [`parse`], with `is_set` saying whether an environment variable is set.
+fn parse_with(
+    args: impl IntoIterator<Item = OsString>,
+    is_set: impl Fn(&str) -> bool,
+) -> Option<Cli> {
+    if DEFERRED_ENV.iter().any(|name| is_set(name)) {
         return None;
     }
     let args: Vec<String> = args
@@ -239,7 +248,7 @@ fn digits(value: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
+    use clap::CommandFactory;
 
     use super::*;
 
@@ -252,9 +261,19 @@ mod tests {
 
     /// Where this reader answers, clap answers the same; where clap refuses, this
     /// reader does not answer.
+    /// This reader with no environment variable set, as clap is below.
+    fn fast(line: &[&str]) -> Option<Cli> {
+        parse_with(argv(line), |_| false)
+    }
+
     fn assert_agrees(line: &[&str]) {
-        let fast = parse(argv(line));
-        let clap = Cli::try_parse_from(argv(line));
+        let fast = fast(line);
+        // Parsed as if no environment variable clap reads were set: this test must not
+        // depend on the shell it runs in.
+        let clap = Cli::command()
+            .mut_arg("password", |a| a.env(None::<&str>))
+            .try_get_matches_from(argv(line))
+            .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
         match (fast, clap) {
             (Some(fast), Ok(clap)) => {
                 assert_eq!(format!("{fast:?}"), format!("{clap:?}"), "{line:?}")
@@ -269,7 +288,7 @@ mod tests {
         for line in crate::usage::tests::LINES {
             assert_agrees(line);
             let expected = !line.iter().any(|a| *a == "-1" || a.is_empty());
-            assert_eq!(parse(argv(line)).is_some(), expected, "{line:?}");
+            assert_eq!(fast(line).is_some(), expected, "{line:?}");
         }
     }
 
@@ -305,12 +324,26 @@ mod tests {
                 "c",
             ],
             &["--registry-timeout-seconds", "0", "delete", "c"],
+            &[
+                "create",
+                "--disk-limit-size-bytes",
+                "9223372036854775808",
+                "i",
+                "c",
+            ],
+            &[
+                "create",
+                "--threshold-bytes",
+                "18446744073709551615",
+                "i",
+                "c",
+            ],
+            &["--max-layer-bytes", "18446744073709551616", "delete", "c"],
             &["create", "--", "i", "c"],
             &["create", "i", "-"],
             &["pool", "fill", "i"],
         ] {
-            assert!(parse(argv(line)).is_none(), "{line:?}");
-            assert_agrees(line);
+            assert!(fast(line).is_none(), "{line:?}");
         }
     }
 
@@ -362,6 +395,9 @@ mod tests {
             "-1",
             "+1",
             "18446744073709551616",
+            "18446744073709551615",
+            "9223372036854775808",
+            "9223372036854775807",
             "",
             "--",
             "-h",
@@ -393,6 +429,7 @@ mod tests {
             &["--threshold-bytes=0"],
             &["--strategy", "auto"],
             &["--clean-log-file", "/l"],
+            &["--threshold-bytes", "9223372036854775808"],
         ];
         let mut answered = 0;
         for _ in 0..4_000 {
@@ -414,12 +451,46 @@ mod tests {
                 let at = next(line.len());
                 line[at] = TOKENS[next(TOKENS.len())];
             }
-            if parse(argv(&line)).is_some() {
+            if fast(&line).is_some() {
                 answered += 1;
             }
             assert_agrees(&line);
         }
         // The generator must reach lines this reader answers, or it proves nothing.
         assert!(answered > 200, "only {answered} lines read");
+    }
+
+    /// A line is clap's whenever a variable it reads a flag from is set: read here, the
+    /// variable's value would be lost (an operator's `LAMINA_REGISTRY_PASSWORD`).
+    #[test]
+    fn defers_to_clap_when_a_variable_it_reads_is_set() {
+        let line = ["--username", "u", "create", "i", "c"];
+        assert!(parse_with(argv(&line), |_| false).is_some());
+        for name in DEFERRED_ENV {
+            assert!(parse_with(argv(&line), |n| n == *name).is_none(), "{name}");
+        }
+    }
+
+    /// Every flag clap can take from the environment — of the whole command line, and of
+    /// `create` and `delete` — is one whose variable makes this reader defer.
+    #[test]
+    fn every_flag_clap_reads_from_the_environment_is_deferred() {
+        let cli = Cli::command();
+        let commands = std::iter::once(&cli).chain(
+            cli.get_subcommands()
+                .filter(|c| matches!(c.get_name(), "create" | "delete")),
+        );
+        for command in commands {
+            for arg in command.get_arguments() {
+                if let Some(name) = arg.get_env() {
+                    let name = name.to_str().expect("utf-8 variable name");
+                    assert!(
+                        DEFERRED_ENV.contains(&name),
+                        "--{} reads {name}, which fast_args does not defer on",
+                        arg.get_id()
+                    );
+                }
+            }
+        }
     }
 }

@@ -14,6 +14,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Where `--password` may come from instead (flags show in `ps`).
+const PASSWORD_ENV: &str = "LAMINA_REGISTRY_PASSWORD";
+
 /// The store GrootFS-style deployments use when none is configured.
 const DEFAULT_STORE: &str = "/var/lib/lamina";
 
@@ -57,7 +60,7 @@ pub struct Globals {
     #[arg(
         long,
         global = true,
-        env = "LAMINA_REGISTRY_PASSWORD",
+        env = PASSWORD_ENV,
         hide_env_values = true
     )]
     password: Option<String>,

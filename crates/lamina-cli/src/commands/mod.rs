@@ -165,6 +165,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Some(lamina_registry::Credentials { username, password })
         }
         (None, None) => None,
+        // A password from the environment alone is the operator's for `docker://` pulls
+        // that name a user; exported for every command (as docs/registry.md advises),
+        // it must not fail the ones that name none (review finding: every delete failed).
+        (None, Some(password)) if password_from_environment(&password) => None,
         _ => return Err(anyhow!("--username and --password go together")),
     };
     let mut insecure_registries = cli.insecure_registries;
@@ -471,4 +475,10 @@ impl Ctx {
             self.max_layer_bytes,
         )?)
     }
+}
+
+/// Whether `password` is the one in the environment (so it need not have been given as a
+/// flag), in which case it alone asks for nothing.
+fn password_from_environment(password: &str) -> bool {
+    std::env::var_os(crate::PASSWORD_ENV).is_some_and(|value| value == password)
 }
