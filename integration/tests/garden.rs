@@ -312,43 +312,6 @@ fn a_mapped_store_with_chowned_layers_boots_a_runc_user_namespace_too() {
     lamina.delete_and_assert_gone("unmounted", "chowned store");
 }
 
-/// Garden reads a delete's stdout to its end. The reap a deferred delete leaves (a
-/// forked copy of the delete, docs/benchmarks.md) holds none of the caller's streams
-/// while it waits, and reaps once it can, logging to the store's background log.
-#[test]
-fn a_deferred_delete_answers_before_its_reap_which_follows_detached() {
-    require_root();
-    let fs = ScratchFs::ext4(512);
-    let (lamina, image, _) = setup(&fs, &[]);
-    lamina.create(&image, "deferred");
-    // The reaper's lock, held here: the reap can only wait, the delete must not.
-    let lock = std::fs::File::create(lamina.store.join("locks/reaper.lock")).unwrap();
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
-    // Released once the delete has answered, or after a while whatever happens: a reap
-    // that kept the delete's stdout open shows as a slow delete, not a test that hangs.
-    let (answered_tx, answered_rx) = std::sync::mpsc::channel::<()>();
-    let release = std::thread::spawn(move || {
-        let _ = answered_rx.recv_timeout(std::time::Duration::from_secs(15));
-        drop(lock);
-    });
-    let started = std::time::Instant::now();
-    let out = lamina.run(&["delete", "deferred"]);
-    let answered = started.elapsed();
-    assert_eq!(out.code, 0, "{out:?}");
-    assert_eq!(out.stdout, "deleted container `deferred`", "{out:?}");
-    assert!(
-        answered < std::time::Duration::from_secs(10),
-        "the delete's output ended only after {answered:?}: its reap held it"
-    );
-    assert_eq!(lamina.entries("trash"), 1, "deferred, and not reaped yet");
-    answered_tx.send(()).unwrap();
-    release.join().unwrap();
-    wait_until("the detached reap", || lamina.entries("trash") == 0);
-    let log = std::fs::read_to_string(lamina.store.join("run/background.log")).unwrap();
-    assert!(log.contains("reaped deferred deletes"), "{log}");
-    assert!(!lamina.store.join("images/deferred").exists());
-}
-
 fn lamina_process(lamina: &Lamina, args: &[&str]) -> Command {
     lamina.command(args)
 }

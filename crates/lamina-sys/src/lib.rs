@@ -53,7 +53,6 @@ pub use faults::{Call, When};
 pub use host::{At, HostFs, Node, RealHost, Stat};
 pub use mountinfo::mounts_under;
 pub use overlay_spec::OverlaySpec;
-pub use raw::detach::{Side as ForkedSide, fork_detached};
 pub use real::RealMounter;
 pub use upper_fs::{DiskFs, UpperFs, detach_loop_device, loop_backing_files};
 pub use userns::{UserNsMaps, user_namespace};

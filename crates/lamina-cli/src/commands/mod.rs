@@ -413,7 +413,7 @@ fn delete(ctx: &Ctx, mounter: &RealMounter, id_or_path: &str) -> anyhow::Result<
     match lamina_mount::delete(&store, mounter, &id)? {
         Deleted::Removed => say(&format!("deleted container `{id}`")),
         Deleted::Deferred => {
-            background::reap_detached(&store, ctx.log_file.as_deref(), mounter);
+            ctx.spawn(&store, &["reap"]);
             say(&format!("deleted container `{id}`"));
         }
         Deleted::NotFound => say(&format!("Image `{id}` not found. Skipping delete.")),

@@ -1,6 +1,6 @@
 //! The kernel calls rustix does not wrap: `mount_setattr(2)`, the loop device ioctls and the
 //! btrfs subvolume and qgroup ioctls, xfs's geometry ioctl, `FIDEDUPERANGE` and
-//! `FS_IOC_ENABLE_VERITY`; and `fork(2)`, for the reap a deferred delete leaves behind.
+//! `FS_IOC_ENABLE_VERITY`.
 //! This is the only module in the workspace allowed `unsafe`; each submodule exposes safe
 //! functions over borrowed or owned file descriptors, and every `unsafe` block says why
 //! it is sound.
@@ -9,7 +9,6 @@
 
 pub mod btrfs;
 pub mod dedupe;
-pub mod detach;
 pub mod loop_dev;
 pub mod setattr;
 pub mod verity;
