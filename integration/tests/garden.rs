@@ -312,6 +312,58 @@ fn a_mapped_store_with_chowned_layers_boots_a_runc_user_namespace_too() {
     lamina.delete_and_assert_gone("unmounted", "chowned store");
 }
 
+/// Garden reads a delete's stdout to its end, and may kill the plugin's process group
+/// once it has its answer. The reaper a deferred delete starts holds none of the caller's
+/// streams while it waits, lives outside the caller's process group, and reaps once it
+/// can.
+#[test]
+fn a_deferred_delete_answers_before_its_reaper_which_outlives_the_callers_group() {
+    use std::os::unix::process::CommandExt;
+
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let (lamina, image, _) = setup(&fs, &[]);
+    lamina.create(&image, "deferred");
+    // The reaper's lock, held here: the reaper can only wait, the delete must not.
+    let lock = std::fs::File::create(lamina.store.join("locks/reaper.lock")).unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    // Released once the delete has answered, or after a while whatever happens: a reaper
+    // that kept the delete's stdout open shows as a slow delete, not a test that hangs.
+    let (answered_tx, answered_rx) = std::sync::mpsc::channel::<()>();
+    let release = std::thread::spawn(move || {
+        let _ = answered_rx.recv_timeout(std::time::Duration::from_secs(15));
+        drop(lock);
+    });
+    let started = std::time::Instant::now();
+    let delete = lamina
+        .command(&["delete", "deferred"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let group = rustix::process::Pid::from_child(&delete);
+    let out = delete.wait_with_output().unwrap();
+    let answered = started.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "deleted container `deferred`",
+        "{out:?}"
+    );
+    assert!(
+        answered < std::time::Duration::from_secs(10),
+        "the delete's output ended only after {answered:?}: its reaper held it"
+    );
+    assert_eq!(lamina.entries("trash"), 1, "deferred, and not reaped yet");
+    // As Garden may: whatever is left of the caller's process group is killed.
+    let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    answered_tx.send(()).unwrap();
+    release.join().unwrap();
+    wait_until("the reaper", || lamina.entries("trash") == 0);
+    assert!(!lamina.store.join("images/deferred").exists());
+}
+
 fn lamina_process(lamina: &Lamina, args: &[&str]) -> Command {
     lamina.command(args)
 }
