@@ -106,30 +106,24 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 spawns.push(spawn_true());
                 // With a baseline, every other round runs it first: what one call leaves
                 // behind (a reaper, a journal commit) then weighs on both builds alike.
-                let baseline_first = i % 2 == 1;
-                let baseline_round = || {
-                    if let Some(bin) = &baseline_bin {
-                        let id = format!("b-{i}");
+                let round = |bin: Option<&std::path::Path>, id: String| {
+                    bin.map(|bin| {
                         let create = ["--strategy", strategy, &reference, &id];
                         let c = timed(bin, rig.store.root(), "create", &create);
-                        let d = timed(bin, rig.store.root(), "delete", &[&id]);
-                        Some((c, d))
-                    } else {
-                        None
-                    }
+                        (c, timed(bin, rig.store.root(), "delete", &[&id]))
+                    })
                 };
-                let mut baseline_times = if baseline_first {
-                    baseline_round()
+                let this = || round(Some(&this_bin), format!("p-{i}"));
+                let baseline = || round(baseline_bin.as_deref(), format!("b-{i}"));
+                let (this_times, baseline_times) = if i % 2 == 1 {
+                    let b = baseline();
+                    (this(), b)
                 } else {
-                    None
+                    (this(), baseline())
                 };
-                let id = format!("p-{i}");
-                let create = ["--strategy", strategy, &reference, &id];
-                creates.push(timed(&this_bin, rig.store.root(), "create", &create));
-                deletes.push(timed(&this_bin, rig.store.root(), "delete", &[&id]));
-                if !baseline_first {
-                    baseline_times = baseline_round();
-                }
+                let (c, d) = this_times.expect("this build's round");
+                creates.push(c);
+                deletes.push(d);
                 if let Some((c, d)) = baseline_times {
                     baseline_creates.push(c);
                     baseline_deletes.push(d);

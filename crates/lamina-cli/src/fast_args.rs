@@ -98,25 +98,8 @@ struct Line {
     registries_after_command: Option<bool>,
     globals: Globals,
     grootfs: GrootfsGlobals,
-    create: CreateFlags,
-}
-
-/// `create`'s flags (its positionals are in [`Line::positionals`]).
-#[derive(Default)]
-struct CreateFlags {
-    without_mount: bool,
-    with_mount: bool,
-    strategy: Option<String>,
-    disk_limit_size_bytes: Option<i64>,
-    exclude_image_from_quota: bool,
-    read_only: bool,
-    ephemeral: bool,
-    platform: Option<String>,
-    with_clean: bool,
-    without_clean: bool,
-    threshold_bytes: Option<i64>,
-    clean_log_file: Option<PathBuf>,
-    skip_layer_validation: bool,
+    /// `create`'s flags; its positionals, in [`Line::positionals`], are set last.
+    create: CreateArgs,
 }
 
 impl Line {
@@ -203,26 +186,11 @@ impl Line {
 
     fn finish(self) -> Option<Cli> {
         let command = match (self.command?, self.positionals.as_slice()) {
-            (Hot::Create, [image, id]) => {
-                let f = self.create;
-                Command::Create(CreateArgs {
-                    image: image.clone(),
-                    id: id.clone(),
-                    without_mount: f.without_mount,
-                    with_mount: f.with_mount,
-                    strategy: f.strategy,
-                    disk_limit_size_bytes: f.disk_limit_size_bytes,
-                    exclude_image_from_quota: f.exclude_image_from_quota,
-                    read_only: f.read_only,
-                    ephemeral: f.ephemeral,
-                    platform: f.platform,
-                    with_clean: f.with_clean,
-                    without_clean: f.without_clean,
-                    threshold_bytes: f.threshold_bytes,
-                    clean_log_file: f.clean_log_file,
-                    skip_layer_validation: f.skip_layer_validation,
-                })
-            }
+            (Hot::Create, [image, id]) => Command::Create(CreateArgs {
+                image: image.clone(),
+                id: id.clone(),
+                ..self.create
+            }),
             (Hot::Delete, [id_or_path]) => Command::Delete {
                 id_or_path: id_or_path.clone(),
             },
@@ -251,21 +219,15 @@ mod tests {
     use clap::CommandFactory;
 
     use super::*;
+    use crate::usage::tests::argv;
 
-    fn argv(line: &[&str]) -> Vec<OsString> {
-        std::iter::once("lamina")
-            .chain(line.iter().copied())
-            .map(OsString::from)
-            .collect()
-    }
-
-    /// Where this reader answers, clap answers the same; where clap refuses, this
-    /// reader does not answer.
-    /// This reader with no environment variable set, as clap is below.
+    /// This reader with no environment variable set, as clap is in [`assert_agrees`].
     fn fast(line: &[&str]) -> Option<Cli> {
         parse_with(argv(line), |_| false)
     }
 
+    /// Where this reader answers, clap answers the same; where clap refuses, this
+    /// reader does not answer.
     fn assert_agrees(line: &[&str]) {
         let fast = fast(line);
         // Parsed as if no environment variable clap reads were set: this test must not

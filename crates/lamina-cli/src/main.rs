@@ -191,7 +191,7 @@ enum Command {
     },
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Default, clap::Args)]
 pub struct CreateArgs {
     /// oci:///layout[:REF], oci-archive:///image.tar[:REF], docker-archive:///saved.tar[:REPO:TAG], or /rootfs.tar
     pub image: String,

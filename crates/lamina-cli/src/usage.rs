@@ -258,10 +258,11 @@ pub(crate) mod tests {
         &["delete", ""],
     ];
 
-    fn argv(line: &[&str]) -> Vec<String> {
+    /// `line` as a process's arguments, program name first.
+    pub(crate) fn argv(line: &[&str]) -> Vec<std::ffi::OsString> {
         std::iter::once("lamina")
             .chain(line.iter().copied())
-            .map(String::from)
+            .map(std::ffi::OsString::from)
             .collect()
     }
 
