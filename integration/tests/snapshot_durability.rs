@@ -26,7 +26,9 @@ fn open_snapshotter(root: &Path) -> Result<Snapshotter, SnapshotError> {
 /// after the rename that published its layer, and the journal commit that carries the
 /// rename carries everything before it — the snapshot's container and what it wrote
 /// (with file data, and metadata only). The snapshotter reopens with the committed
-/// snapshots and their files, the active ones gone, nothing for `check` to report. (Tried
+/// snapshots and their files, the active ones gone, nothing for `check` to report. The
+/// last commit's final row is not synced, so the cut leaves its intent, and the start
+/// finishes it from the published layer. (Tried
 /// and refuted here: leaving that rename to a later journal commit and publishing again
 /// from the container after a cut. A metadata-only layer's files and the container they
 /// were in were lost with the rename. Before that: leaving the last transaction unsynced
@@ -70,6 +72,18 @@ fn a_containerd_commit_is_whole_after_a_power_cut_right_after_it_returns() {
         fs.remount_after_cut();
         let survived = fs::read_dir(root.join("layers")).unwrap().count();
         eprintln!("{kind:?}: {survived} layers survived the cut as published");
+        // The last commit's final row is not synced, so the cut usually leaves its
+        // intent, which the start below finishes; a `sync` elsewhere on the host (another
+        // test) may have written it first. The finish alone is proven deterministically
+        // by `a_commit_whose_final_row_was_lost_is_finished_without_its_container`.
+        let in_flight = lamina_store::Store::open(&root)
+            .unwrap()
+            .snapshots_if_any()
+            .unwrap()
+            .unwrap()
+            .interrupted_commits()
+            .unwrap();
+        eprintln!("{kind:?}: commits the cut left in flight: {in_flight:?}");
 
         let snapshotter = open();
         let index = snapshotter.store().snapshots().unwrap();
@@ -339,6 +353,74 @@ fn rewrite_the_log_in_place(snapshotter: &Snapshotter, root: &Path) {
         last = len;
     }
     panic!("the log still grows after 5000 Prepares: {last} bytes");
+}
+
+/// A commit's final row is not synced (its intent is, before the layer is published), so
+/// a power cut can lose that row while a later journal commit kept the removal of the
+/// snapshot's container. Made here exactly: the intent row put back as the cut would
+/// leave it, the container gone. The start finishes the commit from the published layer:
+/// the committed snapshot with its file, the active one gone, nothing for `check`.
+#[test]
+fn a_commit_whose_final_row_was_lost_is_finished_without_its_container() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let root = fs.path().join("store");
+    let (snapshotter, id) = active_on_a_layer(&root);
+    fs::write(root.join("images").join(&id).join("upper/new"), "committed").unwrap();
+    let labels = BTreeMap::from([("purpose".to_string(), "kept".to_string())]);
+    snapshotter.commit("top", "active", labels.clone()).unwrap();
+    let committed = snapshotter
+        .store()
+        .snapshots()
+        .unwrap()
+        .get("top")
+        .unwrap()
+        .unwrap();
+    let layer = committed.layer.clone().unwrap();
+    drop(snapshotter);
+    assert!(
+        !root.join("images").join(&id).exists(),
+        "the commit removed its container"
+    );
+
+    // What the cut leaves: the intent row, synced before the layer was published.
+    let store = lamina_store::Store::open(&root).unwrap();
+    let intent = lamina_store::SnapshotRecord {
+        kind: SnapshotKind::Active,
+        container: Some(id.clone()),
+        layer: None,
+        labels: BTreeMap::new(),
+        committing: Some(lamina_store::Committing {
+            name: "top".into(),
+            layer: layer.clone(),
+            labels: labels.clone(),
+        }),
+        ..committed.clone()
+    };
+    store
+        .snapshots()
+        .unwrap()
+        .replace("top", "active", &intent)
+        .unwrap();
+    drop(store);
+
+    let snapshotter = open_snapshotter(&root).unwrap();
+    let index = snapshotter.store().snapshots().unwrap();
+    let top = index.get("top").unwrap().expect("the commit finished");
+    assert_eq!(top.kind, SnapshotKind::Committed);
+    assert_eq!(top.layer.as_ref(), Some(&layer));
+    assert_eq!(top.labels, labels);
+    assert_eq!(index.get("active").unwrap(), None, "the active one is gone");
+    assert!(index.interrupted_commits().unwrap().is_empty());
+    let diff = snapshotter.store().layout().layer_diff(&layer);
+    assert_eq!(fs::read(diff.join("new")).unwrap(), b"committed");
+    let containers: Vec<_> = fs::read_dir(root.join("images")).unwrap().collect();
+    assert!(containers.is_empty(), "no container left: {containers:?}");
+    drop(index);
+    drop(snapshotter);
+    let lamina = Lamina::new(&root);
+    lamina.run(&["reap"]);
+    assert_eq!(lamina.run(&["check"]).code, 0);
 }
 
 /// A store with one committed snapshot, `layer`, holding `file`.

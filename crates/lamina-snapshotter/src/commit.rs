@@ -3,7 +3,8 @@
 //! A commit moves the active snapshot's upper directory into `layers/` (one rename; no
 //! copy) and swaps the active record for a committed one. It first records its intent in
 //! the metadata (`committing`), so whichever step a crash interrupts, the next start
-//! either finishes the commit (the layer got published) or puts the upper back.
+//! either finishes the commit (the layer got published) or puts the upper back. Because
+//! of that, the final row is the one write it does not sync.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -112,7 +113,13 @@ impl Snapshotter {
         // The rename that published the layer is durable before the row that names it
         // (the database's sync may commit nothing but its own log; see Prepare).
         lamina_store::sync_dir(&self.store.layout().layers())?;
-        self.index().replace(key, &committing.name, &committed)?;
+        // Not synced: a crash that loses this row keeps the intent, synced above, and the
+        // layer, durable now, from which `recover` finishes the commit as this would
+        // have. The next synced write makes it durable (the log is synced whole). Its
+        // sync cost a commit 0.5–0.7 ms on ext4, where writing the log right after the
+        // journal commit above waits on it.
+        self.index()
+            .replace_unsynced(key, &committing.name, &committed)?;
         tracing::info!(key, name = %committing.name, layer = %committing.layer, "committed snapshot");
         // What is left of the active container (its work dir) goes; a crash before this
         // leaves an unreferenced container that `recover` removes.

@@ -383,6 +383,29 @@ impl SnapshotIndex {
         })
     }
 
+    /// [`SnapshotIndex::replace`], committed without syncing the log
+    /// (`synchronous=NORMAL` for this one transaction): for a change that a crash may
+    /// lose because a synced row already says how to make it again (a commit's intent).
+    /// The next synced transaction, or a checkpoint, makes it durable with everything
+    /// before it: the log is one file, synced whole.
+    pub fn replace_unsynced(
+        &mut self,
+        old: &str,
+        new_key: &str,
+        record: &SnapshotRecord,
+    ) -> Result<(), StoreError> {
+        let failed = |e| sql_error("writing", &self.path, e);
+        self.conn
+            .pragma_update(None, "synchronous", "NORMAL")
+            .map_err(failed)?;
+        let replaced = self.replace(old, new_key, record);
+        let restored = self
+            .conn
+            .pragma_update(None, "synchronous", "FULL")
+            .map_err(|e| sql_error("writing", &self.path, e));
+        replaced.and(restored)
+    }
+
     pub fn remove(&mut self, key: &str) -> Result<(), StoreError> {
         self.write(|tx| {
             delete(tx, key)?;
