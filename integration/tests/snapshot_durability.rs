@@ -357,9 +357,11 @@ fn rewrite_the_log_in_place(snapshotter: &Snapshotter, root: &Path) {
 
 /// A commit's final row is not synced (its intent is, before the layer is published), so
 /// a power cut can lose that row while a later journal commit kept the removal of the
-/// snapshot's container. Made here exactly: the intent row put back as the cut would
-/// leave it, the container gone. The start finishes the commit from the published layer:
-/// the committed snapshot with its file, the active one gone, nothing for `check`.
+/// snapshot's container. Made here exactly: the database as it was before the commit
+/// (its shape, its counter), with the intent row the commit writes first, and the
+/// container gone. The start finishes the commit from the published layer, without
+/// making the container again (no number taken): the committed snapshot with its file
+/// and labels, the active one gone, nothing for `check`.
 #[test]
 fn a_commit_whose_final_row_was_lost_is_finished_without_its_container() {
     require_root();
@@ -367,40 +369,49 @@ fn a_commit_whose_final_row_was_lost_is_finished_without_its_container() {
     let root = fs.path().join("store");
     let (snapshotter, id) = active_on_a_layer(&root);
     fs::write(root.join("images").join(&id).join("upper/new"), "committed").unwrap();
-    let labels = BTreeMap::from([("purpose".to_string(), "kept".to_string())]);
-    snapshotter.commit("top", "active", labels.clone()).unwrap();
-    let committed = snapshotter
+    let db = root.join("snapshots/metadata.db");
+    let wal = root.join("snapshots/metadata.db-wal");
+    let saved = fs.path().join("saved");
+    fs::create_dir(&saved).unwrap();
+    // Between calls nothing writes: the database and its log copied together are the
+    // state a cut before the commit would keep.
+    fs::copy(&db, saved.join("db")).unwrap();
+    fs::copy(&wal, saved.join("wal")).unwrap();
+    let mut intent = snapshotter
         .store()
         .snapshots()
         .unwrap()
-        .get("top")
+        .get("active")
         .unwrap()
         .unwrap();
-    let layer = committed.layer.clone().unwrap();
+    let next = snapshotter
+        .store()
+        .snapshots()
+        .unwrap()
+        .next_container_number()
+        .unwrap();
+    let labels = BTreeMap::from([("purpose".to_string(), "kept".to_string())]);
+    snapshotter.commit("top", "active", labels.clone()).unwrap();
+    let layer = layer_of(&snapshotter, "top");
     drop(snapshotter);
     assert!(
         !root.join("images").join(&id).exists(),
         "the commit removed its container"
     );
 
-    // What the cut leaves: the intent row, synced before the layer was published.
+    fs::copy(saved.join("db"), &db).unwrap();
+    fs::copy(saved.join("wal"), &wal).unwrap();
+    let _ = fs::remove_file(root.join("snapshots/metadata.db-shm"));
+    intent.committing = Some(lamina_store::Committing {
+        name: "top".into(),
+        layer: layer.clone(),
+        labels: labels.clone(),
+    });
     let store = lamina_store::Store::open(&root).unwrap();
-    let intent = lamina_store::SnapshotRecord {
-        kind: SnapshotKind::Active,
-        container: Some(id.clone()),
-        layer: None,
-        labels: BTreeMap::new(),
-        committing: Some(lamina_store::Committing {
-            name: "top".into(),
-            layer: layer.clone(),
-            labels: labels.clone(),
-        }),
-        ..committed.clone()
-    };
     store
         .snapshots()
         .unwrap()
-        .replace("top", "active", &intent)
+        .update("active", &intent)
         .unwrap();
     drop(store);
 
@@ -412,6 +423,11 @@ fn a_commit_whose_final_row_was_lost_is_finished_without_its_container() {
     assert_eq!(top.labels, labels);
     assert_eq!(index.get("active").unwrap(), None, "the active one is gone");
     assert!(index.interrupted_commits().unwrap().is_empty());
+    assert_eq!(
+        index.next_container_number().unwrap(),
+        next,
+        "no container was made again"
+    );
     let diff = snapshotter.store().layout().layer_diff(&layer);
     assert_eq!(fs::read(diff.join("new")).unwrap(), b"committed");
     let containers: Vec<_> = fs::read_dir(root.join("images")).unwrap().collect();

@@ -73,6 +73,17 @@ impl Snapshotter {
             let Some(id) = &row.container else {
                 return;
             };
+            // A commit whose layer is published is finished from the layer: its
+            // container is not needed, and a commit's final row, not synced, can be lost
+            // while the container's removal is kept (review finding: it was made again
+            // only to be deleted, logged as lost).
+            if row
+                .committing
+                .as_ref()
+                .is_some_and(|c| self.store.has_layer(&c.layer))
+            {
+                return;
+            }
             let foreign = foreign_names.contains(id);
             // Another snapshot's record under this name is not ours to judge; an
             // unreadable one is left for `check`.

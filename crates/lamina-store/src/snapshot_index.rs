@@ -65,6 +65,10 @@ pub struct SnapshotIndex {
     path: PathBuf,
     /// Never settled: no marker, nothing migrated (see [`SnapshotIndex::settle`]).
     fresh: bool,
+    /// The connection was left syncing less than every write (a failed return to
+    /// `synchronous=FULL` after [`SnapshotIndex::replace_unsynced`]): the next write
+    /// sets it again first, or fails rather than be written unsynced.
+    relaxed: bool,
 }
 
 impl SnapshotIndex {
@@ -85,6 +89,7 @@ impl SnapshotIndex {
             conn,
             path,
             fresh: false,
+            relaxed: false,
         };
         index.fresh = index.create_and_migrate(&store.layout().snapshot_metadata())?;
         Ok(index)
@@ -107,6 +112,7 @@ impl SnapshotIndex {
                 conn,
                 path: path.clone(),
                 fresh: false,
+                relaxed: false,
             };
             let has_table = index
                 .conn
@@ -149,6 +155,7 @@ impl SnapshotIndex {
                     conn,
                     path: legacy_path,
                     fresh: false,
+                    relaxed: false,
                 }))
             }
         }
@@ -374,13 +381,7 @@ impl SnapshotIndex {
         new_key: &str,
         record: &SnapshotRecord,
     ) -> Result<(), StoreError> {
-        self.write(|tx| {
-            delete(tx, old)?;
-            if old != new_key {
-                forget_shape(tx, old)?;
-            }
-            insert(tx, new_key, record)
-        })
+        self.write(|tx| replace_rows(tx, old, new_key, record))
     }
 
     /// [`SnapshotIndex::replace`], committed without syncing the log
@@ -394,16 +395,18 @@ impl SnapshotIndex {
         new_key: &str,
         record: &SnapshotRecord,
     ) -> Result<(), StoreError> {
-        let failed = |e| sql_error("writing", &self.path, e);
+        self.relaxed = true;
         self.conn
             .pragma_update(None, "synchronous", "NORMAL")
-            .map_err(failed)?;
-        let replaced = self.replace(old, new_key, record);
-        let restored = self
-            .conn
-            .pragma_update(None, "synchronous", "FULL")
-            .map_err(|e| sql_error("writing", &self.path, e));
-        replaced.and(restored)
+            .map_err(|e| sql_error("writing", &self.path, e))?;
+        let replaced = self.transaction(|tx| replace_rows(tx, old, new_key, record));
+        // The change is made whatever this says: a failure here is the next write's
+        // (review finding: returned as the commit's, it failed a commit that happened
+        // and left every later intent unsynced).
+        if let Err(e) = self.sync_every_write() {
+            tracing::warn!(error = %e, "could not set the snapshot database to sync every write again: the next write tries first");
+        }
+        replaced
     }
 
     pub fn remove(&mut self, key: &str) -> Result<(), StoreError> {
@@ -472,7 +475,28 @@ impl SnapshotIndex {
             .map_err(|e| self.failed("reading", e))
     }
 
+    /// One synced transaction.
     fn write(
+        &mut self,
+        change: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>,
+    ) -> Result<(), StoreError> {
+        self.sync_every_write()?;
+        self.transaction(change)
+    }
+
+    /// Puts `synchronous=FULL` back if [`SnapshotIndex::replace_unsynced`] could not.
+    fn sync_every_write(&mut self) -> Result<(), StoreError> {
+        if self.relaxed {
+            self.conn
+                .pragma_update(None, "synchronous", "FULL")
+                .map_err(|e| sql_error("writing", &self.path, e))?;
+            self.relaxed = false;
+        }
+        Ok(())
+    }
+
+    /// One transaction, synced as the connection is set to.
+    fn transaction(
         &mut self,
         change: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>,
     ) -> Result<(), StoreError> {
@@ -493,6 +517,20 @@ impl SnapshotIndex {
     fn bad(&self, why: String) -> StoreError {
         StoreError::io("reading", &self.path)(std::io::Error::other(why))
     }
+}
+
+/// Snapshot `old` swapped for `new_key` (the same key: an update).
+fn replace_rows(
+    tx: &rusqlite::Transaction<'_>,
+    old: &str,
+    new_key: &str,
+    record: &SnapshotRecord,
+) -> rusqlite::Result<()> {
+    delete(tx, old)?;
+    if old != new_key {
+        forget_shape(tx, old)?;
+    }
+    insert(tx, new_key, record)
 }
 
 fn sql_error(op: &'static str, path: &Path, e: rusqlite::Error) -> StoreError {
@@ -636,6 +674,36 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::init(&dir.path().join("store")).unwrap();
         (dir, store)
+    }
+
+    /// The one unsynced change leaves the connection syncing every later write, and a
+    /// connection left relaxed (its reset failed) is set again before the next write.
+    #[test]
+    fn an_unsynced_replace_leaves_every_later_write_synced() {
+        let (_dir, store) = store();
+        let mut index = store.snapshots().unwrap();
+        let synchronous = |index: &SnapshotIndex| -> i64 {
+            index
+                .conn
+                .query_row("PRAGMA synchronous", [], |row| row.get(0))
+                .unwrap()
+        };
+        const FULL: i64 = 2;
+        let active = record(SnapshotKind::Active, None, None);
+        index.insert("a", &active).unwrap();
+        let committed = record(SnapshotKind::Committed, None, Some("l"));
+        index.replace_unsynced("a", "c", &committed).unwrap();
+        assert_eq!(index.get("c").unwrap(), Some(committed));
+        assert_eq!(synchronous(&index), FULL);
+
+        index
+            .conn
+            .pragma_update(None, "synchronous", "NORMAL")
+            .unwrap();
+        index.relaxed = true;
+        index.insert("b", &active).unwrap();
+        assert_eq!(synchronous(&index), FULL);
+        assert!(!index.relaxed);
     }
 
     #[test]
