@@ -229,7 +229,7 @@ impl Store {
     /// lamina) counts as unlocked.
     pub fn try_lock_dir(&self, dir: &Path) -> Result<Option<DirLock>, StoreError> {
         let path = dir.join(LOCK);
-        let file = match File::open(&path) {
+        let file = match crate::open_existing_lock(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(Some(DirLock { _held: None }));

@@ -44,7 +44,7 @@ pub use durable::{sync_dir, write_durably};
 pub use error::StoreError;
 pub use import::LayerRecord;
 pub use layout::{Layout, MARKER, STORE_VERSION};
-pub use locks::{DEFAULT_LOCK_TIMEOUT, Flocked, StoreLock};
+pub use locks::{DEFAULT_LOCK_TIMEOUT, Flocked, StoreLock, open_existing_lock};
 pub use permissions::{create_private_dir, use_fixed_umask};
 pub use progress::ImportProgress;
 pub use properties::{IdMap, IdMapping, StoreProperties};

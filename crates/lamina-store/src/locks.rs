@@ -21,12 +21,64 @@ use crate::{Store, StoreError, lock_holders};
 /// it is not truncated: `File::create`'s `O_TRUNC` makes the filesystem update an empty
 /// file's times, one journal transaction per lock taken, which every create and delete
 /// paid several times over (docs/benchmarks.md, process per call).
+///
+/// Only a regular file is a lock: a FIFO there would block the open until a reader
+/// came, and a device's open may act on the device, so the open does not wait
+/// (`O_NONBLOCK`, which flock ignores), does not follow a symlink, and anything but a
+/// regular file is refused, naming what it is.
 pub(crate) fn open_lock_file(path: &std::path::Path) -> std::io::Result<File> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
+    open_lock(
+        path,
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false),
+    )
+}
+
+/// Opens the lock file at `path` if there is one (to read: a lock someone else made), as
+/// [`open_lock_file`] opens it; a missing one is `NotFound`, as from `File::open`.
+pub fn open_existing_lock(path: &std::path::Path) -> std::io::Result<File> {
+    open_lock(path, std::fs::OpenOptions::new().read(true))
+}
+
+fn open_lock(path: &std::path::Path, how: &mut std::fs::OpenOptions) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = how
+        .custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW).bits() as i32)
         .open(path)
+        .map_err(|e| match rustix::io::Errno::from_io_error(&e) {
+            Some(rustix::io::Errno::LOOP) => not_a_lock("a symlink"),
+            Some(rustix::io::Errno::NXIO) => not_a_lock("a FIFO or device with no reader"),
+            _ => e,
+        })?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(not_a_lock(file_type_name(kind)));
+    }
+    Ok(file)
+}
+
+fn not_a_lock(what: &str) -> std::io::Error {
+    std::io::Error::other(format!("a lock must be a regular file, and this is {what}"))
+}
+
+/// What a non-regular file at a lock path is, for the error.
+fn file_type_name(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// How long a lock wait lasts unless [`Store::with_lock_timeout`] says otherwise: long
@@ -188,6 +240,78 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::init(&dir.path().join("store")).unwrap();
         (dir, store)
+    }
+
+    /// Whatever sits at a lock's path, the lock is refused at once, naming what is there:
+    /// a FIFO with no reader blocked the open for ever before (and a device's open may act
+    /// on the device); a symlink is not followed.
+    #[test]
+    fn a_lock_path_that_is_not_a_regular_file_is_refused_without_waiting() {
+        let (_dir, store) = store();
+        let locks = store.layout().locks();
+        let fifo = locks.join("fifo.lock");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(&fifo, locks.join("link.lock")).unwrap();
+        std::fs::create_dir(locks.join("dir.lock")).unwrap();
+        for (name, what) in [
+            ("fifo", "a FIFO"),
+            ("link", "a symlink"),
+            ("dir", "Is a directory"),
+        ] {
+            let started = Instant::now();
+            let err = store.lock(name).unwrap_err().to_string();
+            assert!(started.elapsed() < Duration::from_secs(5), "{name}: {err}");
+            assert!(err.contains(what), "{name}: {err}");
+            assert!(err.contains(&format!("{name}.lock")), "{name}: {err}");
+        }
+        // A FIFO with a reader opens; it is refused for what it is.
+        use std::os::unix::fs::OpenOptionsExt;
+        let _reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+            .open(&fifo)
+            .unwrap();
+        let err = store.lock("fifo").unwrap_err().to_string();
+        assert!(err.contains("this is a FIFO"), "{err}");
+        assert!(store.lock("regular").is_ok());
+    }
+
+    /// A container's own lock, opened to wait on (delete, clean), is refused the same
+    /// way: a FIFO there blocked a delete for ever.
+    #[test]
+    fn a_containers_lock_that_is_a_fifo_fails_its_delete_at_once() {
+        let (_dir, store) = store();
+        let dir = store.layout().container("c");
+        std::fs::create_dir_all(&dir).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.join("lock"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let started = Instant::now();
+        let waited = store
+            .wait_for_container("c")
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(started.elapsed() < Duration::from_secs(5), "{waited}");
+        assert!(waited.contains("a FIFO"), "{waited}");
+        let tried = store
+            .try_lock_dir(&dir)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(tried.contains("a FIFO"), "{tried}");
     }
 
     #[test]
