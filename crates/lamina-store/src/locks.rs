@@ -265,9 +265,8 @@ mod tests {
             ("link", "a symlink"),
             ("dir", "Is a directory"),
         ] {
-            let started = Instant::now();
-            let err = store.lock(name).unwrap_err().to_string();
-            assert!(started.elapsed() < Duration::from_secs(5), "{name}: {err}");
+            let locking = store.clone();
+            let err = promptly(move || locking.lock(name).map(|_| ()).unwrap_err().to_string());
             assert!(err.contains(what), "{name}: {err}");
             assert!(err.contains(&format!("{name}.lock")), "{name}: {err}");
         }
@@ -298,20 +297,30 @@ mod tests {
             0,
         )
         .unwrap();
-        let started = Instant::now();
-        let waited = store
-            .wait_for_container("c")
-            .map(|_| ())
-            .unwrap_err()
-            .to_string();
-        assert!(started.elapsed() < Duration::from_secs(5), "{waited}");
+        let waiting = store.clone();
+        let waited = promptly(move || {
+            let waited = waiting.wait_for_container("c");
+            waited.map(|_| ()).unwrap_err().to_string()
+        });
         assert!(waited.contains("a FIFO"), "{waited}");
-        let tried = store
-            .try_lock_dir(&dir)
-            .map(|_| ())
-            .unwrap_err()
-            .to_string();
+        let trying = store.clone();
+        let tried = promptly(move || {
+            trying
+                .try_lock_dir(&dir)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        });
         assert!(tried.contains("a FIFO"), "{tried}");
+    }
+
+    /// `work`'s answer within 5 s, else a failure: a regression that blocks the open
+    /// fails the test instead of hanging the suite (the blocked thread dies with it).
+    fn promptly<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(work()));
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("blocked for 5 s opening a lock")
     }
 
     #[test]
