@@ -59,7 +59,7 @@ pub(crate) fn acquire(
     }
     fs::create_dir_all(&users).map_err(StoreError::io("creating", &users))?;
     let lease = users.join(lamina_store::unique_suffix());
-    let file = File::create(&lease).map_err(StoreError::io("creating lease", &lease))?;
+    let file = File::create_new(&lease).map_err(StoreError::io("creating lease", &lease))?;
     rustix::fs::flock(file.as_fd(), FlockOperation::LockExclusive)
         .map_err(StoreError::errno("locking lease", &lease))?;
     drop(lock);

@@ -425,7 +425,7 @@ fn read_record(
         path: path.to_path_buf(),
         why,
     };
-    let file = match File::open(path) {
+    let file = match crate::locks::open_not_waiting(path) {
         Ok(file) => file,
         // NotADirectory: a stray file in `images/` is no container at all.
         Err(e)

@@ -23,9 +23,9 @@ use crate::{Store, StoreError, lock_holders};
 /// paid several times over (docs/benchmarks.md, process per call).
 ///
 /// Only a regular file is a lock: a FIFO there would block the open until a reader
-/// came, and a device's open may act on the device, so the open does not wait
-/// (`O_NONBLOCK`, which flock ignores), does not follow a symlink, and anything but a
-/// regular file is refused, naming what it is.
+/// came, so the open does not wait (`O_NONBLOCK`, which flock ignores), does not follow
+/// a symlink, and anything but a regular file is refused, naming what it is. (A device
+/// is refused after its open has run: only root can put one in the store.)
 pub(crate) fn open_lock_file(path: &std::path::Path) -> std::io::Result<File> {
     open_lock(
         path,
@@ -42,25 +42,43 @@ pub fn open_existing_lock(path: &std::path::Path) -> std::io::Result<File> {
     open_lock(path, std::fs::OpenOptions::new().read(true))
 }
 
+/// Opens an existing file to read without waiting on what is there: a FIFO without a
+/// writer gives an error rather than blocking (a record read this way). Not followed if
+/// a symlink.
+pub(crate) fn open_not_waiting(path: &std::path::Path) -> std::io::Result<File> {
+    open_lock(path, std::fs::OpenOptions::new().read(true))
+}
+
 fn open_lock(path: &std::path::Path, how: &mut std::fs::OpenOptions) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = how
         .custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW).bits() as i32)
         .open(path)
-        .map_err(|e| match rustix::io::Errno::from_io_error(&e) {
-            Some(rustix::io::Errno::LOOP) => not_a_lock("a symlink"),
-            Some(rustix::io::Errno::NXIO) => not_a_lock("a FIFO or device with no reader"),
-            _ => e,
-        })?;
+        .map_err(|e| refused_open(path, e))?;
     let kind = file.metadata()?.file_type();
     if !kind.is_file() {
-        return Err(not_a_lock(file_type_name(kind)));
+        return Err(not_regular(file_type_name(kind)));
     }
     Ok(file)
 }
 
-fn not_a_lock(what: &str) -> std::io::Error {
-    std::io::Error::other(format!("a lock must be a regular file, and this is {what}"))
+/// An open's error, said as what is at `path` when that is why (the path itself a
+/// symlink: `ELOOP`; a FIFO or socket with nobody at the other end: `ENXIO`); else as
+/// the kernel said it (a loop in a parent directory is `ELOOP` too).
+fn refused_open(path: &std::path::Path, e: std::io::Error) -> std::io::Error {
+    let why = rustix::io::Errno::from_io_error(&e);
+    if !matches!(why, Some(rustix::io::Errno::LOOP | rustix::io::Errno::NXIO)) {
+        return e;
+    }
+    match path.symlink_metadata() {
+        Ok(meta) if meta.file_type().is_symlink() => not_regular("a symlink"),
+        Ok(meta) if !meta.file_type().is_file() => not_regular(file_type_name(meta.file_type())),
+        _ => e,
+    }
+}
+
+fn not_regular(what: &str) -> std::io::Error {
+    std::io::Error::other(format!("it must be a regular file, and this is {what}"))
 }
 
 /// What a non-regular file at a lock path is, for the error.
@@ -260,7 +278,9 @@ mod tests {
         .unwrap();
         std::os::unix::fs::symlink(&fifo, locks.join("link.lock")).unwrap();
         std::fs::create_dir(locks.join("dir.lock")).unwrap();
+        let _socket = std::os::unix::net::UnixListener::bind(locks.join("socket.lock")).unwrap();
         for (name, what) in [
+            ("socket", "this is a socket"),
             ("fifo", "a FIFO"),
             ("link", "a symlink"),
             ("dir", "Is a directory"),
@@ -304,14 +324,35 @@ mod tests {
         });
         assert!(waited.contains("a FIFO"), "{waited}");
         let trying = store.clone();
+        let fifo_dir = dir.clone();
         let tried = promptly(move || {
-            trying
-                .try_lock_dir(&dir)
-                .map(|_| ())
-                .unwrap_err()
-                .to_string()
+            let tried = trying.try_lock_dir(&fifo_dir);
+            tried.map(|_| ()).unwrap_err().to_string()
         });
         assert!(tried.contains("a FIFO"), "{tried}");
+
+        // Its record, read by every delete, check, clean and list, the same way.
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.join("container.json"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let reading = store.clone();
+        let read = promptly(move || reading.record("c").map(|_| ()).unwrap_err().to_string());
+        assert!(read.contains("this is a FIFO"), "{read}");
+
+        // A directory where the lock should be, opened to wait on.
+        std::fs::remove_file(dir.join("lock")).unwrap();
+        std::fs::create_dir(dir.join("lock")).unwrap();
+        let tried = store
+            .try_lock_dir(&dir)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(tried.contains("this is a directory"), "{tried}");
     }
 
     /// `work`'s answer within 5 s, else a failure: a regression that blocks the open
@@ -319,8 +360,13 @@ mod tests {
     fn promptly<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || tx.send(work()));
-        rx.recv_timeout(Duration::from_secs(5))
-            .expect("blocked for 5 s opening a lock")
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(answer) => answer,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("blocked for 5 s opening a lock")
+            }
+            Err(e) => panic!("the opening thread died: {e}"),
+        }
     }
 
     #[test]
