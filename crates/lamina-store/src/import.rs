@@ -211,30 +211,55 @@ impl Store {
     /// must be durable first: after a crash, a layer under layers/ must never have lost
     /// its contents.
     ///
-    /// A layer whose tree holds no file data (directories, empty files, devices, short
-    /// symlinks, xattrs — metadata only, as many image layers and every empty commit are)
-    /// needs no `syncfs` where the store's journal orders a direct write ahead of what it
-    /// logs later (`HostFs::write_new_direct`): its record is written direct, and every
-    /// change to the tree is in the journal before the rename that publishes it, so the
-    /// commit that makes the rename durable makes the whole layer durable. Everything
-    /// else is synced first, as before.
+    /// Where the store's journal orders a direct write ahead of what it logs later
+    /// (`HostFs::write_new_direct`: journaled ext4 and xfs whose commits flush the
+    /// device's cache first), no `syncfs` is needed: the record is written direct, the
+    /// layer's own files are written to the device and waited for (`HostFs::write_back`),
+    /// and every change to the tree is in the journal before the rename that publishes
+    /// it, so the commit that makes the rename durable — whose flush comes before its
+    /// commit record — makes the whole layer durable. A `syncfs` wrote every container's
+    /// dirty data on the store's filesystem too, for each layer a pull imported or a
+    /// containerd unpack committed: a stall of its neighbours of the S1 kind.
+    ///
+    /// Everything else is synced whole first, as before: other filesystems, a tree with a
+    /// symlink long enough for a block of its own (its block is not a file to write back),
+    /// or one too big to walk ([`WRITE_BACK_WALK`] entries).
     fn publish_staged(&self, staging: &Path, record: &LayerRecord) -> Result<(), StoreError> {
         let record_path = staging.join("layer.json");
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
-        let metadata_only = holds_no_file_data(&staging.join("diff"))
-            && self
-                .host
-                .write_new_direct(&record_path, &json)
-                .map_err(StoreError::errno("writing", &record_path))?;
-        if !metadata_only {
-            fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
+        let direct = self
+            .host
+            .write_new_direct(&record_path, &json)
+            .map_err(StoreError::errno("writing", &record_path))?;
+        let written_back = direct && self.write_back_files(&staging.join("diff"))?;
+        if !written_back {
+            if !direct {
+                fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
+            }
             self.host
                 .syncfs(staging)
                 .map_err(StoreError::errno("syncing", staging))?;
         }
         let final_dir = self.layout.layer(&record.chain_id);
         fs::rename(staging, &final_dir).map_err(StoreError::io("publishing layer", &final_dir))
+    }
+
+    /// Writes every regular file with bytes under `diff` to the device and waits for it:
+    /// all are started first, so the device sees them together. `false`: the tree is not
+    /// one this can make durable (see [`files_with_data`]), nothing was written.
+    fn write_back_files(&self, diff: &Path) -> Result<bool, StoreError> {
+        let Some(files) = files_with_data(diff) else {
+            return Ok(false);
+        };
+        for wait in [false, true] {
+            for file in &files {
+                self.host
+                    .write_back(file, wait)
+                    .map_err(StoreError::errno("writing back", file))?;
+            }
+        }
+        Ok(true)
     }
 
     fn unpack_verified(
@@ -336,39 +361,36 @@ impl Store {
     }
 }
 
-/// Whether the tree at `dir` holds nothing a journal commit would not carry: no regular
-/// file with bytes, no symlink long enough for a data block (ext4 keeps up to 59 bytes in
-/// the inode). Looks at no more than [`NO_DATA_WALK`] entries, and any error answers no:
-/// a layer too big to tell is synced.
-fn holds_no_file_data(dir: &Path) -> bool {
+/// The regular files with bytes under `dir`: what a journal commit does not carry. `None`
+/// when the tree also holds what cannot be written back file by file — a symlink long
+/// enough for a data block (ext4 keeps up to 59 bytes in the inode) — or more than
+/// [`WRITE_BACK_WALK`] entries, or an entry that cannot be read: such a tree is synced
+/// whole.
+fn files_with_data(dir: &Path) -> Option<Vec<PathBuf>> {
+    let mut files = Vec::new();
     let mut seen = 0usize;
     let mut dirs = vec![dir.to_path_buf()];
     while let Some(d) = dirs.pop() {
-        let Ok(entries) = fs::read_dir(&d) else {
-            return false;
-        };
-        for entry in entries {
+        for entry in fs::read_dir(&d).ok()? {
             seen += 1;
-            if seen > NO_DATA_WALK {
-                return false;
+            if seen > WRITE_BACK_WALK {
+                return None;
             }
-            let Ok(entry) = entry else {
-                return false;
-            };
-            let Ok(meta) = entry.metadata() else {
-                return false;
-            };
+            let entry = entry.ok()?;
+            let meta = entry.metadata().ok()?;
             let kind = meta.file_type();
             if kind.is_dir() {
                 dirs.push(entry.path());
-            } else if (kind.is_file() && meta.len() > 0) || (kind.is_symlink() && meta.len() >= 60)
-            {
-                return false;
+            } else if kind.is_file() && meta.len() > 0 {
+                files.push(entry.path());
+            } else if kind.is_symlink() && meta.len() >= 60 {
+                return None;
             }
         }
     }
-    true
+    Some(files)
 }
 
-/// How many entries [`holds_no_file_data`] looks at before answering no.
-const NO_DATA_WALK: usize = 4096;
+/// How many entries [`files_with_data`] looks at before the tree is synced whole: two
+/// opens a file past this cost more than one `syncfs`.
+const WRITE_BACK_WALK: usize = 16384;

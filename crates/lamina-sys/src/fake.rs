@@ -61,6 +61,8 @@ pub enum FakeCall {
     Write(PathBuf),
     Fsync(PathBuf),
     Syncfs(PathBuf),
+    /// A layer file's pages written to the device; `true`: waited for.
+    WriteBack(PathBuf, bool),
     /// A layer file made to share an object's extents (the layer file).
     ShareExtents(PathBuf),
     /// A composefs object or metadata image sealed with fs-verity.

@@ -229,4 +229,9 @@ impl HostFs for FakeMounter {
         let record = FakeCall::Syncfs(path.to_path_buf());
         self.lock().enter(Call::Syncfs, path, Some(record))
     }
+
+    fn write_back(&self, path: &Path, wait: bool) -> Result<(), Errno> {
+        let record = FakeCall::WriteBack(path.to_path_buf(), wait);
+        self.lock().enter(Call::WriteBack, path, Some(record))
+    }
 }

@@ -52,6 +52,8 @@ pub enum Call {
     Fsync,
     /// [`crate::HostFs::syncfs`]: an imported layer or flattened tree made durable.
     Syncfs,
+    /// [`crate::HostFs::write_back`]: a layer file's pages written ahead of its publish.
+    WriteBack,
     /// [`crate::HostFs::share_extents`]: a layer file deduplicated against an object.
     ShareExtents,
     /// [`crate::HostFs::enable_verity`]: a composefs object or image sealed.

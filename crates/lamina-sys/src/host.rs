@@ -111,6 +111,14 @@ pub trait HostFs: Send + Sync + Debug {
     /// `syncfs` of the filesystem holding `path`.
     fn syncfs(&self, path: &Path) -> Result<(), Errno>;
 
+    /// Writes regular file `path`'s dirty pages to the device: starts that writeback
+    /// (`wait` false), or finishes it and waits for it to end (`wait` true), with
+    /// `sync_file_range`. No flush of the device's cache and no journal commit: only
+    /// where [`HostFs::write_new_direct`] writes direct does the next journal commit
+    /// (whose flush precedes its commit record) make these pages durable. A symlink is
+    /// not followed.
+    fn write_back(&self, path: &Path, wait: bool) -> Result<(), Errno>;
+
     /// Creates the file `path` holding `bytes`, padded with spaces to whole 4 KiB blocks,
     /// with `O_DIRECT`, where the filesystem's journal puts that write ahead of everything
     /// it logs later (journaled ext4 and xfs in the configurations `ordered_journal.rs`
@@ -231,6 +239,16 @@ impl HostFs for RealHost {
     fn syncfs(&self, path: &Path) -> Result<(), Errno> {
         let dir = File::open(path).map_err(|e| io_errno(&e))?;
         rustix::fs::syncfs(dir.as_fd())
+    }
+
+    fn write_back(&self, path: &Path, wait: bool) -> Result<(), Errno> {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let file = File::from(rustix::fs::open(path, flags, Mode::empty())?);
+        if wait {
+            crate::raw::writeback::finish(&file)
+        } else {
+            crate::raw::writeback::start(&file)
+        }
     }
 
     fn share_extents(
