@@ -16,6 +16,7 @@ mod import;
 mod isolated;
 mod permission;
 mod process;
+mod publish;
 mod reclaim;
 mod scale;
 mod teardown;
@@ -48,6 +49,7 @@ pub type Scenario = fn(&Ctx) -> Vec<Table>;
 /// Every scenario by the name `--only` takes, in run order.
 pub const ALL: &[(&str, Scenario)] = &[
     ("s1-teardown", teardown::run),
+    ("s1-publish", publish::run),
     ("s2-reclaim", reclaim::run),
     ("s3-copy-up", copy_up::run),
     ("s4-density", density::run),
