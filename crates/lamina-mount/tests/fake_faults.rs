@@ -76,6 +76,59 @@ fn eio_on_syncfs_of_an_imported_layer_publishes_no_layer() {
     }
 }
 
+/// Where the journal orders direct writes, an imported layer with data has its own files
+/// written back (started, then waited for) and the filesystem is not synced.
+#[test]
+fn a_layer_with_data_is_written_back_not_synced_where_the_journal_orders_direct_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    fake.set_kernel(lamina_sys::FakeKernel {
+        ordered_direct_writes: true,
+        ..Default::default()
+    });
+    create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap();
+    let calls = fake.calls();
+    let written = |wait: bool| {
+        calls
+            .iter()
+            .filter(|c| matches!(c, FakeCall::WriteBack(_, w) if *w == wait))
+            .count()
+    };
+    assert!(written(false) > 0, "{calls:?}");
+    assert_eq!(
+        written(false),
+        written(true),
+        "each file started and waited for"
+    );
+    assert!(
+        !calls.iter().any(|c| matches!(c, FakeCall::Syncfs(_))),
+        "{calls:?}"
+    );
+}
+
+/// A write-back that fails (here EIO; a file replaced meanwhile fails the same way) is no
+/// failed import: the filesystem is synced instead, which covers the whole layer.
+#[test]
+fn a_failed_write_back_syncs_the_filesystem_instead() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    fake.set_kernel(lamina_sys::FakeKernel {
+        ordered_direct_writes: true,
+        ..Default::default()
+    });
+    fake.fail(Call::WriteBack, When::Always, Errno::IO);
+    create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap();
+    assert!(
+        fake.calls()
+            .iter()
+            .any(|c| matches!(c, FakeCall::Syncfs(_))),
+        "synced instead"
+    );
+    for chain_id in image.chain_ids() {
+        assert!(store.has_layer(&chain_id));
+    }
+}
+
 #[test]
 fn eio_on_syncfs_of_a_volatile_upper_is_a_writeback_error() {
     let tmp = tempfile::tempdir().unwrap();

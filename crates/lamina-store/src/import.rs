@@ -232,7 +232,7 @@ impl Store {
             .host
             .write_new_direct(&record_path, &json)
             .map_err(StoreError::errno("writing", &record_path))?;
-        let written_back = direct && self.write_back_files(&staging.join("diff"))?;
+        let written_back = direct && self.write_back_files(&staging.join("diff"));
         if !written_back {
             if !direct {
                 fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
@@ -245,21 +245,29 @@ impl Store {
         fs::rename(staging, &final_dir).map_err(StoreError::io("publishing layer", &final_dir))
     }
 
-    /// Writes every regular file with bytes under `diff` to the device and waits for it:
-    /// all are started first, so the device sees them together. `false`: the tree is not
-    /// one this can make durable (see [`files_with_data`]), nothing was written.
-    fn write_back_files(&self, diff: &Path) -> Result<bool, StoreError> {
+    /// Writes every regular file with bytes under `diff` to the device and waits for it,
+    /// [`WRITE_BACK_BATCH`] files at a time: each batch is started whole first, so the
+    /// device sees its files together. `false`: the tree is not one this can make durable
+    /// file by file (see [`files_with_data`]), or a file could not be opened or written
+    /// back (replaced meanwhile: a commit's upper may still be reachable through a mount);
+    /// the caller syncs the filesystem instead, which covers whatever this did.
+    fn write_back_files(&self, diff: &Path) -> bool {
         let Some(files) = files_with_data(diff) else {
-            return Ok(false);
+            return false;
         };
-        for wait in [false, true] {
-            for file in &files {
-                self.host
-                    .write_back(file, wait)
-                    .map_err(StoreError::errno("writing back", file))?;
-            }
-        }
-        Ok(true)
+        files.chunks(WRITE_BACK_BATCH).all(|batch| {
+            let Ok(open) = batch
+                .iter()
+                .map(|path| crate::locks::open_not_waiting(path).map(|file| (file, path)))
+                .collect::<Result<Vec<_>, _>>()
+            else {
+                return false;
+            };
+            [false, true].into_iter().all(|wait| {
+                open.iter()
+                    .all(|(file, path)| self.host.write_back(file, path, wait).is_ok())
+            })
+        })
     }
 
     fn unpack_verified(
@@ -361,13 +369,16 @@ impl Store {
     }
 }
 
-/// The regular files with bytes under `dir`: what a journal commit does not carry. `None`
-/// when the tree also holds what cannot be written back file by file — a symlink long
-/// enough for a data block (ext4 keeps up to 59 bytes in the inode) — or more than
-/// [`WRITE_BACK_WALK`] entries, or an entry that cannot be read: such a tree is synced
-/// whole.
+/// The regular files with bytes under `dir` (each inode once: a hardlink's other names
+/// are skipped), what a journal commit does not carry. `None` when the tree also holds
+/// what cannot be written back file by file — a symlink long enough for a data block
+/// (ext4 keeps up to 59 bytes in the inode) — or more than [`WRITE_BACK_FILES`] such
+/// files or [`WRITE_BACK_WALK`] entries, or an entry that cannot be read: such a tree is
+/// synced whole.
 fn files_with_data(dir: &Path) -> Option<Vec<PathBuf>> {
+    use std::os::unix::fs::MetadataExt;
     let mut files = Vec::new();
+    let mut inodes = std::collections::HashSet::new();
     let mut seen = 0usize;
     let mut dirs = vec![dir.to_path_buf()];
     while let Some(d) = dirs.pop() {
@@ -382,7 +393,12 @@ fn files_with_data(dir: &Path) -> Option<Vec<PathBuf>> {
             if kind.is_dir() {
                 dirs.push(entry.path());
             } else if kind.is_file() && meta.len() > 0 {
-                files.push(entry.path());
+                if inodes.insert((meta.dev(), meta.ino())) {
+                    files.push(entry.path());
+                }
+                if files.len() > WRITE_BACK_FILES {
+                    return None;
+                }
             } else if kind.is_symlink() && meta.len() >= 60 {
                 return None;
             }
@@ -391,6 +407,16 @@ fn files_with_data(dir: &Path) -> Option<Vec<PathBuf>> {
     Some(files)
 }
 
-/// How many entries [`files_with_data`] looks at before the tree is synced whole: two
-/// opens a file past this cost more than one `syncfs`.
+/// Files with data past which a layer is synced whole: an open and two calls a file cost
+/// about what one `syncfs` does at ~1000 small files when no neighbour has dirty data
+/// (measured by review on loop-backed ext4 and xfs: 16 000 files of 4 KiB took 1.3–1.9 s
+/// written back against 0.7–1.0 s synced). Past that the neighbours' writeback is the
+/// smaller price. Most image layers are far below it.
+const WRITE_BACK_FILES: usize = 2048;
+
+/// Entries [`files_with_data`] looks at before the tree is synced whole.
 const WRITE_BACK_WALK: usize = 16384;
+
+/// Files opened and written back together: enough for the device to see them at once,
+/// few enough to stay far from the open-files limit.
+const WRITE_BACK_BATCH: usize = 256;

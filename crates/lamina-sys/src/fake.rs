@@ -80,6 +80,11 @@ pub struct FakeKernel {
     /// The store's filesystem seals files with fs-verity (composefs's objects are
     /// sealed and mounted with `verity=require`). Off by default, as on this VM.
     pub fs_verity: bool,
+    /// The store's journal orders a direct write ahead of what it logs later
+    /// ([`crate::HostFs::write_new_direct`] writes, and a layer's files are written back
+    /// rather than its filesystem synced). Off by default: the fake's files are on
+    /// whatever filesystem the test runs on.
+    pub ordered_direct_writes: bool,
 }
 
 impl Default for FakeKernel {
@@ -92,6 +97,7 @@ impl Default for FakeKernel {
             idmapped_layers: true,
             btrfs_quotas: false,
             fs_verity: false,
+            ordered_direct_writes: false,
         }
     }
 }

@@ -195,8 +195,20 @@ impl HostFs for FakeMounter {
 
     /// The fake's filesystem journals nothing in order: writers take their durable path,
     /// whose calls it records and can fail.
-    fn write_new_direct(&self, _path: &Path, _bytes: &[u8]) -> Result<bool, Errno> {
-        Ok(false)
+    /// Written (buffered: the fake has no device) where the fake kernel says the journal
+    /// orders direct writes ([`crate::FakeKernel::ordered_direct_writes`]).
+    fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {
+        if !self.lock().kernel.ordered_direct_writes {
+            return Ok(false);
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+        std::io::Write::write_all(&mut file, bytes)
+            .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+        Ok(true)
     }
 
     /// Recorded, and done for real (the fake's files are real files).
@@ -230,7 +242,7 @@ impl HostFs for FakeMounter {
         self.lock().enter(Call::Syncfs, path, Some(record))
     }
 
-    fn write_back(&self, path: &Path, wait: bool) -> Result<(), Errno> {
+    fn write_back(&self, _file: &File, path: &Path, wait: bool) -> Result<(), Errno> {
         let record = FakeCall::WriteBack(path.to_path_buf(), wait);
         self.lock().enter(Call::WriteBack, path, Some(record))
     }

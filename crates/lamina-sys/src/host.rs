@@ -111,13 +111,12 @@ pub trait HostFs: Send + Sync + Debug {
     /// `syncfs` of the filesystem holding `path`.
     fn syncfs(&self, path: &Path) -> Result<(), Errno>;
 
-    /// Writes regular file `path`'s dirty pages to the device: starts that writeback
-    /// (`wait` false), or finishes it and waits for it to end (`wait` true), with
-    /// `sync_file_range`. No flush of the device's cache and no journal commit: only
+    /// Writes `file`'s (which is `path`'s) dirty pages to the device: starts that
+    /// writeback (`wait` false), or finishes it and waits for it to end (`wait` true),
+    /// with `sync_file_range`. No flush of the device's cache and no journal commit: only
     /// where [`HostFs::write_new_direct`] writes direct does the next journal commit
-    /// (whose flush precedes its commit record) make these pages durable. A symlink is
-    /// not followed.
-    fn write_back(&self, path: &Path, wait: bool) -> Result<(), Errno>;
+    /// (whose flush precedes its commit record) make these pages durable.
+    fn write_back(&self, file: &File, path: &Path, wait: bool) -> Result<(), Errno>;
 
     /// Creates the file `path` holding `bytes`, padded with spaces to whole 4 KiB blocks,
     /// with `O_DIRECT`, where the filesystem's journal puts that write ahead of everything
@@ -241,13 +240,11 @@ impl HostFs for RealHost {
         rustix::fs::syncfs(dir.as_fd())
     }
 
-    fn write_back(&self, path: &Path, wait: bool) -> Result<(), Errno> {
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        let file = File::from(rustix::fs::open(path, flags, Mode::empty())?);
+    fn write_back(&self, file: &File, _path: &Path, wait: bool) -> Result<(), Errno> {
         if wait {
-            crate::raw::writeback::finish(&file)
+            crate::raw::writeback::finish(file)
         } else {
-            crate::raw::writeback::start(&file)
+            crate::raw::writeback::start(file)
         }
     }
 
