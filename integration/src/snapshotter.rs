@@ -14,6 +14,16 @@ use tonic::transport::Channel;
 
 use crate::lamina::binary;
 
+/// The snapshotter on the store at `root`, in this process, as `lamina daemon` opens it
+/// with `--strategy classic`: for tests that cut power under it or look at its rows.
+pub fn open_in_process(
+    root: &Path,
+) -> Result<lamina_snapshotter::Snapshotter, lamina_snapshotter::SnapshotError> {
+    let store = lamina_store::Store::open(root).expect("opening the store");
+    let mounter = std::sync::Arc::new(lamina_sys::RealMounter::new());
+    lamina_snapshotter::Snapshotter::open(store, mounter, lamina_mount::Strategies::CLASSIC)
+}
+
 /// A running `lamina daemon --containerd-socket`, stopped (SIGTERM) on drop.
 #[derive(Debug)]
 pub struct Daemon {

@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
-use std::sync::Arc;
 
 use lamina_integration::{FsKind, ScratchFs, require_root};
 use lamina_snapshotter::Snapshotter;
@@ -87,9 +86,7 @@ fn a_committed_layers_files_survive_a_power_cut_and_its_neighbours_are_not_writt
 }
 
 fn open_snapshotter(root: &Path) -> Snapshotter {
-    let store = lamina_store::Store::open(root).unwrap();
-    let mounter = Arc::new(lamina_sys::RealMounter::new());
-    Snapshotter::open(store, mounter, lamina_mount::Strategies::CLASSIC).unwrap()
+    lamina_integration::snapshotter::open_in_process(root).unwrap()
 }
 
 /// `len` bytes that differ from file to file and along each file.

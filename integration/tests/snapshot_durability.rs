@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
-use std::sync::Arc;
 
 use lamina_integration::{FsKind, Lamina, ScratchFs, require_root, sample_image};
 use lamina_snapshotter::{SnapshotError, Snapshotter};
@@ -15,9 +14,7 @@ use lamina_store::SnapshotKind;
 
 /// The snapshotter on the store at `root`, as `lamina daemon` opens it.
 fn open_snapshotter(root: &Path) -> Result<Snapshotter, SnapshotError> {
-    let store = lamina_store::Store::open(root).unwrap();
-    let mounter = Arc::new(lamina_sys::RealMounter::new());
-    Snapshotter::open(store, mounter, lamina_mount::Strategies::CLASSIC)
+    lamina_integration::snapshotter::open_in_process(root)
 }
 
 /// A containerd commit that returned survives a power cut right after it, with nothing

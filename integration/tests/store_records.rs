@@ -340,10 +340,7 @@ fn a_metadata_only_layer_survives_a_power_cut_after_a_later_fsync() {
         std::os::unix::fs::symlink("a/b", diff.join("short")).unwrap();
         let chain = lamina_image::Digest::of(b"a layer of metadata only");
         assert!(store.publish_layer_dir(&chain, &diff).unwrap());
-        let mut later = fs::File::create(fs.path().join("later")).unwrap();
-        std::io::Write::write_all(&mut later, b"a later transaction").unwrap();
-        later.sync_all().unwrap();
-        drop(later);
+        a_later_fsync(&fs);
 
         fs.crash_and_remount();
 
@@ -407,10 +404,7 @@ fn a_layer_with_data_survives_a_power_cut_after_a_later_fsync() {
         fs::hard_link(diff.join("bin/tool-1"), diff.join("bin/alias")).unwrap();
         let chain = lamina_image::Digest::of(b"a layer with data");
         assert!(store.publish_layer_dir(&chain, &diff).unwrap());
-        let mut later = fs::File::create(fs.path().join("later")).unwrap();
-        std::io::Write::write_all(&mut later, b"a later transaction").unwrap();
-        later.sync_all().unwrap();
-        drop(later);
+        a_later_fsync(&fs);
 
         fs.crash_and_remount();
 
@@ -455,4 +449,12 @@ fn a_record_past_the_limit_is_refused_at_create_and_leaves_nothing() {
     assert!(!lamina.store.join("images/big").exists());
     assert!(mounts_under(&lamina.store).is_empty());
     assert_eq!(lamina.run(&["check"]).code, 0);
+}
+
+/// A file made and fsynced on `fs`: a journal commit that carries everything logged
+/// before it, as the snapshot metadata's next transaction does.
+fn a_later_fsync(fs: &ScratchFs) {
+    let mut later = fs::File::create(fs.path().join("later")).unwrap();
+    std::io::Write::write_all(&mut later, b"a later transaction").unwrap();
+    later.sync_all().unwrap();
 }

@@ -189,7 +189,7 @@ pub(crate) fn recount(store: &Store, mounter: &dyn Mounter) -> Result<usize, Roo
 
 /// Whether a create still holds this lease's flock (its record is not written yet).
 fn in_flight(lease: &Path) -> bool {
-    lamina_store::open_existing_lock(lease).is_ok_and(|f| {
+    lamina_store::open_regular_file(lease).is_ok_and(|f| {
         rustix::fs::flock(f.as_fd(), FlockOperation::NonBlockingLockExclusive).is_err()
     })
 }

@@ -82,10 +82,7 @@ fn eio_on_syncfs_of_an_imported_layer_publishes_no_layer() {
 fn a_layer_with_data_is_written_back_not_synced_where_the_journal_orders_direct_writes() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, image, fake) = setup_fake(tmp.path());
-    fake.set_kernel(lamina_sys::FakeKernel {
-        ordered_direct_writes: true,
-        ..Default::default()
-    });
+    orders_direct_writes(&fake);
     create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap();
     let calls = fake.calls();
     let written = |wait: bool| {
@@ -112,10 +109,7 @@ fn a_layer_with_data_is_written_back_not_synced_where_the_journal_orders_direct_
 fn a_failed_write_back_syncs_the_filesystem_instead() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, image, fake) = setup_fake(tmp.path());
-    fake.set_kernel(lamina_sys::FakeKernel {
-        ordered_direct_writes: true,
-        ..Default::default()
-    });
+    orders_direct_writes(&fake);
     fake.fail(Call::WriteBack, When::Always, Errno::IO);
     create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap();
     assert!(
@@ -127,6 +121,15 @@ fn a_failed_write_back_syncs_the_filesystem_instead() {
     for chain_id in image.chain_ids() {
         assert!(store.has_layer(&chain_id));
     }
+}
+
+/// Makes `fake`'s filesystem one whose journal orders direct writes (journaled ext4 or
+/// xfs, for the store).
+fn orders_direct_writes(fake: &lamina_sys::FakeMounter) {
+    fake.set_kernel(lamina_sys::FakeKernel {
+        ordered_direct_writes: true,
+        ..Default::default()
+    });
 }
 
 #[test]

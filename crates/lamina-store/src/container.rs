@@ -229,7 +229,7 @@ impl Store {
     /// lamina) counts as unlocked.
     pub fn try_lock_dir(&self, dir: &Path) -> Result<Option<DirLock>, StoreError> {
         let path = dir.join(LOCK);
-        let file = match crate::open_existing_lock(&path) {
+        let file = match crate::open_regular_file(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(Some(DirLock { _held: None }));
@@ -425,7 +425,7 @@ fn read_record(
         path: path.to_path_buf(),
         why,
     };
-    let file = match crate::locks::open_not_waiting(path) {
+    let file = match crate::open_regular_file(path) {
         Ok(file) => file,
         // NotADirectory: a stray file in `images/` is no container at all.
         Err(e)

@@ -82,7 +82,7 @@ impl Store {
                 continue;
             }
             let path = entry.path();
-            let Ok(file) = crate::open_existing_lock(&path) else {
+            let Ok(file) = crate::open_regular_file(&path) else {
                 continue;
             };
             let free =
@@ -107,7 +107,7 @@ impl Store {
         let base = self.layout.container(id);
         let path = base.join(LOCK);
         loop {
-            let file = match crate::open_existing_lock(&path) {
+            let file = match crate::open_regular_file(&path) {
                 Ok(file) => file,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     // No lock file: no container, or one made by an older lamina.

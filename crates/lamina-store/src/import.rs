@@ -258,7 +258,7 @@ impl Store {
         files.chunks(WRITE_BACK_BATCH).all(|batch| {
             let Ok(open) = batch
                 .iter()
-                .map(|path| crate::locks::open_not_waiting(path).map(|file| (file, path)))
+                .map(|path| crate::open_regular_file(path).map(|file| (file, path)))
                 .collect::<Result<Vec<_>, _>>()
             else {
                 return false;

@@ -20,83 +20,16 @@ use crate::{Store, StoreError, lock_holders};
 /// Opens (making it if needed) the lock file at `path`. Its contents are never read, so
 /// it is not truncated: `File::create`'s `O_TRUNC` makes the filesystem update an empty
 /// file's times, one journal transaction per lock taken, which every create and delete
-/// paid several times over (docs/benchmarks.md, process per call).
-///
-/// Only a regular file is a lock: a FIFO there would block the open until a reader
-/// came, so the open does not wait (`O_NONBLOCK`, which flock ignores), does not follow
-/// a symlink, and anything but a regular file is refused, naming what it is. (A device
-/// is refused after its open has run: only root can put one in the store.)
+/// paid several times over (docs/benchmarks.md, process per call). Only a regular file
+/// is a lock (see [`crate::regular_file`]).
 pub(crate) fn open_lock_file(path: &std::path::Path) -> std::io::Result<File> {
-    open_lock(
+    crate::regular_file::open(
         path,
         std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false),
     )
-}
-
-/// Opens the lock file at `path` if there is one (to read: a lock someone else made), as
-/// [`open_lock_file`] opens it; a missing one is `NotFound`, as from `File::open`.
-pub fn open_existing_lock(path: &std::path::Path) -> std::io::Result<File> {
-    open_lock(path, std::fs::OpenOptions::new().read(true))
-}
-
-/// Opens an existing file to read without waiting on what is there: a FIFO without a
-/// writer gives an error rather than blocking (a record read this way). Not followed if
-/// a symlink.
-pub(crate) fn open_not_waiting(path: &std::path::Path) -> std::io::Result<File> {
-    open_lock(path, std::fs::OpenOptions::new().read(true))
-}
-
-fn open_lock(path: &std::path::Path, how: &mut std::fs::OpenOptions) -> std::io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = how
-        .custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW).bits() as i32)
-        .open(path)
-        .map_err(|e| refused_open(path, e))?;
-    let kind = file.metadata()?.file_type();
-    if !kind.is_file() {
-        return Err(not_regular(file_type_name(kind)));
-    }
-    Ok(file)
-}
-
-/// An open's error, said as what is at `path` when that is why (the path itself a
-/// symlink: `ELOOP`; a FIFO or socket with nobody at the other end: `ENXIO`); else as
-/// the kernel said it (a loop in a parent directory is `ELOOP` too).
-fn refused_open(path: &std::path::Path, e: std::io::Error) -> std::io::Error {
-    let why = rustix::io::Errno::from_io_error(&e);
-    if !matches!(why, Some(rustix::io::Errno::LOOP | rustix::io::Errno::NXIO)) {
-        return e;
-    }
-    match path.symlink_metadata() {
-        Ok(meta) if meta.file_type().is_symlink() => not_regular("a symlink"),
-        Ok(meta) if !meta.file_type().is_file() => not_regular(file_type_name(meta.file_type())),
-        _ => e,
-    }
-}
-
-fn not_regular(what: &str) -> std::io::Error {
-    std::io::Error::other(format!("it must be a regular file, and this is {what}"))
-}
-
-/// What a non-regular file at a lock path is, for the error.
-fn file_type_name(kind: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if kind.is_dir() {
-        "a directory"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_socket() {
-        "a socket"
-    } else if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else {
-        "not a regular file"
-    }
 }
 
 /// How long a lock wait lasts unless [`Store::with_lock_timeout`] says otherwise: long
@@ -268,14 +201,7 @@ mod tests {
         let (_dir, store) = store();
         let locks = store.layout().locks();
         let fifo = locks.join("fifo.lock");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .unwrap();
+        fifo_at(&fifo);
         std::os::unix::fs::symlink(&fifo, locks.join("link.lock")).unwrap();
         std::fs::create_dir(locks.join("dir.lock")).unwrap();
         let _socket = std::os::unix::net::UnixListener::bind(locks.join("socket.lock")).unwrap();
@@ -309,14 +235,7 @@ mod tests {
         let (_dir, store) = store();
         let dir = store.layout().container("c");
         std::fs::create_dir_all(&dir).unwrap();
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            dir.join("lock"),
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .unwrap();
+        fifo_at(&dir.join("lock"));
         let waiting = store.clone();
         let waited = promptly(move || {
             let waited = waiting.wait_for_container("c");
@@ -332,14 +251,7 @@ mod tests {
         assert!(tried.contains("a FIFO"), "{tried}");
 
         // Its record, read by every delete, check, clean and list, the same way.
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            dir.join("container.json"),
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .unwrap();
+        fifo_at(&dir.join("container.json"));
         let reading = store.clone();
         let read = promptly(move || reading.record("c").map(|_| ()).unwrap_err().to_string());
         assert!(read.contains("this is a FIFO"), "{read}");
@@ -353,6 +265,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(tried.contains("this is a directory"), "{tried}");
+    }
+
+    /// A FIFO at `path`, with nobody at either end.
+    fn fifo_at(path: &Path) {
+        let mode = rustix::fs::Mode::from_raw_mode(0o600);
+        rustix::fs::mknodat(rustix::fs::CWD, path, rustix::fs::FileType::Fifo, mode, 0).unwrap();
     }
 
     /// `work`'s answer within 5 s, else a failure: a regression that blocks the open

@@ -193,10 +193,10 @@ impl HostFs for FakeMounter {
             .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
     }
 
-    /// The fake's filesystem journals nothing in order: writers take their durable path,
-    /// whose calls it records and can fail.
-    /// Written (buffered: the fake has no device) where the fake kernel says the journal
-    /// orders direct writes ([`crate::FakeKernel::ordered_direct_writes`]).
+    /// By default the fake's filesystem journals nothing in order: writers take their
+    /// durable path, whose calls it records and can fail. Where the fake kernel says the
+    /// journal orders direct writes ([`crate::FakeKernel::ordered_direct_writes`]), the
+    /// file is written (buffered: the fake has no device).
     fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {
         if !self.lock().kernel.ordered_direct_writes {
             return Ok(false);

@@ -94,9 +94,7 @@ fn vol_args(name: &OsStr) -> Result<Box<VolArgs>, Errno> {
 
 fn check(rc: libc::c_int) -> Result<(), Errno> {
     if rc < 0 {
-        Err(Errno::from_raw_os_error(
-            std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-        ))
+        Err(super::last_errno())
     } else {
         Ok(())
     }

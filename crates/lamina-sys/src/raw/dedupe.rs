@@ -55,9 +55,7 @@ pub fn share_extents(from: &File, into: &File, len: u64) -> Result<u64, Errno> {
         // which the kernel reads and writes only within the struct.
         let rc = unsafe { libc::ioctl(from.as_raw_fd(), FIDEDUPERANGE, &mut args as *mut _) };
         if rc < 0 {
-            return Err(Errno::from_raw_os_error(
-                std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-            ));
+            return Err(super::last_errno());
         }
         if args.status < 0 {
             return Err(Errno::from_raw_os_error(-args.status));

@@ -7,6 +7,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use super::last_errno;
 use rustix::io::Errno;
 
 /// `LOOP_CTL_GET_FREE` from `<linux/loop.h>`: returns the number of a free device.
@@ -153,8 +154,4 @@ fn configure(device: &File, backing: &File) -> Result<(), Errno> {
 
 fn errno(e: &std::io::Error) -> Errno {
     Errno::from_io_error(e).unwrap_or(Errno::IO)
-}
-
-fn last_errno() -> Errno {
-    errno(&std::io::Error::last_os_error())
 }

@@ -14,3 +14,9 @@ pub mod setattr;
 pub mod verity;
 pub mod writeback;
 pub mod xfs;
+
+/// The error the raw call that just failed set (`errno`).
+pub(crate) fn last_errno() -> rustix::io::Errno {
+    let e = std::io::Error::last_os_error();
+    rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO)
+}

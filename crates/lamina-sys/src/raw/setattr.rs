@@ -66,6 +66,6 @@ fn mount_setattr(mount_fd: BorrowedFd<'_>, attr: &MountAttr) -> Result<(), Errno
     if rc == 0 {
         Ok(())
     } else {
-        Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::INVAL))
+        Err(super::last_errno())
     }
 }

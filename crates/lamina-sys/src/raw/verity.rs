@@ -48,7 +48,7 @@ pub fn enable_verity(file: &File) -> Result<(), Errno> {
     if rc == 0 {
         return Ok(());
     }
-    match Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)) {
+    match super::last_errno() {
         Errno::EXIST => Ok(()),
         e => Err(e),
     }

@@ -31,10 +31,6 @@ fn range(file: &File, flags: libc::c_uint) -> Result<(), Errno> {
     if ret == 0 {
         Ok(())
     } else {
-        Err(Errno::from_raw_os_error(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        ))
+        Err(super::last_errno())
     }
 }
