@@ -9,7 +9,8 @@
 //! - the container snapshot cycle — Prepare on the image's top layer, Mounts, mount the
 //!   answer as the shim does, unmount, Remove — with 10, 1000 and 5000 committed
 //!   snapshots in the snapshotter, once lamina's reaper has removed what the fill's
-//!   commits left it;
+//!   commits left it; lamina's also with its snapshots marked ephemeral (a volatile
+//!   upper), alternated with its default cycle;
 //! - the resident memory of the process serving each (containerd itself for overlayfs,
 //!   the proxy's own process for the others) with 5000 committed;
 //! - `ctr images import` of a 100-layer image into each, its content already in
@@ -97,17 +98,41 @@ fn main() {
             // reaper (deferred delete): the cycles are measured once it has caught up,
             // not while it works through the fill's backlog beside them.
             wait_for_reaper(&fs.path().join("store").join("trash"));
-            let mut samples = Vec::new();
-            let mut steps: [Vec<Duration>; STEPS.len()] = Default::default();
+            // lamina's cycle is also measured as an operator gets it who marks containers
+            // ephemeral (a volatile upper: no sync at unmount, writes lost on a crash),
+            // alternated with the default one so that both see the same host.
+            let variants: &[(&str, Labels)] = if snapshotter == "lamina" {
+                &[("lamina", gc_root()), (LAMINA_EPHEMERAL, ephemeral())]
+            } else {
+                &[(snapshotter, gc_root())]
+            };
+            let mut samples = vec![Vec::new(); variants.len()];
+            let mut steps: Vec<[Vec<Duration>; STEPS.len()]> =
+                vec![Default::default(); variants.len()];
             for i in 0..sizes.cycles {
-                let (total, each) = cycle(&api, &parent, &format!("cycle-{size}-{i}"), &target);
-                samples.push(total);
-                for (step, took) in steps.iter_mut().zip(each) {
-                    step.push(took);
+                for (v, (_, labels)) in variants.iter().enumerate() {
+                    let key = format!("cycle-{size}-{i}-{v}");
+                    let (total, each) = cycle(&api, &parent, &key, &target, labels);
+                    samples[v].push(total);
+                    for (step, took) in steps[v].iter_mut().zip(each) {
+                        step.push(took);
+                    }
                 }
             }
-            samples.sort();
-            cycles.push((snapshotter, size, samples));
+            for ((who, _), (mut samples, steps)) in
+                variants.iter().zip(samples.into_iter().zip(steps))
+            {
+                samples.sort();
+                cycles.push((*who, size, samples));
+                breakdown.push((
+                    *who,
+                    size,
+                    steps.map(|mut s| {
+                        s.sort();
+                        nearest_rank(&s, 0.5)
+                    }),
+                ));
+            }
             // The same row read straight from the proxy's socket, containerd left out:
             // what the snapshotter's own call costs as its store grows.
             let socket = match (snapshotter, &proxy) {
@@ -118,14 +143,6 @@ fn main() {
             if let Some(socket) = socket {
                 direct_stats.push((snapshotter, size, direct_stat_p50(&socket, sizes.cycles)));
             }
-            breakdown.push((
-                snapshotter,
-                size,
-                steps.map(|mut s| {
-                    s.sort();
-                    nearest_rank(&s, 0.5)
-                }),
-            ));
         }
         let pid = match (snapshotter, &proxy) {
             ("lamina", _) => daemon.pid().unwrap(),
@@ -209,6 +226,17 @@ fn gc_root() -> Labels {
     labels(&[("containerd.io/gc.root", "bench")])
 }
 
+/// lamina's cycle with its snapshots marked ephemeral.
+const LAMINA_EPHEMERAL: &str = "lamina, ephemeral";
+
+/// [`gc_root`] and lamina's ephemeral label: a volatile upper.
+fn ephemeral() -> Labels {
+    labels(&[
+        ("containerd.io/gc.root", "bench"),
+        (lamina_snapshotter::EPHEMERAL_LABEL, "true"),
+    ])
+}
+
 /// One layer of an unpack: Prepare with no parent, Commit; timed together.
 fn commit_empty_layer(api: &Api, n: usize) -> Duration {
     let key = format!("fill-{n}");
@@ -224,7 +252,13 @@ const STEPS: [&str; 5] = ["Stat", "Prepare", "Mounts", "mount + unmount", "Remov
 
 /// A container start and stop as the snapshotter sees it: the cycle's time (the `Stat`
 /// before it not counted), and each of [`STEPS`].
-fn cycle(api: &Api, parent: &str, key: &str, target: &Path) -> (Duration, [Duration; STEPS.len()]) {
+fn cycle(
+    api: &Api,
+    parent: &str,
+    key: &str,
+    target: &Path,
+    labels: &Labels,
+) -> (Duration, [Duration; STEPS.len()]) {
     let mut steps = [Duration::ZERO; STEPS.len()];
     let mut timed = |step: usize, work: &mut dyn FnMut()| {
         let t = Instant::now();
@@ -236,7 +270,7 @@ fn cycle(api: &Api, parent: &str, key: &str, target: &Path) -> (Duration, [Durat
     });
     let mut mounts = Vec::new();
     timed(1, &mut || {
-        api.prepare(key, parent, gc_root()).unwrap();
+        api.prepare(key, parent, labels.clone()).unwrap();
     });
     timed(2, &mut || mounts = api.mounts(key).unwrap());
     timed(3, &mut || {
