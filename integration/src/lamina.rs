@@ -177,6 +177,35 @@ impl Lamina {
         std::fs::read_dir(self.store.join(sub)).map_or(0, |d| d.count())
     }
 
+    /// [`Lamina::run`], failing the test if the command has not finished within `limit`
+    /// (it is killed first): for commands a regression could block for ever.
+    pub fn run_within(&self, args: &[&str], limit: std::time::Duration) -> Output {
+        let mut child = Command::new(binary())
+            .arg("--store")
+            .arg(&self.store)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("running lamina");
+        let deadline = std::time::Instant::now() + limit;
+        while child.try_wait().expect("waiting for lamina").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("lamina {args:?} blocked for {limit:?}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("reading lamina's output");
+        Output {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).trim_end().to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
     /// `lamina --store <store> --log-level warn ARGS...` to spawn, with stdin closed:
     /// for tests that run many processes at once or kill them.
     pub fn command<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Command {

@@ -162,3 +162,80 @@ fn a_missing_layer_is_reported_and_cannot_be_repaired() {
             .contains("could not be repaired")
     );
 }
+
+/// One file that is not what lamina keeps there (a FIFO, a directory; only root can put
+/// it there) is answered at once by every command, and fails none of them for the rest of
+/// the store (review findings: a FIFO `layer.json` hung `check` and `stats`; a FIFO lock
+/// in one directory failed `clean` and `check` for every container, and the delete the
+/// docs name as the remedy).
+#[test]
+fn a_file_of_the_wrong_type_hangs_no_command_and_fails_none_for_the_rest() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let store = &lamina.store;
+    let image = sample_image(&fs.path().join("img")).references()[0].clone();
+    lamina.run(&["create", "--without-mount", &image, "live"]);
+    let soon = std::time::Duration::from_secs(20);
+
+    // A layer's record.
+    let layer = fs::read_dir(store.join("layers"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .next()
+        .unwrap();
+    let record = layer.join("layer.json");
+    let saved = fs::read(&record).unwrap();
+    fs::remove_file(&record).unwrap();
+    fifo_at(&record);
+    let found = lamina.run_within(&["check"], soon);
+    assert_eq!(found.code, 1, "{found:?}");
+    assert!(found.stdout.contains("a FIFO"), "{found:?}");
+    let stats = lamina.run_within(&["stats", "live"], soon);
+    assert_ne!(stats.code, 0, "{stats:?}");
+    assert!(stats.stderr.contains("a FIFO"), "{stats:?}");
+    fs::remove_file(&record).unwrap();
+    fs::write(&record, saved).unwrap();
+
+    // A crashed create whose lock is a FIFO, beside one whose lock is a directory.
+    for (id, lock) in [("fifo-lock", "fifo"), ("dir-lock", "dir")] {
+        let dir = store.join("images").join(id);
+        fs::create_dir_all(dir.join("rootfs")).unwrap();
+        match lock {
+            "fifo" => fifo_at(&dir.join("lock")),
+            _ => fs::create_dir(dir.join("lock")).unwrap(),
+        }
+    }
+    let found = lamina.run_within(&["check"], soon);
+    assert_eq!(found.code, 1, "{found:?}");
+    assert!(
+        kinds(&report_of(&found.stdout)).contains("crashed_create"),
+        "{found:?}"
+    );
+    let cleaned = lamina.run_within(&["clean"], soon);
+    assert_eq!(cleaned.code, 0, "{cleaned:?}");
+    assert!(!store.join("images/fifo-lock").exists());
+    assert!(!store.join("images/dir-lock").exists());
+
+    // A container whose record and lock are both FIFOs goes with a delete.
+    lamina.run(&["create", "--without-mount", &image, "broken"]);
+    let broken = store.join("images/broken");
+    for name in ["lock", "container.json"] {
+        fs::remove_file(broken.join(name)).unwrap();
+        fifo_at(&broken.join(name));
+    }
+    let deleted = lamina.run_within(&["delete", "broken"], soon);
+    assert_eq!(deleted.code, 0, "{deleted:?}");
+    assert!(!broken.exists());
+    let listed = lamina.run_within(&["list"], soon);
+    assert!(!listed.stdout.contains("broken"), "{listed:?}");
+    let after = lamina.run_within(&["check"], soon);
+    assert_eq!(after.code, 0, "{after:?}");
+    lamina.delete_and_assert_gone("live", "check");
+}
+
+/// A FIFO at `path`, with nobody at either end.
+fn fifo_at(path: &std::path::Path) {
+    let mode = rustix::fs::Mode::from_raw_mode(0o600);
+    rustix::fs::mknodat(rustix::fs::CWD, path, rustix::fs::FileType::Fifo, mode, 0).unwrap();
+}

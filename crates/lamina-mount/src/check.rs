@@ -362,7 +362,7 @@ fn bad_layers(store: &Store) -> Result<Vec<(PathBuf, String)>, RootfsError> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let record_path = dir.join("layer.json");
-        let why = match std::fs::read(&record_path) {
+        let why = match lamina_store::read_regular_file(&record_path) {
             Err(e) => Some(format!("layer.json unreadable: {e}")),
             Ok(bytes) => match serde_json::from_slice::<LayerRecord>(&bytes) {
                 Err(e) => Some(format!("layer.json is not a layer record: {e}")),

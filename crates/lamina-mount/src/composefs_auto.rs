@@ -130,7 +130,7 @@ pub fn build_for(
     // host restart starts the count again.
     let building = building_path(&image);
     let this_boot = crate::probe::boot_id();
-    let deaths = fs::read_to_string(&building)
+    let deaths = lamina_store::read_regular_to_string(&building)
         .ok()
         .and_then(|mark| {
             let (boot, deaths) = mark.trim().split_once(' ')?;
@@ -246,7 +246,7 @@ pub(crate) fn forget_stale_refusals(store: &Store) -> Result<usize, StoreError> 
         };
         let layer_gone = !store.layout().layers().join(&top).is_dir();
         let other_release = is_refusal
-            && fs::read_to_string(&path)
+            && lamina_store::read_regular_to_string(&path)
                 .map(|text| text.lines().next() != Some(release_line().as_str()))
                 .unwrap_or(true);
         if layer_gone || other_release {

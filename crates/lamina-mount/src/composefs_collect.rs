@@ -77,7 +77,7 @@ pub(crate) fn collect(
             collected.images += 1;
             continue;
         }
-        match fs::read(&path)
+        match lamina_store::read_regular_file(&path)
             .map_err(|e| e.to_string())
             .and_then(|bytes| {
                 composefs::erofs::reader::collect_objects::<Sha256HashValue>(&bytes)

@@ -5,7 +5,6 @@
 //! `verity=require`). Reads every byte of the store's objects: minutes on a large store.
 
 use std::collections::HashMap;
-use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -44,8 +43,10 @@ pub(crate) fn verify(store: &Store) -> Result<Vec<Damage>, StoreError> {
             detail,
             image_top: Some(top.to_string()),
         };
-        let bytes = fs::read(&image).map_err(StoreError::io("reading", &image))?;
-        let recorded = fs::read_to_string(digest_path(&image)).unwrap_or_default();
+        let bytes =
+            lamina_store::read_regular_file(&image).map_err(StoreError::io("reading", &image))?;
+        let recorded =
+            lamina_store::read_regular_to_string(&digest_path(&image)).unwrap_or_default();
         let actual = compute_verity::<ObjectId>(&bytes).to_hex();
         if recorded.trim() != actual {
             damage.push(bad(format!(
@@ -116,6 +117,6 @@ fn used_by(images: Option<&[String]>) -> String {
 
 fn hash_file(path: &Path) -> io::Result<ObjectId> {
     let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-    io::copy(&mut File::open(path)?, &mut hasher)?;
+    io::copy(&mut lamina_store::open_regular_file(path)?, &mut hasher)?;
     Ok(hasher.digest())
 }

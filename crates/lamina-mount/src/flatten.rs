@@ -54,10 +54,15 @@ pub(crate) fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, Sto
     ));
     let started = std::time::Instant::now();
     let host = &**store.host();
-    let built = build(host, store, chain_ids, &staging).and_then(|()| {
-        host.syncfs(&staging)?;
-        fs::rename(&staging, &flat)
-    });
+    // Opened before the tree is written: the sync reports every write the device refused
+    // since (HostFs::syncfs).
+    let built = fs::create_dir(&staging)
+        .and_then(|()| fs::File::open(&staging))
+        .and_then(|dir| {
+            build(host, store, chain_ids, &staging)?;
+            host.syncfs(&dir, &staging)?;
+            fs::rename(&staging, &flat)
+        });
     if let Err(e) = built {
         let _ = fs::remove_dir_all(&staging);
         return Err(StoreError::io("flattening image into", &flat)(e));
@@ -66,8 +71,8 @@ pub(crate) fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, Sto
     Ok(flat)
 }
 
+/// Fills the empty directory `dest` with the merged tree of `chain_ids`.
 fn build(host: &dyn HostFs, store: &Store, chain_ids: &[Digest], dest: &Path) -> io::Result<()> {
-    fs::create_dir(dest)?;
     for chain_id in chain_ids {
         let layer = store.layout().layer_diff(chain_id);
         apply_dir(host, &layer, dest)?;

@@ -222,7 +222,7 @@ fn make_slot(
 }
 
 fn read_target(path: &Path) -> Option<Target> {
-    serde_json::from_slice(&fs::read(path).ok()?).ok()
+    serde_json::from_slice(&lamina_store::read_regular_file(path).ok()?).ok()
 }
 
 /// The layers of every pool's target: a pool is an operator's standing order for an
@@ -322,7 +322,7 @@ pub(crate) fn claim(
             continue; // another create is claiming it
         };
         // No record: claimed meanwhile. Not mounted: a reboot unmounted it (clean removes it).
-        let Some(record) = fs::read(slot.join(SLOT_RECORD))
+        let Some(record) = lamina_store::read_regular_file(&slot.join(SLOT_RECORD))
             .ok()
             .and_then(|b| serde_json::from_slice::<SlotRecord>(&b).ok())
         else {

@@ -47,7 +47,7 @@ pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Re
     let cache = cache_path(store);
     let (kernel, boot_id) = (kernel_release(), boot_id());
     if !refresh
-        && let Ok(bytes) = fs::read(&cache)
+        && let Ok(bytes) = lamina_store::read_regular_file(&cache)
         && let Ok(cached) = serde_json::from_slice::<Probe>(&bytes)
         && cached.kernel == kernel
         && cached.boot_id == boot_id

@@ -103,23 +103,32 @@ fn a_layer_with_data_is_written_back_not_synced_where_the_journal_orders_direct_
     );
 }
 
-/// A write-back that fails (here EIO; a file replaced meanwhile fails the same way) is no
-/// failed import: the filesystem is synced instead, which covers the whole layer.
+/// A write the device refused fails the import, and publishes nothing: a `syncfs` after
+/// it would not be told of the error (it is reported once, to the write-back), so
+/// syncing instead would publish a layer missing what the device never took (review
+/// finding).
 #[test]
-fn a_failed_write_back_syncs_the_filesystem_instead() {
+fn a_refused_write_back_publishes_no_layer() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, image, fake) = setup_fake(tmp.path());
     orders_direct_writes(&fake);
     fake.fail(Call::WriteBack, When::Always, Errno::IO);
-    create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap();
+    let err = create(&store, &*fake, &image, "c", &CreateOptions::default()).unwrap_err();
     assert!(
-        fake.calls()
+        err.to_string().contains("writing to the device")
+            && err.to_string().contains("Input/output error"),
+        "{err}"
+    );
+    assert!(
+        !fake
+            .calls()
             .iter()
             .any(|c| matches!(c, FakeCall::Syncfs(_))),
         "synced instead"
     );
+    no_mounts_and_no_container(&store, &fake);
     for chain_id in image.chain_ids() {
-        assert!(store.has_layer(&chain_id));
+        assert!(!store.has_layer(&chain_id));
     }
 }
 

@@ -8,54 +8,69 @@
 //! for the files that were metadata-copied, which is what metacopy saved in the first
 //! place.
 
-use std::fs::{self, File, FileTimes, OpenOptions};
+use std::fs::{File, FileTimes};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
+
+use lamina_store::beneath::{Tree, proc_path};
 
 const METACOPY: &str = "trusted.overlay.metacopy";
 const REDIRECT: &str = "trusted.overlay.redirect";
 
 /// Fills every metadata-only copy under `upper` with its data from `lowers` (top-most
 /// first), keeping its times; returns how many it filled.
+///
+/// The upper may still be written through a mount containerd made (a commit of a running
+/// container's snapshot), so nothing is reached by a path a container could redirect:
+/// the upper and each lower are walked and opened beneath their roots, no symlink
+/// followed, and a file is written only once it is known to be the regular file it was
+/// listed as (`lamina_store::beneath`). A lower is a layer, whose symlinks an image
+/// chose; overlay follows none of them when it looks a copy's data up either.
 pub(crate) fn complete_metacopies(upper: &Path, lowers: &[PathBuf]) -> io::Result<usize> {
+    let upper = Tree::open(upper)?;
+    let lowers = lowers
+        .iter()
+        .map(|lower| Tree::open(lower))
+        .collect::<io::Result<Vec<_>>>()?;
     let mut filled = 0;
-    let mut dirs = vec![PathBuf::new()];
-    while let Some(rel) = dirs.pop() {
-        for entry in fs::read_dir(upper.join(&rel))? {
-            let entry = entry?;
-            let rel = rel.join(entry.file_name());
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                dirs.push(rel);
-            } else if kind.is_file() && has_xattr(&upper.join(&rel), METACOPY)? {
-                fill(upper, &rel, lowers)?;
-                filled += 1;
-            }
+    upper.walk(|entry| {
+        if entry.kind() != rustix::fs::FileType::RegularFile {
+            return Ok(true);
         }
-    }
+        // Pinned, then looked at: the type the walk saw may have changed since.
+        let (pinned, stat) = upper.pin(entry.rel)?;
+        let regular =
+            rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile;
+        if regular && has_xattr(&proc_path(&pinned), METACOPY)? {
+            fill(&upper, entry.rel, &proc_path(&pinned), &lowers)?;
+            filled += 1;
+        }
+        Ok(true)
+    })?;
     Ok(filled)
 }
 
-fn fill(upper: &Path, rel: &Path, lowers: &[PathBuf]) -> io::Result<()> {
-    let path = upper.join(rel);
-    let origin = data_path(&path, rel)?;
-    let source = lowers
+/// Copies the data of the metadata-only copy `rel` (reached as `pinned`) in from the
+/// first of `lowers` that has it, and drops its markers.
+fn fill(upper: &Tree, rel: &Path, pinned: &Path, lowers: &[Tree]) -> io::Result<()> {
+    let shown = upper.path().join(rel);
+    let origin = data_path(pinned, rel)?;
+    let mut data = lowers
         .iter()
-        .map(|lower| lower.join(&origin))
-        .find(|p| fs::symlink_metadata(p).is_ok_and(|m| m.is_file()))
+        .find_map(|lower| lower.open_regular(&origin, false).ok())
         .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
                 format!(
                     "{}: metadata-only copy whose data ({}) no lower layer has",
-                    path.display(),
+                    shown.display(),
                     origin.display()
                 ),
             )
         })?;
-    let before = fs::symlink_metadata(&path)?;
-    let mut data = File::open(&source)?;
-    let mut file = OpenOptions::new().write(true).open(&path)?;
+    let before = std::fs::metadata(pinned)?;
+    // The pinned inode is a regular file (checked on its descriptor): no device opens.
+    let mut file = File::options().write(true).open(pinned)?;
     io::copy(&mut data, &mut file)?;
     file.set_len(data.metadata()?.len())?;
     file.set_times(
@@ -65,7 +80,7 @@ fn fill(upper: &Path, rel: &Path, lowers: &[PathBuf]) -> io::Result<()> {
     )?;
     file.sync_all()?;
     for name in [METACOPY, REDIRECT] {
-        match rustix::fs::lremovexattr(&path, name) {
+        match rustix::fs::fremovexattr(&file, name) {
             Ok(()) | Err(rustix::io::Errno::NODATA) => {}
             Err(e) => return Err(e.into()),
         }
@@ -73,23 +88,36 @@ fn fill(upper: &Path, rel: &Path, lowers: &[PathBuf]) -> io::Result<()> {
     Ok(())
 }
 
-/// Where the data of the metadata-only copy at `rel` lives in the layers below: an
-/// absolute redirect is from the layer root, a relative one names a file beside it.
-fn data_path(path: &Path, rel: &Path) -> io::Result<PathBuf> {
+/// Where the data of the metadata-only copy at `rel` (reached as `pinned`) lives in the
+/// layers below: an absolute redirect is from the layer root, a relative one names a
+/// file beside it. Only names inside a layer are taken: the kernel writes redirects, and
+/// one that climbs out (`..`) is refused rather than followed.
+fn data_path(pinned: &Path, rel: &Path) -> io::Result<PathBuf> {
     let mut buf = vec![0u8; 4096];
-    let redirect = match rustix::fs::lgetxattr(path, REDIRECT, &mut buf) {
+    let redirect = match rustix::fs::getxattr(pinned, REDIRECT, &mut buf) {
         Ok(len) => String::from_utf8_lossy(&buf[..len]).into_owned(),
         Err(rustix::io::Errno::NODATA) => return Ok(rel.to_path_buf()),
         Err(e) => return Err(e.into()),
     };
-    Ok(match redirect.strip_prefix('/') {
+    let origin = match redirect.strip_prefix('/') {
         Some(from_root) => PathBuf::from(from_root),
-        None => rel.with_file_name(redirect),
-    })
+        None => rel.with_file_name(&redirect),
+    };
+    if !origin
+        .components()
+        .all(|c| matches!(c, Component::Normal(_)))
+    {
+        return Err(io::Error::other(format!(
+            "{}: redirect {redirect:?} leaves the layer",
+            rel.display()
+        )));
+    }
+    Ok(origin)
 }
 
-fn has_xattr(path: &Path, name: &str) -> io::Result<bool> {
-    match rustix::fs::lgetxattr(path, name, &mut [0u8; 0][..]) {
+/// Whether the file `pinned` (a `/proc/self/fd` path of its own descriptor) has `name`.
+fn has_xattr(pinned: &Path, name: &str) -> io::Result<bool> {
+    match rustix::fs::getxattr(pinned, name, &mut [0u8; 0][..]) {
         Ok(_) | Err(rustix::io::Errno::RANGE) => Ok(true),
         Err(rustix::io::Errno::NODATA) => Ok(false),
         Err(e) => Err(e.into()),

@@ -226,15 +226,12 @@ impl Store {
 
     /// Takes the `lock` of a container-shaped directory if nobody holds it. `None` means
     /// a live process is working on it. A directory without a lock file (made by an older
-    /// lamina) counts as unlocked.
+    /// lamina), or with something there no lamina could lock ([`crate::container_lock::open_dir_lock`]), counts
+    /// as unlocked.
     pub fn try_lock_dir(&self, dir: &Path) -> Result<Option<DirLock>, StoreError> {
         let path = dir.join(LOCK);
-        let file = match crate::open_regular_file(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Some(DirLock { _held: None }));
-            }
-            Err(e) => return Err(StoreError::io("opening", &path)(e)),
+        let Some(file) = crate::container_lock::open_dir_lock(&path)? else {
+            return Ok(Some(DirLock { _held: None }));
         };
         match rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => Ok(Some(DirLock {

@@ -82,8 +82,15 @@ impl Store {
                 continue;
             }
             let path = entry.path();
-            let Ok(file) = crate::open_regular_file(&path) else {
-                continue;
+            let file = match crate::open_regular_file(&path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    // Not ours to remove (only root could have put it there), but said:
+                    // every create of this ID fails on it, naming it.
+                    tracing::warn!(path = %path.display(), error = %e, "left an ID lock that is not a lock file");
+                    continue;
+                }
             };
             let free =
                 rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive).is_ok();
@@ -107,13 +114,10 @@ impl Store {
         let base = self.layout.container(id);
         let path = base.join(LOCK);
         loop {
-            let file = match crate::open_regular_file(&path) {
-                Ok(file) => file,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    // No lock file: no container, or one made by an older lamina.
-                    return Ok(base.is_dir().then_some(DirLock { _held: None }));
-                }
-                Err(e) => return Err(StoreError::io("opening", &path)(e)),
+            let Some(file) = open_dir_lock(&path)? else {
+                // No lock file: no container, or one made by an older lamina, or one
+                // with something there nobody can hold.
+                return Ok(base.is_dir().then_some(DirLock { _held: None }));
             };
             self.wait_for_flock(&file, &path, false)?;
             // The directory may have been removed (a failed create) or replaced (a new
@@ -124,6 +128,26 @@ impl Store {
                 }));
             }
         }
+    }
+}
+
+/// The lock file of a container-shaped directory, opened; `None` when there is none to
+/// hold — no file, or something no lamina could open as one (a FIFO, a symlink, a
+/// directory: only root can put it there, and nobody can be holding it), which is logged
+/// and otherwise taken for no lock. One such entry then costs `clean`, `check`, a
+/// collection or a delete nothing, where it used to fail them for every container
+/// (review finding).
+pub(crate) fn open_dir_lock(path: &Path) -> Result<Option<File>, StoreError> {
+    match crate::open_regular_file(path) {
+        Ok(file) => Ok(Some(file)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => match std::fs::symlink_metadata(path) {
+            Ok(meta) if !meta.file_type().is_file() => {
+                tracing::warn!(path = %path.display(), error = %e, "not a lock file: taken for no lock");
+                Ok(None)
+            }
+            _ => Err(StoreError::io("opening", path)(e)),
+        },
     }
 }
 

@@ -127,7 +127,7 @@ impl Store {
         chain_id: &Digest,
         cancelled: &std::sync::atomic::AtomicBool,
     ) -> Result<(), StoreError> {
-        let staging = self.fresh_staging(chain_id)?;
+        let (staging, staging_dir) = self.fresh_staging(chain_id)?;
         let mut guard = RemoveOnDrop(Some(staging.clone()));
         let diff = staging.join("diff");
         fs::create_dir(&diff).map_err(StoreError::io("creating", &diff))?;
@@ -142,7 +142,7 @@ impl Store {
                 },
             )?;
         }
-        self.publish_staged(&staging, &record)?;
+        self.publish_staged(&staging, &staging_dir, &record)?;
         guard.0 = None;
         tracing::info!(
             layer = %layer.describe(), chain_id = %chain_id, bytes = record.size,
@@ -163,7 +163,7 @@ impl Store {
         if self.layout.layer(chain_id).is_dir() {
             return Ok(false);
         }
-        let staging = self.fresh_staging(chain_id)?;
+        let (staging, staging_dir) = self.fresh_staging(chain_id)?;
         let mut guard = RemoveOnDrop(Some(staging.clone()));
         let record = LayerRecord {
             chain_id: chain_id.clone(),
@@ -174,7 +174,7 @@ impl Store {
         };
         let staged_diff = staging.join("diff");
         fs::rename(diff, &staged_diff).map_err(StoreError::io("moving", diff))?;
-        if let Err(e) = self.publish_staged(&staging, &record) {
+        if let Err(e) = self.publish_staged(&staging, &staging_dir, &record) {
             let _ = fs::rename(&staged_diff, diff);
             return Err(e);
         }
@@ -194,16 +194,20 @@ impl Store {
         Ok(lock)
     }
 
-    /// An empty `tmp/layer-<hex>/` to stage layer `chain_id` in. The caller holds the
+    /// An empty `tmp/layer-<hex>/` to stage layer `chain_id` in, and it opened: the
+    /// descriptor a `syncfs` of the layer goes through, opened before anything is written
+    /// so that the sync reports every write the device refused since (a descriptor opened
+    /// later misses an error someone else has already been told of). The caller holds the
     /// layer's lock, so anything already there is a crashed writer's leftover.
-    fn fresh_staging(&self, chain_id: &Digest) -> Result<PathBuf, StoreError> {
+    fn fresh_staging(&self, chain_id: &Digest) -> Result<(PathBuf, File), StoreError> {
         let staging = self.layout.tmp().join(format!("layer-{}", chain_id.hex()));
         if staging.exists() {
             tracing::info!(path = %staging.display(), "removing an interrupted layer import");
             fs::remove_dir_all(&staging).map_err(StoreError::io("removing", &staging))?;
         }
         fs::create_dir(&staging).map_err(StoreError::io("creating", &staging))?;
-        Ok(staging)
+        let dir = File::open(&staging).map_err(StoreError::io("opening", &staging))?;
+        Ok((staging, dir))
     }
 
     /// Writes `record` beside the staged `diff/`, makes everything durable, and renames
@@ -224,7 +228,12 @@ impl Store {
     /// Everything else is synced whole first, as before: other filesystems, a tree with a
     /// symlink long enough for a block of its own (its block is not a file to write back),
     /// or one too big to walk ([`WRITE_BACK_WALK`] entries).
-    fn publish_staged(&self, staging: &Path, record: &LayerRecord) -> Result<(), StoreError> {
+    fn publish_staged(
+        &self,
+        staging: &Path,
+        staging_dir: &File,
+        record: &LayerRecord,
+    ) -> Result<(), StoreError> {
         let record_path = staging.join("layer.json");
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
@@ -232,13 +241,13 @@ impl Store {
             .host
             .write_new_direct(&record_path, &json)
             .map_err(StoreError::errno("writing", &record_path))?;
-        let written_back = direct && self.write_back_files(&staging.join("diff"));
+        let written_back = direct && self.write_back_files(&staging.join("diff"))?;
         if !written_back {
             if !direct {
                 fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
             }
             self.host
-                .syncfs(staging)
+                .syncfs(staging_dir, staging)
                 .map_err(StoreError::errno("syncing", staging))?;
         }
         let final_dir = self.layout.layer(&record.chain_id);
@@ -246,28 +255,44 @@ impl Store {
     }
 
     /// Writes every regular file with bytes under `diff` to the device and waits for it,
-    /// [`WRITE_BACK_BATCH`] files at a time: each batch is started whole first, so the
-    /// device sees its files together. `false`: the tree is not one this can make durable
-    /// file by file (see [`files_with_data`]), or a file could not be opened or written
-    /// back (replaced meanwhile: a commit's upper may still be reachable through a mount);
-    /// the caller syncs the filesystem instead, which covers whatever this did.
-    fn write_back_files(&self, diff: &Path) -> bool {
-        let Some(files) = files_with_data(diff) else {
-            return false;
+    /// a batch of files at a time (see [`write_back_batch`]): each batch is started whole
+    /// first, so the device sees its files together. `Ok(false)`: the tree is not one this
+    /// can make durable file by file (see [`files_with_data`]), or a file could not be
+    /// opened as the regular file it was (replaced meanwhile: a commit's upper may still be
+    /// reachable through a mount); the caller syncs the filesystem instead, which covers
+    /// whatever this did.
+    ///
+    /// A write the device refused is an error, never a reason to sync instead: the error
+    /// is reported once, to the first descriptor that asks, so a `syncfs` after it would
+    /// succeed and publish the layer with the pages the device never took (review
+    /// finding: a layer read back as zeros after a pull that exited 0).
+    fn write_back_files(&self, diff: &Path) -> Result<bool, StoreError> {
+        let Ok(tree) = crate::beneath::Tree::open(diff) else {
+            return Ok(false);
         };
-        files.chunks(WRITE_BACK_BATCH).all(|batch| {
+        let Some(files) = files_with_data(&tree) else {
+            return Ok(false);
+        };
+        for batch in files.chunks(write_back_batch()) {
             let Ok(open) = batch
                 .iter()
-                .map(|path| crate::open_regular_file(path).map(|file| (file, path)))
+                .map(|rel| {
+                    tree.open_regular(rel, false)
+                        .map(|file| (file, diff.join(rel)))
+                })
                 .collect::<Result<Vec<_>, _>>()
             else {
-                return false;
+                return Ok(false);
             };
-            [false, true].into_iter().all(|wait| {
-                open.iter()
-                    .all(|(file, path)| self.host.write_back(file, path, wait).is_ok())
-            })
-        })
+            for wait in [false, true] {
+                for (file, path) in &open {
+                    self.host
+                        .write_back(file, path, wait)
+                        .map_err(StoreError::errno("writing to the device", path))?;
+                }
+            }
+        }
+        Ok(true)
     }
 
     fn unpack_verified(
@@ -364,47 +389,44 @@ impl Store {
     /// The record written next to an imported layer.
     pub fn layer_record(&self, chain_id: &Digest) -> Result<LayerRecord, StoreError> {
         let path = self.layout.layer(chain_id).join("layer.json");
-        let bytes = fs::read(&path).map_err(StoreError::io("reading", &path))?;
+        let bytes = crate::read_regular_file(&path).map_err(StoreError::io("reading", &path))?;
         serde_json::from_slice(&bytes).map_err(|e| StoreError::io("reading", &path)(e.into()))
     }
 }
 
-/// The regular files with bytes under `dir` (each inode once: a hardlink's other names
-/// are skipped), what a journal commit does not carry. `None` when the tree also holds
-/// what cannot be written back file by file — a symlink long enough for a data block
-/// (ext4 keeps up to 59 bytes in the inode) — or more than [`WRITE_BACK_FILES`] such
-/// files or [`WRITE_BACK_WALK`] entries, or an entry that cannot be read: such a tree is
-/// synced whole.
-fn files_with_data(dir: &Path) -> Option<Vec<PathBuf>> {
-    use std::os::unix::fs::MetadataExt;
+/// The regular files with bytes in `tree` (each inode once: a hardlink's other names
+/// are skipped), what a journal commit does not carry, as paths inside it. `None` when
+/// the tree also holds what cannot be written back file by file — a symlink long enough
+/// for a data block (ext4 keeps up to 59 bytes in the inode) — or more than
+/// [`WRITE_BACK_FILES`] such files or [`WRITE_BACK_WALK`] entries, or an entry that
+/// cannot be read as what it was listed as: such a tree is synced whole.
+fn files_with_data(tree: &crate::beneath::Tree) -> Option<Vec<PathBuf>> {
+    use rustix::fs::FileType;
     let mut files = Vec::new();
     let mut inodes = std::collections::HashSet::new();
     let mut seen = 0usize;
-    let mut dirs = vec![dir.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for entry in fs::read_dir(&d).ok()? {
-            seen += 1;
-            if seen > WRITE_BACK_WALK {
-                return None;
-            }
-            let entry = entry.ok()?;
-            let meta = entry.metadata().ok()?;
-            let kind = meta.file_type();
-            if kind.is_dir() {
-                dirs.push(entry.path());
-            } else if kind.is_file() && meta.len() > 0 {
-                if inodes.insert((meta.dev(), meta.ino())) {
-                    files.push(entry.path());
+    let walked = tree.walk(|entry| {
+        seen += 1;
+        let too_big = || std::io::Error::other("too big to write back file by file");
+        if seen > WRITE_BACK_WALK {
+            return Err(too_big());
+        }
+        let size = entry.stat.st_size;
+        match entry.kind() {
+            FileType::RegularFile if size > 0 => {
+                if inodes.insert((entry.stat.st_dev, entry.stat.st_ino)) {
+                    files.push(entry.rel.to_path_buf());
                 }
                 if files.len() > WRITE_BACK_FILES {
-                    return None;
+                    return Err(too_big());
                 }
-            } else if kind.is_symlink() && meta.len() >= 60 {
-                return None;
             }
+            FileType::Symlink if size >= 60 => return Err(too_big()),
+            _ => {}
         }
-    }
-    Some(files)
+        Ok(true)
+    });
+    walked.ok().map(|()| files)
 }
 
 /// Files with data past which a layer is synced whole: an open and two calls a file cost
@@ -417,6 +439,15 @@ const WRITE_BACK_FILES: usize = 2048;
 /// Entries [`files_with_data`] looks at before the tree is synced whole.
 const WRITE_BACK_WALK: usize = 16384;
 
-/// Files opened and written back together: enough for the device to see them at once,
-/// few enough to stay far from the open-files limit.
-const WRITE_BACK_BATCH: usize = 256;
+/// Files opened and written back together: enough for the device to see them at once
+/// (256), few enough to stay far from the open-files limit — a sixteenth of the soft
+/// limit, since a pull imports three layers at once beside its sockets and blobs (review
+/// finding: 3 × 256 of a soft limit of 1024 left a concurrent open failing).
+fn write_back_batch() -> usize {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    usize::try_from(soft / 16)
+        .unwrap_or(usize::MAX)
+        .clamp(8, 256)
+}

@@ -6,6 +6,7 @@
 //! complete, verified layer; a container is listed once its `container.json` exists;
 //! everything under `tmp/` is unfinished work that may be removed.
 
+pub mod beneath;
 mod container;
 mod container_lock;
 mod durable;
@@ -50,7 +51,7 @@ pub use permissions::{create_private_dir, use_fixed_umask};
 pub use progress::ImportProgress;
 pub use properties::{IdMap, IdMapping, StoreProperties};
 pub use record_paths::MAX_RECORD_BYTES;
-pub use regular_file::open_regular_file;
+pub use regular_file::{open_regular_file, read_regular_file, read_regular_to_string};
 pub use snapshots::{Committing, REF_LABEL, SnapshotIndex, SnapshotKind, SnapshotRecord};
 pub use usage::{ContainerUsage, disk_usage, disk_usage_and_inodes};
 
@@ -146,7 +147,7 @@ impl Store {
     /// [`Store::open`] with the calls [`Store::init_hosted`] describes going to `host`.
     pub fn open_hosted(root: &Path, host: Arc<dyn HostFs>) -> Result<Store, StoreError> {
         let layout = Layout::new(root);
-        let bytes = match fs::read(layout.marker()) {
+        let bytes = match read_regular_file(&layout.marker()) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(StoreError::NotInitialised(root.to_path_buf()));

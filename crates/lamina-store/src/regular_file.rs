@@ -7,12 +7,40 @@
 //! run.)
 
 use std::fs::{File, OpenOptions};
+use std::io::Read;
 use std::path::Path;
 
 /// Opens the regular file at `path` to read; a missing one is `NotFound`, as from
 /// `File::open`.
 pub fn open_regular_file(path: &Path) -> std::io::Result<File> {
     open(path, OpenOptions::new().read(true))
+}
+
+/// The bytes of the regular file at `path`, as `fs::read` reads them, for a file of the
+/// store that must be one: a record, a marker, a layer's `layer.json`. A FIFO there
+/// hung `check` and `stats` (review finding).
+pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    open_regular_file(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// [`read_regular_file`] as UTF-8, as `fs::read_to_string` reads it.
+pub fn read_regular_to_string(path: &Path) -> std::io::Result<String> {
+    String::from_utf8(read_regular_file(path)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// Refuses `path` if something other than a regular file is there (nothing there is
+/// fine): for a file a library opens itself, as SQLite opens its database and log.
+pub(crate) fn refuse_non_regular(path: &Path) -> std::io::Result<()> {
+    match path.symlink_metadata() {
+        Ok(meta) if meta.file_type().is_symlink() => Err(not_regular("a symlink")),
+        Ok(meta) if !meta.file_type().is_file() => {
+            Err(not_regular(file_type_name(meta.file_type())))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Opens `path` as `how` says, refusing anything but a regular file.

@@ -71,6 +71,18 @@ pub struct SnapshotIndex {
     relaxed: bool,
 }
 
+/// Refuses a database, or its log or shared-memory file, that is not a regular file:
+/// SQLite opens them itself, and a FIFO there would block every call (review finding).
+fn refuse_non_regular_database(path: &Path) -> Result<(), StoreError> {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let file = std::path::PathBuf::from(file);
+        crate::regular_file::refuse_non_regular(&file).map_err(StoreError::io("opening", &file))?;
+    }
+    Ok(())
+}
+
 impl SnapshotIndex {
     /// Opens the database to read and write (the snapshotter): creates it, or migrates
     /// `metadata.json` into it, if needed.
@@ -79,6 +91,7 @@ impl SnapshotIndex {
         fs::create_dir_all(&dir).map_err(StoreError::io("creating", &dir))?;
         let path = store.layout().snapshot_db();
         let failed = |e: rusqlite::Error| sql_error("opening", &path, e);
+        refuse_non_regular_database(&path)?;
         let conn = Connection::open(&path).map_err(failed)?;
         conn.busy_timeout(store.lock_timeout()).map_err(failed)?;
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -105,6 +118,7 @@ impl SnapshotIndex {
         let legacy_path = store.layout().snapshot_metadata();
         if path.exists() {
             let failed = |e: rusqlite::Error| sql_error("opening", &path, e);
+            refuse_non_regular_database(&path)?;
             let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY)
                 .map_err(failed)?;
             conn.busy_timeout(store.lock_timeout()).map_err(failed)?;

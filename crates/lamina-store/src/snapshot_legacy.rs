@@ -40,7 +40,7 @@ pub(crate) enum Legacy {
 }
 
 pub(crate) fn read(path: &Path) -> Result<Legacy, StoreError> {
-    let bytes = match fs::read(path) {
+    let bytes = match crate::read_regular_file(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Legacy::Absent),
         Err(e) => return Err(StoreError::io("reading", path)(e)),
@@ -68,8 +68,8 @@ pub(crate) fn set_aside(path: &Path, database: &Path) -> Result<(), StoreError> 
     match fs::hard_link(path, &kept) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let same = fs::read(&kept)
-                .and_then(|k| fs::read(path).map(|now| now == k))
+            let same = crate::read_regular_file(&kept)
+                .and_then(|k| crate::read_regular_file(path).map(|now| now == k))
                 .map_err(StoreError::io("reading", &kept))?;
             if !same {
                 return Err(StoreError::io("migrating", path)(std::io::Error::other(

@@ -26,29 +26,20 @@ pub fn disk_usage_and_inodes(dir: &Path) -> Result<(u64, u64), StoreError> {
         Err(e) => return Err(StoreError::io("measuring", dir)(e)),
     };
     let mut seen = HashSet::new();
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
     seen.insert(root.ino());
-    total += root.blocks() * 512;
-    while let Some(path) = stack.pop() {
-        let entries = match fs::read_dir(&path) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(StoreError::io("measuring", &path)(e)),
-        };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.metadata() else {
-                continue;
-            };
-            if meta.dev() != root.dev() || !seen.insert(meta.ino()) {
-                continue;
-            }
-            total += meta.blocks() * 512;
-            if meta.is_dir() {
-                stack.push(entry.path());
-            }
+    let mut total = root.blocks() * 512;
+    // Walked beneath `dir`, no symlink followed: a live upper's container can swap a
+    // directory for a symlink to `/` while containerd asks for its usage.
+    let tree = crate::beneath::Tree::open(dir).map_err(StoreError::io("measuring", dir))?;
+    tree.walk(|entry| {
+        let stat = entry.stat;
+        if stat.st_dev != root.dev() || !seen.insert(stat.st_ino) {
+            return Ok(false);
         }
-    }
+        total += stat.st_blocks as u64 * 512;
+        Ok(true)
+    })
+    .map_err(StoreError::io("measuring", dir))?;
     Ok((total, seen.len() as u64))
 }
 

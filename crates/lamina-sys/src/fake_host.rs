@@ -237,7 +237,7 @@ impl HostFs for FakeMounter {
         self.lock().enter(Call::Fsync, path, Some(record))
     }
 
-    fn syncfs(&self, path: &Path) -> Result<(), Errno> {
+    fn syncfs(&self, _dir: &File, path: &Path) -> Result<(), Errno> {
         let record = FakeCall::Syncfs(path.to_path_buf());
         self.lock().enter(Call::Syncfs, path, Some(record))
     }

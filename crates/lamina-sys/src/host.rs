@@ -108,8 +108,10 @@ pub trait HostFs: Send + Sync + Debug {
     /// `fsync` of `file` (which is `path`): a file's data, or a directory's entries.
     fn fsync(&self, file: &File, path: &Path) -> Result<(), Errno>;
 
-    /// `syncfs` of the filesystem holding `path`.
-    fn syncfs(&self, path: &Path) -> Result<(), Errno>;
+    /// `syncfs` of the filesystem holding `dir` (which is `path`), reporting every write
+    /// the device refused on it since `dir` was opened: open it before the writes it must
+    /// answer for (a descriptor opened after an error someone else was told of misses it).
+    fn syncfs(&self, dir: &File, path: &Path) -> Result<(), Errno>;
 
     /// Writes `file`'s (which is `path`'s) dirty pages to the device: starts that
     /// writeback (`wait` false), or finishes it and waits for it to end (`wait` true),
@@ -235,8 +237,7 @@ impl HostFs for RealHost {
         rustix::fs::fsync(file.as_fd())
     }
 
-    fn syncfs(&self, path: &Path) -> Result<(), Errno> {
-        let dir = File::open(path).map_err(|e| io_errno(&e))?;
+    fn syncfs(&self, dir: &File, _path: &Path) -> Result<(), Errno> {
         rustix::fs::syncfs(dir.as_fd())
     }
 

@@ -1,0 +1,257 @@
+//! Reading a tree that someone else may change while lamina reads it, without ever
+//! leaving it. A containerd snapshot's upper is such a tree: containerd, not lamina,
+//! mounts it, so a container can still be writing through that mount while the snapshot
+//! is committed or measured, and it can swap a directory for a symlink to `/` or a file
+//! for a device node between lamina's listing and its open. A path walk would then read,
+//! write or open the host's files with lamina's privileges (review finding).
+//!
+//! So every path is resolved from the tree's root descriptor with `openat2`, refusing
+//! any symlink, any `..` out of the tree and any other mount on the way; and a file is
+//! opened for I/O only after its `O_PATH` descriptor says it is a regular file, reopened
+//! through `/proc/self/fd`, so a device node swapped in is never opened. What lamina
+//! made and nobody else writes (a pull's staging directory) goes the same way: one walk
+//! for both.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
+
+/// A directory tree, held by its root's descriptor.
+#[derive(Debug)]
+pub struct Tree {
+    root: OwnedFd,
+    path: PathBuf,
+}
+
+/// What [`Tree::walk`] shows its visitor of one entry.
+#[derive(Debug)]
+pub struct Entry<'a> {
+    /// The entry's path from the tree's root.
+    pub rel: &'a Path,
+    /// `lstat` of the entry, from its directory's descriptor.
+    pub stat: &'a Stat,
+}
+
+impl Entry<'_> {
+    pub fn kind(&self) -> FileType {
+        FileType::from_raw_mode(self.stat.st_mode)
+    }
+}
+
+impl Tree {
+    /// The tree whose root is the directory `path` (itself not a symlink).
+    pub fn open(path: &Path) -> io::Result<Tree> {
+        let root = rustix::fs::open(
+            path,
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Tree {
+            root,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Where the tree was opened, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `rel` (relative, inside the tree) opened as `flags` say, no symlink followed on
+    /// the way or at the end, nothing outside the tree or on another mount reached.
+    fn resolve(&self, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        Ok(rustix::fs::openat2(
+            &self.root,
+            rel,
+            flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH
+                | ResolveFlags::NO_SYMLINKS
+                | ResolveFlags::NO_MAGICLINKS
+                | ResolveFlags::NO_XDEV,
+        )?)
+    }
+
+    /// The regular file at `rel`, opened to read (`write`: to write). Anything else
+    /// there is refused before it is opened for I/O.
+    pub fn open_regular(&self, rel: &Path, write: bool) -> io::Result<File> {
+        let pinned = self.resolve(rel, OFlags::PATH)?;
+        let kind = FileType::from_raw_mode(rustix::fs::fstat(&pinned)?.st_mode);
+        if kind != FileType::RegularFile {
+            return Err(io::Error::other(format!(
+                "{}: not a regular file",
+                self.path.join(rel).display()
+            )));
+        }
+        let access = if write {
+            OFlags::WRONLY
+        } else {
+            OFlags::RDONLY
+        };
+        let file = rustix::fs::open(
+            proc_path(&pinned),
+            access | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(File::from(file))
+    }
+
+    /// Calls `visit` for every entry under the root (not the root itself), depth first;
+    /// `visit` returns whether to go into a directory. An entry that is gone by the time
+    /// it is looked at, or a directory that is no longer one inside the tree when it is
+    /// opened (removed, or replaced by a symlink or a file meanwhile), is skipped: what
+    /// the tree holds then is what it holds.
+    pub fn walk(&self, mut visit: impl FnMut(&Entry<'_>) -> io::Result<bool>) -> io::Result<()> {
+        use rustix::io::Errno;
+        let mut pending = vec![PathBuf::new()];
+        while let Some(dir_rel) = pending.pop() {
+            let fd = match self.resolve(&dir_rel, OFlags::DIRECTORY | OFlags::RDONLY) {
+                Err(e)
+                    if !dir_rel.as_os_str().is_empty()
+                        && matches!(
+                            Errno::from_io_error(&e),
+                            Some(Errno::NOENT | Errno::LOOP | Errno::NOTDIR | Errno::XDEV)
+                        ) =>
+                {
+                    continue;
+                }
+                opened => opened?,
+            };
+            let mut dir = Dir::new(fd)?;
+            while let Some(entry) = dir.read() {
+                let entry = entry?;
+                let name = OsStr::from_bytes(entry.file_name().to_bytes());
+                if name == "." || name == ".." {
+                    continue;
+                }
+                let stat = match rustix::fs::statat(dir.fd()?, name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Err(Errno::NOENT) => continue,
+                    found => found?,
+                };
+                let rel = dir_rel.join(name);
+                let go_in = visit(&Entry {
+                    rel: &rel,
+                    stat: &stat,
+                })?;
+                if go_in && FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
+                    pending.push(rel);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A descriptor of `rel` that reads nothing (`O_PATH`), with what it is: for a
+    /// caller that looks at a file before it decides to open it.
+    pub fn pin(&self, rel: &Path) -> io::Result<(OwnedFd, Stat)> {
+        let pinned = self.resolve(rel, OFlags::PATH)?;
+        let stat = rustix::fs::fstat(&pinned)?;
+        Ok((pinned, stat))
+    }
+}
+
+/// The path through which `fd`'s own inode is reached again (`/proc/self/fd/N`): opening
+/// or reading the xattrs of it never resolves a name that could have changed.
+pub fn proc_path(fd: &impl AsFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn a_symlink_anywhere_on_the_way_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        fs::create_dir_all(root.join("d")).unwrap();
+        fs::write(root.join("d/f"), "inside").unwrap();
+        let outside = dir.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("f"), "outside").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        std::os::unix::fs::symlink(outside.join("f"), root.join("d/file-link")).unwrap();
+        let tree = Tree::open(&root).unwrap();
+
+        assert_eq!(
+            io::read_to_string(tree.open_regular(Path::new("d/f"), false).unwrap()).unwrap(),
+            "inside"
+        );
+        for rel in ["link/f", "d/file-link", "../outside/f", "d/../../outside/f"] {
+            assert!(
+                tree.open_regular(Path::new(rel), false).is_err(),
+                "{rel} was opened"
+            );
+        }
+        let mut seen = Vec::new();
+        tree.walk(|e| {
+            seen.push(e.rel.to_path_buf());
+            Ok(true)
+        })
+        .unwrap();
+        seen.sort();
+        let expected: Vec<PathBuf> = ["d", "d/f", "d/file-link", "link"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(seen, expected, "the walk went through a symlink");
+    }
+
+    /// What a container writing its live upper can do between the listing and the open.
+    #[test]
+    fn a_directory_swapped_for_a_symlink_mid_walk_is_not_entered() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        fs::create_dir_all(root.join("d")).unwrap();
+        let outside = dir.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("secret"), "host").unwrap();
+        let tree = Tree::open(&root).unwrap();
+        let mut seen = Vec::new();
+        tree.walk(|e| {
+            if e.rel == Path::new("d") {
+                fs::remove_dir(root.join("d")).unwrap();
+                std::os::unix::fs::symlink(&outside, root.join("d")).unwrap();
+            }
+            seen.push(e.rel.to_path_buf());
+            Ok(true)
+        })
+        .unwrap();
+        assert_eq!(seen, vec![PathBuf::from("d")], "the walk went outside");
+    }
+
+    #[test]
+    fn what_is_not_a_regular_file_is_never_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        fs::create_dir(dir.path().join("dir")).unwrap();
+        let tree = Tree::open(dir.path()).unwrap();
+        // Opening a FIFO without a writer would block; refused before any open for I/O.
+        for rel in ["fifo", "dir"] {
+            let err = tree.open_regular(Path::new(rel), false).unwrap_err();
+            assert!(
+                err.to_string().contains("not a regular file"),
+                "{rel}: {err}"
+            );
+        }
+    }
+}
