@@ -175,6 +175,99 @@ fn prepare_commit_chains_carry_files_whiteouts_and_copy_ups() {
     }
 }
 
+/// A file copied up by metadata inside a renamed directory has no redirect of its own:
+/// overlay finds its data at the directory's old name, following the directory's
+/// redirect (in the upper, or in a committed layer below), and the commit must fill it
+/// from there (review finding: `mv a c; chmod 600 c/f` was filled from the lower's own
+/// `c/f`, and without one the commit failed).
+#[test]
+fn a_metadata_only_copy_in_a_renamed_directory_is_filled_from_where_overlay_finds_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture();
+    commit_with(&f.api, "c1", "p1", "", |root| {
+        for (dir, text) in [("a", "AAAA"), ("c", "CCCC"), ("x", "XXXX")] {
+            fs::create_dir(root.join(dir)).unwrap();
+            fs::write(root.join(dir).join("f"), text).unwrap();
+        }
+    });
+    // A committed layer whose directory `y` redirects to c1's `x`.
+    commit_with(&f.api, "c2", "p2", "c1", |root| {
+        fs::rename(root.join("x"), root.join("y")).unwrap();
+        fs::write(root.join("y/new"), "n").unwrap();
+    });
+    let mounts = f.api.prepare("p3", "c2", none()).unwrap();
+    assert!(
+        record_of(&f.daemon.store, "p3")
+            .to_string()
+            .contains("metacopy=on")
+    );
+    {
+        let mounted = Mounted::new(&mounts);
+        let root = mounted.path();
+        fs::remove_dir_all(root.join("c")).unwrap();
+        fs::rename(root.join("a"), root.join("c")).unwrap();
+        for file in ["c/f", "y/f"] {
+            fs::set_permissions(root.join(file), fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        assert_eq!(read(&root.join("c/f")), "AAAA", "what the container sees");
+        assert_eq!(read(&root.join("y/f")), "XXXX", "what the container sees");
+    }
+    f.api.commit("c3", "p3", none()).unwrap();
+    let layers = f.daemon.store.join("layers");
+    for (rel, text) in [("diff/c/f", "AAAA"), ("diff/y/f", "XXXX")] {
+        let filled: Vec<_> = files_under(&layers)
+            .into_iter()
+            .filter(|p| p.ends_with(rel) && fs::metadata(p).unwrap().mode() & 0o777 == 0o600)
+            .collect();
+        assert_eq!(filled.len(), 1, "c3's layer holds {rel}");
+        assert_eq!(read(&filled[0]), text, "{rel} holds what the container saw");
+    }
+    let view = f.api.view("v", "c3").expect("view");
+    let mounted = Mounted::new(&view);
+    assert_eq!(read(&mounted.path().join("c/f")), "AAAA");
+    assert_eq!(read(&mounted.path().join("y/f")), "XXXX");
+}
+
+/// A Commit of a snapshot whose overlay is still mounted (containerd mounts it, lamina
+/// cannot unmount it) is refused, naming the mount: its container could go on writing
+/// the published layer every snapshot and container on it shares (review finding).
+/// Unmounted, the same commit goes through, whole.
+#[test]
+fn a_commit_of_a_snapshot_still_mounted_is_refused_naming_the_mount() {
+    let f = fixture();
+    let mounts = f.api.prepare("p", "", none()).unwrap();
+    let mounted = Mounted::new(&mounts);
+    fs::write(mounted.path().join("f"), "written").unwrap();
+    let refused = f.api.commit("c", "p", none()).unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    let at = mounted.path().display().to_string();
+    assert!(
+        refused.message().contains("still mounted at") && refused.message().contains(&at),
+        "{refused:?}"
+    );
+    assert_eq!(
+        f.api.stat("p").unwrap().kind,
+        Kind::Active as i32,
+        "nothing recorded"
+    );
+    drop(mounted);
+    f.api.commit("c", "p", none()).unwrap();
+    let view = f.api.view("v", "c").unwrap();
+    let mounted = Mounted::new(&view);
+    assert_eq!(read(&mounted.path().join("f")), "written");
+    // On a parent the answer is an overlay, found by its upper.
+    let on_parent = f.api.prepare("p2", "c", none()).unwrap();
+    assert_eq!(on_parent[0].r#type, "overlay", "{on_parent:?}");
+    let mounted = Mounted::new(&on_parent);
+    let refused = f.api.commit("c2", "p2", none()).unwrap_err();
+    assert!(
+        refused.message().contains("still mounted at"),
+        "{refused:?}"
+    );
+    drop(mounted);
+    f.api.commit("c2", "p2", none()).unwrap();
+}
+
 #[test]
 fn views_are_read_only_and_keys_are_unique() {
     let f = fixture();

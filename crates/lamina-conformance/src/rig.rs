@@ -290,6 +290,10 @@ impl Mounter for FaultyMounter {
         self.inner.is_mountpoint(path)
     }
 
+    fn writable_mount_of(&self, dir: &Path) -> Result<Option<PathBuf>, MountError> {
+        self.inner.writable_mount_of(dir)
+    }
+
     fn bind_read_only(&self, source: &Path, target: &Path) -> Result<(), MountError> {
         self.inner.bind_read_only(source, target)
     }

@@ -199,6 +199,29 @@ pub struct UpperToCommit {
     pub metacopy_lowers: Option<Vec<PathBuf>>,
 }
 
+/// [`RootfsError::UpperInUse`] if an overlay lamina did not mount (containerd mounts a
+/// snapshot itself) still has container `id`'s upper as its upper: its container could
+/// still write the layer once it is published, or swap what the publish walks (review
+/// finding). lamina's own mount, at the rootfs, is unmounted by the commit. Asked before
+/// a commit is recorded, never while one is finished: a start that finds a commit to
+/// finish must not fail on a mount (it would fail every start).
+pub fn refuse_upper_in_use(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+) -> Result<(), RootfsError> {
+    let dirs = store.container_dirs(id);
+    let canonical = std::fs::canonicalize(&dirs.upper).ok();
+    for path in std::iter::once(&dirs.upper).chain(canonical.as_ref()) {
+        if let Some(at) = mounter.writable_mount_of(path)?
+            && at != dirs.rootfs
+        {
+            return Err(RootfsError::UpperInUse { at });
+        }
+    }
+    Ok(())
+}
+
 /// Which upper a commit of container `id` publishes: [`RootfsError::UpperNotCommittable`]
 /// if its upper cannot become a layer (its own filesystem), and
 /// [`RootfsError::VolatileUnclean`] if it is a volatile upper whose overlay went away

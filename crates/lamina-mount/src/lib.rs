@@ -39,7 +39,9 @@ mod shared;
 mod stats;
 mod strategy;
 
-pub use attach::{Attach, UpperToCommit, attach, commit_upper, create_empty, upper_to_commit};
+pub use attach::{
+    Attach, UpperToCommit, attach, commit_upper, create_empty, refuse_upper_in_use, upper_to_commit,
+};
 pub use check::{CheckReport, Problem, check, check_verified};
 pub use choose::{COMPOSEFS_FROM_LAYERS, Choice, MetadataImage, Pools, Request, choose};
 pub use clean::{CleanReport, clean, remove_crashed_create};
@@ -72,6 +74,14 @@ pub enum RootfsError {
         "its upper is on a filesystem of its own (strategy {strategy}), which a commit cannot move into the store"
     )]
     UpperNotCommittable { strategy: String },
+    /// Its upper is still the upper of a mounted overlay (containerd mounts a snapshot
+    /// itself): what a container wrote through it after the commit would change a
+    /// published layer that other snapshots and containers share.
+    #[error(
+        "its upper is still mounted at {}: unmount it before committing (what is written through that mount would change the committed layer)",
+        at.display()
+    )]
+    UpperInUse { at: std::path::PathBuf },
     /// Its rootfs idmaps its layers (containerd's `uidmapping` labels): what it wrote
     /// carries host ids, which a layer must not.
     #[error(

@@ -65,6 +65,7 @@ impl Snapshotter {
             Err(e) => return Err(e.into()),
             Ok(_) => {}
         }
+        lamina_mount::refuse_upper_in_use(&self.store, self.mounter.as_ref(), &id)?;
         let layer = commit_layer(name, key, &labels, &active.labels);
         active.committing = Some(Committing {
             name: name.to_string(),

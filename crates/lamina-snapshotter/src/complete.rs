@@ -10,9 +10,11 @@
 
 use std::fs::{File, FileTimes};
 use std::io;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use lamina_store::beneath::{Tree, proc_path};
+use rustix::fs::FileType;
+use rustix::io::Errno;
 
 const METACOPY: &str = "trusted.overlay.metacopy";
 const REDIRECT: &str = "trusted.overlay.redirect";
@@ -24,8 +26,9 @@ const REDIRECT: &str = "trusted.overlay.redirect";
 /// container's snapshot), so nothing is reached by a path a container could redirect:
 /// the upper and each lower are walked and opened beneath their roots, no symlink
 /// followed, and a file is written only once it is known to be the regular file it was
-/// listed as (`lamina_store::beneath`). A lower is a layer, whose symlinks an image
-/// chose; overlay follows none of them when it looks a copy's data up either.
+/// listed as (`lamina_store::beneath`). A file gone or replaced since it was listed is
+/// what the container did meanwhile, and is left to it. Each copy's data is looked up as
+/// overlay looks it up (`metacopy_origin.rs`).
 pub(crate) fn complete_metacopies(upper: &Path, lowers: &[PathBuf]) -> io::Result<usize> {
     let upper = Tree::open(upper)?;
     let lowers = lowers
@@ -34,13 +37,23 @@ pub(crate) fn complete_metacopies(upper: &Path, lowers: &[PathBuf]) -> io::Resul
         .collect::<io::Result<Vec<_>>>()?;
     let mut filled = 0;
     upper.walk(|entry| {
-        if entry.kind() != rustix::fs::FileType::RegularFile {
+        if entry.kind() != FileType::RegularFile {
             return Ok(true);
         }
         // Pinned, then looked at: the type the walk saw may have changed since.
-        let (pinned, stat) = upper.pin(entry.rel)?;
-        let regular =
-            rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile;
+        let (pinned, stat) = match upper.pin(entry.rel) {
+            Ok(pinned) => pinned,
+            Err(e)
+                if matches!(
+                    Errno::from_io_error(&e),
+                    Some(Errno::NOENT | Errno::LOOP | Errno::NOTDIR)
+                ) =>
+            {
+                return Ok(true);
+            }
+            Err(e) => return Err(e),
+        };
+        let regular = FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile;
         if regular && has_xattr(&proc_path(&pinned), METACOPY)? {
             fill(&upper, entry.rel, &proc_path(&pinned), &lowers)?;
             filled += 1;
@@ -51,20 +64,15 @@ pub(crate) fn complete_metacopies(upper: &Path, lowers: &[PathBuf]) -> io::Resul
 }
 
 /// Copies the data of the metadata-only copy `rel` (reached as `pinned`) in from the
-/// first of `lowers` that has it, and drops its markers.
+/// layer below that has it, and drops its markers.
 fn fill(upper: &Tree, rel: &Path, pinned: &Path, lowers: &[Tree]) -> io::Result<()> {
-    let shown = upper.path().join(rel);
-    let origin = data_path(pinned, rel)?;
-    let mut data = lowers
-        .iter()
-        .find_map(|lower| lower.open_regular(&origin, false).ok())
-        .ok_or_else(|| {
+    let mut data =
+        crate::metacopy_origin::open_origin(upper, rel, pinned, lowers)?.ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
                 format!(
-                    "{}: metadata-only copy whose data ({}) no lower layer has",
-                    shown.display(),
-                    origin.display()
+                    "{}: metadata-only copy whose data no lower layer has",
+                    upper.path().join(rel).display()
                 ),
             )
         })?;
@@ -81,45 +89,18 @@ fn fill(upper: &Tree, rel: &Path, pinned: &Path, lowers: &[Tree]) -> io::Result<
     file.sync_all()?;
     for name in [METACOPY, REDIRECT] {
         match rustix::fs::fremovexattr(&file, name) {
-            Ok(()) | Err(rustix::io::Errno::NODATA) => {}
+            Ok(()) | Err(Errno::NODATA) => {}
             Err(e) => return Err(e.into()),
         }
     }
     Ok(())
 }
 
-/// Where the data of the metadata-only copy at `rel` (reached as `pinned`) lives in the
-/// layers below: an absolute redirect is from the layer root, a relative one names a
-/// file beside it. Only names inside a layer are taken: the kernel writes redirects, and
-/// one that climbs out (`..`) is refused rather than followed.
-fn data_path(pinned: &Path, rel: &Path) -> io::Result<PathBuf> {
-    let mut buf = vec![0u8; 4096];
-    let redirect = match rustix::fs::getxattr(pinned, REDIRECT, &mut buf) {
-        Ok(len) => String::from_utf8_lossy(&buf[..len]).into_owned(),
-        Err(rustix::io::Errno::NODATA) => return Ok(rel.to_path_buf()),
-        Err(e) => return Err(e.into()),
-    };
-    let origin = match redirect.strip_prefix('/') {
-        Some(from_root) => PathBuf::from(from_root),
-        None => rel.with_file_name(&redirect),
-    };
-    if !origin
-        .components()
-        .all(|c| matches!(c, Component::Normal(_)))
-    {
-        return Err(io::Error::other(format!(
-            "{}: redirect {redirect:?} leaves the layer",
-            rel.display()
-        )));
-    }
-    Ok(origin)
-}
-
 /// Whether the file `pinned` (a `/proc/self/fd` path of its own descriptor) has `name`.
 fn has_xattr(pinned: &Path, name: &str) -> io::Result<bool> {
     match rustix::fs::getxattr(pinned, name, &mut [0u8; 0][..]) {
-        Ok(_) | Err(rustix::io::Errno::RANGE) => Ok(true),
-        Err(rustix::io::Errno::NODATA) => Ok(false),
+        Ok(_) | Err(Errno::RANGE) => Ok(true),
+        Err(Errno::NODATA) => Ok(false),
         Err(e) => Err(e.into()),
     }
 }

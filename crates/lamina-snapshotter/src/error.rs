@@ -35,6 +35,7 @@ impl From<SnapshotError> for tonic::Status {
                 | RootfsError::PoolEmpty { .. }
                 | RootfsError::Unsupported { .. }
                 | RootfsError::UpperNotCommittable { .. }
+                | RootfsError::UpperInUse { .. }
                 | RootfsError::IdmappedNotCommittable
                 | RootfsError::VolatileUnclean { .. },
             ) => tonic::Status::failed_precondition(message),

@@ -12,6 +12,7 @@ mod error;
 mod filters;
 mod idmap_labels;
 mod info;
+mod metacopy_origin;
 mod rebuild;
 mod serve;
 mod service;

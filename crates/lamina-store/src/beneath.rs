@@ -18,6 +18,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
 
@@ -44,11 +45,13 @@ impl Entry<'_> {
 }
 
 impl Tree {
-    /// The tree whose root is the directory `path` (itself not a symlink).
+    /// The tree whose root is the directory `path`. The root is the caller's to name
+    /// (a store configured at a symlink is reached through it); only what is beneath it
+    /// is resolved without following anything.
     pub fn open(path: &Path) -> io::Result<Tree> {
         let root = rustix::fs::open(
             path,
-            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
         Ok(Tree {
@@ -63,23 +66,50 @@ impl Tree {
     }
 
     /// `rel` (relative, inside the tree) opened as `flags` say, no symlink followed on
-    /// the way or at the end, nothing outside the tree or on another mount reached.
+    /// the way or at the end, nothing outside the tree or on another mount reached. A
+    /// path longer than one `openat2` takes (a container can nest directories past
+    /// `PATH_MAX`) is resolved a stretch at a time, each from the directory the last one
+    /// reached.
     fn resolve(&self, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
-        let rel = if rel.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            rel
-        };
-        Ok(rustix::fs::openat2(
-            &self.root,
-            rel,
-            flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::BENEATH
-                | ResolveFlags::NO_SYMLINKS
-                | ResolveFlags::NO_MAGICLINKS
-                | ResolveFlags::NO_XDEV,
-        )?)
+        let mut names = rel.components().peekable();
+        let mut at: Option<OwnedFd> = None;
+        loop {
+            let mut stretch = PathBuf::new();
+            while let Some(name) = names.peek() {
+                let long = stretch.as_os_str().len() + name.as_os_str().len() + 1 > STRETCH;
+                if long && !stretch.as_os_str().is_empty() {
+                    break;
+                }
+                stretch.push(name);
+                names.next();
+            }
+            let last = names.peek().is_none();
+            let how = if last {
+                flags
+            } else {
+                OFlags::PATH | OFlags::DIRECTORY
+            };
+            let from = at.as_ref().map_or(self.root.as_fd(), |fd| fd.as_fd());
+            let target = if stretch.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                &stretch
+            };
+            let opened = rustix::fs::openat2(
+                from,
+                target,
+                how | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH
+                    | ResolveFlags::NO_SYMLINKS
+                    | ResolveFlags::NO_MAGICLINKS
+                    | ResolveFlags::NO_XDEV,
+            )?;
+            if last {
+                return Ok(opened);
+            }
+            at = Some(opened);
+        }
     }
 
     /// The regular file at `rel`, opened to read (`write`: to write). Anything else
@@ -110,23 +140,39 @@ impl Tree {
     /// `visit` returns whether to go into a directory. An entry that is gone by the time
     /// it is looked at, or a directory that is no longer one inside the tree when it is
     /// opened (removed, or replaced by a symlink or a file meanwhile), is skipped: what
-    /// the tree holds then is what it holds.
-    pub fn walk(&self, mut visit: impl FnMut(&Entry<'_>) -> io::Result<bool>) -> io::Result<()> {
+    /// the tree holds then is what it holds. Returns whether nothing was skipped.
+    ///
+    /// Each directory is opened from its parent's descriptor, so depth costs no path
+    /// length; the directories still to visit are kept as names under their parents', so
+    /// memory grows with the entries listed, not with their depth times their number.
+    pub fn walk(&self, mut visit: impl FnMut(&Entry<'_>) -> io::Result<bool>) -> io::Result<bool> {
         use rustix::io::Errno;
-        let mut pending = vec![PathBuf::new()];
-        while let Some(dir_rel) = pending.pop() {
-            let fd = match self.resolve(&dir_rel, OFlags::DIRECTORY | OFlags::RDONLY) {
-                Err(e)
-                    if !dir_rel.as_os_str().is_empty()
-                        && matches!(
+        let mut whole = true;
+        let mut pending: Vec<Rc<Pending>> = Vec::new();
+        let mut current: Option<Rc<Pending>> = None;
+        loop {
+            let fd = match &current {
+                None => self.resolve(Path::new(""), OFlags::DIRECTORY | OFlags::RDONLY)?,
+                Some(dir) => match self.open_pending(dir) {
+                    Err(e)
+                        if matches!(
                             Errno::from_io_error(&e),
                             Some(Errno::NOENT | Errno::LOOP | Errno::NOTDIR | Errno::XDEV)
                         ) =>
-                {
-                    continue;
-                }
-                opened => opened?,
+                    {
+                        whole = false;
+                        match pending.pop() {
+                            Some(next) => {
+                                current = Some(next);
+                                continue;
+                            }
+                            None => return Ok(whole),
+                        }
+                    }
+                    opened => opened?,
+                },
             };
+            let dir_rel = current.as_ref().map(|d| d.rel()).unwrap_or_default();
             let mut dir = Dir::new(fd)?;
             while let Some(entry) = dir.read() {
                 let entry = entry?;
@@ -135,7 +181,10 @@ impl Tree {
                     continue;
                 }
                 let stat = match rustix::fs::statat(dir.fd()?, name, AtFlags::SYMLINK_NOFOLLOW) {
-                    Err(Errno::NOENT) => continue,
+                    Err(Errno::NOENT) => {
+                        whole = false;
+                        continue;
+                    }
                     found => found?,
                 };
                 let rel = dir_rel.join(name);
@@ -144,11 +193,22 @@ impl Tree {
                     stat: &stat,
                 })?;
                 if go_in && FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
-                    pending.push(rel);
+                    pending.push(Rc::new(Pending {
+                        parent: current.clone(),
+                        name: name.to_os_string(),
+                    }));
                 }
             }
+            match pending.pop() {
+                Some(next) => current = Some(next),
+                None => return Ok(whole),
+            }
         }
-        Ok(())
+    }
+
+    /// Opens the directory `dir` names, from its ancestors' names.
+    fn open_pending(&self, dir: &Pending) -> io::Result<OwnedFd> {
+        self.resolve(&dir.rel(), OFlags::DIRECTORY | OFlags::RDONLY)
     }
 
     /// A descriptor of `rel` that reads nothing (`O_PATH`), with what it is: for a
@@ -157,6 +217,29 @@ impl Tree {
         let pinned = self.resolve(rel, OFlags::PATH)?;
         let stat = rustix::fs::fstat(&pinned)?;
         Ok((pinned, stat))
+    }
+}
+
+/// Bytes of path one `openat2` resolves at most: well under `PATH_MAX` (4096).
+const STRETCH: usize = 2048;
+
+/// A directory [`Tree::walk`] has still to visit: its name under its parent's.
+#[derive(Debug)]
+struct Pending {
+    parent: Option<Rc<Pending>>,
+    name: std::ffi::OsString,
+}
+
+impl Pending {
+    /// The directory's path from the tree's root.
+    fn rel(&self) -> PathBuf {
+        let mut names = vec![self.name.as_os_str()];
+        let mut up = self.parent.as_deref();
+        while let Some(dir) = up {
+            names.push(dir.name.as_os_str());
+            up = dir.parent.as_deref();
+        }
+        names.iter().rev().collect()
     }
 }
 
@@ -219,16 +302,55 @@ mod tests {
         fs::write(outside.join("secret"), "host").unwrap();
         let tree = Tree::open(&root).unwrap();
         let mut seen = Vec::new();
-        tree.walk(|e| {
-            if e.rel == Path::new("d") {
-                fs::remove_dir(root.join("d")).unwrap();
-                std::os::unix::fs::symlink(&outside, root.join("d")).unwrap();
-            }
-            seen.push(e.rel.to_path_buf());
-            Ok(true)
-        })
-        .unwrap();
+        let whole = tree
+            .walk(|e| {
+                if e.rel == Path::new("d") {
+                    fs::remove_dir(root.join("d")).unwrap();
+                    std::os::unix::fs::symlink(&outside, root.join("d")).unwrap();
+                }
+                seen.push(e.rel.to_path_buf());
+                Ok(true)
+            })
+            .unwrap();
         assert_eq!(seen, vec![PathBuf::from("d")], "the walk went outside");
+        assert!(!whole, "the skipped directory is said");
+    }
+
+    /// A container can nest directories past `PATH_MAX`; walking and opening them must
+    /// not fail on the path's length (review finding: it failed `stats`, Usage and the
+    /// store-wide `clean --threshold-bytes`).
+    #[test]
+    fn a_tree_deeper_than_path_max_is_walked_and_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = "d".repeat(50);
+        let mut at = rustix::fs::open(dir.path(), OFlags::DIRECTORY, Mode::empty()).unwrap();
+        for _ in 0..200 {
+            rustix::fs::mkdirat(&at, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+            at = rustix::fs::openat(&at, name.as_str(), OFlags::DIRECTORY, Mode::empty()).unwrap();
+        }
+        let file = rustix::fs::openat(
+            &at,
+            "bottom",
+            OFlags::CREATE | OFlags::WRONLY,
+            Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+        rustix::io::write(&file, b"deep").unwrap();
+        let tree = Tree::open(dir.path()).unwrap();
+        let mut deepest = PathBuf::new();
+        let whole = tree
+            .walk(|e| {
+                if e.rel.as_os_str().len() > deepest.as_os_str().len() {
+                    deepest = e.rel.to_path_buf();
+                }
+                Ok(true)
+            })
+            .unwrap();
+        assert!(whole);
+        assert!(deepest.as_os_str().len() > 10_000, "{}", deepest.display());
+        assert!(deepest.ends_with("bottom"));
+        let read = io::read_to_string(tree.open_regular(&deepest, false).unwrap()).unwrap();
+        assert_eq!(read, "deep");
     }
 
     #[test]

@@ -399,7 +399,7 @@ impl Store {
 /// the tree also holds what cannot be written back file by file — a symlink long enough
 /// for a data block (ext4 keeps up to 59 bytes in the inode) — or more than
 /// [`WRITE_BACK_FILES`] such files or [`WRITE_BACK_WALK`] entries, or an entry that
-/// cannot be read as what it was listed as: such a tree is synced whole.
+/// was gone or changed by the time it was looked at: such a tree is synced whole.
 fn files_with_data(tree: &crate::beneath::Tree) -> Option<Vec<PathBuf>> {
     use rustix::fs::FileType;
     let mut files = Vec::new();
@@ -426,7 +426,9 @@ fn files_with_data(tree: &crate::beneath::Tree) -> Option<Vec<PathBuf>> {
         }
         Ok(true)
     });
-    walked.ok().map(|()| files)
+    // Something skipped (a directory renamed or swapped under a live upper's walk) is
+    // something not written back: the whole filesystem is synced instead.
+    matches!(walked, Ok(true)).then_some(files)
 }
 
 /// Files with data past which a layer is synced whole: an open and two calls a file cost

@@ -20,7 +20,7 @@ pub fn disk_usage(dir: &Path) -> Result<u64, StoreError> {
 
 /// [`disk_usage`] and the number of inodes counted (containerd's snapshot `Usage`).
 pub fn disk_usage_and_inodes(dir: &Path) -> Result<(u64, u64), StoreError> {
-    let root = match fs::symlink_metadata(dir) {
+    let root = match fs::metadata(dir) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
         Err(e) => return Err(StoreError::io("measuring", dir)(e)),
@@ -30,7 +30,12 @@ pub fn disk_usage_and_inodes(dir: &Path) -> Result<(u64, u64), StoreError> {
     let mut total = root.blocks() * 512;
     // Walked beneath `dir`, no symlink followed: a live upper's container can swap a
     // directory for a symlink to `/` while containerd asks for its usage.
-    let tree = crate::beneath::Tree::open(dir).map_err(StoreError::io("measuring", dir))?;
+    let tree = match crate::beneath::Tree::open(dir) {
+        Ok(tree) => tree,
+        // Removed since it was looked at: it uses nothing now.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
+        Err(e) => return Err(StoreError::io("measuring", dir)(e)),
+    };
     tree.walk(|entry| {
         let stat = entry.stat;
         if stat.st_dev != root.dev() || !seen.insert(stat.st_ino) {
@@ -101,5 +106,25 @@ mod tests {
         fs::write(dir.join("c"), vec![7u8; 64 * 1024]).unwrap();
         assert!(disk_usage(&dir).unwrap() >= one + 64 * 1024);
         assert_eq!(disk_usage(&tmp.path().join("missing")).unwrap(), 0);
+    }
+
+    /// A store configured at a symlink is measured through it (review finding: `clean
+    /// --threshold-bytes` failed with "Not a directory"); a symlink beneath is not
+    /// followed.
+    #[test]
+    fn the_root_is_reached_through_a_symlink_and_nothing_beneath_is_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("d");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("a"), vec![7u8; 64 * 1024]).unwrap();
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert_eq!(disk_usage(&link).unwrap(), disk_usage(&dir).unwrap());
+        let big = tmp.path().join("big");
+        fs::create_dir(&big).unwrap();
+        fs::write(big.join("b"), vec![7u8; 1024 * 1024]).unwrap();
+        let before = disk_usage(&dir).unwrap();
+        std::os::unix::fs::symlink(&big, dir.join("into-big")).unwrap();
+        assert!(disk_usage(&dir).unwrap() < before + 1024 * 1024);
     }
 }

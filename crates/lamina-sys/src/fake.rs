@@ -461,6 +461,22 @@ impl Mounter for FakeMounter {
         Vec::new()
     }
 
+    fn writable_mount_of(&self, upper: &Path) -> Result<Option<PathBuf>, MountError> {
+        let mut state = self.lock();
+        state
+            .enter(Call::MountsUnder, upper, None)
+            .map_err(|e| MountError::new("read /proc/self/mountinfo for", upper, e))?;
+        Ok(state
+            .mounted
+            .values()
+            .find_map(|(target, mounted, _)| match mounted {
+                Mounted::Overlay(spec) if spec.upper.as_deref() == Some(upper) => {
+                    Some(target.clone())
+                }
+                _ => None,
+            }))
+    }
+
     fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError> {
         let mut state = self.lock();
         state

@@ -51,7 +51,7 @@ pub const MOUNT_EROFS_OP: &str = "mount EROFS image";
 pub use fake::{FakeCall, FakeKernel, FakeMounter};
 pub use faults::{Call, When};
 pub use host::{At, HostFs, Node, RealHost, Stat};
-pub use mountinfo::mounts_under;
+pub use mountinfo::{mounts_under, writable_mount_of};
 pub use overlay_spec::OverlaySpec;
 pub use real::RealMounter;
 pub use upper_fs::{DiskFs, UpperFs, detach_loop_device, loop_backing_files};
@@ -94,6 +94,11 @@ pub trait Mounter: Send + Sync + Debug {
     /// Mount points at or beneath `dir`, deepest first: what crash recovery must unmount
     /// before it may remove `dir`.
     fn mounts_under(&self, dir: &Path) -> Result<Vec<PathBuf>, MountError>;
+
+    /// A mount through which `dir` can still be written ([`writable_mount_of`]: an
+    /// overlay with it as upper, a read-write bind of it), if there is one: containerd
+    /// mounts a snapshot itself, and its writes would land in a layer a commit published.
+    fn writable_mount_of(&self, dir: &Path) -> Result<Option<PathBuf>, MountError>;
 
     /// Which parts of the new mount API the kernel has ([`probe_mount_api`]).
     fn probe_mount_api(&self) -> MountApiSupport;

@@ -32,6 +32,54 @@ fn mounts_under_in(info: &[u8], root: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// A mount on this host (in this mount namespace) through which `dir` can be written,
+/// other than `dir` itself: an overlay with `dir` as its upper, or a read-write bind of
+/// `dir`. A commit must not publish an upper a container can still write
+/// (`lamina-mount`'s `refuse_upper_in_use`). One read of the mount table, and a `stat`
+/// of each read-write mount of `dir`'s own filesystem, once per commit.
+pub fn writable_mount_of(dir: &Path) -> std::io::Result<Option<PathBuf>> {
+    use std::os::unix::fs::MetadataExt;
+    let info = std::fs::read("/proc/self/mountinfo")?;
+    let meta = match std::fs::metadata(dir) {
+        Ok(meta) => meta,
+        // Nothing writes what is not there.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let (major, minor) = (rustix::fs::major(meta.dev()), rustix::fs::minor(meta.dev()));
+    let same_inode = |at: &Path| {
+        at != dir
+            && std::fs::metadata(at).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
+    };
+    Ok(writable_mount_in(&info, dir, (major, minor), same_inode))
+}
+
+fn writable_mount_in(
+    info: &[u8],
+    dir: &Path,
+    device: (u32, u32),
+    same_inode: impl Fn(&Path) -> bool,
+) -> Option<PathBuf> {
+    let device = format!("{}:{}", device.0, device.1);
+    info.split(|&b| b == b'\n').find_map(|line| {
+        let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+        // Mount point is the fifth field, its own options the sixth; after the lone
+        // `-`: type, source, the filesystem's options.
+        let dash = fields.iter().position(|f| *f == b"-")?;
+        let at = unescape(fields.get(4)?);
+        let (kind, options) = (fields.get(dash + 1)?, fields.get(dash + 3)?);
+        if *kind == b"overlay" {
+            let upper = options
+                .split(|&b| b == b',')
+                .find_map(|o| o.strip_prefix(b"upperdir="))
+                .map(unescape)?;
+            return (upper == dir).then_some(at);
+        }
+        let read_write = fields.get(5)?.split(|&b| b == b',').any(|o| o == b"rw");
+        (read_write && *fields.get(2)? == device.as_bytes() && same_inode(&at)).then_some(at)
+    })
+}
+
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
 fn unescape(field: &[u8]) -> PathBuf {
     let mut out = Vec::with_capacity(field.len());
@@ -58,6 +106,30 @@ fn unescape(field: &[u8]) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_overlay_of_the_upper_or_a_bind_of_it_is_found_and_nothing_else_is() {
+        use std::path::{Path, PathBuf};
+        let info = b"36 35 98:0 / /mnt rw - ext4 /dev/vda rw\n\
+90 36 0:50 / /run/c\\040d/rootfs rw - overlay overlay rw,lowerdir=/s/l/a:/s/l/b,upperdir=/s/images/snap-1/upper,workdir=/s/images/snap-1/work\n\
+91 36 0:51 / /other rw - overlay overlay rw,lowerdir=/s/l/a,upperdir=/s/images/snap-10/upper,workdir=/w\n\
+92 36 98:0 /s/images/snap-3/upper /run/bind-ro ro,relatime - ext4 /dev/vda rw\n\
+93 36 98:0 /s/images/snap-3/upper /run/bind-rw rw,relatime - ext4 /dev/vda rw\n";
+        let bind = |at: &Path| at == Path::new("/run/bind-ro") || at == Path::new("/run/bind-rw");
+        let found = |dir: &str| super::writable_mount_in(info, Path::new(dir), (98, 0), bind);
+        assert_eq!(
+            found("/s/images/snap-1/upper"),
+            Some(PathBuf::from("/run/c d/rootfs"))
+        );
+        assert_eq!(
+            found("/s/images/snap-3/upper"),
+            Some(PathBuf::from("/run/bind-rw"))
+        );
+        let nothing =
+            |dir: &str| super::writable_mount_in(info, Path::new(dir), (98, 0), |_| false);
+        assert_eq!(nothing("/s/images/snap-2/upper"), None);
+        assert_eq!(nothing("/s/l/a"), None, "a lower is not an upper");
+    }
+
     use super::*;
 
     #[test]

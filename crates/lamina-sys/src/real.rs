@@ -121,6 +121,16 @@ impl Mounter for RealMounter {
         })
     }
 
+    fn writable_mount_of(&self, upper: &Path) -> Result<Option<PathBuf>, MountError> {
+        crate::writable_mount_of(upper).map_err(|e| {
+            MountError::new(
+                "read /proc/self/mountinfo for",
+                upper,
+                Errno::from_io_error(&e).unwrap_or(Errno::IO),
+            )
+        })
+    }
+
     fn probe_mount_api(&self) -> crate::MountApiSupport {
         crate::probe_mount_api()
     }
