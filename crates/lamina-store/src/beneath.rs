@@ -142,9 +142,10 @@ impl Tree {
     /// opened (removed, or replaced by a symlink or a file meanwhile), is skipped: what
     /// the tree holds then is what it holds. Returns whether nothing was skipped.
     ///
-    /// Each directory is opened from its parent's descriptor, so depth costs no path
-    /// length; the directories still to visit are kept as names under their parents', so
-    /// memory grows with the entries listed, not with their depth times their number.
+    /// Each directory is opened by its path from the root, a stretch at a time past
+    /// [`STRETCH`] bytes ([`Tree::resolve`]), so depth hits no path-length limit; the
+    /// directories still to visit are kept as names under their parents', so memory grows
+    /// with the entries listed, not with their depth times their number.
     pub fn walk(&self, mut visit: impl FnMut(&Entry<'_>) -> io::Result<bool>) -> io::Result<bool> {
         use rustix::io::Errno;
         let mut whole = true;
