@@ -143,7 +143,7 @@ impl Tree {
     /// the tree holds then is what it holds. Returns whether nothing was skipped.
     ///
     /// Each directory is opened by its path from the root, a stretch at a time past
-    /// [`STRETCH`] bytes ([`Tree::resolve`]), so depth hits no path-length limit; the
+    /// `STRETCH` bytes (`Tree::resolve`), so depth hits no path-length limit; the
     /// directories still to visit are kept as names under their parents', so memory grows
     /// with the entries listed, not with their depth times their number.
     pub fn walk(&self, mut visit: impl FnMut(&Entry<'_>) -> io::Result<bool>) -> io::Result<bool> {
