@@ -226,8 +226,8 @@ impl Store {
 
     /// Takes the `lock` of a container-shaped directory if nobody holds it. `None` means
     /// a live process is working on it. A directory without a lock file (made by an older
-    /// lamina), or with something there no lamina could lock ([`crate::container_lock::open_dir_lock`]), counts
-    /// as unlocked.
+    /// lamina), or with something there no lamina could lock (a FIFO, a symlink, a
+    /// directory: `container_lock::open_dir_lock`), counts as unlocked.
     pub fn try_lock_dir(&self, dir: &Path) -> Result<Option<DirLock>, StoreError> {
         let path = dir.join(LOCK);
         let Some(file) = crate::container_lock::open_dir_lock(&path)? else {
