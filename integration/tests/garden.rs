@@ -101,6 +101,33 @@ fn stats_reports_what_the_container_wrote_on_top_of_its_image() {
     lamina.delete_and_assert_gone("plain", "stats");
 }
 
+/// A container that nests its directories 20 000 deep costs `stats`, `clean
+/// --threshold-bytes` and its own delete nothing more than time: each walked or removed it
+/// a level a call, and the removal overflowed the stack and aborted (review finding).
+#[test]
+fn a_container_nesting_twenty_thousand_directories_is_measured_and_deleted() {
+    use rustix::fs::{Mode, OFlags};
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let (lamina, image, _) = setup(&fs, &[]);
+    let rootfs = lamina.create(&image, "deep");
+    let mut at = rustix::fs::open(&rootfs, OFlags::DIRECTORY, Mode::empty()).unwrap();
+    for _ in 0..20_000 {
+        rustix::fs::mkdirat(&at, "d", Mode::from_raw_mode(0o755)).unwrap();
+        at = rustix::fs::openat(&at, "d", OFlags::DIRECTORY, Mode::empty()).unwrap();
+    }
+    drop(at);
+    let stats = lamina.run(&["stats", "deep"]);
+    assert_eq!(stats.code, 0, "{stats:?}");
+    let written = stats.json()["disk_usage"]["exclusive_bytes_used"]
+        .as_u64()
+        .unwrap();
+    assert!(written >= 20_000 * 4096, "{stats:?}");
+    let clean = lamina.run(&["clean", "--threshold-bytes", "1"]);
+    assert_eq!(clean.code, 0, "{clean:?}");
+    lamina.delete_and_assert_gone("deep", "a deep tree");
+}
+
 #[test]
 fn capacity_comes_from_config_then_init_store_then_the_filesystem() {
     require_root();

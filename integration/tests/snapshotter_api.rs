@@ -228,6 +228,79 @@ fn a_metadata_only_copy_in_a_renamed_directory_is_filled_from_where_overlay_find
     assert_eq!(read(&mounted.path().join("y/f")), "XXXX");
 }
 
+/// The lookups overlay makes through renames the container, or a committed layer, made:
+/// a redirect part-way along an absolute one, a directory moved out of a renamed one, a
+/// metadata-only file renamed out of a renamed directory, and directories moved into new
+/// (opaque) ones. The commit fills each with the data the container saw (review findings
+/// against the kernel's lookup: wrong data for the first two, a failed commit for the
+/// rest).
+#[test]
+fn metadata_only_copies_are_filled_through_every_kind_of_rename() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture();
+    let files = [
+        ("a/c/f", "DATA-B"),
+        ("c/f", "WRONG-B"),
+        ("a2/y/f", "DATA-A"),
+        ("x/y/f", "WRONG-A"),
+        ("e/f", "DATA-E"),
+        ("g/f", "DATA-G"),
+        ("etc/conf", "DATA-H"),
+    ];
+    commit_with(&f.api, "c1", "p1", "", |root| {
+        for (rel, text) in files {
+            fs::create_dir_all(root.join(rel).parent().unwrap()).unwrap();
+            fs::write(root.join(rel), text).unwrap();
+        }
+    });
+    commit_with(&f.api, "c2", "p2", "c1", |root| {
+        fs::rename(root.join("a/c"), root.join("a/b")).unwrap();
+        fs::remove_dir_all(root.join("x")).unwrap();
+        fs::rename(root.join("a2"), root.join("x")).unwrap();
+        fs::rename(root.join("e"), root.join("x2")).unwrap();
+    });
+    let mounts = f.api.prepare("p3", "c2", none()).unwrap();
+    let expected = [
+        ("zb/f", "DATA-B"),
+        ("za/f", "DATA-A"),
+        ("ge", "DATA-E"),
+        ("o/g2/f", "DATA-G"),
+        ("backup/conf", "DATA-H"),
+    ];
+    {
+        let mounted = Mounted::new(&mounts);
+        let root = mounted.path();
+        fs::rename(root.join("a/b"), root.join("zb")).unwrap();
+        fs::rename(root.join("x/y"), root.join("za")).unwrap();
+        fs::rename(root.join("x2/f"), root.join("ge")).unwrap();
+        fs::create_dir(root.join("o")).unwrap();
+        fs::rename(root.join("g"), root.join("o/g2")).unwrap();
+        fs::create_dir(root.join("backup")).unwrap();
+        fs::rename(root.join("etc/conf"), root.join("backup/conf")).unwrap();
+        for (rel, text) in expected {
+            fs::set_permissions(root.join(rel), fs::Permissions::from_mode(0o600)).unwrap();
+            assert_eq!(
+                read(&root.join(rel)),
+                text,
+                "what the container sees at {rel}"
+            );
+        }
+    }
+    f.api.commit("c3", "p3", none()).unwrap();
+    let layers = f.daemon.store.join("layers");
+    for (rel, text) in expected {
+        let filled: Vec<_> = files_under(&layers)
+            .into_iter()
+            .filter(|p| {
+                p.ends_with(format!("diff/{rel}"))
+                    && fs::metadata(p).unwrap().mode() & 0o777 == 0o600
+            })
+            .collect();
+        assert_eq!(filled.len(), 1, "c3's layer holds {rel}");
+        assert_eq!(read(&filled[0]), text, "{rel} holds what the container saw");
+    }
+}
+
 /// A Commit of a snapshot whose overlay is still mounted (containerd mounts it, lamina
 /// cannot unmount it) is refused, naming the mount: its container could go on writing
 /// the published layer every snapshot and container on it shares (review finding).

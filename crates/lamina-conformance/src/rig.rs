@@ -290,8 +290,8 @@ impl Mounter for FaultyMounter {
         self.inner.is_mountpoint(path)
     }
 
-    fn writable_mount_of(&self, dir: &Path) -> Result<Option<PathBuf>, MountError> {
-        self.inner.writable_mount_of(dir)
+    fn writable_mount_of(&self, dir: &Path, except: &Path) -> Result<Option<PathBuf>, MountError> {
+        self.inner.writable_mount_of(dir, except)
     }
 
     fn bind_read_only(&self, source: &Path, target: &Path) -> Result<(), MountError> {

@@ -211,11 +211,13 @@ pub fn refuse_upper_in_use(
     id: &str,
 ) -> Result<(), RootfsError> {
     let dirs = store.container_dirs(id);
-    let canonical = std::fs::canonicalize(&dirs.upper).ok();
+    // The path as lamina answered it, and as the kernel resolves it when it differs (a
+    // store configured through a symlink).
+    let canonical = std::fs::canonicalize(&dirs.upper)
+        .ok()
+        .filter(|c| *c != dirs.upper);
     for path in std::iter::once(&dirs.upper).chain(canonical.as_ref()) {
-        if let Some(at) = mounter.writable_mount_of(path)?
-            && at != dirs.rootfs
-        {
+        if let Some(at) = mounter.writable_mount_of(path, &dirs.rootfs)? {
             return Err(RootfsError::UpperInUse { at });
         }
     }

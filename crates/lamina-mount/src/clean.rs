@@ -273,7 +273,7 @@ pub(crate) fn remove_unmounted(mounter: &dyn Mounter, dir: &Path) -> Result<(), 
         return fs::remove_file(dir).map_err(|e| StoreError::io("removing", dir)(e).into());
     }
     crate::isolated::delete_subvolume_in(mounter, dir)?;
-    match fs::remove_dir_all(dir) {
+    match lamina_store::remove_tree(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(StoreError::io("removing", dir)(e).into()),

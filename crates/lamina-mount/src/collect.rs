@@ -90,7 +90,7 @@ pub(crate) fn collect_unused(
 
     for path in doomed {
         collected.bytes += lamina_store::disk_usage(&path)?;
-        fs::remove_dir_all(&path).map_err(StoreError::io("removing", &path))?;
+        lamina_store::remove_tree(&path).map_err(StoreError::io("removing", &path))?;
     }
     tracing::info!(
         layers = collected.layers,

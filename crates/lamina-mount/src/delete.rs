@@ -5,7 +5,6 @@
 //! through the mount, so their dirty pages are dropped instead of written back.
 
 use std::collections::HashSet;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use lamina_store::{Store, StoreError};
@@ -204,7 +203,7 @@ fn teardown(
             .map_err(|e| RootfsError::unmounting(&name, e))?;
     }
     isolated::delete_subvolume_in(mounter, dir)?;
-    fs::remove_dir_all(dir).map_err(StoreError::io("removing", dir))?;
+    lamina_store::remove_tree(dir).map_err(StoreError::io("removing", dir))?;
     if let Some(lease) = container.and_then(|c| c.rootfs.lease) {
         shared::release(store, mounter, &lease)?;
     }

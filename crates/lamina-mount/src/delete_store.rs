@@ -43,7 +43,7 @@ pub fn delete_store(store: &Store, mounter: &dyn Mounter) -> Result<usize, Rootf
             crate::isolated::delete_subvolume_in(mounter, &entry.path())?;
         }
     }
-    fs::remove_dir_all(root).map_err(StoreError::io("removing", root))?;
+    lamina_store::remove_tree(root).map_err(StoreError::io("removing", root))?;
     tracing::info!(store = %root.display(), unmounted = mounts.len(), "deleted store");
     Ok(mounts.len())
 }

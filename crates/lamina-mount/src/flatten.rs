@@ -64,7 +64,7 @@ pub(crate) fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, Sto
             fs::rename(&staging, &flat)
         });
     if let Err(e) = built {
-        let _ = fs::remove_dir_all(&staging);
+        let _ = lamina_store::remove_tree(&staging);
         return Err(StoreError::io("flattening image into", &flat)(e));
     }
     tracing::info!(image = %top, layers = chain_ids.len(), ms = started.elapsed().as_millis() as u64, "flattened image for direct binds");
@@ -100,7 +100,7 @@ fn apply_dir(host: &dyn HostFs, src: &Path, dst: &Path) -> io::Result<()> {
             match existing {
                 Some(e) if e.is_dir() => {
                     if is_opaque(host, &from) {
-                        fs::remove_dir_all(&to)?;
+                        lamina_store::remove_tree(&to)?;
                         fs::create_dir(&to)?;
                     }
                 }
@@ -125,7 +125,7 @@ fn apply_dir(host: &dyn HostFs, src: &Path, dst: &Path) -> io::Result<()> {
 
 fn remove(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
     if meta.is_dir() {
-        fs::remove_dir_all(path)
+        lamina_store::remove_tree(path)
     } else {
         fs::remove_file(path)
     }

@@ -151,7 +151,7 @@ fn release_if_unused(mounter: &dyn Mounter, dir: &Path) -> Result<bool, RootfsEr
     if rootfs.is_dir() {
         mounter.unmount(&rootfs)?;
     }
-    fs::remove_dir_all(dir).map_err(StoreError::io("removing", dir))?;
+    lamina_store::remove_tree(dir).map_err(StoreError::io("removing", dir))?;
     tracing::info!(dir = %dir.display(), "released unused shared read-only image");
     Ok(true)
 }

@@ -36,12 +36,12 @@ pub(crate) fn complete_metacopies(upper: &Path, lowers: &[PathBuf]) -> io::Resul
         .map(|lower| Tree::open(lower))
         .collect::<io::Result<Vec<_>>>()?;
     let mut filled = 0;
-    upper.walk(|entry| {
+    let whole = upper.walk(|entry| {
         if entry.kind() != FileType::RegularFile {
             return Ok(true);
         }
         // Pinned, then looked at: the type the walk saw may have changed since.
-        let (pinned, stat) = match upper.pin(entry.rel) {
+        let (pinned, stat) = match entry.pin() {
             Ok(pinned) => pinned,
             Err(e)
                 if matches!(
@@ -55,11 +55,21 @@ pub(crate) fn complete_metacopies(upper: &Path, lowers: &[PathBuf]) -> io::Resul
         };
         let regular = FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile;
         if regular && has_xattr(&proc_path(&pinned), METACOPY)? {
-            fill(&upper, entry.rel, &proc_path(&pinned), &lowers)?;
+            fill(&upper, &entry.rel(), &proc_path(&pinned), &lowers)?;
             filled += 1;
         }
         Ok(true)
     })?;
+    // What was skipped may hold a copy left unfilled: a layer of holes is worse than no
+    // commit. Only a tree changed while it was walked, or deeper than the walk goes,
+    // has anything skipped.
+    if !whole {
+        return Err(io::Error::other(format!(
+            "{}: changed while it was committed, or deeper than {} directories",
+            upper.path().display(),
+            lamina_store::beneath::MAX_DEPTH
+        )));
+    }
     Ok(filled)
 }
 

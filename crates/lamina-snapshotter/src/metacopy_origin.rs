@@ -1,43 +1,42 @@
 //! Where overlay finds the data of a metadata-only copy-up: the lookup a commit repeats
-//! to fill one in (`complete.rs`).
+//! to fill one in (`complete.rs`). It follows the kernel's (`fs/overlayfs/namei.c`):
 //!
-//! Overlay looks a path up one name at a time. A directory's lower layers are those in
-//! which its name was found as a directory, top-most first. A redirect on a directory
-//! (`trusted.overlay.redirect`, written when a directory is renamed: `mv a c` leaves `c`
-//! redirecting to `a`) changes the name the layers below are asked for — a relative one
-//! within the same parent, an absolute one from every layer's root. An opaque directory
-//! hides the layers below it; a whiteout or any other non-directory ends the lookup. A
-//! file copied up by metadata in a renamed directory has no redirect of its own: its
-//! data is at the directory's old name (review finding: `mv a c; chmod 600 c/f` had
-//! `c/f` filled from the lower's `c/f`, or refused when there was none).
+//! - A path is looked up one name at a time. Each directory has a stack of the lower
+//!   layers it was found in as a directory, top-most first; the root's is every layer.
+//! - The name asked of the layers below can be rewritten by a redirect
+//!   (`trusted.overlay.redirect`, written when a directory or a metadata-only file is
+//!   renamed). A relative redirect replaces one name; an absolute one (`/a/b`) is a path
+//!   from every layer's root, and sends the lookup to the root's stack from the next layer
+//!   on, whatever stack the parent had. A redirect met part-way along an absolute path in
+//!   one layer rewrites that path for the layers below it, keeping what follows.
+//! - An opaque directory, a whiteout, or a non-directory where a directory is needed
+//!   stops the lookup: nothing below is seen. The first regular file found is the data.
 //!
-//! Every layer is reached beneath its root, no symlink followed (`beneath::Tree`), as
-//! overlay follows none either.
+//! A file copied up by metadata inside a renamed directory has no redirect of its own:
+//! its data is at the directory's old name (review findings: `mv a c; chmod 600 c/f` was
+//! filled from the lower's `c/f`; `mkdir /backup; mv /etc/conf /backup/` failed the
+//! commit). Every layer is reached beneath its root, no symlink followed
+//! (`beneath::Tree`), as overlay follows none either.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
+use std::rc::Rc;
 
-use lamina_store::beneath::{Tree, proc_path};
+use lamina_store::beneath::{Tree, pin_at, proc_path};
 use rustix::fs::FileType;
 use rustix::io::Errno;
 
 const REDIRECT: &str = "trusted.overlay.redirect";
 const OPAQUE: &str = "trusted.overlay.opaque";
 
-/// The name a layer is asked for: relative to the parent directory there, or from the
-/// layer's root.
-#[derive(Debug, Clone)]
-enum Name {
-    Relative(OsString),
-    FromRoot(PathBuf),
-}
-
-/// One layer in which a directory was found, and its path there.
-type Found = (usize, PathBuf);
+/// One layer in which a directory was found, and the directory there (`O_PATH`): each
+/// name is looked up from its parent's descriptor, so a deep path costs one lookup a
+/// name, not one a name per name (review finding: walks from the root were quadratic).
+type Found = (usize, Rc<OwnedFd>);
 
 /// The data of the metadata-only copy at `rel` in `upper` (whose own inode `pinned`
 /// reaches), opened to read, from `lowers` (top-most first); `None` when no layer has it.
@@ -60,130 +59,205 @@ pub(crate) fn open_origin(
     let Some((file_name, dir_names)) = names.split_last() else {
         return Ok(None);
     };
-    let root: Vec<Found> = (0..lowers.len()).map(|i| (i, PathBuf::new())).collect();
+    let root: Vec<Found> = lowers
+        .iter()
+        .enumerate()
+        .map(|(i, lower)| Ok((i, Rc::new(pin_at(lower.root(), Path::new(""))?.0))))
+        .collect::<io::Result<_>>()?;
     let mut stack = root.clone();
-    let mut at = PathBuf::new();
+    let (mut at, _) = pin_at(upper.root(), Path::new(""))?;
     for dir_name in dir_names {
-        at.push(dir_name);
-        let (dir, _) = upper.pin(&at)?;
-        if marked(&dir, OPAQUE)? {
-            return Ok(None);
+        let (dir, _) = pin_at(at.as_fd(), Path::new(dir_name))?;
+        // An opaque directory of the upper hides every layer below; its redirect, if
+        // any, is not read (the kernel stops there too).
+        stack = if marked(&dir, OPAQUE)? {
+            Vec::new()
+        } else {
+            let mut lookup = Lookup::new(dir_name, redirect_of(&proc_path(&dir))?, true);
+            lookup.run(&root, &stack)?.dirs
+        };
+        at = dir;
+    }
+    let mut lookup = Lookup::new(file_name, redirect_of(pinned)?, false);
+    Ok(lookup.run(&root, &stack)?.file)
+}
+
+/// One name's lookup in the lower layers (the kernel's `ovl_lookup_data`).
+struct Lookup {
+    /// The name asked: one name, or a path from the root (starting with `/`).
+    name: Vec<u8>,
+    /// Found as a directory (or looking for one, below a directory of the upper).
+    is_dir: bool,
+    stop: bool,
+}
+
+/// What a [`Lookup`] found: the layers the name is a directory in, or its data.
+#[derive(Default)]
+struct Outcome {
+    dirs: Vec<Found>,
+    file: Option<File>,
+}
+
+impl Lookup {
+    /// The lookup of `own`, as the upper's entry (with `redirect`, if it has one) asks it
+    /// of the layers below; `dir`: the upper's entry is a directory.
+    fn new(own: &OsStr, redirect: Option<Vec<u8>>, dir: bool) -> Lookup {
+        Lookup {
+            name: redirect.unwrap_or_else(|| own.as_bytes().to_vec()),
+            is_dir: dir,
+            stop: false,
         }
-        let name = asked_for(&proc_path(&dir), dir_name)?;
-        stack = match look_up(lowers, &root, &stack, name, true)? {
-            Lookup::Dirs(found) => found,
-            Lookup::File(_) | Lookup::Nothing => return Ok(None),
-        };
     }
-    let name = asked_for(pinned, file_name)?;
-    match look_up(lowers, &root, &stack, name, false)? {
-        Lookup::File(file) => Ok(Some(file)),
-        Lookup::Dirs(_) | Lookup::Nothing => Ok(None),
+
+    fn absolute(&self) -> bool {
+        self.name.first() == Some(&b'/')
     }
-}
 
-/// What one name's lookup in the layers found.
-enum Lookup {
-    /// The layers in which it is a directory, top-most first.
-    Dirs(Vec<Found>),
-    /// The top-most layer's regular file, opened to read.
-    File(File),
-    Nothing,
-}
-
-/// Looks `name` up in the layers of `parents` (those the parent directory was found in),
-/// or in every layer's root from an absolute redirect on: the directories it is, or the
-/// file it is (`dir` false).
-fn look_up(
-    lowers: &[Tree],
-    root: &[Found],
-    parents: &[Found],
-    mut name: Name,
-    dir: bool,
-) -> io::Result<Lookup> {
-    let mut stack: Vec<Found> = match name {
-        Name::FromRoot(_) => root.to_vec(),
-        Name::Relative(_) => parents.to_vec(),
-    };
-    let mut found = Vec::new();
-    let mut k = 0;
-    while let Some((layer, parent)) = stack.get(k).cloned() {
-        k += 1;
-        let path = match &name {
-            Name::Relative(n) => parent.join(n),
-            Name::FromRoot(p) => p.clone(),
+    /// Asks the layers of `parents` (the parent directory's stack), or every layer from
+    /// the root once the name is an absolute path.
+    fn run(&mut self, root: &[Found], parents: &[Found]) -> io::Result<Outcome> {
+        let mut from_root = self.absolute();
+        let mut stack = if from_root {
+            root.to_vec()
+        } else {
+            parents.to_vec()
         };
-        let (fd, stat) = match lowers[layer].pin(&path) {
+        let mut outcome = Outcome::default();
+        let mut k = 0;
+        while !self.stop
+            && let Some((layer, parent)) = stack.get(k).cloned()
+        {
+            k += 1;
+            match self.in_layer(&root[layer].1, &parent)? {
+                Some(Entry::Dir(dir)) => outcome.dirs.push((layer, Rc::new(dir))),
+                Some(Entry::File(fd)) => {
+                    outcome.file = Some(File::open(proc_path(&fd))?);
+                    return Ok(outcome);
+                }
+                None => {}
+            }
+            if self.absolute() && !from_root {
+                // The layers below this one, each from its root.
+                from_root = true;
+                stack = root[layer + 1..].to_vec();
+                k = 0;
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// The name in one layer (whose root is `layer_root`): a single name under `parent`,
+    /// or a path walked from the layer's root a name at a time (a redirect on the way
+    /// rewrites what follows for the layers below, and this layer's walk goes on from the
+    /// directory it found).
+    fn in_layer(&mut self, layer_root: &OwnedFd, parent: &OwnedFd) -> io::Result<Option<Entry>> {
+        if !self.absolute() {
+            let name = OsStr::from_bytes(&self.name).to_os_string();
+            return self.single(parent, &name, 0, &[], true);
+        }
+        let mut base: Option<OwnedFd> = None;
+        // Bytes of the name left to walk, the leading `/` of the next name included.
+        let mut rem = self.name.len();
+        loop {
+            let start = self.name.len() - rem + 1;
+            let rest = &self.name[start..];
+            let len = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
+            let end = len == rest.len();
+            let name = OsStr::from_bytes(&rest[..len]).to_os_string();
+            let post = self.name[start + len..].to_vec();
+            let from = base.as_ref().unwrap_or(layer_root);
+            match self.single(from, &name, start, &post, end)? {
+                Some(Entry::Dir(dir)) if !end => base = Some(dir),
+                found => return Ok(found),
+            }
+            rem = post.len();
+        }
+    }
+
+    /// One name looked up in the directory `dir` of a layer (the kernel's
+    /// `ovl_lookup_single`): `prelen` bytes of the asked name come before it and `post`
+    /// after it; `last`: it is the name's last element.
+    fn single(
+        &mut self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        prelen: usize,
+        post: &[u8],
+        last: bool,
+    ) -> io::Result<Option<Entry>> {
+        let (fd, stat) = match pin_at(dir.as_fd(), Path::new(name)) {
             Ok(pinned) => pinned,
             Err(e) if matches!(Errno::from_io_error(&e), Some(Errno::NOENT | Errno::NOTDIR)) => {
-                continue;
+                return Ok(None);
             }
-            // A symlink on the way: overlay would not go through it either.
-            Err(e) if Errno::from_io_error(&e) == Some(Errno::LOOP) => break,
+            // A symlink: a non-directory, which ends the lookup as the kernel's does.
+            Err(e) if Errno::from_io_error(&e) == Some(Errno::LOOP) => {
+                self.stop = true;
+                return Ok(None);
+            }
             Err(e) => return Err(e),
         };
         match FileType::from_raw_mode(stat.st_mode) {
-            FileType::Directory if dir => {
-                found.push((layer, path));
+            FileType::Directory => {
+                if last {
+                    self.is_dir = true;
+                }
                 if marked(&fd, OPAQUE)? {
-                    break;
+                    self.stop = true;
+                } else if let Some(redirect) = redirect_of(&proc_path(&fd))? {
+                    let mut name = if redirect.first() == Some(&b'/') {
+                        redirect
+                    } else {
+                        [&self.name[..prelen], &redirect[..]].concat()
+                    };
+                    name.extend_from_slice(post);
+                    self.name = name;
                 }
-                if let Some(redirect) = redirect_of(&proc_path(&fd))? {
-                    let absolute = matches!(redirect, Name::FromRoot(_));
-                    name = redirect;
-                    if absolute {
-                        // The layers below this one, each from its root.
-                        stack = root[layer + 1..].to_vec();
-                        k = 0;
-                    }
-                }
+                Ok(Some(Entry::Dir(fd)))
             }
-            FileType::RegularFile if !dir => {
-                return Ok(Lookup::File(File::open(proc_path(&fd))?));
+            FileType::RegularFile if last && !self.is_dir => {
+                self.stop = true;
+                Ok(Some(Entry::File(fd)))
             }
-            // A whiteout, or a name of another type: what is below is hidden.
-            _ => break,
+            // A whiteout, or a non-directory on the way or where a directory was found
+            // above: what is below is hidden.
+            _ => {
+                self.stop = true;
+                Ok(None)
+            }
         }
     }
-    Ok(if found.is_empty() {
-        Lookup::Nothing
-    } else {
-        Lookup::Dirs(found)
-    })
 }
 
-/// The name the layers below are asked for: the entry's redirect, else its own name.
-fn asked_for(pinned: &Path, own: &OsStr) -> io::Result<Name> {
-    Ok(redirect_of(pinned)?.unwrap_or_else(|| Name::Relative(own.to_os_string())))
+/// What one layer has at a name.
+enum Entry {
+    Dir(OwnedFd),
+    File(OwnedFd),
 }
 
-/// The redirect of the entry `pinned` reaches, if it has one. One that is not a plain
-/// name or a plain path from the root (`..`, `.`) is refused: the kernel writes none.
-fn redirect_of(pinned: &Path) -> io::Result<Option<Name>> {
+/// The redirect of the entry `pinned` reaches, if it has one: one name, or a path from
+/// the root. Anything else (`..`, `.`, an empty name, a `/` in a relative one) is refused,
+/// as the kernel refuses it.
+fn redirect_of(pinned: &Path) -> io::Result<Option<Vec<u8>>> {
     let mut buf = vec![0u8; 4096];
     let len = match rustix::fs::getxattr(pinned, REDIRECT, &mut buf) {
         Ok(len) => len,
         Err(Errno::NODATA) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let raw = OsStr::from_bytes(&buf[..len]);
-    let path = Path::new(raw);
-    let plain = |p: &Path| p.components().all(|c| matches!(c, Component::Normal(_)));
-    let name = match path.strip_prefix("/") {
-        Ok(from_root) if plain(from_root) && !from_root.as_os_str().is_empty() => {
-            Name::FromRoot(from_root.to_path_buf())
-        }
-        Err(_) if plain(path) && path.components().count() == 1 => {
-            Name::Relative(raw.to_os_string())
-        }
-        _ => {
-            return Err(io::Error::other(format!(
-                "redirect {:?} is neither a name nor a path from the root",
-                raw
-            )));
-        }
+    let raw = &buf[..len];
+    let plain = |name: &[u8]| !name.is_empty() && name != b"." && name != b"..";
+    let valid = match raw.strip_prefix(b"/") {
+        Some(path) => path.split(|&b| b == b'/').all(plain),
+        None => plain(raw) && !raw.contains(&b'/'),
     };
-    Ok(Some(name))
+    if !valid {
+        return Err(io::Error::other(format!(
+            "redirect {:?} is neither a name nor a path from the root",
+            OsStr::from_bytes(raw)
+        )));
+    }
+    Ok(Some(raw.to_vec()))
 }
 
 /// Whether the entry `fd` pins has xattr `name` set to `y` (overlay's opaque mark).

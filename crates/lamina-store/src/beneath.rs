@@ -12,10 +12,11 @@
 //! made and nobody else writes (a pull's staging directory) goes the same way: one walk
 //! for both.
 
-use std::ffi::OsStr;
+use std::cell::OnceCell;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -32,15 +33,33 @@ pub struct Tree {
 /// What [`Tree::walk`] shows its visitor of one entry.
 #[derive(Debug)]
 pub struct Entry<'a> {
-    /// The entry's path from the tree's root.
-    pub rel: &'a Path,
+    /// The directory the entry is in, open.
+    pub dir: BorrowedFd<'a>,
+    /// The entry's name in it.
+    pub name: &'a OsStr,
     /// `lstat` of the entry, from its directory's descriptor.
     pub stat: &'a Stat,
+    /// The directory, as the walk knows it (none: the root).
+    node: Option<&'a Rc<Node>>,
 }
 
 impl Entry<'_> {
     pub fn kind(&self) -> FileType {
         FileType::from_raw_mode(self.stat.st_mode)
+    }
+
+    /// The entry's path from the tree's root (as long as the entry is deep: build it
+    /// only for the entries that need it).
+    pub fn rel(&self) -> PathBuf {
+        let mut rel = self.node.map(|n| n.rel()).unwrap_or_default();
+        rel.push(self.name);
+        rel
+    }
+
+    /// A descriptor of the entry that reads nothing (`O_PATH`), from its directory's, and
+    /// what it is now.
+    pub fn pin(&self) -> io::Result<(OwnedFd, Stat)> {
+        pin_at(self.dir, Path::new(self.name))
     }
 }
 
@@ -66,50 +85,14 @@ impl Tree {
     }
 
     /// `rel` (relative, inside the tree) opened as `flags` say, no symlink followed on
-    /// the way or at the end, nothing outside the tree or on another mount reached. A
-    /// path longer than one `openat2` takes (a container can nest directories past
-    /// `PATH_MAX`) is resolved a stretch at a time, each from the directory the last one
-    /// reached.
+    /// the way or at the end, nothing outside the tree or on another mount reached.
     fn resolve(&self, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
-        let mut names = rel.components().peekable();
-        let mut at: Option<OwnedFd> = None;
-        loop {
-            let mut stretch = PathBuf::new();
-            while let Some(name) = names.peek() {
-                let long = stretch.as_os_str().len() + name.as_os_str().len() + 1 > STRETCH;
-                if long && !stretch.as_os_str().is_empty() {
-                    break;
-                }
-                stretch.push(name);
-                names.next();
-            }
-            let last = names.peek().is_none();
-            let how = if last {
-                flags
-            } else {
-                OFlags::PATH | OFlags::DIRECTORY
-            };
-            let from = at.as_ref().map_or(self.root.as_fd(), |fd| fd.as_fd());
-            let target = if stretch.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                &stretch
-            };
-            let opened = rustix::fs::openat2(
-                from,
-                target,
-                how | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::BENEATH
-                    | ResolveFlags::NO_SYMLINKS
-                    | ResolveFlags::NO_MAGICLINKS
-                    | ResolveFlags::NO_XDEV,
-            )?;
-            if last {
-                return Ok(opened);
-            }
-            at = Some(opened);
-        }
+        resolve_from(self.root.as_fd(), rel, flags)
+    }
+
+    /// The root directory, open: to look names up from it ([`pin_at`]).
+    pub fn root(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
     }
 
     /// The regular file at `rel`, opened to read (`write`: to write). Anything else
@@ -140,21 +123,23 @@ impl Tree {
     /// `visit` returns whether to go into a directory. An entry that is gone by the time
     /// it is looked at, or a directory that is no longer one inside the tree when it is
     /// opened (removed, or replaced by a symlink or a file meanwhile), is skipped: what
-    /// the tree holds then is what it holds. Returns whether nothing was skipped.
+    /// the tree holds then is what it holds. So is what lies deeper than [`MAX_DEPTH`]
+    /// directories. Returns whether nothing was skipped.
     ///
-    /// Each directory is opened by its path from the root, a stretch at a time past
-    /// `STRETCH` bytes (`Tree::resolve`), so depth hits no path-length limit; the
-    /// directories still to visit are kept as names under their parents', so memory grows
-    /// with the entries listed, not with their depth times their number.
+    /// Depth costs neither time nor descriptors without bound (review findings: a
+    /// container nesting 20 000 directories took minutes, opening each from the root, and
+    /// overflowed the stack): a directory is opened from the nearest ancestor kept open
+    /// (every [`ANCHOR`]th level), the directories still to visit are kept as names under
+    /// their parents', and an entry's path is built only when asked for.
     pub fn walk(&self, mut visit: impl FnMut(&Entry<'_>) -> io::Result<bool>) -> io::Result<bool> {
         use rustix::io::Errno;
         let mut whole = true;
-        let mut pending: Vec<Rc<Pending>> = Vec::new();
-        let mut current: Option<Rc<Pending>> = None;
+        let mut pending: Vec<Rc<Node>> = Vec::new();
+        let mut current: Option<Rc<Node>> = None;
         loop {
             let fd = match &current {
                 None => self.resolve(Path::new(""), OFlags::DIRECTORY | OFlags::RDONLY)?,
-                Some(dir) => match self.open_pending(dir) {
+                Some(node) => match node.open(self.root.as_fd()) {
                     Err(e)
                         if matches!(
                             Errno::from_io_error(&e),
@@ -173,7 +158,7 @@ impl Tree {
                     opened => opened?,
                 },
             };
-            let dir_rel = current.as_ref().map(|d| d.rel()).unwrap_or_default();
+            let depth = current.as_ref().map_or(0, |n| n.depth);
             let mut dir = Dir::new(fd)?;
             while let Some(entry) = dir.read() {
                 let entry = entry?;
@@ -188,16 +173,18 @@ impl Tree {
                     }
                     found => found?,
                 };
-                let rel = dir_rel.join(name);
                 let go_in = visit(&Entry {
-                    rel: &rel,
+                    dir: dir.fd()?,
+                    name,
                     stat: &stat,
+                    node: current.as_ref(),
                 })?;
                 if go_in && FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
-                    pending.push(Rc::new(Pending {
-                        parent: current.clone(),
-                        name: name.to_os_string(),
-                    }));
+                    if depth + 1 > MAX_DEPTH {
+                        whole = false;
+                        continue;
+                    }
+                    pending.push(Rc::new(Node::under(current.clone(), name.to_os_string())));
                 }
             }
             match pending.pop() {
@@ -205,11 +192,6 @@ impl Tree {
                 None => return Ok(whole),
             }
         }
-    }
-
-    /// Opens the directory `dir` names, from its ancestors' names.
-    fn open_pending(&self, dir: &Pending) -> io::Result<OwnedFd> {
-        self.resolve(&dir.rel(), OFlags::DIRECTORY | OFlags::RDONLY)
     }
 
     /// A descriptor of `rel` that reads nothing (`O_PATH`), with what it is: for a
@@ -224,14 +206,25 @@ impl Tree {
 /// Bytes of path one `openat2` resolves at most: well under `PATH_MAX` (4096).
 const STRETCH: usize = 2048;
 
-/// A directory [`Tree::walk`] has still to visit: its name under its parent's.
+/// Directories [`Tree::walk`] keeps open, one every so many levels, to open the
+/// directories below them from.
+const ANCHOR: usize = 64;
+
+/// Levels of directories [`Tree::walk`] goes down at most: at most 1024 kept open.
+pub const MAX_DEPTH: usize = ANCHOR * 1024;
+
+/// A directory [`Tree::walk`] has visited or has still to visit: its name under its
+/// parent's, and, every [`ANCHOR`]th level, its descriptor.
 #[derive(Debug)]
-struct Pending {
-    parent: Option<Rc<Pending>>,
-    name: std::ffi::OsString,
+pub(crate) struct Node {
+    pub(crate) parent: Option<Rc<Node>>,
+    pub(crate) name: OsString,
+    /// Levels below the root (its entries are at 1).
+    pub(crate) depth: usize,
+    pub(crate) anchor: OnceCell<OwnedFd>,
 }
 
-impl Pending {
+impl Node {
     /// The directory's path from the tree's root.
     fn rel(&self) -> PathBuf {
         let mut names = vec![self.name.as_os_str()];
@@ -242,6 +235,110 @@ impl Pending {
         }
         names.iter().rev().collect()
     }
+
+    /// A directory `name` under `parent` (none: under the root).
+    pub(crate) fn under(parent: Option<Rc<Node>>, name: OsString) -> Node {
+        let depth = parent.as_ref().map_or(0, |p| p.depth) + 1;
+        Node {
+            parent,
+            name,
+            depth,
+            anchor: OnceCell::new(),
+        }
+    }
+
+    /// Opens the directory to list it, from its nearest ancestor kept open (or `root`),
+    /// keeping it open itself if it is an anchor.
+    pub(crate) fn open(&self, root: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+        let mut names = vec![self.name.as_os_str()];
+        let mut up = self.parent.as_deref();
+        let from = loop {
+            match up {
+                None => break root,
+                Some(dir) => match dir.anchor.get() {
+                    Some(fd) => break fd.as_fd(),
+                    None => {
+                        names.push(dir.name.as_os_str());
+                        up = dir.parent.as_deref();
+                    }
+                },
+            }
+        };
+        let rel: PathBuf = names.iter().rev().collect();
+        let fd = resolve_from(from, &rel, OFlags::DIRECTORY | OFlags::RDONLY)?;
+        if self.depth.is_multiple_of(ANCHOR) {
+            let _ = self.anchor.set(fd.try_clone()?);
+        }
+        Ok(fd)
+    }
+}
+
+impl Drop for Node {
+    /// Unlinks the chain of parents a level at a time: dropped recursively, a chain of
+    /// tens of thousands of levels overflowed the stack (review finding).
+    fn drop(&mut self) {
+        let mut next = self.parent.take();
+        while let Some(parent) = next {
+            next = match Rc::try_unwrap(parent) {
+                Ok(mut only) => only.parent.take(),
+                Err(_) => None,
+            };
+        }
+    }
+}
+
+/// `rel` under the directory `from` opened as `flags` say, no symlink followed on the way
+/// or at the end, nothing outside `from` or on another mount reached. A path longer than
+/// one `openat2` takes (a container can nest directories past `PATH_MAX`) is resolved a
+/// stretch at a time, each from the directory the last one reached.
+pub(crate) fn resolve_from(from: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    let mut names = rel.components().peekable();
+    let mut at: Option<OwnedFd> = None;
+    loop {
+        let mut stretch = PathBuf::new();
+        while let Some(name) = names.peek() {
+            let long = stretch.as_os_str().len() + name.as_os_str().len() + 1 > STRETCH;
+            if long && !stretch.as_os_str().is_empty() {
+                break;
+            }
+            stretch.push(name);
+            names.next();
+        }
+        let last = names.peek().is_none();
+        let how = if last {
+            flags
+        } else {
+            OFlags::PATH | OFlags::DIRECTORY
+        };
+        let base = at.as_ref().map_or(from, |fd| fd.as_fd());
+        let target = if stretch.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            &stretch
+        };
+        let opened = rustix::fs::openat2(
+            base,
+            target,
+            how | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH
+                | ResolveFlags::NO_SYMLINKS
+                | ResolveFlags::NO_MAGICLINKS
+                | ResolveFlags::NO_XDEV,
+        )?;
+        if last {
+            return Ok(opened);
+        }
+        at = Some(opened);
+    }
+}
+
+/// A descriptor that reads nothing (`O_PATH`) of `rel` under the directory `dir`, resolved
+/// as [`Tree`] resolves every path, and what it is.
+pub fn pin_at(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<(OwnedFd, Stat)> {
+    let pinned = resolve_from(dir, rel, OFlags::PATH)?;
+    let stat = rustix::fs::fstat(&pinned)?;
+    Ok((pinned, stat))
 }
 
 /// The path through which `fd`'s own inode is reached again (`/proc/self/fd/N`): opening
@@ -280,7 +377,7 @@ mod tests {
         }
         let mut seen = Vec::new();
         tree.walk(|e| {
-            seen.push(e.rel.to_path_buf());
+            seen.push(e.rel());
             Ok(true)
         })
         .unwrap();
@@ -305,11 +402,11 @@ mod tests {
         let mut seen = Vec::new();
         let whole = tree
             .walk(|e| {
-                if e.rel == Path::new("d") {
+                if e.rel() == Path::new("d") {
                     fs::remove_dir(root.join("d")).unwrap();
                     std::os::unix::fs::symlink(&outside, root.join("d")).unwrap();
                 }
-                seen.push(e.rel.to_path_buf());
+                seen.push(e.rel());
                 Ok(true)
             })
             .unwrap();
@@ -341,8 +438,9 @@ mod tests {
         let mut deepest = PathBuf::new();
         let whole = tree
             .walk(|e| {
-                if e.rel.as_os_str().len() > deepest.as_os_str().len() {
-                    deepest = e.rel.to_path_buf();
+                let rel = e.rel();
+                if rel.as_os_str().len() > deepest.as_os_str().len() {
+                    deepest = rel;
                 }
                 Ok(true)
             })
@@ -352,6 +450,46 @@ mod tests {
         assert!(deepest.ends_with("bottom"));
         let read = io::read_to_string(tree.open_regular(&deepest, false).unwrap()).unwrap();
         assert_eq!(read, "deep");
+    }
+
+    /// Review finding: a container nesting 20 000 directories overflowed the stack of
+    /// the thread walking them (the daemon aborted), and took minutes.
+    #[test]
+    fn twenty_thousand_levels_are_walked_on_a_small_stack() {
+        let base = if Path::new("/dev/shm").is_dir() {
+            tempfile::tempdir_in("/dev/shm")
+        } else {
+            tempfile::tempdir()
+        }
+        .unwrap();
+        let root = base.path().to_path_buf();
+        let mut at = rustix::fs::open(&root, OFlags::DIRECTORY, Mode::empty()).unwrap();
+        for _ in 0..20_000 {
+            rustix::fs::mkdirat(&at, "d", Mode::from_raw_mode(0o755)).unwrap();
+            at = rustix::fs::openat(&at, "d", OFlags::DIRECTORY, Mode::empty()).unwrap();
+        }
+        // Held open, the deepest directory would pin every dentry above it, and each
+        // rmdir would walk them all.
+        drop(at);
+        let walked = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let tree = Tree::open(&root).unwrap();
+                let mut seen = 0;
+                let whole = tree
+                    .walk(|_| {
+                        seen += 1;
+                        Ok(true)
+                    })
+                    .unwrap();
+                (whole, seen)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(walked, (true, 20_000));
+        // std's remove_dir_all recurses once a level, and overflows here too.
+        crate::remove_tree(base.path()).unwrap();
     }
 
     #[test]

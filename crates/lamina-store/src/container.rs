@@ -188,13 +188,13 @@ impl Store {
         }) {
             Ok(lock) => lock,
             Err(e) => {
-                let _ = fs::remove_dir_all(&hidden);
+                let _ = crate::remove_tree(&hidden);
                 return Err(e);
             }
         };
         for dir in [&dirs.rootfs, &dirs.upper, &dirs.work] {
             if let Err(e) = fs::create_dir(dir) {
-                let _ = fs::remove_dir_all(&dirs.base);
+                let _ = crate::remove_tree(&dirs.base);
                 return Err(StoreError::io("creating", dir)(e));
             }
         }
@@ -365,7 +365,7 @@ impl Store {
     pub fn remove_container_dirs(&self, id: &str) -> Result<bool, StoreError> {
         match self.trash_container(id)? {
             Some(doomed) => {
-                fs::remove_dir_all(&doomed).map_err(StoreError::io("removing", &doomed))?;
+                crate::remove_tree(&doomed).map_err(StoreError::io("removing", &doomed))?;
                 Ok(true)
             }
             None => Ok(false),

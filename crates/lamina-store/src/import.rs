@@ -40,7 +40,7 @@ struct RemoveOnDrop(Option<PathBuf>);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         if let Some(path) = self.0.take() {
-            let _ = fs::remove_dir_all(path);
+            let _ = crate::remove_tree(path);
         }
     }
 }
@@ -203,7 +203,7 @@ impl Store {
         let staging = self.layout.tmp().join(format!("layer-{}", chain_id.hex()));
         if staging.exists() {
             tracing::info!(path = %staging.display(), "removing an interrupted layer import");
-            fs::remove_dir_all(&staging).map_err(StoreError::io("removing", &staging))?;
+            crate::remove_tree(&staging).map_err(StoreError::io("removing", &staging))?;
         }
         fs::create_dir(&staging).map_err(StoreError::io("creating", &staging))?;
         let dir = File::open(&staging).map_err(StoreError::io("opening", &staging))?;
@@ -415,7 +415,7 @@ fn files_with_data(tree: &crate::beneath::Tree) -> Option<Vec<PathBuf>> {
         match entry.kind() {
             FileType::RegularFile if size > 0 => {
                 if inodes.insert((entry.stat.st_dev, entry.stat.st_ino)) {
-                    files.push(entry.rel.to_path_buf());
+                    files.push(entry.rel());
                 }
                 if files.len() > WRITE_BACK_FILES {
                     return Err(too_big());

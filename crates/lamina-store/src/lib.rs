@@ -23,6 +23,7 @@ pub mod progress;
 mod properties;
 mod record_paths;
 mod regular_file;
+mod remove_tree;
 mod shift;
 mod snapshot_index;
 mod snapshot_legacy;
@@ -52,6 +53,7 @@ pub use progress::ImportProgress;
 pub use properties::{IdMap, IdMapping, StoreProperties};
 pub use record_paths::MAX_RECORD_BYTES;
 pub use regular_file::{open_regular_file, read_regular_file, read_regular_to_string};
+pub use remove_tree::remove_tree;
 pub use snapshots::{Committing, REF_LABEL, SnapshotIndex, SnapshotKind, SnapshotRecord};
 pub use usage::{ContainerUsage, disk_usage, disk_usage_and_inodes};
 

@@ -461,7 +461,11 @@ impl Mounter for FakeMounter {
         Vec::new()
     }
 
-    fn writable_mount_of(&self, upper: &Path) -> Result<Option<PathBuf>, MountError> {
+    fn writable_mount_of(
+        &self,
+        upper: &Path,
+        except: &Path,
+    ) -> Result<Option<PathBuf>, MountError> {
         let mut state = self.lock();
         state
             .enter(Call::MountsUnder, upper, None)
@@ -470,7 +474,9 @@ impl Mounter for FakeMounter {
             .mounted
             .values()
             .find_map(|(target, mounted, _)| match mounted {
-                Mounted::Overlay(spec) if spec.upper.as_deref() == Some(upper) => {
+                Mounted::Overlay(spec)
+                    if spec.upper.as_deref() == Some(upper) && target != except =>
+                {
                     Some(target.clone())
                 }
                 _ => None,

@@ -98,7 +98,8 @@ pub trait Mounter: Send + Sync + Debug {
     /// A mount through which `dir` can still be written ([`writable_mount_of`]: an
     /// overlay with it as upper, a read-write bind of it), if there is one: containerd
     /// mounts a snapshot itself, and its writes would land in a layer a commit published.
-    fn writable_mount_of(&self, dir: &Path) -> Result<Option<PathBuf>, MountError>;
+    /// Mounts at `except` (lamina's own, which the caller unmounts) are passed over.
+    fn writable_mount_of(&self, dir: &Path, except: &Path) -> Result<Option<PathBuf>, MountError>;
 
     /// Which parts of the new mount API the kernel has ([`probe_mount_api`]).
     fn probe_mount_api(&self) -> MountApiSupport;

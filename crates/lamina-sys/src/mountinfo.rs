@@ -33,11 +33,15 @@ fn mounts_under_in(info: &[u8], root: &Path) -> Vec<PathBuf> {
 }
 
 /// A mount on this host (in this mount namespace) through which `dir` can be written,
-/// other than `dir` itself: an overlay with `dir` as its upper, or a read-write bind of
-/// `dir`. A commit must not publish an upper a container can still write
-/// (`lamina-mount`'s `refuse_upper_in_use`). One read of the mount table, and a `stat`
-/// of each read-write mount of `dir`'s own filesystem, once per commit.
-pub fn writable_mount_of(dir: &Path) -> std::io::Result<Option<PathBuf>> {
+/// other than `dir` itself and other than at `except`: an overlay with `dir` as its
+/// upper, or a read-write bind of `dir`. A commit must not publish an upper a container
+/// can still write (`lamina-mount`'s `refuse_upper_in_use`). One read of the mount table,
+/// and a `stat` of each read-write mount of `dir`'s own filesystem, once per commit.
+///
+/// An overlay's `upperdir` is matched as written when it was mounted: absolute, it must
+/// be `dir`; relative (mounted from some directory), `dir` must end with it. A bind of a
+/// directory above `dir`, or an upper given through another symlinked path, is not seen.
+pub fn writable_mount_of(dir: &Path, except: &Path) -> std::io::Result<Option<PathBuf>> {
     use std::os::unix::fs::MetadataExt;
     let info = std::fs::read("/proc/self/mountinfo")?;
     let meta = match std::fs::metadata(dir) {
@@ -51,12 +55,19 @@ pub fn writable_mount_of(dir: &Path) -> std::io::Result<Option<PathBuf>> {
         at != dir
             && std::fs::metadata(at).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
     };
-    Ok(writable_mount_in(&info, dir, (major, minor), same_inode))
+    Ok(writable_mount_in(
+        &info,
+        dir,
+        except,
+        (major, minor),
+        same_inode,
+    ))
 }
 
 fn writable_mount_in(
     info: &[u8],
     dir: &Path,
+    except: &Path,
     device: (u32, u32),
     same_inode: impl Fn(&Path) -> bool,
 ) -> Option<PathBuf> {
@@ -67,17 +78,44 @@ fn writable_mount_in(
         // `-`: type, source, the filesystem's options.
         let dash = fields.iter().position(|f| *f == b"-")?;
         let at = unescape(fields.get(4)?);
+        if at == except {
+            return None;
+        }
         let (kind, options) = (fields.get(dash + 1)?, fields.get(dash + 3)?);
         if *kind == b"overlay" {
+            // Overlay escapes a comma (and a backslash) in a path with a backslash, which
+            // mountinfo shows octal-escaped.
             let upper = options
                 .split(|&b| b == b',')
                 .find_map(|o| o.strip_prefix(b"upperdir="))
-                .map(unescape)?;
-            return (upper == dir).then_some(at);
+                .map(|raw| unbackslash(&unescape(raw)))?;
+            let ours = if upper.is_absolute() {
+                upper == dir
+            } else {
+                !upper.as_os_str().is_empty() && dir.ends_with(&upper)
+            };
+            return ours.then_some(at);
         }
         let read_write = fields.get(5)?.split(|&b| b == b',').any(|o| o == b"rw");
         (read_write && *fields.get(2)? == device.as_bytes() && same_inode(&at)).then_some(at)
     })
+}
+
+/// A path with overlay's backslash escapes (`\,`, `\\`) taken out.
+fn unbackslash(path: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut escaped = false;
+    for &b in bytes {
+        if b == b'\\' && !escaped {
+            escaped = true;
+            continue;
+        }
+        escaped = false;
+        out.push(b);
+    }
+    PathBuf::from(OsString::from_vec(out))
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
@@ -110,22 +148,39 @@ mod tests {
     fn an_overlay_of_the_upper_or_a_bind_of_it_is_found_and_nothing_else_is() {
         use std::path::{Path, PathBuf};
         let info = b"36 35 98:0 / /mnt rw - ext4 /dev/vda rw\n\
+90 36 0:50 / /s/images/snap-1/rootfs rw - overlay overlay rw,lowerdir=/s/l/a,upperdir=/s/images/snap-1/upper,workdir=/s/images/snap-1/work\n\
 90 36 0:50 / /run/c\\040d/rootfs rw - overlay overlay rw,lowerdir=/s/l/a:/s/l/b,upperdir=/s/images/snap-1/upper,workdir=/s/images/snap-1/work\n\
 91 36 0:51 / /other rw - overlay overlay rw,lowerdir=/s/l/a,upperdir=/s/images/snap-10/upper,workdir=/w\n\
 92 36 98:0 /s/images/snap-3/upper /run/bind-ro ro,relatime - ext4 /dev/vda rw\n\
-93 36 98:0 /s/images/snap-3/upper /run/bind-rw rw,relatime - ext4 /dev/vda rw\n";
-        let bind = |at: &Path| at == Path::new("/run/bind-ro") || at == Path::new("/run/bind-rw");
-        let found = |dir: &str| super::writable_mount_in(info, Path::new(dir), (98, 0), bind);
+93 36 98:0 /s/images/snap-3/upper /run/bind-rw rw,relatime - ext4 /dev/vda rw\n\
+94 36 0:52 / /run/rel rw - overlay overlay rw,lowerdir=l,upperdir=snap-4/upper,workdir=w\n\
+95 36 0:53 / /run/comma rw - overlay overlay rw,lowerdir=/l,upperdir=/s/a\\134\\054b/upper,workdir=/w\n";
+        let lamina_own = Path::new("/s/images/snap-1/rootfs");
+        // The binds are of snap-3's upper (the same inode).
+        let found = |dir: &str| {
+            let bind = |at: &Path| {
+                dir == "/s/images/snap-3/upper"
+                    && (at == Path::new("/run/bind-ro") || at == Path::new("/run/bind-rw"))
+            };
+            super::writable_mount_in(info, Path::new(dir), lamina_own, (98, 0), bind)
+        };
         assert_eq!(
             found("/s/images/snap-1/upper"),
-            Some(PathBuf::from("/run/c d/rootfs"))
+            Some(PathBuf::from("/run/c d/rootfs")),
+            "lamina's own mount is passed over, containerd's bind of it is not"
         );
         assert_eq!(
             found("/s/images/snap-3/upper"),
             Some(PathBuf::from("/run/bind-rw"))
         );
-        let nothing =
-            |dir: &str| super::writable_mount_in(info, Path::new(dir), (98, 0), |_| false);
+        assert_eq!(
+            found("/s/images/snap-4/upper"),
+            Some(PathBuf::from("/run/rel"))
+        );
+        assert_eq!(found("/s/a,b/upper"), Some(PathBuf::from("/run/comma")));
+        let nothing = |dir: &str| {
+            super::writable_mount_in(info, Path::new(dir), lamina_own, (98, 0), |_| false)
+        };
         assert_eq!(nothing("/s/images/snap-2/upper"), None);
         assert_eq!(nothing("/s/l/a"), None, "a lower is not an upper");
     }

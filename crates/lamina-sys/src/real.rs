@@ -121,8 +121,12 @@ impl Mounter for RealMounter {
         })
     }
 
-    fn writable_mount_of(&self, upper: &Path) -> Result<Option<PathBuf>, MountError> {
-        crate::writable_mount_of(upper).map_err(|e| {
+    fn writable_mount_of(
+        &self,
+        upper: &Path,
+        except: &Path,
+    ) -> Result<Option<PathBuf>, MountError> {
+        crate::writable_mount_of(upper, except).map_err(|e| {
             MountError::new(
                 "read /proc/self/mountinfo for",
                 upper,

@@ -1,0 +1,135 @@
+//! Removing a directory tree whatever its depth. `std::fs::remove_dir_all` recurses once
+//! per level, so a container that nests tens of thousands of directories in its upper
+//! made the delete, the reaper or a `clean` that removed it overflow its stack and abort
+//! (review finding; the daemon aborts with it). Here the tree is taken apart in a loop,
+//! children before their directory, each directory opened as `beneath::Tree::walk` opens
+//! it (from the nearest ancestor kept open, no symlink followed, no other mount entered).
+//! Nothing is moved: after a failure, what is left is where it was.
+
+use std::fs;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::rc::Rc;
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::beneath::Node;
+
+/// Removes `path` and everything under it, as `fs::remove_dir_all` does (a symlink or
+/// file at `path` is removed itself; nothing is followed; a missing `path` is `NotFound`;
+/// the first error stops it), in constant stack.
+pub fn remove_tree(path: impl AsRef<Path>) -> io::Result<()> {
+    let path = path.as_ref();
+    if !fs::symlink_metadata(path)?.is_dir() {
+        return fs::remove_file(path);
+    }
+    let root = rustix::fs::open(
+        path,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    /// A directory to empty, or one emptied to remove.
+    enum Step {
+        Empty(Option<Rc<Node>>),
+        Remove(Rc<Node>),
+    }
+    let mut steps = vec![Step::Empty(None)];
+    while let Some(step) = steps.pop() {
+        match step {
+            Step::Empty(node) => {
+                let fd = match &node {
+                    None => rustix::fs::openat(
+                        &root,
+                        ".",
+                        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?,
+                    Some(node) => node.open(root.as_fd())?,
+                };
+                if let Some(node) = &node {
+                    steps.push(Step::Remove(node.clone()));
+                }
+                let mut entries = Dir::new(fd)?;
+                while let Some(entry) = entries.read() {
+                    let entry = entry?;
+                    let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes());
+                    if name == "." || name == ".." {
+                        continue;
+                    }
+                    let dir = entries.fd()?;
+                    let kind = match entry.file_type() {
+                        FileType::Unknown => {
+                            match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                                Ok(stat) => FileType::from_raw_mode(stat.st_mode),
+                                Err(Errno::NOENT) => continue,
+                                Err(e) => return Err(e.into()),
+                            }
+                        }
+                        kind => kind,
+                    };
+                    if kind == FileType::Directory {
+                        let child = Node::under(node.clone(), name.to_os_string());
+                        steps.push(Step::Empty(Some(Rc::new(child))));
+                        continue;
+                    }
+                    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+                        Ok(()) | Err(Errno::NOENT) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            Step::Remove(node) => {
+                let parent = match &node.parent {
+                    None => rustix::fs::openat(
+                        &root,
+                        ".",
+                        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?,
+                    Some(parent) => parent.open(root.as_fd())?,
+                };
+                match rustix::fs::unlinkat(&parent, node.name.as_os_str(), AtFlags::REMOVEDIR) {
+                    Ok(()) | Err(Errno::NOENT) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    drop(root);
+    fs::remove_dir(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_of_every_kind_goes_and_nothing_beyond_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("t");
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(root.join("a/b/c")).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("kept"), "kept").unwrap();
+        fs::write(root.join("a/b/c/f"), "x").unwrap();
+        fs::write(root.join("top"), "x").unwrap();
+        fs::hard_link(root.join("top"), root.join("a/link")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("a/b/to-outside")).unwrap();
+        remove_tree(&root).unwrap();
+        assert!(!root.exists());
+        assert_eq!(fs::read_to_string(outside.join("kept")).unwrap(), "kept");
+        assert_eq!(
+            remove_tree(&root).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+        std::os::unix::fs::symlink(&outside, &root).unwrap();
+        remove_tree(&root).unwrap();
+        assert!(
+            outside.join("kept").exists(),
+            "a symlink goes, not what it names"
+        );
+    }
+}
