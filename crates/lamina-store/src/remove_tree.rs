@@ -8,7 +8,7 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::rc::Rc;
@@ -40,15 +40,7 @@ pub fn remove_tree(path: impl AsRef<Path>) -> io::Result<()> {
     while let Some(step) = steps.pop() {
         match step {
             Step::Empty(node) => {
-                let fd = match &node {
-                    None => rustix::fs::openat(
-                        &root,
-                        ".",
-                        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )?,
-                    Some(node) => node.open(root.as_fd())?,
-                };
+                let fd = open(&root, node.as_deref())?;
                 if let Some(node) = &node {
                     steps.push(Step::Remove(node.clone()));
                 }
@@ -82,15 +74,7 @@ pub fn remove_tree(path: impl AsRef<Path>) -> io::Result<()> {
                 }
             }
             Step::Remove(node) => {
-                let parent = match &node.parent {
-                    None => rustix::fs::openat(
-                        &root,
-                        ".",
-                        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )?,
-                    Some(parent) => parent.open(root.as_fd())?,
-                };
+                let parent = open(&root, node.parent.as_deref())?;
                 match rustix::fs::unlinkat(&parent, node.name.as_os_str(), AtFlags::REMOVEDIR) {
                     Ok(()) | Err(Errno::NOENT) => {}
                     Err(e) => return Err(e.into()),
@@ -100,6 +84,19 @@ pub fn remove_tree(path: impl AsRef<Path>) -> io::Result<()> {
     }
     drop(root);
     fs::remove_dir(path)
+}
+
+/// The directory `node` names under `root` (none: the root itself), open to list.
+fn open(root: &OwnedFd, node: Option<&Node>) -> io::Result<OwnedFd> {
+    match node {
+        None => Ok(rustix::fs::openat(
+            root,
+            ".",
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?),
+        Some(node) => node.open(root.as_fd()),
+    }
 }
 
 #[cfg(test)]
