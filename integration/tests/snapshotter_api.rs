@@ -246,6 +246,7 @@ fn metadata_only_copies_are_filled_through_every_kind_of_rename() {
         ("e/f", "DATA-E"),
         ("g/f", "DATA-G"),
         ("etc/conf", "DATA-H"),
+        ("n/b/c/f", "DATA-N"),
     ];
     commit_with(&f.api, "c1", "p1", "", |root| {
         for (rel, text) in files {
@@ -258,6 +259,11 @@ fn metadata_only_copies_are_filled_through_every_kind_of_rename() {
         fs::remove_dir_all(root.join("x")).unwrap();
         fs::rename(root.join("a2"), root.join("x")).unwrap();
         fs::rename(root.join("e"), root.join("x2")).unwrap();
+        // `q` and `q/r` are new, so opaque; `cc` redirects to `/n/bb/c`, through `bb`'s
+        // own redirect to `n/b`.
+        fs::rename(root.join("n/b"), root.join("n/bb")).unwrap();
+        fs::create_dir_all(root.join("q/r")).unwrap();
+        fs::rename(root.join("n/bb/c"), root.join("q/r/cc")).unwrap();
     });
     let mounts = f.api.prepare("p3", "c2", none()).unwrap();
     let expected = [
@@ -266,6 +272,7 @@ fn metadata_only_copies_are_filled_through_every_kind_of_rename() {
         ("ge", "DATA-E"),
         ("o/g2/f", "DATA-G"),
         ("backup/conf", "DATA-H"),
+        ("q/cc2/f2", "DATA-N"),
     ];
     {
         let mounted = Mounted::new(&mounts);
@@ -277,6 +284,9 @@ fn metadata_only_copies_are_filled_through_every_kind_of_rename() {
         fs::rename(root.join("g"), root.join("o/g2")).unwrap();
         fs::create_dir(root.join("backup")).unwrap();
         fs::rename(root.join("etc/conf"), root.join("backup/conf")).unwrap();
+        fs::set_permissions(root.join("q/r/cc/f"), fs::Permissions::from_mode(0o640)).unwrap();
+        fs::rename(root.join("q/r/cc"), root.join("q/cc2")).unwrap();
+        fs::rename(root.join("q/cc2/f"), root.join("q/cc2/f2")).unwrap();
         for (rel, text) in expected {
             fs::set_permissions(root.join(rel), fs::Permissions::from_mode(0o600)).unwrap();
             assert_eq!(

@@ -32,6 +32,7 @@ use rustix::io::Errno;
 
 const REDIRECT: &str = "trusted.overlay.redirect";
 const OPAQUE: &str = "trusted.overlay.opaque";
+const METACOPY: &str = "trusted.overlay.metacopy";
 
 /// One layer in which a directory was found, and the directory there (`O_PATH`): each
 /// name is looked up from its parent's descriptor, so a deep path costs one lookup a
@@ -204,16 +205,18 @@ impl Lookup {
                 }
                 if marked(&fd, OPAQUE)? {
                     self.stop = true;
-                } else if let Some(redirect) = redirect_of(&proc_path(&fd))? {
-                    let mut name = if redirect.first() == Some(&b'/') {
-                        redirect
-                    } else {
-                        [&self.name[..prelen], &redirect[..]].concat()
-                    };
-                    name.extend_from_slice(post);
-                    self.name = name;
+                } else {
+                    self.follow(&fd, prelen, post)?;
                 }
                 Ok(Some(Entry::Dir(fd)))
+            }
+            // A lower's own metadata-only copy (a layer committed without its data filled
+            // in, by an older lamina or elsewhere) holds no data: the lookup goes on below
+            // it, where its redirect says (review finding: it was taken for the data, and
+            // the fill wrote zeros).
+            FileType::RegularFile if last && !self.is_dir && has(&fd, METACOPY)? => {
+                self.follow(&fd, prelen, post)?;
+                Ok(None)
             }
             FileType::RegularFile if last && !self.is_dir => {
                 self.stop = true;
@@ -226,6 +229,29 @@ impl Lookup {
                 Ok(None)
             }
         }
+    }
+}
+
+impl Lookup {
+    /// Takes the redirect of the entry `fd` pins, if it has one, as the name the layers
+    /// below are asked (the kernel's `ovl_check_redirect`): an absolute one with what
+    /// follows it, a relative one in place of this name. An absolute redirect goes on
+    /// even where an opaque directory above it on the way had stopped the lookup (review
+    /// finding: `mkdir -p q/r; mv a/b/c q/r/cc` in one layer, then a file moved out of
+    /// `cc` in the next, failed the commit).
+    fn follow(&mut self, fd: &OwnedFd, prelen: usize, post: &[u8]) -> io::Result<()> {
+        let Some(redirect) = redirect_of(&proc_path(fd))? else {
+            return Ok(());
+        };
+        let mut name = if redirect.first() == Some(&b'/') {
+            self.stop = false;
+            redirect
+        } else {
+            [&self.name[..prelen], &redirect[..]].concat()
+        };
+        name.extend_from_slice(post);
+        self.name = name;
+        Ok(())
     }
 }
 
@@ -260,6 +286,15 @@ fn redirect_of(pinned: &Path) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(raw.to_vec()))
 }
 
+/// Whether the entry `fd` pins has xattr `name`, whatever its value.
+fn has(fd: &OwnedFd, name: &str) -> io::Result<bool> {
+    match rustix::fs::getxattr(proc_path(fd), name, &mut [0u8; 0][..]) {
+        Ok(_) | Err(Errno::RANGE) => Ok(true),
+        Err(Errno::NODATA) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Whether the entry `fd` pins has xattr `name` set to `y` (overlay's opaque mark).
 fn marked(fd: &OwnedFd, name: &str) -> io::Result<bool> {
     let mut buf = [0u8; 1];
@@ -267,5 +302,60 @@ fn marked(fd: &OwnedFd, name: &str) -> io::Result<bool> {
         Ok(1) => Ok(buf[0] == b'y'),
         Ok(_) | Err(Errno::NODATA) | Err(Errno::RANGE) => Ok(false),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::path::Path;
+
+    fn mark(path: &Path, name: &str, value: &[u8]) {
+        rustix::fs::lsetxattr(path, name, value, rustix::fs::XattrFlags::empty()).unwrap();
+    }
+
+    /// A lower layer's own metadata-only copy is looked through, following its redirect,
+    /// as the kernel does: the data is in the layer below (review finding: the fill took
+    /// the empty copy for the data and wrote zeros).
+    #[test]
+    fn a_lower_layers_metadata_only_copy_is_looked_through() {
+        let base = tempfile::tempdir_in(
+            Some("/dev/shm")
+                .filter(|p| Path::new(p).is_dir())
+                .unwrap_or("/tmp"),
+        )
+        .unwrap();
+        let (upper, middle, bottom) = (
+            base.path().join("upper"),
+            base.path().join("middle"),
+            base.path().join("bottom"),
+        );
+        for dir in [&upper, &middle, &bottom] {
+            fs::create_dir(dir).unwrap();
+        }
+        fs::write(bottom.join("f"), "F-data").unwrap();
+        fs::write(bottom.join("h"), "H-data").unwrap();
+        // The middle layer copied f's metadata only, and renamed h to h2 the same way.
+        for (name, redirect) in [("f", None), ("h2", Some(&b"/h"[..]))] {
+            fs::File::create(middle.join(name))
+                .unwrap()
+                .set_len(6)
+                .unwrap();
+            mark(&middle.join(name), super::METACOPY, b"");
+            if let Some(to) = redirect {
+                mark(&middle.join(name), super::REDIRECT, to);
+            }
+            fs::File::create(upper.join(name))
+                .unwrap()
+                .set_len(6)
+                .unwrap();
+            mark(&upper.join(name), super::METACOPY, b"");
+        }
+        let filled =
+            crate::complete::complete_metacopies(&upper, &[middle.clone(), bottom.clone()])
+                .unwrap();
+        assert_eq!(filled, 2);
+        assert_eq!(fs::read_to_string(upper.join("f")).unwrap(), "F-data");
+        assert_eq!(fs::read_to_string(upper.join("h2")).unwrap(), "H-data");
     }
 }

@@ -129,7 +129,7 @@ impl Tree {
     /// Depth costs neither time nor descriptors without bound (review findings: a
     /// container nesting 20 000 directories took minutes, opening each from the root, and
     /// overflowed the stack): a directory is opened from the nearest ancestor kept open
-    /// (every [`ANCHOR`]th level), the directories still to visit are kept as names under
+    /// (`anchor_spacing`), the directories still to visit are kept as names under
     /// their parents', and an entry's path is built only when asked for.
     pub fn walk(&self, mut visit: impl FnMut(&Entry<'_>) -> io::Result<bool>) -> io::Result<bool> {
         use rustix::io::Errno;
@@ -206,15 +206,25 @@ impl Tree {
 /// Bytes of path one `openat2` resolves at most: well under `PATH_MAX` (4096).
 const STRETCH: usize = 2048;
 
-/// Directories [`Tree::walk`] keeps open, one every so many levels, to open the
-/// directories below them from.
-const ANCHOR: usize = 64;
+/// Levels between the directories a walk keeps open near the top of a tree: one every
+/// 64 levels down to 8192, then twice as far apart each time the depth doubles, so a
+/// chain of a million levels keeps about 600 open (review finding: one every 64 levels
+/// without end ran out of descriptors past 60 000 levels, leaving such a tree impossible
+/// to remove), and no open walks more names than one spacing.
+fn anchor_spacing(depth: usize) -> usize {
+    const NEAR: usize = 64;
+    const BAND: usize = 8192;
+    if depth <= BAND {
+        return NEAR;
+    }
+    NEAR << (depth.div_ceil(BAND)).next_power_of_two().trailing_zeros()
+}
 
-/// Levels of directories [`Tree::walk`] goes down at most: at most 1024 kept open.
-pub const MAX_DEPTH: usize = ANCHOR * 1024;
+/// Levels of directories [`Tree::walk`] goes down at most.
+pub const MAX_DEPTH: usize = 65_536;
 
 /// A directory [`Tree::walk`] has visited or has still to visit: its name under its
-/// parent's, and, every [`ANCHOR`]th level, its descriptor.
+/// parent's, and, every so many levels ([`anchor_spacing`]), its descriptor.
 #[derive(Debug)]
 pub(crate) struct Node {
     pub(crate) parent: Option<Rc<Node>>,
@@ -266,7 +276,7 @@ impl Node {
         };
         let rel: PathBuf = names.iter().rev().collect();
         let fd = resolve_from(from, &rel, OFlags::DIRECTORY | OFlags::RDONLY)?;
-        if self.depth.is_multiple_of(ANCHOR) {
+        if self.depth.is_multiple_of(anchor_spacing(self.depth)) {
             let _ = self.anchor.set(fd.try_clone()?);
         }
         Ok(fd)
