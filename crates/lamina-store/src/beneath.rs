@@ -260,6 +260,13 @@ impl Node {
     /// Opens the directory to list it, from its nearest ancestor kept open (or `root`),
     /// keeping it open itself if it is an anchor.
     pub(crate) fn open(&self, root: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+        if let Some(kept) = self.anchor.get() {
+            return resolve_from(
+                kept.as_fd(),
+                Path::new(""),
+                OFlags::DIRECTORY | OFlags::RDONLY,
+            );
+        }
         let mut names = vec![self.name.as_os_str()];
         let mut up = self.parent.as_deref();
         let from = loop {

@@ -35,8 +35,9 @@ fn mounts_under_in(info: &[u8], root: &Path) -> Vec<PathBuf> {
 /// A mount on this host (in this mount namespace) through which `dir` can be written,
 /// other than `dir` itself and other than at `except`: an overlay with `dir` as its
 /// upper, or a read-write bind of `dir`. A commit must not publish an upper a container
-/// can still write (`lamina-mount`'s `refuse_upper_in_use`). One read of the mount table,
-/// and a `stat` of each read-write mount of `dir`'s own filesystem, once per commit.
+/// can still write (`lamina-mount`'s `refuse_upper_in_use`). One read of the mount table
+/// per commit, and a `stat` of each read-write mount of `dir`'s own filesystem whose root
+/// could be `dir`.
 ///
 /// An overlay's `upperdir` is matched as written when it was mounted: absolute, it must
 /// be `dir`; relative (mounted from some directory), `dir` must end with it. A bind of a
@@ -96,8 +97,15 @@ fn writable_mount_in(
             };
             return ours.then_some(at);
         }
+        // Only a mount of `dir`'s own filesystem whose root in it is a tail of `dir`
+        // (or the filesystem's root) can be a bind of `dir`: the rest are not stat'ed.
         let read_write = fields.get(5)?.split(|&b| b == b',').any(|o| o == b"rw");
-        (read_write && *fields.get(2)? == device.as_bytes() && same_inode(&at)).then_some(at)
+        let root_in_fs = unescape(fields.get(3)?);
+        let candidate = root_in_fs
+            .strip_prefix("/")
+            .is_ok_and(|tail| dir.ends_with(tail));
+        (read_write && *fields.get(2)? == device.as_bytes() && candidate && same_inode(&at))
+            .then_some(at)
     })
 }
 
