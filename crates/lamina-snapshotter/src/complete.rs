@@ -16,8 +16,7 @@ use lamina_store::beneath::{Tree, proc_path};
 use rustix::fs::FileType;
 use rustix::io::Errno;
 
-const METACOPY: &str = "trusted.overlay.metacopy";
-const REDIRECT: &str = "trusted.overlay.redirect";
+use crate::metacopy_origin::{METACOPY, REDIRECT, has};
 
 /// Fills every metadata-only copy under `upper` with its data from `lowers` (top-most
 /// first), keeping its times; returns how many it filled.
@@ -54,7 +53,7 @@ pub(crate) fn complete_metacopies(upper: &Path, lowers: &[PathBuf]) -> io::Resul
             Err(e) => return Err(e),
         };
         let regular = FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile;
-        if regular && has_xattr(&proc_path(&pinned), METACOPY)? {
+        if regular && has(&pinned, METACOPY)? {
             fill(&upper, &entry.rel(), &proc_path(&pinned), &lowers)?;
             filled += 1;
         }
@@ -104,13 +103,4 @@ fn fill(upper: &Tree, rel: &Path, pinned: &Path, lowers: &[Tree]) -> io::Result<
         }
     }
     Ok(())
-}
-
-/// Whether the file `pinned` (a `/proc/self/fd` path of its own descriptor) has `name`.
-fn has_xattr(pinned: &Path, name: &str) -> io::Result<bool> {
-    match rustix::fs::getxattr(pinned, name, &mut [0u8; 0][..]) {
-        Ok(_) | Err(Errno::RANGE) => Ok(true),
-        Err(Errno::NODATA) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
 }

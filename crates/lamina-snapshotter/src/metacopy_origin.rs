@@ -30,9 +30,9 @@ use lamina_store::beneath::{Tree, pin_at, proc_path};
 use rustix::fs::FileType;
 use rustix::io::Errno;
 
-const REDIRECT: &str = "trusted.overlay.redirect";
+pub(crate) const REDIRECT: &str = "trusted.overlay.redirect";
 const OPAQUE: &str = "trusted.overlay.opaque";
-const METACOPY: &str = "trusted.overlay.metacopy";
+pub(crate) const METACOPY: &str = "trusted.overlay.metacopy";
 
 /// One layer in which a directory was found, and the directory there (`O_PATH`): each
 /// name is looked up from its parent's descriptor, so a deep path costs one lookup a
@@ -287,7 +287,7 @@ fn redirect_of(pinned: &Path) -> io::Result<Option<Vec<u8>>> {
 }
 
 /// Whether the entry `fd` pins has xattr `name`, whatever its value.
-fn has(fd: &OwnedFd, name: &str) -> io::Result<bool> {
+pub(crate) fn has(fd: &OwnedFd, name: &str) -> io::Result<bool> {
     match rustix::fs::getxattr(proc_path(fd), name, &mut [0u8; 0][..]) {
         Ok(_) | Err(Errno::RANGE) => Ok(true),
         Err(Errno::NODATA) => Ok(false),

@@ -95,9 +95,9 @@ impl Tree {
         self.root.as_fd()
     }
 
-    /// The regular file at `rel`, opened to read (`write`: to write). Anything else
-    /// there is refused before it is opened for I/O.
-    pub fn open_regular(&self, rel: &Path, write: bool) -> io::Result<File> {
+    /// The regular file at `rel`, opened to read. Anything else there is refused before
+    /// it is opened for I/O.
+    pub fn open_regular(&self, rel: &Path) -> io::Result<File> {
         let pinned = self.resolve(rel, OFlags::PATH)?;
         let kind = FileType::from_raw_mode(rustix::fs::fstat(&pinned)?.st_mode);
         if kind != FileType::RegularFile {
@@ -106,14 +106,9 @@ impl Tree {
                 self.path.join(rel).display()
             )));
         }
-        let access = if write {
-            OFlags::WRONLY
-        } else {
-            OFlags::RDONLY
-        };
         let file = rustix::fs::open(
             proc_path(&pinned),
-            access | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
         Ok(File::from(file))
@@ -192,14 +187,6 @@ impl Tree {
                 None => return Ok(whole),
             }
         }
-    }
-
-    /// A descriptor of `rel` that reads nothing (`O_PATH`), with what it is: for a
-    /// caller that looks at a file before it decides to open it.
-    pub fn pin(&self, rel: &Path) -> io::Result<(OwnedFd, Stat)> {
-        let pinned = self.resolve(rel, OFlags::PATH)?;
-        let stat = rustix::fs::fstat(&pinned)?;
-        Ok((pinned, stat))
     }
 }
 
@@ -383,12 +370,12 @@ mod tests {
         let tree = Tree::open(&root).unwrap();
 
         assert_eq!(
-            io::read_to_string(tree.open_regular(Path::new("d/f"), false).unwrap()).unwrap(),
+            io::read_to_string(tree.open_regular(Path::new("d/f")).unwrap()).unwrap(),
             "inside"
         );
         for rel in ["link/f", "d/file-link", "../outside/f", "d/../../outside/f"] {
             assert!(
-                tree.open_regular(Path::new(rel), false).is_err(),
+                tree.open_regular(Path::new(rel)).is_err(),
                 "{rel} was opened"
             );
         }
@@ -465,7 +452,7 @@ mod tests {
         assert!(whole);
         assert!(deepest.as_os_str().len() > 10_000, "{}", deepest.display());
         assert!(deepest.ends_with("bottom"));
-        let read = io::read_to_string(tree.open_regular(&deepest, false).unwrap()).unwrap();
+        let read = io::read_to_string(tree.open_regular(&deepest).unwrap()).unwrap();
         assert_eq!(read, "deep");
     }
 
@@ -525,7 +512,7 @@ mod tests {
         let tree = Tree::open(dir.path()).unwrap();
         // Opening a FIFO without a writer would block; refused before any open for I/O.
         for rel in ["fifo", "dir"] {
-            let err = tree.open_regular(Path::new(rel), false).unwrap_err();
+            let err = tree.open_regular(Path::new(rel)).unwrap_err();
             assert!(
                 err.to_string().contains("not a regular file"),
                 "{rel}: {err}"

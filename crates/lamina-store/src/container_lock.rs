@@ -141,12 +141,12 @@ pub(crate) fn open_dir_lock(path: &Path) -> Result<Option<File>, StoreError> {
     match crate::open_regular_file(path) {
         Ok(file) => Ok(Some(file)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => match std::fs::symlink_metadata(path) {
-            Ok(meta) if !meta.file_type().is_file() => {
+        Err(e) => match crate::regular_file::refuse_non_regular(path) {
+            Err(_) => {
                 tracing::warn!(path = %path.display(), error = %e, "not a lock file: taken for no lock");
                 Ok(None)
             }
-            _ => Err(StoreError::io("opening", path)(e)),
+            Ok(()) => Err(StoreError::io("opening", path)(e)),
         },
     }
 }

@@ -276,10 +276,7 @@ impl Store {
         for batch in files.chunks(write_back_batch()) {
             let Ok(open) = batch
                 .iter()
-                .map(|rel| {
-                    tree.open_regular(rel, false)
-                        .map(|file| (file, diff.join(rel)))
-                })
+                .map(|rel| tree.open_regular(rel).map(|file| (file, diff.join(rel))))
                 .collect::<Result<Vec<_>, _>>()
             else {
                 return Ok(false);
