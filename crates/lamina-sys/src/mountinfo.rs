@@ -98,12 +98,12 @@ fn writable_mount_in(
             return ours.then_some(at);
         }
         // Only a mount of `dir`'s own filesystem whose root in it is a tail of `dir`
-        // (or the filesystem's root) can be a bind of `dir`: the rest are not stat'ed.
+        // A bind of `dir` has `dir`'s name as the last name of its root in the filesystem
+        // (whatever comes before it: a btrfs subvolume's `/@var/...` does not end `dir`'s
+        // path); a mount of a filesystem's root is looked at too. The rest are not stat'ed.
         let read_write = fields.get(5)?.split(|&b| b == b',').any(|o| o == b"rw");
         let root_in_fs = unescape(fields.get(3)?);
-        let candidate = root_in_fs
-            .strip_prefix("/")
-            .is_ok_and(|tail| dir.ends_with(tail));
+        let candidate = root_in_fs == Path::new("/") || root_in_fs.file_name() == dir.file_name();
         (read_write && *fields.get(2)? == device.as_bytes() && candidate && same_inode(&at))
             .then_some(at)
     })
@@ -161,14 +161,16 @@ mod tests {
 91 36 0:51 / /other rw - overlay overlay rw,lowerdir=/s/l/a,upperdir=/s/images/snap-10/upper,workdir=/w\n\
 92 36 98:0 /s/images/snap-3/upper /run/bind-ro ro,relatime - ext4 /dev/vda rw\n\
 93 36 98:0 /s/images/snap-3/upper /run/bind-rw rw,relatime - ext4 /dev/vda rw\n\
+96 36 98:0 /@var/s/images/snap-5/upper /run/bind-subvol rw,relatime - btrfs /dev/vda rw\n\
 94 36 0:52 / /run/rel rw - overlay overlay rw,lowerdir=l,upperdir=snap-4/upper,workdir=w\n\
 95 36 0:53 / /run/comma rw - overlay overlay rw,lowerdir=/l,upperdir=/s/a\\134\\054b/upper,workdir=/w\n";
         let lamina_own = Path::new("/s/images/snap-1/rootfs");
         // The binds are of snap-3's upper (the same inode).
         let found = |dir: &str| {
             let bind = |at: &Path| {
-                dir == "/s/images/snap-3/upper"
-                    && (at == Path::new("/run/bind-ro") || at == Path::new("/run/bind-rw"))
+                (dir == "/s/images/snap-3/upper"
+                    && (at == Path::new("/run/bind-ro") || at == Path::new("/run/bind-rw")))
+                    || (dir == "/var/s/images/snap-5/upper" && at == Path::new("/run/bind-subvol"))
             };
             super::writable_mount_in(info, Path::new(dir), lamina_own, (98, 0), bind)
         };
@@ -186,6 +188,11 @@ mod tests {
             Some(PathBuf::from("/run/rel"))
         );
         assert_eq!(found("/s/a,b/upper"), Some(PathBuf::from("/run/comma")));
+        assert_eq!(
+            found("/var/s/images/snap-5/upper"),
+            Some(PathBuf::from("/run/bind-subvol")),
+            "a bind from a btrfs subvolume, whose root in the filesystem is not a tail of it"
+        );
         let nothing = |dir: &str| {
             super::writable_mount_in(info, Path::new(dir), lamina_own, (98, 0), |_| false)
         };
