@@ -11,7 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use lamina_integration::proof::{EXPECTED as MERGED, SCRIPT as PROOF};
-use lamina_integration::scratch::mounts_under;
+use lamina_integration::scratch::{FsKind, mounts_under};
 use lamina_integration::snapshotter::{Api, Daemon, Labels, Mounted, labels};
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root, sample_image, wait_until};
 use lamina_snapshotter::proto::containerd::services::snapshots::v1::Kind;
@@ -26,8 +26,12 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_on(ScratchFs::ext4(512))
+}
+
+/// [`fixture`] on `fs`.
+fn fixture_on(fs: ScratchFs) -> Fixture {
     require_root();
-    let fs = ScratchFs::ext4(512);
     let daemon = Daemon::start(
         &fs.path().join("store"),
         &fs.path().join("lamina.sock"),
@@ -317,7 +321,17 @@ fn metadata_only_copies_are_filled_through_every_kind_of_rename() {
 /// Unmounted, the same commit goes through, whole.
 #[test]
 fn a_commit_of_a_snapshot_still_mounted_is_refused_naming_the_mount() {
-    let f = fixture();
+    commit_refused_while_mounted(fixture());
+    // btrfs shows each subvolume's own device to `stat`, not in the mount table (review
+    // finding: a bind of an upper on btrfs was never seen).
+    commit_refused_while_mounted(fixture_on(ScratchFs::loop_backed(
+        FsKind::Btrfs,
+        512,
+        false,
+    )));
+}
+
+fn commit_refused_while_mounted(f: Fixture) {
     let mounts = f.api.prepare("p", "", none()).unwrap();
     let mounted = Mounted::new(&mounts);
     fs::write(mounted.path().join("f"), "written").unwrap();

@@ -36,8 +36,7 @@ fn mounts_under_in(info: &[u8], root: &Path) -> Vec<PathBuf> {
 /// other than `dir` itself and other than at `except`: an overlay with `dir` as its
 /// upper, or a read-write bind of `dir`. A commit must not publish an upper a container
 /// can still write (`lamina-mount`'s `refuse_upper_in_use`). One read of the mount table
-/// per commit, and a `stat` of each read-write mount of `dir`'s own filesystem whose root
-/// could be `dir`.
+/// per commit, and a `stat` of each read-write mount whose root could be `dir`.
 ///
 /// An overlay's `upperdir` is matched as written when it was mounted: absolute, it must
 /// be `dir`; relative (mounted from some directory), `dir` must end with it. A bind of a
@@ -51,35 +50,31 @@ pub fn writable_mount_of(dir: &Path, except: &Path) -> std::io::Result<Option<Pa
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let (major, minor) = (rustix::fs::major(meta.dev()), rustix::fs::minor(meta.dev()));
     let same_inode = |at: &Path| {
         at != dir
             && std::fs::metadata(at).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
     };
-    Ok(writable_mount_in(
-        &info,
-        dir,
-        except,
-        (major, minor),
-        same_inode,
-    ))
+    // The mount table names mount points by their real paths: lamina's own mount, made
+    // under a store reached through a symlink, is listed at its canonical path (review
+    // finding: every commit of a container lamina mounted was refused there).
+    let canonical = std::fs::canonicalize(except).ok();
+    let excepted = |at: &Path| at == except || canonical.as_deref() == Some(at);
+    Ok(writable_mount_in(&info, dir, excepted, same_inode))
 }
 
 fn writable_mount_in(
     info: &[u8],
     dir: &Path,
-    except: &Path,
-    device: (u32, u32),
+    excepted: impl Fn(&Path) -> bool,
     same_inode: impl Fn(&Path) -> bool,
 ) -> Option<PathBuf> {
-    let device = format!("{}:{}", device.0, device.1);
     info.split(|&b| b == b'\n').find_map(|line| {
         let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
         // Mount point is the fifth field, its own options the sixth; after the lone
         // `-`: type, source, the filesystem's options.
         let dash = fields.iter().position(|f| *f == b"-")?;
         let at = unescape(fields.get(4)?);
-        if at == except {
+        if excepted(&at) {
             return None;
         }
         let (kind, options) = (fields.get(dash + 1)?, fields.get(dash + 3)?);
@@ -97,15 +92,16 @@ fn writable_mount_in(
             };
             return ours.then_some(at);
         }
-        // Only a mount of `dir`'s own filesystem whose root in it is a tail of `dir`
         // A bind of `dir` has `dir`'s name as the last name of its root in the filesystem
         // (whatever comes before it: a btrfs subvolume's `/@var/...` does not end `dir`'s
         // path); a mount of a filesystem's root is looked at too. The rest are not stat'ed.
+        // The device in the table is not compared: btrfs gives each subvolume a device of
+        // its own that `stat` shows and the table does not (review finding: no bind on
+        // btrfs was ever seen); `same_inode` compares what `stat` says on both sides.
         let read_write = fields.get(5)?.split(|&b| b == b',').any(|o| o == b"rw");
         let root_in_fs = unescape(fields.get(3)?);
         let candidate = root_in_fs == Path::new("/") || root_in_fs.file_name() == dir.file_name();
-        (read_write && *fields.get(2)? == device.as_bytes() && candidate && same_inode(&at))
-            .then_some(at)
+        (read_write && candidate && same_inode(&at)).then_some(at)
     })
 }
 
@@ -172,7 +168,7 @@ mod tests {
                     && (at == Path::new("/run/bind-ro") || at == Path::new("/run/bind-rw")))
                     || (dir == "/var/s/images/snap-5/upper" && at == Path::new("/run/bind-subvol"))
             };
-            super::writable_mount_in(info, Path::new(dir), lamina_own, (98, 0), bind)
+            super::writable_mount_in(info, Path::new(dir), |at| at == lamina_own, bind)
         };
         assert_eq!(
             found("/s/images/snap-1/upper"),
@@ -194,7 +190,7 @@ mod tests {
             "a bind from a btrfs subvolume, whose root in the filesystem is not a tail of it"
         );
         let nothing = |dir: &str| {
-            super::writable_mount_in(info, Path::new(dir), lamina_own, (98, 0), |_| false)
+            super::writable_mount_in(info, Path::new(dir), |at| at == lamina_own, |_| false)
         };
         assert_eq!(nothing("/s/images/snap-2/upper"), None);
         assert_eq!(nothing("/s/l/a"), None, "a lower is not an upper");
