@@ -1,6 +1,6 @@
 //! composefs's part of layer collection (`clean`): metadata images whose image no
-//! container, pool or snapshot names any more, then objects no remaining metadata image
-//! references. Runs under the exclusive layers-in-use lock, like the layers' collection:
+//! container, pool or snapshot names any more, then objects neither a remaining metadata
+//! image nor a remaining layer's manifest (`lamina_store::file_objects`) references. Runs under the exclusive layers-in-use lock, like the layers' collection:
 //! every create builds its image (and writes its objects) while holding that lock
 //! shared, so no image is half-built and no object is about to be referenced.
 
@@ -28,7 +28,7 @@ pub(crate) struct CollectedObjects {
 
 /// Removes images not in `keep` (top chain ID hex of the images containers, pools and
 /// committed snapshots are made of), then the objects the remaining images do not
-/// reference. When a remaining image cannot be read, or an image in `in_use` (mounted by
+/// reference, nor any remaining layer's files. When a remaining image cannot be read, or an image in `in_use` (mounted by
 /// a composefs container or pool slot) is gone, what is referenced is unknown and every
 /// object stays.
 pub(crate) fn collect(
@@ -92,6 +92,13 @@ pub(crate) fn collect(
     }
     if unknown {
         return Ok(collected);
+    }
+    // What the layers left hold: a later import links its files to these (issue 24's
+    // one copy per content, for every strategy), so they stay while their layers do.
+    for layer in entries(&store.layout().layers())? {
+        if let Some(digests) = lamina_store::file_objects::read_manifest(&layer) {
+            referenced.extend(digests.iter().map(|o| o.to_object_pathname()));
+        }
     }
     let objects_dir = store.layout().objects();
     for fan_out in entries(&objects_dir)? {

@@ -12,8 +12,17 @@ use lamina_image::{Digest, HashingReader, Image, LayerBlob, compression};
 pub const PARALLEL_IMPORTS: usize = 3;
 use serde::{Deserialize, Serialize};
 
+use crate::file_objects;
+use crate::layers_below::LayersBelow;
 use crate::progress::Reported;
 use crate::{Store, StoreError};
+
+/// The layer an import is working on, and what it knows of the layers below it.
+#[derive(Clone, Copy)]
+struct Below<'a> {
+    layers: &'a LayersBelow<'a>,
+    index: usize,
+}
 
 /// Recorded next to each unpacked layer.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -54,14 +63,15 @@ impl Store {
     /// failure, bottom-most first, is the one reported; layers that finished stay.
     pub fn import(&self, image: &Image) -> Result<Vec<Digest>, StoreError> {
         let chain_ids = image.chain_ids();
-        let (present, missing): (Vec<_>, Vec<_>) = image
-            .layers
-            .iter()
-            .zip(&chain_ids)
-            .partition(|(_, chain_id)| self.has_layer(chain_id));
-        for (layer, _) in present {
-            self.progress.present(layer);
+        let mut missing = Vec::new();
+        for (index, (layer, chain_id)) in image.layers.iter().zip(&chain_ids).enumerate() {
+            if self.has_layer(chain_id) {
+                self.progress.present(layer);
+            } else {
+                missing.push((index, layer, chain_id));
+            }
         }
+        let below = LayersBelow::new(&self.layout, &chain_ids, missing.iter().map(|m| m.0));
         let next = std::sync::atomic::AtomicUsize::new(0);
         // Set by the first layer to fail: no worker starts another, and downloads in
         // flight stop at their next read (their "cancelled" errors are never reported).
@@ -72,10 +82,15 @@ impl Store {
                 scope.spawn(|| {
                     while !failed.load(std::sync::atomic::Ordering::Relaxed) {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some((layer, chain_id)) = missing.get(i) else {
+                        let Some(&(index, layer, chain_id)) = missing.get(i) else {
                             return;
                         };
-                        if let Err(e) = self.ensure_layer(layer, chain_id, &failed) {
+                        let _settle = below.settle_on_drop(index);
+                        let below = Below {
+                            layers: &below,
+                            index,
+                        };
+                        if let Err(e) = self.ensure_layer(layer, chain_id, &failed, below) {
                             let mut first = first_error
                                 .lock()
                                 .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -106,6 +121,7 @@ impl Store {
         layer: &LayerBlob,
         chain_id: &Digest,
         cancelled: &std::sync::atomic::AtomicBool,
+        below: Below<'_>,
     ) -> Result<(), StoreError> {
         // One importer per layer: concurrent creates of images that share it wait here,
         // then find it done.
@@ -115,7 +131,7 @@ impl Store {
             return Ok(());
         }
         self.progress.started(layer);
-        let imported = self.import_locked(layer, chain_id, cancelled);
+        let imported = self.import_locked(layer, chain_id, cancelled, below);
         self.progress.finished(layer, imported.is_ok());
         imported
     }
@@ -126,6 +142,7 @@ impl Store {
         layer: &LayerBlob,
         chain_id: &Digest,
         cancelled: &std::sync::atomic::AtomicBool,
+        below: Below<'_>,
     ) -> Result<(), StoreError> {
         let (staging, staging_dir) = self.fresh_staging(chain_id)?;
         let mut guard = RemoveOnDrop(Some(staging.clone()));
@@ -142,11 +159,18 @@ impl Store {
                 },
             )?;
         }
-        self.publish_staged(&staging, &staging_dir, &record)?;
+        let staged = self
+            .stage_file_objects(&diff, below, cancelled)
+            .map_err(|e| StoreError::Layer {
+                layer: layer.describe(),
+                message: format!("storing its files as objects: {e}"),
+            })?;
+        self.publish_staged(&staging, &staging_dir, &record, staged.as_ref())?;
         guard.0 = None;
+        let (linked, linked_bytes) = staged.map_or((0, 0), |s| (s.linked, s.linked_bytes));
         tracing::info!(
             layer = %layer.describe(), chain_id = %chain_id, bytes = record.size,
-            ms = started.elapsed().as_millis() as u64, "imported layer"
+            linked, linked_bytes, ms = started.elapsed().as_millis() as u64, "imported layer"
         );
         Ok(())
     }
@@ -174,7 +198,7 @@ impl Store {
         };
         let staged_diff = staging.join("diff");
         fs::rename(diff, &staged_diff).map_err(StoreError::io("moving", diff))?;
-        if let Err(e) = self.publish_staged(&staging, &staging_dir, &record) {
+        if let Err(e) = self.publish_staged(&staging, &staging_dir, &record, None) {
             let _ = fs::rename(&staged_diff, diff);
             return Err(e);
         }
@@ -233,7 +257,13 @@ impl Store {
         staging: &Path,
         staging_dir: &File,
         record: &LayerRecord,
+        staged: Option<&file_objects::Staged>,
     ) -> Result<(), StoreError> {
+        let manifest = staging.join(file_objects::MANIFEST);
+        if let Some(staged) = staged {
+            fs::write(&manifest, file_objects::manifest_bytes(&staged.digests))
+                .map_err(StoreError::io("writing", &manifest))?;
+        }
         let record_path = staging.join("layer.json");
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
@@ -241,7 +271,9 @@ impl Store {
             .host
             .write_new_direct(&record_path, &json)
             .map_err(StoreError::errno("writing", &record_path))?;
-        let written_back = direct && self.write_back_files(&staging.join("diff"))?;
+        let written_back = direct
+            && self.write_back_files(&staging.join("diff"))?
+            && (staged.is_none() || self.write_back_file(&manifest)?);
         if !written_back {
             if !direct {
                 fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
@@ -249,6 +281,14 @@ impl Store {
             self.host
                 .syncfs(staging_dir, staging)
                 .map_err(StoreError::errno("syncing", staging))?;
+        }
+        // The layer's data is durable: its new contents may become objects now.
+        if let Some(staged) = staged {
+            file_objects::publish(
+                &staging.join("diff"),
+                &self.layout.objects(),
+                &staged.to_publish,
+            );
         }
         let final_dir = self.layout.layer(&record.chain_id);
         fs::rename(staging, &final_dir).map_err(StoreError::io("publishing layer", &final_dir))
@@ -290,6 +330,36 @@ impl Store {
             }
         }
         Ok(true)
+    }
+
+    /// Writes the file `path` (beside a staged layer) to the device and waits for it.
+    /// `Ok(false)` when it cannot be opened as the regular file it was.
+    fn write_back_file(&self, path: &Path) -> Result<bool, StoreError> {
+        let Ok(file) = crate::open_regular_file(path) else {
+            return Ok(false);
+        };
+        for wait in [false, true] {
+            self.host
+                .write_back(&file, path, wait)
+                .map_err(StoreError::errno("writing to the device", path))?;
+        }
+        Ok(true)
+    }
+
+    /// Hashes the staged layer `diff`'s files and links those it may to the store's
+    /// objects (`file_objects.rs`). `None` for a store without `objects/`.
+    fn stage_file_objects(
+        &self,
+        diff: &Path,
+        below: Below<'_>,
+        cancelled: &std::sync::atomic::AtomicBool,
+    ) -> std::io::Result<Option<file_objects::Staged>> {
+        let objects = self.layout.objects();
+        if !objects.is_dir() {
+            return Ok(None);
+        }
+        let manifests = below.layers.manifests(below.index, cancelled);
+        file_objects::stage(diff, &objects, manifests.as_deref()).map(Some)
     }
 
     fn unpack_verified(

@@ -1,0 +1,315 @@
+//! Each file's content stored once, whatever layer or image it came from (issue 24).
+//!
+//! When a layer is imported, every regular file of more than composefs's inline limit is
+//! hashed (its fs-verity digest, which names objects in `objects/<ab>/<62 hex>`). A file
+//! whose content is already an object, with the very same owner, mode, modification time
+//! and xattrs, becomes a hardlink to that object's inode: the store then holds that
+//! content once on every filesystem, ext4 included, and every strategy — classic layers,
+//! `direct`, composefs — reads the one copy (and caches it once). A file whose content is
+//! no object yet becomes one, once the layer's data is durable.
+//!
+//! Linking two files into one inode must never show a container a hardlink its image
+//! does not have (`find -samefile`, `tar`'s and `du`'s hardlink detection would see it).
+//! A container's view is always one chain of layers (a layer and the layers below it), so
+//! two files may share an inode only if neither's layer lies below the other's. A layer
+//! therefore records the digests of all its files ([`MANIFEST`]), and an import links a
+//! file only if no layer below it, and no earlier file of its own layer, has that
+//! content. Where what lies below is not known (a layer from before this, a committed
+//! snapshot, a layer whose import failed), the layer neither links nor publishes: its
+//! files stay its own, so nothing later can be linked to them either.
+//!
+//! A linked file is compared byte for byte with the object first: an object is named by
+//! its content, but a damaged or altered object must not become part of a layer whose
+//! digest was just verified.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use composefs::fsverity::{FsVerityHashValue, FsVerityHasher, Sha256HashValue};
+use rustix::fs::{AtFlags, FileType, OFlags, Stat, Timestamps};
+
+use crate::beneath::{Tree, resolve_from};
+
+/// A file's content name: its fs-verity digest (SHA-256, 4 KiB blocks), as composefs
+/// names objects.
+pub type ObjectId = Sha256HashValue;
+
+/// The digests of one layer's files.
+pub type Digests = HashSet<ObjectId>;
+
+/// The file beside a layer's `diff/` that lists its files' digests.
+pub const MANIFEST: &str = "file-digests";
+
+/// The manifest's first line: what it is and its format.
+const HEADER: &str = "lamina file digests 1";
+
+/// The largest manifest read (a layer of 4 million distinct files); a bigger one is
+/// taken as unknown.
+const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
+/// Links past which an object's inode is not linked again: ext4 allows 65 000.
+const MAX_LINKS: u64 = 60_000;
+
+/// The smallest file stored as an object: composefs keeps smaller ones in its metadata
+/// image, and for such files a link saves nothing.
+const SMALLEST: i64 = composefs::INLINE_CONTENT_MAX_V0 as i64 + 1;
+
+/// What [`stage`] did to a staged layer, and what is left to do once its data is durable.
+#[derive(Debug, Default)]
+pub struct Staged {
+    /// The digest of every file of [`SMALLEST`] bytes or more: the layer's manifest.
+    pub digests: Digests,
+    /// Files whose content is no object yet, to be published as objects ([`publish`]).
+    /// Empty where what lies below the layer is not known.
+    pub to_publish: Vec<(PathBuf, ObjectId)>,
+    /// Files that became links to an existing object, and their bytes.
+    pub linked: usize,
+    pub linked_bytes: u64,
+}
+
+/// Hashes the files of the staged layer `diff` and links to an object in `objects` each
+/// one it may (see the module's doc). `below`: the manifests of every layer under this
+/// one, or `None` if any is not known.
+pub fn stage(diff: &Path, objects: &Path, below: Option<&[Arc<Digests>]>) -> io::Result<Staged> {
+    let tree = Tree::open(diff)?;
+    let object_tree = Tree::open(objects)?;
+    let mut candidates = Vec::new();
+    tree.walk(|entry| {
+        if entry.kind() == FileType::RegularFile && entry.stat.st_size >= SMALLEST {
+            candidates.push((entry.rel(), entry.stat.st_nlink));
+        }
+        Ok(true)
+    })?;
+    let mut staged = Staged::default();
+    let mut dir_times: HashMap<PathBuf, Timestamps> = HashMap::new();
+    for (rel, nlink) in candidates {
+        let mut file = tree.open_regular(&rel)?;
+        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
+        io::copy(&mut file, &mut hasher)?;
+        let id = hasher.digest();
+        let first_here = staged.digests.insert(id.clone());
+        let Some(below) = below else {
+            continue;
+        };
+        if !first_here || below.iter().any(|layer| layer.contains(&id)) {
+            continue;
+        }
+        let object = match object_tree.open_regular(Path::new(&id.to_object_pathname())) {
+            Ok(object) => object,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                staged.to_publish.push((rel, id));
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(object = %id.to_hex(), error = %e, "object not usable: file kept");
+                continue;
+            }
+        };
+        // A file of a hardlink set in its layer stays what it is: relinking one of its
+        // names would split the set.
+        if nlink != 1 {
+            continue;
+        }
+        match link_to(&tree, &rel, &file, &object, &mut dir_times) {
+            Ok(Some(bytes)) => {
+                staged.linked += 1;
+                staged.linked_bytes += bytes;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(file = %rel.display(), error = %e, "not linked to its object")
+            }
+        }
+    }
+    // The renames changed the directories' times, which containers see: put them back.
+    for (rel, times) in dir_times {
+        let dir = resolve_from(tree.root(), &rel, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        rustix::fs::futimens(&dir, &times)?;
+    }
+    Ok(staged)
+}
+
+/// Replaces the layer file `rel` (open as `file`) with a hardlink to `object`'s inode if
+/// the two have the same metadata and bytes. `Some(bytes)` when it did.
+fn link_to(
+    tree: &Tree,
+    rel: &Path,
+    file: &File,
+    object: &File,
+    dir_times: &mut HashMap<PathBuf, Timestamps>,
+) -> io::Result<Option<u64>> {
+    let ours = rustix::fs::fstat(file)?;
+    let theirs = rustix::fs::fstat(object)?;
+    if !same_metadata(&ours, &theirs)
+        || theirs.st_nlink >= MAX_LINKS
+        || xattrs(file.as_fd())? != xattrs(object.as_fd())?
+        || !same_bytes(file, object)?
+    {
+        return Ok(None);
+    }
+    let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        return Ok(None);
+    };
+    let dir = resolve_from(tree.root(), parent, OFlags::RDONLY | OFlags::DIRECTORY)?;
+    if !dir_times.contains_key(parent) {
+        let st = rustix::fs::fstat(&dir)?;
+        dir_times.insert(parent.to_path_buf(), times_of(&st));
+    }
+    let temporary = format!(".lamina-link-{}", std::process::id());
+    // Linked from the descriptor compared, not by name: the inode checked is the one
+    // linked (root may link any inode by descriptor).
+    rustix::fs::linkat(object, "", &dir, &temporary, AtFlags::EMPTY_PATH)?;
+    if let Err(e) = rustix::fs::renameat(&dir, &temporary, &dir, name) {
+        let _ = rustix::fs::unlinkat(&dir, &temporary, AtFlags::empty());
+        return Err(e.into());
+    }
+    Ok(Some(ours.st_size as u64))
+}
+
+/// Publishes the staged layer's files `to_publish` (under `diff`) as objects in
+/// `objects`. Called once the layer's data is durable: an object's name must never
+/// exist before its content is on disk, since later imports link to it. The names need
+/// not be durable themselves: a lost one only means a later file is not linked, and a
+/// composefs build syncs the names its image refers to. Best effort for the same reason.
+pub fn publish(diff: &Path, objects: &Path, to_publish: &[(PathBuf, ObjectId)]) -> usize {
+    let Ok(tree) = Tree::open(diff) else {
+        return 0;
+    };
+    let mut published = 0;
+    for (rel, id) in to_publish {
+        let fan_out = objects.join(id.to_object_dir());
+        // Only the fan-out directory: an import that outlived `delete-store` must not
+        // make the store's directories again.
+        if let Err(e) = fs::create_dir(&fan_out)
+            && e.kind() != io::ErrorKind::AlreadyExists
+        {
+            tracing::debug!(dir = %fan_out.display(), error = %e, "objects not published");
+            return published;
+        }
+        let linked = tree.open_regular(rel).and_then(|file| {
+            let target = objects.join(id.to_object_pathname());
+            rustix::fs::linkat(&file, "", rustix::fs::CWD, &target, AtFlags::EMPTY_PATH)
+                .map_err(io::Error::from)
+        });
+        match linked {
+            Ok(()) => published += 1,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                tracing::debug!(file = %rel.display(), error = %e, "not published as an object")
+            }
+        }
+    }
+    published
+}
+
+/// The manifest of `digests`, as written beside a layer's `diff/`.
+pub fn manifest_bytes(digests: &Digests) -> Vec<u8> {
+    let mut hexes: Vec<String> = digests.iter().map(|d| d.to_hex()).collect();
+    hexes.sort_unstable();
+    let mut text = format!("{HEADER}\n{}\n", hexes.len());
+    for hex in hexes {
+        text.push_str(&hex);
+        text.push('\n');
+    }
+    text.into_bytes()
+}
+
+/// The manifest of the layer whose directory is `layer_dir`; `None` when it has none or
+/// it cannot be read whole (a layer from before manifests, a committed snapshot, a
+/// manifest a crash cut short).
+pub fn read_manifest(layer_dir: &Path) -> Option<Digests> {
+    let path = layer_dir.join(MANIFEST);
+    let file = crate::open_regular_file(&path).ok()?;
+    let mut text = String::new();
+    file.take(MAX_MANIFEST_BYTES + 1)
+        .read_to_string(&mut text)
+        .ok()?;
+    let parsed = parse_manifest(&text);
+    if parsed.is_none() {
+        tracing::warn!(path = %path.display(), "layer manifest unreadable: its files are not linked to");
+    }
+    parsed
+}
+
+fn parse_manifest(text: &str) -> Option<Digests> {
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        return None;
+    }
+    let mut lines = text.lines();
+    if lines.next()? != HEADER {
+        return None;
+    }
+    let count: usize = lines.next()?.parse().ok()?;
+    let digests = lines
+        .map(|hex| ObjectId::from_hex(hex).ok())
+        .collect::<Option<Digests>>()?;
+    (digests.len() == count && text.ends_with('\n')).then_some(digests)
+}
+
+/// Whether two inodes would show the same file: owner, mode, size and modification time
+/// (a change time cannot be set, and nothing reads an image's access times).
+fn same_metadata(a: &Stat, b: &Stat) -> bool {
+    (a.st_mode, a.st_uid, a.st_gid, a.st_size) == (b.st_mode, b.st_uid, b.st_gid, b.st_size)
+        && (a.st_mtime, a.st_mtime_nsec) == (b.st_mtime, b.st_mtime_nsec)
+        && a.st_dev == b.st_dev
+}
+
+fn times_of(st: &Stat) -> Timestamps {
+    let time = |sec: i64, nsec: u64| rustix::fs::Timespec {
+        tv_sec: sec,
+        tv_nsec: nsec as _,
+    };
+    Timestamps {
+        last_access: time(st.st_atime, st.st_atime_nsec),
+        last_modification: time(st.st_mtime, st.st_mtime_nsec),
+    }
+}
+
+/// Every xattr of `fd`, sorted by name.
+fn xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut names = vec![0u8; 64 << 10];
+    let n = rustix::fs::flistxattr(fd, &mut names)?;
+    let mut all = Vec::new();
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let mut value = vec![0u8; 64 << 10];
+        let name_c = std::ffi::CString::new(name).map_err(io::Error::other)?;
+        let len = rustix::fs::fgetxattr(fd, name_c.as_c_str(), &mut value)?;
+        value.truncate(len);
+        all.push((name.to_vec(), value));
+    }
+    all.sort();
+    Ok(all)
+}
+
+/// Whether `a` and `b` hold the same bytes, read from their starts.
+fn same_bytes(a: &File, b: &File) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let mut left = vec![0u8; 128 << 10];
+    let mut right = vec![0u8; 128 << 10];
+    let mut offset = 0u64;
+    loop {
+        let n = read_full(a, &mut left, offset)?;
+        let m = read_full(b, &mut right[..n.max(1)], offset)?;
+        if n != m || left[..n] != right[..m] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+        offset += n as u64;
+    }
+    fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], offset + done as u64)? {
+                0 => break,
+                n => done += n,
+            }
+        }
+        Ok(done)
+    }
+}
