@@ -4,12 +4,12 @@
 //!   (composefs builds its metadata image then), warm create and delete p50 — where
 //!   composefs starts to win is what `auto` would go by;
 //! - two images holding the same files layered differently (one layer; five): the disk
-//!   bytes the store grew by (classic first: composefs's build makes the second image's
-//!   layer files share the first's extents where the filesystem can, and that stays),
-//!   and the page cache after every shared file is read in a container of
-//!   each — composefs's containers read one object where classic reads two layer files;
-//! - building the metadata image against importing (unpacking) the same layers, for the
-//!   deep images and for one layer of real-size files (128 MiB).
+//!   bytes the store grew by from an empty store, per strategy (`classic`, `shared-ro`,
+//!   `direct`, `composefs`), and the page cache after every shared file is read in a
+//!   container of each;
+//! - importing with file objects (every file hashed, shared content linked) against the
+//!   unpack alone, and building the metadata image against the import, for the deep
+//!   images and for one layer of real-size files (128 MiB).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -23,6 +23,14 @@ use crate::stats::{Samples, human, ratio};
 use lamina_integration::scratch::used_bytes;
 
 const STRATEGIES: &[&str] = &["classic", "composefs"];
+
+/// The strategies the shared-files rows compare, and whether each is read-only.
+const SHARED_STRATEGIES: &[(&str, bool)] = &[
+    ("classic", false),
+    ("shared-ro", true),
+    ("direct", true),
+    ("composefs", false),
+];
 
 pub fn run(ctx: &Ctx) -> Vec<Table> {
     let layer_counts = ctx.mode.pick(vec![10, 20, 30, 100], vec![5]);
@@ -62,8 +70,10 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         &[
             "fs",
             "layers",
-            "import (unpack)",
-            "build metadata image + objects",
+            "unpack only",
+            "import (unpack + file objects)",
+            "import vs unpack",
+            "build metadata image",
             "build vs import",
         ],
     );
@@ -129,33 +139,36 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
 }
 
 /// Two images holding the same `files` files of `size` bytes, one as a single layer
-/// and one over five: the disk bytes the store grows by once each has a container of
-/// each strategy (classic first: a composefs build makes the second image's layer files
-/// share the first's extents where the filesystem can, and that stays), and the page
-/// cache while every file is read in both, as rows of `table`.
+/// and one over five: the disk bytes the store grows by from importing both to a
+/// container of each, and the page cache while every file is read in both, as rows of
+/// `table`, one per strategy of [`SHARED_STRATEGIES`]. Each row starts from an empty
+/// store (`clean` removes the last row's layers, objects and flattened trees), so each
+/// counts its own import and what its strategy adds.
 fn shared_files(rig: &Rig, files: usize, size: usize, table: &mut Table) {
     progress(&format!(
-        "composefs {} shared files of {} KiB",
+        "composefs {} {} shared files of {} KiB",
         rig.fs_name(),
+        files,
         size >> 10
     ));
     let scratch = rig.scratch(&format!("shared-{size}"));
     let (refs, paths) = crate::images::shared_files(&scratch, files, size, 5);
-    // The images' layouts are on the same filesystem: written before the baseline.
-    let baseline = used_bytes(rig.store.root());
-    let images: Vec<Image> = refs.iter().map(|r| rig.warm(r)).collect();
+    let images: Vec<Image> = refs.iter().map(|r| crate::images::resolve(r)).collect();
     let unique = (files * size) as u64;
-    for strategy in STRATEGIES {
+    for &(strategy, read_only) in SHARED_STRATEGIES {
+        lamina_mount::clean(&rig.store, &rig.mounter, None).expect("cleaning the store");
+        // The images' layouts are on the same filesystem: written before the baseline.
+        let baseline = settled_used_bytes(rig.store.root());
         let roots: Vec<_> = images
             .iter()
             .enumerate()
             .map(|(i, image)| {
                 let id = format!("shared-{i}");
-                rig.create(image, &id, strategy, false);
+                rig.create(image, &id, strategy, read_only);
                 rig.store.layout().container(&id).join("rootfs")
             })
             .collect();
-        let store_bytes = used_bytes(rig.store.root()) - baseline;
+        let store_bytes = settled_used_bytes(rig.store.root()) - baseline;
         let cached = cached_after_reading(&roots, &paths);
         table.row(vec![
             rig.fs_name().into(),
@@ -169,30 +182,95 @@ fn shared_files(rig: &Rig, files: usize, size: usize, table: &mut Table) {
         ]);
         rig.delete_all();
     }
+    lamina_mount::clean(&rig.store, &rig.mounter, None).expect("cleaning the store");
 }
 
-/// Imports `image` and builds its metadata image and objects, each timed, as a row of
-/// `table` labelled `layers`. Returns the image's chain IDs.
+/// [`used_bytes`] once it stops changing: xfs frees a removed file's blocks in the
+/// background, after the `syncfs` (a baseline taken right after `clean` came out above
+/// the bytes in use once the next row's containers were made).
+fn settled_used_bytes(path: &Path) -> u64 {
+    let mut last = used_bytes(path);
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = used_bytes(path);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Imports `image` into a store without `objects/` (the unpack alone, as imports were
+/// before issue 24) and into one with it (hashing every file, linking those whose
+/// content is an object), [`IMPORT_ROUNDS`] times each, alternated and each from a store
+/// without the image; then builds its metadata image. The medians, as a row of `table`
+/// labelled `layers`. Returns the image's chain IDs.
 fn import_and_build(
     rig: &Rig,
     image: &Image,
     layers: &str,
     table: &mut Table,
 ) -> Vec<lamina_image::Digest> {
-    let t = Instant::now();
-    let chain_ids = rig.store.import(image).unwrap();
-    let imported = t.elapsed();
+    let objects = rig.store.layout().objects();
+    let aside = rig.store.root().join("objects-aside");
+    let (mut unpack, mut import) = (Samples::new(), Samples::new());
+    let mut chain_ids = Vec::new();
+    for _ in 0..IMPORT_ROUNDS {
+        for with_objects in [false, true] {
+            forget(rig, image);
+            if !with_objects {
+                std::fs::rename(&objects, &aside).unwrap();
+            }
+            let t = Instant::now();
+            chain_ids = rig.store.import(image).unwrap();
+            let took = t.elapsed();
+            if with_objects {
+                import.push(took);
+            } else {
+                std::fs::rename(&aside, &objects).unwrap();
+                unpack.push(took);
+            }
+        }
+    }
+    let (unpacked, imported) = (unpack.summary().p50, import.summary().p50);
     let t = Instant::now();
     lamina_mount::composefs::ensure(&rig.store, &rig.mounter, &chain_ids).unwrap();
     let built = t.elapsed();
     table.row(vec![
         rig.fs_name().into(),
         layers.into(),
+        human(unpacked),
         human(imported),
+        ratio(imported, unpacked),
         human(built),
         ratio(built, imported),
     ]);
     chain_ids
+}
+
+/// Imports timed per form of import: each alternated, the medians kept.
+const IMPORT_ROUNDS: usize = 3;
+
+/// Removes `image`'s layers from the store, with the objects their manifests name and
+/// its metadata image: the next import of it starts from nothing.
+fn forget(rig: &Rig, image: &Image) {
+    for chain_id in image.chain_ids() {
+        let layer = rig.store.layout().layer(&chain_id);
+        if let Some(digests) = lamina_store::file_objects::read_manifest(&layer) {
+            for id in digests {
+                let objects = rig.store.layout().objects();
+                let _ =
+                    std::fs::remove_file(lamina_store::file_objects::object_path(&objects, &id));
+            }
+        }
+        if layer.exists() {
+            lamina_store::remove_tree(&layer).unwrap();
+        }
+    }
+    if let Some(top) = image.chain_ids().last() {
+        let _ = std::fs::remove_file(lamina_mount::composefs::image_path(&rig.store, top));
+    }
 }
 
 /// `n` creates and deletes of `strategy`, each timed.

@@ -6,11 +6,12 @@
 //!   layer's), hardlinks kept as one inode;
 //! - every regular file of the merged tree larger than composefs's inline limit is stored
 //!   once in `objects/<ab>/<rest>`, named by its fs-verity digest (SHA-256, computed in
-//!   userspace: this kernel has no fs-verity). An object is a hardlink to the layer's
-//!   inode, so building costs no data copy; a file whose content is already an object
-//!   (from any image) is made to share that object's extents where the filesystem can
-//!   (xfs, btrfs: `FIDEDUPERANGE`), so the store holds each content once on disk while
-//!   every layer keeps its own inodes for the strategies that mount layers;
+//!   userspace: this kernel has no fs-verity). Imports make most objects, and link later
+//!   files of the same content and metadata to them (`lamina_store::file_objects`); the
+//!   build makes the rest: an object is a hardlink to the layer's inode, so building
+//!   costs no data copy, and a layer file whose content is already an object but whose
+//!   inode is another is made to share that object's extents where the filesystem can
+//!   (xfs, btrfs: `FIDEDUPERANGE`);
 //! - the merged tree becomes `composefs/<top>.erofs`, an EROFS image written by the
 //!   `composefs` crate whose regular files are overlay metacopy inodes redirecting into
 //!   `objects/`.

@@ -1,7 +1,9 @@
 //! Where a composefs build puts file contents: `objects/<ab>/<62 hex>`, named by their
-//! fs-verity digest. An object is a hardlink to the layer file's own inode (no data
-//! copy); a layer file whose content is already an object shares its extents where the
-//! filesystem can; the names are made durable by an fsync of each fan-out directory.
+//! fs-verity digest. Imports make most of them (`lamina_store::file_objects`); the build
+//! makes what they did not (layers from before, committed snapshots). An object is a
+//! hardlink to the layer file's own inode (no data copy); a layer file whose content is
+//! already an object shares its extents where the filesystem can; the names are made
+//! durable by an fsync of each fan-out directory.
 
 use std::fs::{self, File};
 use std::io;

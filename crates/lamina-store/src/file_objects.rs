@@ -98,7 +98,7 @@ pub fn stage(diff: &Path, objects: &Path, below: Option<&[Arc<Digests>]>) -> io:
         if !first_here || below.iter().any(|layer| layer.contains(&id)) {
             continue;
         }
-        let object = match object_tree.open_regular(Path::new(&id.to_object_pathname())) {
+        let object = match object_tree.open_regular(&object_path(Path::new(""), &id)) {
             Ok(object) => object,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 staged.to_publish.push((rel, id));
@@ -191,7 +191,7 @@ pub fn publish(diff: &Path, objects: &Path, to_publish: &[(PathBuf, ObjectId)]) 
             return published;
         }
         let linked = tree.open_regular(rel).and_then(|file| {
-            let target = objects.join(id.to_object_pathname());
+            let target = object_path(objects, id);
             rustix::fs::linkat(&file, "", rustix::fs::CWD, &target, AtFlags::EMPTY_PATH)
                 .map_err(io::Error::from)
         });
@@ -204,6 +204,11 @@ pub fn publish(diff: &Path, objects: &Path, to_publish: &[(PathBuf, ObjectId)]) 
         }
     }
     published
+}
+
+/// Where the object of content `id` is under the store's `objects/` directory `objects`.
+pub fn object_path(objects: &Path, id: &ObjectId) -> PathBuf {
+    objects.join(id.to_object_pathname())
 }
 
 /// The manifest of `digests`, as written beside a layer's `diff/`.
