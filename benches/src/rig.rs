@@ -39,8 +39,27 @@ impl Rig {
         Self::on(FsKind::Btrfs, fs)
     }
 
+    /// A rig whose store shares file content across images (`init-store
+    /// --share-file-content`).
+    pub fn sharing_file_content(kind: FsKind, size_mb: u64) -> Self {
+        let properties = lamina_store::StoreProperties {
+            shared_file_content: true,
+            ..Default::default()
+        };
+        Self::with(
+            kind,
+            ScratchFs::loop_backed(kind, size_mb.max(512), true),
+            &properties,
+        )
+    }
+
     fn on(kind: FsKind, fs: ScratchFs) -> Self {
-        let store = Store::init(&fs.path().join("store")).expect("initialising the store");
+        Self::with(kind, fs, &lamina_store::StoreProperties::default())
+    }
+
+    fn with(kind: FsKind, fs: ScratchFs, properties: &lamina_store::StoreProperties) -> Self {
+        let store =
+            Store::init_with(&fs.path().join("store"), properties).expect("initialising the store");
         let mounter = RealMounter::new();
         // The probe runs once per store and boot, then is read from run/probe.json; do it
         // now so no scenario's first create pays it.

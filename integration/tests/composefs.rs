@@ -617,7 +617,8 @@ fn second_review_findings_stay_closed() {
 }
 
 /// Issue 24's store-bytes target: two images holding the same files, layered
-/// differently, are stored once on disk. An import links a file whose content and
+/// differently, are stored once on disk in a store that shares file content
+/// (`init-store --share-file-content`). An import links a file whose content and
 /// metadata are already an object's to it, on every filesystem; a file of the same
 /// content but another mode keeps its own inode, and a composefs build makes it share the
 /// object's extents where the filesystem can (xfs, btrfs; ext4 keeps its copy). No view
@@ -640,7 +641,13 @@ fn files_two_images_share_are_stored_once_on_a_btrfs_store() {
 fn files_two_images_share_are_stored_once(kind: lamina_integration::FsKind) {
     require_root();
     let fs = ScratchFs::loop_backed(kind, 512, false);
-    let lamina = Lamina::init(&fs.path().join("store"));
+    let lamina = Lamina::new(&fs.path().join("store"));
+    let out = lamina.run(&["init-store", "--share-file-content"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout.contains("(file content shared across images)"),
+        "{out:?}"
+    );
     let mut rng = lamina_integration::rng::Xorshift::new(24);
     let files: Vec<(String, Vec<u8>)> = (0..40)
         .map(|i| {

@@ -4,9 +4,10 @@
 //!   (composefs builds its metadata image then), warm create and delete p50 — where
 //!   composefs starts to win is what `auto` would go by;
 //! - two images holding the same files layered differently (one layer; five): the disk
-//!   bytes the store grew by from an empty store, per strategy (`classic`, `shared-ro`,
-//!   `direct`, `composefs`), and the page cache after every shared file is read in a
-//!   container of each;
+//!   bytes the store grew by from an empty store, per strategy (`classic` and
+//!   `composefs` on a default store; `classic`, `shared-ro`, `direct` and `composefs` on
+//!   one that shares file content), and the page cache after every shared file is read
+//!   in a container of each;
 //! - importing with file objects (every file hashed, shared content linked) against the
 //!   unpack alone, and building the metadata image against the import, for the deep
 //!   images and for one layer of real-size files (128 MiB).
@@ -24,7 +25,12 @@ use lamina_integration::scratch::used_bytes;
 
 const STRATEGIES: &[&str] = &["classic", "composefs"];
 
-/// The strategies the shared-files rows compare, and whether each is read-only.
+/// The strategies the shared-files rows compare on a store that does not share file
+/// content (the default), and whether each is read-only.
+const DEFAULT_STORE_STRATEGIES: &[(&str, bool)] = &[("classic", false), ("composefs", false)];
+
+/// The strategies the shared-files rows compare on a store that shares file content,
+/// and whether each is read-only.
 const SHARED_STRATEGIES: &[(&str, bool)] = &[
     ("classic", false),
     ("shared-ro", true),
@@ -56,6 +62,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         "composefs-shared",
         &[
             "fs",
+            "store",
             "strategy",
             "files",
             "unique file bytes",
@@ -79,18 +86,15 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
     );
     for &kind in &ctx.filesystems {
         let rig = Rig::new(kind, 2048);
+        // Imports with file objects, and the rows of a store that shares file content.
+        let sharing = Rig::sharing_file_content(kind, 2048);
         for &layers in &layer_counts {
             progress(&format!("composefs {} {layers}-layer image", rig.fs_name()));
             let reference =
                 crate::images::many_layers(&rig.scratch(&format!("deep-{layers}")), layers);
             let image = crate::images::resolve(&reference);
-            let chain_ids = import_and_build(&rig, &image, &layers.to_string(), &mut import);
-            // The first create below finds the image built: remove it so it is timed.
-            std::fs::remove_file(lamina_mount::composefs::image_path(
-                &rig.store,
-                chain_ids.last().unwrap(),
-            ))
-            .unwrap();
+            import_and_build(&sharing, &image, &layers.to_string(), &mut import);
+            rig.store.import(&image).unwrap();
             let mut classic = None;
             for strategy in STRATEGIES {
                 let first = rig.timed_create(&image, "first", strategy, false);
@@ -129,10 +133,11 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         );
         let image = crate::images::resolve(&reference);
         let label = format!("1 of {} MiB", total >> 20);
-        import_and_build(&rig, &image, &label, &mut import);
+        import_and_build(&sharing, &image, &label, &mut import);
 
         for &size in &sizes {
-            shared_files(&rig, files, size, &mut shared);
+            shared_files(&rig, files, size, DEFAULT_STORE_STRATEGIES, &mut shared);
+            shared_files(&sharing, files, size, SHARED_STRATEGIES, &mut shared);
         }
     }
     vec![deep, shared, import]
@@ -141,10 +146,17 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
 /// Two images holding the same `files` files of `size` bytes, one as a single layer
 /// and one over five: the disk bytes the store grows by from importing both to a
 /// container of each, and the page cache while every file is read in both, as rows of
-/// `table`, one per strategy of [`SHARED_STRATEGIES`]. Each row starts from an empty
+/// `table`, one per strategy of `strategies` (each with whether it is read-only). Each
+/// row starts from an empty
 /// store (`clean` removes the last row's layers, objects and flattened trees), so each
 /// counts its own import and what its strategy adds.
-fn shared_files(rig: &Rig, files: usize, size: usize, table: &mut Table) {
+fn shared_files(
+    rig: &Rig,
+    files: usize,
+    size: usize,
+    strategies: &[(&str, bool)],
+    table: &mut Table,
+) {
     progress(&format!(
         "composefs {} {} shared files of {} KiB",
         rig.fs_name(),
@@ -155,7 +167,12 @@ fn shared_files(rig: &Rig, files: usize, size: usize, table: &mut Table) {
     let (refs, paths) = crate::images::shared_files(&scratch, files, size, 5);
     let images: Vec<Image> = refs.iter().map(|r| crate::images::resolve(r)).collect();
     let unique = (files * size) as u64;
-    for &(strategy, read_only) in SHARED_STRATEGIES {
+    let store = if rig.store.properties().shared_file_content {
+        "shares file content"
+    } else {
+        "default"
+    };
+    for &(strategy, read_only) in strategies {
         lamina_mount::clean(&rig.store, &rig.mounter, None).expect("cleaning the store");
         // The images' layouts are on the same filesystem: written before the baseline.
         let baseline = settled_used_bytes(rig.store.root());
@@ -172,6 +189,7 @@ fn shared_files(rig: &Rig, files: usize, size: usize, table: &mut Table) {
         let cached = cached_after_reading(&roots, &paths);
         table.row(vec![
             rig.fs_name().into(),
+            store.into(),
             format!("`{strategy}`"),
             format!("{files} × {} KiB", size >> 10),
             bytes(unique),

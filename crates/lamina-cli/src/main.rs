@@ -91,6 +91,9 @@ enum Command {
         /// With mappings: chown layers to the mapped ids at import instead of idmapping them at mount (the default where the kernel can; needed for --without-mount)
         #[arg(long)]
         chown_layers: bool,
+        /// Store each file content once across images on any filesystem: an import links a file whose content, owner, mode, time and xattrs another image's file has to that file's inode (every view of it then shows the link count: see docs/security.md)
+        #[arg(long)]
+        share_file_content: bool,
         /// Ignored (GrootFS's direct I/O for its loop-mounted XFS store; lamina mounts no store filesystem)
         #[arg(long)]
         with_direct_io: bool,

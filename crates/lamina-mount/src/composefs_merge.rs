@@ -92,6 +92,12 @@ pub(crate) struct LayerFile {
     pub(crate) path: PathBuf,
     /// Its size when the merge stat'ed it (layers do not change).
     pub(crate) size: u64,
+    /// Its inode may become an object: it is a file of a layer lamina imported and
+    /// verified, which nothing writes. A committed containerd snapshot's file is copied
+    /// instead: its container may still write it through containerd's mount, and an
+    /// object is read by other images' containers (and, in a store that shares file
+    /// content, linked into their layers).
+    pub(crate) linkable: bool,
 }
 
 /// The layers of `chain_ids` (bottom first) merged, read within `limits`.
@@ -102,11 +108,17 @@ pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::
         inodes: HashMap::new(),
         entries: 0,
         metadata_bytes: 0,
+        linkable: false,
     };
     let bottom = store.layout().layer_diff(&chain_ids[0]);
     let mut tree = Merging::new(merge.metadata_of(&bottom)?);
     for chain_id in chain_ids {
         let layer = store.layout().layer_diff(chain_id);
+        // An imported layer (its record has the diffID it was verified against); a
+        // committed containerd snapshot has none.
+        merge.linkable = store
+            .layer_record(chain_id)
+            .is_ok_and(|record| record.diff_id.is_some());
         let Merging { root, leaves } = &mut tree;
         merge.apply(&layer, root, leaves)?;
         root.stat = merge.metadata_of(&layer)?;
@@ -147,6 +159,8 @@ struct Merge<'a> {
     entries: usize,
     /// Names, paths, link targets and xattrs read so far, against the limits.
     metadata_bytes: usize,
+    /// Whether the layer being laid may lend its inodes to objects ([`LayerFile`]).
+    linkable: bool,
 }
 
 impl Merge<'_> {
@@ -219,6 +233,7 @@ impl Merge<'_> {
                         LeafContent::Regular(LayerFile {
                             path: from.to_path_buf(),
                             size: st.st_size as u64,
+                            linkable: self.linkable,
                         })
                     }
                     FileType::Symlink => {

@@ -78,7 +78,7 @@ impl<'a> Objects<'a> {
             }
         } else {
             drop(file);
-            self.publish(path, &object)?;
+            self.publish(path, &object, layer_file.linkable)?;
         }
         if self.verity {
             seal(self.host, &object)?;
@@ -86,8 +86,9 @@ impl<'a> Objects<'a> {
         Ok(RegularFile::External(id, hashed))
     }
 
-    /// Makes `object` hold the content of layer file `path`.
-    fn publish(&mut self, path: &Path, object: &Path) -> io::Result<()> {
+    /// Makes `object` hold the content of layer file `path`: its own inode when
+    /// `linkable`, else a copy.
+    fn publish(&mut self, path: &Path, object: &Path, linkable: bool) -> io::Result<()> {
         if let Some(fan_out) = object.parent() {
             // Only the fan-out directory: a build that outlived `delete-store` must not
             // make the store's directories again (review finding).
@@ -97,10 +98,15 @@ impl<'a> Objects<'a> {
             }
             self.published_in.insert(fan_out.to_path_buf());
         }
-        match fs::hard_link(path, object) {
+        let linked = if linkable {
+            fs::hard_link(path, object)
+        } else {
+            Err(io::Error::other("not a layer lamina imported"))
+        };
+        match linked {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            // Past the filesystem's link limit, or refused: a copy of our own (a reflink
+            // Not linkable, past the filesystem's link limit, or refused: a copy of our own (a reflink
             // where the filesystem has them: `fs::copy` asks for one), written in `tmp/`
             // under the build's name (swept with it after a crash), synced, then
             // published whole by a rename: an object's name is never trusted before its

@@ -1,4 +1,5 @@
-//! Each file's content stored once, whatever layer or image it came from (issue 24).
+//! Each file's content stored once, whatever layer or image it came from (issue 24), in
+//! a store initialised with `--share-file-content`.
 //!
 //! When a layer is imported, every regular file of more than composefs's inline limit is
 //! hashed (its fs-verity digest, which names objects in `objects/<ab>/<62 hex>`). A file
@@ -14,9 +15,14 @@
 //! two files may share an inode only if neither's layer lies below the other's. A layer
 //! therefore records the digests of all its files ([`MANIFEST`]), and an import links a
 //! file only if no layer below it, and no earlier file of its own layer, has that
-//! content. Where what lies below is not known (a layer from before this, a committed
-//! snapshot, a layer whose import failed), the layer neither links nor publishes: its
-//! files stay its own, so nothing later can be linked to them either.
+//! content. A layer without a manifest (from a store or a release before this, a
+//! committed containerd snapshot, one past [`MAX_FILES`], one above such a layer or
+//! above a layer whose import failed) neither links nor publishes, and neither does any
+//! layer above it; a composefs build makes objects of its files as copies, never as
+//! links to its inodes. So every object an import links to is the inode of a verified,
+//! imported layer file, which nothing ever writes (review finding: a committed
+//! snapshot's upper, which its container may still write through containerd's mount,
+//! would otherwise have become other images' verified files).
 //!
 //! A linked file is compared byte for byte with the object first: an object is named by
 //! its content, but a damaged or altered object must not become part of a layer whose
@@ -28,6 +34,7 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use composefs::fsverity::{FsVerityHashValue, FsVerityHasher, Sha256HashValue};
 use rustix::fs::{AtFlags, FileType, OFlags, Stat, Timestamps};
@@ -51,8 +58,9 @@ const HEADER: &str = "lamina file digests 1";
 /// taken as unknown.
 const MAX_MANIFEST_BYTES: u64 = 256 << 20;
 
-/// Links past which an object's inode is not linked again: ext4 allows 65 000.
-const MAX_LINKS: u64 = 60_000;
+/// Links past which an object's inode is not linked again: ext4 allows 65 000, and a
+/// `direct` image's flattened tree links the same inodes once more per image.
+const MAX_LINKS: u64 = 30_000;
 
 /// The smallest file stored as an object: composefs keeps smaller ones in its metadata
 /// image, and for such files a link saves nothing.
@@ -71,30 +79,64 @@ pub struct Staged {
     pub linked_bytes: u64,
 }
 
-/// Hashes the files of the staged layer `diff` and links to an object in `objects` each
-/// one it may (see the module's doc). `below`: the manifests of every layer under this
-/// one, or `None` if any is not known.
-pub fn stage(diff: &Path, objects: &Path, below: Option<&[Arc<Digests>]>) -> io::Result<Staged> {
+/// Files [`stage`] looks at in one layer, and bytes of their paths it keeps: past
+/// either, the layer is left as it is, without a manifest (so nothing above it links
+/// either). A tar of a few megabytes can hold a million hardlinks under a deep directory
+/// (review finding: 200 000 such paths held 800 MB).
+const MAX_FILES: usize = 1_000_000;
+const MAX_PATH_BYTES: usize = 64 << 20;
+
+/// Hashes the files of the staged layer `diff` (each inode once) and links to an object
+/// in `objects` each one it may (see the module's doc); `below` holds the manifests of
+/// every layer under this one. `None` when the layer is past [`MAX_FILES`] or
+/// [`MAX_PATH_BYTES`], or a directory changed under the walk: then nothing was linked.
+/// Stops when `cancelled` (the import is failing).
+pub fn stage(
+    diff: &Path,
+    objects: &Path,
+    below: &[Arc<Digests>],
+    cancelled: &AtomicBool,
+) -> io::Result<Option<Staged>> {
     let tree = Tree::open(diff)?;
     let object_tree = Tree::open(objects)?;
     let mut candidates = Vec::new();
-    tree.walk(|entry| {
-        if entry.kind() == FileType::RegularFile && entry.stat.st_size >= SMALLEST {
-            candidates.push((entry.rel(), entry.stat.st_nlink));
+    let mut inodes = HashSet::new();
+    let mut path_bytes = 0;
+    let walked = tree.walk(|entry| {
+        let st = entry.stat;
+        if entry.kind() == FileType::RegularFile
+            && st.st_size >= SMALLEST
+            && inodes.insert((st.st_dev, st.st_ino))
+        {
+            let rel = entry.rel();
+            path_bytes += rel.as_os_str().len();
+            if candidates.len() >= MAX_FILES || path_bytes > MAX_PATH_BYTES {
+                return Err(io::Error::other(PastBounds));
+            }
+            candidates.push((rel, st.st_nlink));
         }
         Ok(true)
-    })?;
+    });
+    match walked {
+        Ok(true) => {}
+        Ok(false) => return Ok(None),
+        Err(e) if e.get_ref().is_some_and(|inner| inner.is::<PastBounds>()) => {
+            tracing::info!(layer = %diff.display(), "layer past what file objects stage: its files stay its own");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    }
     let mut staged = Staged::default();
     let mut dir_times: HashMap<PathBuf, Timestamps> = HashMap::new();
     for (rel, nlink) in candidates {
+        if cancelled.load(Ordering::Relaxed) {
+            return Err(io::Error::other("the import is being given up"));
+        }
         let mut file = tree.open_regular(&rel)?;
         let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
         io::copy(&mut file, &mut hasher)?;
         let id = hasher.digest();
         let first_here = staged.digests.insert(id.clone());
-        let Some(below) = below else {
-            continue;
-        };
         if !first_here || below.iter().any(|layer| layer.contains(&id)) {
             continue;
         }
@@ -130,8 +172,23 @@ pub fn stage(diff: &Path, objects: &Path, below: Option<&[Arc<Digests>]>) -> io:
         let dir = resolve_from(tree.root(), &rel, OFlags::RDONLY | OFlags::DIRECTORY)?;
         rustix::fs::futimens(&dir, &times)?;
     }
-    Ok(staged)
+    Ok(Some(staged))
 }
+
+/// Why [`stage`]'s walk stopped early.
+#[derive(Debug)]
+struct PastBounds;
+
+impl std::fmt::Display for PastBounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "past {MAX_FILES} files or {MAX_PATH_BYTES} bytes of paths"
+        )
+    }
+}
+
+impl std::error::Error for PastBounds {}
 
 /// Replaces the layer file `rel` (open as `file`) with a hardlink to `object`'s inode if
 /// the two have the same metadata and bytes. `Some(bytes)` when it did.

@@ -347,7 +347,9 @@ impl Store {
     }
 
     /// Hashes the staged layer `diff`'s files and links those it may to the store's
-    /// objects (`file_objects.rs`). `None` for a store without `objects/`.
+    /// objects (`file_objects.rs`). `None` (no manifest, nothing linked or published)
+    /// unless the store shares file content and has `objects/`, when what lies below the
+    /// layer is not known, and when the layer is past what is staged.
     fn stage_file_objects(
         &self,
         diff: &Path,
@@ -355,11 +357,13 @@ impl Store {
         cancelled: &std::sync::atomic::AtomicBool,
     ) -> std::io::Result<Option<file_objects::Staged>> {
         let objects = self.layout.objects();
-        if !objects.is_dir() {
+        if !self.properties.shared_file_content || !objects.is_dir() {
             return Ok(None);
         }
-        let manifests = below.layers.manifests(below.index, cancelled);
-        file_objects::stage(diff, &objects, manifests.as_deref()).map(Some)
+        let Some(manifests) = below.layers.manifests(below.index, cancelled) else {
+            return Ok(None);
+        };
+        file_objects::stage(diff, &objects, &manifests, cancelled)
     }
 
     fn unpack_verified(

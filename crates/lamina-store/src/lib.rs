@@ -230,8 +230,11 @@ fn describe(p: &StoreProperties) -> String {
     if let Some(size) = p.store_size_bytes {
         parts.push(format!("store size {size} bytes"));
     }
+    if p.shared_file_content {
+        parts.push("file content shared".into());
+    }
     if parts.is_empty() {
-        "no mappings and no size".into()
+        "no mappings, no size and no shared file content".into()
     } else {
         parts.join(", ")
     }

@@ -134,6 +134,13 @@ pub struct StoreProperties {
     /// and callers that mount the rootfs themselves with `--without-mount`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub chowned_layers: bool,
+    /// `init-store --share-file-content`: an import makes a file whose content and
+    /// metadata another image's file already has a hardlink to that file's inode
+    /// (`file_objects.rs`), so the store holds each content once on any filesystem. Off
+    /// by default: every view of a shared file shows its link count, which tells a
+    /// container how many images on the host hold that exact file (docs/security.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_file_content: bool,
     /// `init.store_size_bytes`: what `capacity` reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_size_bytes: Option<u64>,

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use lamina_image::{Compression, Digest, ImageRef, Platform, resolve};
 use lamina_sample::{Layer, LayerBuilder, build_image, write_oci_layout};
-use lamina_store::Store;
 use lamina_store::file_objects::MANIFEST;
+use lamina_store::{Store, StoreProperties};
 
 /// Content shared by the images below: more than composefs keeps inline.
 fn content(seed: u8) -> Vec<u8> {
@@ -29,7 +29,11 @@ struct Rig {
 impl Rig {
     fn new() -> Rig {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::init(&tmp.path().join("store")).unwrap();
+        let properties = StoreProperties {
+            shared_file_content: true,
+            ..StoreProperties::default()
+        };
+        let store = Store::init_with(&tmp.path().join("store"), &properties).unwrap();
         Rig {
             tmp,
             store,
@@ -211,8 +215,24 @@ fn a_layer_whose_lower_layers_are_unknown_neither_links_nor_publishes() {
         objects + 1,
         "published above a layer of unknown content"
     );
-    // Its own manifest is still written, for what comes above it.
-    assert!(rig.store.layout().layer(&upper[1]).join(MANIFEST).is_file());
+    // Nor has it a manifest: what comes above it is as unknown.
+    assert!(!rig.store.layout().layer(&upper[1]).join(MANIFEST).exists());
+}
+
+#[test]
+fn a_store_that_does_not_share_file_content_links_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rig = Rig {
+        store: Store::init(&tmp.path().join("store")).unwrap(),
+        tmp,
+        images: 0,
+    };
+    let a = rig.import(vec![layer().file("f", 0o644, &content(29)).unwrap()]);
+    let b = rig.import(vec![layer().file("g", 0o644, &content(29)).unwrap()]);
+    assert_ne!(inode(&rig.file(&a[0], "f")), inode(&rig.file(&b[0], "g")));
+    assert_eq!(fs::metadata(rig.file(&b[0], "g")).unwrap().nlink(), 1);
+    assert_eq!(rig.objects(), 0);
+    assert!(!rig.store.layout().layer(&a[0]).join(MANIFEST).exists());
 }
 
 #[test]

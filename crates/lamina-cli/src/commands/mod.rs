@@ -63,9 +63,9 @@ impl Ctx {
 fn init_store(
     ctx: &Ctx,
     store_size_bytes: Option<u64>,
-    uid_mappings: Vec<String>,
-    gid_mappings: Vec<String>,
+    (uid_mappings, gid_mappings): (Vec<String>, Vec<String>),
     chown_layers: bool,
+    share_file_content: bool,
 ) -> anyhow::Result<()> {
     let init = &ctx.config.init;
     let parse = |flags: Vec<String>, config: &[String]| -> anyhow::Result<Vec<IdMapping>> {
@@ -86,6 +86,7 @@ fn init_store(
         },
         store_size_bytes: store_size_bytes.or(init.store_size_bytes),
         chowned_layers: chown_layers,
+        shared_file_content: share_file_content,
     };
     let path = &ctx.store_path;
     let properties = lamina_mount::init_store(path, properties)?
@@ -98,7 +99,12 @@ fn init_store(
     } else {
         ""
     };
-    println!("initialised store {}{how}", path.display());
+    let shared = if properties.shared_file_content {
+        " (file content shared across images)"
+    } else {
+        ""
+    };
+    println!("initialised store {}{how}{shared}", path.display());
     Ok(())
 }
 
@@ -218,13 +224,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             uid_mappings,
             gid_mappings,
             chown_layers,
+            share_file_content,
             ..
         } => init_store(
             &ctx,
             store_size_bytes,
-            uid_mappings,
-            gid_mappings,
+            (uid_mappings, gid_mappings),
             chown_layers,
+            share_file_content,
         )?,
         Command::Create(args) => create::run(&ctx, &mounter, args)?,
         Command::Delete { id_or_path } => delete(&ctx, &mounter, &id_or_path)?,
