@@ -15,14 +15,17 @@
 //! two files may share an inode only if neither's layer lies below the other's. A layer
 //! therefore records the digests of all its files ([`MANIFEST`]), and an import links a
 //! file only if no layer below it, and no earlier file of its own layer, has that
-//! content. A layer without a manifest (from a store or a release before this, a
-//! committed containerd snapshot, one past [`MAX_FILES`], one above such a layer or
-//! above a layer whose import failed) neither links nor publishes, and neither does any
-//! layer above it; a composefs build makes objects of its files as copies, never as
-//! links to its inodes. So every object an import links to is the inode of a verified,
-//! imported layer file, which nothing ever writes (review finding: a committed
-//! snapshot's upper, which its container may still write through containerd's mount,
-//! would otherwise have become other images' verified files).
+//! content. A layer above one without a manifest (from a store or a release before
+//! this, a committed containerd snapshot, one past [`MAX_FILES`], one whose import
+//! failed) neither links nor publishes: what it could share an inode with is not known.
+//! Hashing needs nothing from below, so it runs before the wait for the layers below
+//! (an import unpacks three at once), and a layer with nothing to link does not wait.
+//!
+//! Every object is the inode of a file lamina imported and verified, or a copy: a
+//! composefs build copies a committed containerd snapshot's file instead of linking it
+//! (review finding: a snapshot's upper, which its container may still write through
+//! containerd's mount, became other images' verified files). Nothing writes an imported
+//! layer's files.
 //!
 //! A linked file is compared byte for byte with the object first: an object is named by
 //! its content, but a damaged or altered object must not become part of a layer whose
@@ -66,7 +69,7 @@ const MAX_LINKS: u64 = 30_000;
 /// image, and for such files a link saves nothing.
 const SMALLEST: i64 = composefs::INLINE_CONTENT_MAX_V0 as i64 + 1;
 
-/// What [`stage`] did to a staged layer, and what is left to do once its data is durable.
+/// What [`link`] did to a staged layer, and what is left to do once its data is durable.
 #[derive(Debug, Default)]
 pub struct Staged {
     /// The digest of every file of [`SMALLEST`] bytes or more: the layer's manifest.
@@ -79,26 +82,35 @@ pub struct Staged {
     pub linked_bytes: u64,
 }
 
-/// Files [`stage`] looks at in one layer, and bytes of their paths it keeps: past
+/// Files [`hash`] looks at in one layer, and bytes of their paths it keeps: past
 /// either, the layer is left as it is, without a manifest (so nothing above it links
-/// either). A tar of a few megabytes can hold a million hardlinks under a deep directory
+/// either). A tar of a few megabytes can hold a million small files under a deep directory
 /// (review finding: 200 000 such paths held 800 MB).
 const MAX_FILES: usize = 1_000_000;
 const MAX_PATH_BYTES: usize = 64 << 20;
 
-/// Hashes the files of the staged layer `diff` (each inode once) and links to an object
-/// in `objects` each one it may (see the module's doc); `below` holds the manifests of
-/// every layer under this one. `None` when the layer is past [`MAX_FILES`] or
-/// [`MAX_PATH_BYTES`], or a directory changed under the walk: then nothing was linked.
-/// Stops when `cancelled` (the import is failing).
-pub fn stage(
-    diff: &Path,
-    objects: &Path,
-    below: &[Arc<Digests>],
-    cancelled: &AtomicBool,
-) -> io::Result<Option<Staged>> {
+/// A staged layer's files, hashed: what [`link`] decides on.
+#[derive(Debug, Default)]
+pub struct Hashed {
+    /// The digest of every file of [`SMALLEST`] bytes or more: the layer's manifest.
+    pub digests: Digests,
+    /// Each file's path in the layer, link count and digest, in the order walked.
+    files: Vec<(PathBuf, u64, ObjectId)>,
+}
+
+impl Hashed {
+    /// Whether the layer has no file an object could be made of.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+}
+
+/// Hashes the files of the staged layer `diff`, each inode once: done before anything
+/// below the layer is known, so three layers of an import hash at once. `None` when the
+/// layer is past [`MAX_FILES`] or [`MAX_PATH_BYTES`], or a directory changed under the
+/// walk. Stops when `cancelled` (the import is being given up).
+pub fn hash(diff: &Path, cancelled: &AtomicBool) -> io::Result<Option<Hashed>> {
     let tree = Tree::open(diff)?;
-    let object_tree = Tree::open(objects)?;
     let mut candidates = Vec::new();
     let mut inodes = HashSet::new();
     let mut path_bytes = 0;
@@ -126,8 +138,7 @@ pub fn stage(
         }
         Err(e) => return Err(e),
     }
-    let mut staged = Staged::default();
-    let mut dir_times: HashMap<PathBuf, Timestamps> = HashMap::new();
+    let mut hashed = Hashed::default();
     for (rel, nlink) in candidates {
         if cancelled.load(Ordering::Relaxed) {
             return Err(io::Error::other("the import is being given up"));
@@ -136,7 +147,31 @@ pub fn stage(
         let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
         io::copy(&mut file, &mut hasher)?;
         let id = hasher.digest();
-        let first_here = staged.digests.insert(id.clone());
+        hashed.digests.insert(id.clone());
+        hashed.files.push((rel, nlink, id));
+    }
+    Ok(Some(hashed))
+}
+
+/// Links to an object in `objects` each file of the hashed layer `diff` it may (see
+/// the module's doc), and lists those whose content is no object yet; `below` holds the
+/// manifests of every layer under this one.
+pub fn link(
+    diff: &Path,
+    objects: &Path,
+    hashed: Hashed,
+    below: &[Arc<Digests>],
+) -> io::Result<Staged> {
+    let tree = Tree::open(diff)?;
+    let object_tree = Tree::open(objects)?;
+    let mut staged = Staged {
+        digests: hashed.digests,
+        ..Staged::default()
+    };
+    let mut seen_here = HashSet::new();
+    let mut dir_times: HashMap<PathBuf, Timestamps> = HashMap::new();
+    for (rel, nlink, id) in hashed.files {
+        let first_here = seen_here.insert(id.clone());
         if !first_here || below.iter().any(|layer| layer.contains(&id)) {
             continue;
         }
@@ -156,7 +191,10 @@ pub fn stage(
         if nlink != 1 {
             continue;
         }
-        match link_to(&tree, &rel, &file, &object, &mut dir_times) {
+        let linked = tree
+            .open_regular(&rel)
+            .and_then(|file| link_to(&tree, &rel, &file, &object, &mut dir_times));
+        match linked {
             Ok(Some(bytes)) => {
                 staged.linked += 1;
                 staged.linked_bytes += bytes;
@@ -172,10 +210,10 @@ pub fn stage(
         let dir = resolve_from(tree.root(), &rel, OFlags::RDONLY | OFlags::DIRECTORY)?;
         rustix::fs::futimens(&dir, &times)?;
     }
-    Ok(Some(staged))
+    Ok(staged)
 }
 
-/// Why [`stage`]'s walk stopped early.
+/// Why [`hash`]'s walk stopped early.
 #[derive(Debug)]
 struct PastBounds;
 

@@ -347,9 +347,9 @@ impl Store {
     }
 
     /// Hashes the staged layer `diff`'s files and links those it may to the store's
-    /// objects (`file_objects.rs`). `None` (no manifest, nothing linked or published)
-    /// unless the store shares file content and has `objects/`, when what lies below the
-    /// layer is not known, and when the layer is past what is staged.
+    /// objects (`file_objects.rs`). `None` (no manifest) unless the store shares file
+    /// content and has `objects/`, or when the layer is past what is hashed. Nothing is
+    /// linked or published when what lies below the layer is not known.
     fn stage_file_objects(
         &self,
         diff: &Path,
@@ -360,10 +360,22 @@ impl Store {
         if !self.properties.shared_file_content || !objects.is_dir() {
             return Ok(None);
         }
-        let Some(manifests) = below.layers.manifests(below.index, cancelled) else {
+        let Some(hashed) = file_objects::hash(diff, cancelled)? else {
             return Ok(None);
         };
-        file_objects::stage(diff, &objects, &manifests, cancelled)
+        // The layers below are waited for only when there is something to link.
+        let known_below = if hashed.is_empty() {
+            None
+        } else {
+            below.layers.manifests(below.index, cancelled)
+        };
+        match known_below {
+            Some(manifests) => file_objects::link(diff, &objects, hashed, &manifests).map(Some),
+            None => Ok(Some(file_objects::Staged {
+                digests: hashed.digests,
+                ..Default::default()
+            })),
+        }
     }
 
     fn unpack_verified(
