@@ -32,7 +32,7 @@
 //! digest was just verified.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
@@ -111,46 +111,56 @@ impl Hashed {
 /// walk. Stops when `cancelled` (the import is being given up).
 pub fn hash(diff: &Path, cancelled: &AtomicBool) -> io::Result<Option<Hashed>> {
     let tree = Tree::open(diff)?;
-    let mut candidates = Vec::new();
+    let mut hashed = Hashed::default();
     let mut inodes = HashSet::new();
     let mut path_bytes = 0;
     let walked = tree.walk(|entry| {
         let st = entry.stat;
-        if entry.kind() == FileType::RegularFile
-            && st.st_size >= SMALLEST
-            && inodes.insert((st.st_dev, st.st_ino))
+        if entry.kind() != FileType::RegularFile
+            || st.st_size < SMALLEST
+            || !inodes.insert((st.st_dev, st.st_ino))
         {
-            let rel = entry.rel();
-            path_bytes += rel.as_os_str().len();
-            if candidates.len() >= MAX_FILES || path_bytes > MAX_PATH_BYTES {
-                return Err(io::Error::other(PastBounds));
-            }
-            candidates.push((rel, st.st_nlink));
+            return Ok(true);
         }
-        Ok(true)
-    });
-    match walked {
-        Ok(true) => {}
-        Ok(false) => return Ok(None),
-        Err(e) if e.get_ref().is_some_and(|inner| inner.is::<PastBounds>()) => {
-            tracing::info!(layer = %diff.display(), "layer past what file objects stage: its files stay its own");
-            return Ok(None);
-        }
-        Err(e) => return Err(e),
-    }
-    let mut hashed = Hashed::default();
-    for (rel, nlink) in candidates {
         if cancelled.load(Ordering::Relaxed) {
             return Err(io::Error::other("the import is being given up"));
         }
-        let mut file = tree.open_regular(&rel)?;
+        let rel = entry.rel();
+        path_bytes += rel.as_os_str().len();
+        if hashed.files.len() >= MAX_FILES || path_bytes > MAX_PATH_BYTES {
+            return Err(io::Error::other(PastBounds));
+        }
+        // Opened from the directory the walk holds, the name not followed: the staged
+        // tree is the import's own, and the inode must be the one listed.
+        let fd = rustix::fs::openat(
+            entry.dir,
+            entry.name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        let now = rustix::fs::fstat(&fd)?;
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+            return Err(io::Error::other(format!(
+                "{}: changed while hashed",
+                tree.path().join(&rel).display()
+            )));
+        }
         let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-        io::copy(&mut file, &mut hasher)?;
+        io::copy(&mut File::from(fd), &mut hasher)?;
         let id = hasher.digest();
         hashed.digests.insert(id.clone());
-        hashed.files.push((rel, nlink, id));
+        hashed.files.push((rel, st.st_nlink, id));
+        Ok(true)
+    });
+    match walked {
+        Ok(true) => Ok(Some(hashed)),
+        Ok(false) => Ok(None),
+        Err(e) if e.get_ref().is_some_and(|inner| inner.is::<PastBounds>()) => {
+            tracing::info!(layer = %diff.display(), "layer past what file objects stage: its files stay its own");
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
-    Ok(Some(hashed))
 }
 
 /// Links to an object in `objects` each file of the hashed layer `diff` it may (see
@@ -271,25 +281,34 @@ fn link_to(
 /// not be durable themselves: a lost one only means a later file is not linked, and a
 /// composefs build syncs the names its image refers to. Best effort for the same reason.
 pub fn publish(diff: &Path, objects: &Path, to_publish: &[(PathBuf, ObjectId)]) -> usize {
-    let Ok(tree) = Tree::open(diff) else {
+    let (Ok(tree), Ok(objects_dir)) = (Tree::open(diff), Tree::open(objects)) else {
         return 0;
     };
+    let mut fan_outs = HashSet::new();
     let mut published = 0;
     for (rel, id) in to_publish {
-        let fan_out = objects.join(id.to_object_dir());
+        let fan_out = id.to_object_dir();
         // Only the fan-out directory: an import that outlived `delete-store` must not
         // make the store's directories again.
-        if let Err(e) = fs::create_dir(&fan_out)
-            && e.kind() != io::ErrorKind::AlreadyExists
-        {
-            tracing::debug!(dir = %fan_out.display(), error = %e, "objects not published");
-            return published;
+        if !fan_outs.contains(&fan_out) {
+            match rustix::fs::mkdirat(objects_dir.root(), fan_out.as_str(), 0o755.into()) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => {
+                    tracing::debug!(dir = %objects.join(&fan_out).display(), error = %e, "objects not published");
+                    return published;
+                }
+            }
+            fan_outs.insert(fan_out.clone());
         }
-        let linked = tree.open_regular(rel).and_then(|file| {
-            let target = object_path(objects, id);
-            rustix::fs::linkat(&file, "", rustix::fs::CWD, &target, AtFlags::EMPTY_PATH)
-                .map_err(io::Error::from)
-        });
+        let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+            continue;
+        };
+        let target = object_path(Path::new(""), id);
+        let linked =
+            resolve_from(tree.root(), parent, OFlags::PATH | OFlags::DIRECTORY).and_then(|dir| {
+                rustix::fs::linkat(&dir, name, objects_dir.root(), &target, AtFlags::empty())
+                    .map_err(io::Error::from)
+            });
         match linked {
             Ok(()) => published += 1,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
