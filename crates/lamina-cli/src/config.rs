@@ -43,6 +43,8 @@ pub struct InitConfig {
     /// As `init-store --uid-mapping` / `--gid-mapping` (`NS:HOST:SIZE` strings).
     pub uid_mappings: Vec<String>,
     pub gid_mappings: Vec<String>,
+    /// As `init-store --share-file-content`.
+    pub share_file_content: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]

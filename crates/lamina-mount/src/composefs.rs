@@ -327,6 +327,9 @@ fn build(
         lamina_store::unique_suffix()
     ));
     let mut objects = Objects::new(host, objects, staging, verity);
+    // Between the merge's look at each layer and the reads of its files: where a test
+    // changes a committed snapshot's files as its container could.
+    store.pause_point("composefs-merged");
     let tree = tree.try_map_regular(|path| objects.store(path))?;
     objects.sync_names()?;
     if objects.shared_bytes > 0 {

@@ -8,6 +8,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use composefs::generic_tree::{self, Inode, Leaf, LeafContent, LeafId, Stat};
 use rustix::fs::FileType;
@@ -93,11 +94,13 @@ pub(crate) struct LayerFile {
     /// Its size when the merge stat'ed it (layers do not change).
     pub(crate) size: u64,
     /// Its inode may become an object: it is a file of a layer lamina imported and
-    /// verified, which nothing writes. A committed containerd snapshot's file is copied
+    /// verified, which nothing writes, and no hardlink set. A committed containerd snapshot's file is copied
     /// instead: its container may still write it through containerd's mount, and an
     /// object is read by other images' containers (and, in a store that shares file
     /// content, linked into their layers).
     pub(crate) linkable: bool,
+    /// Its layer's `diff/`, beneath which a file that is not linkable is opened.
+    pub(crate) root: Arc<Path>,
 }
 
 /// The layers of `chain_ids` (bottom first) merged, read within `limits`.
@@ -109,6 +112,7 @@ pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::
         entries: 0,
         metadata_bytes: 0,
         linkable: false,
+        layer_root: Arc::from(Path::new("")),
     };
     let bottom = store.layout().layer_diff(&chain_ids[0]);
     let mut tree = Merging::new(merge.metadata_of(&bottom)?);
@@ -119,6 +123,7 @@ pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::
         merge.linkable = store
             .layer_record(chain_id)
             .is_ok_and(|record| record.diff_id.is_some());
+        merge.layer_root = Arc::from(layer.as_path());
         let Merging { root, leaves } = &mut tree;
         merge.apply(&layer, root, leaves)?;
         root.stat = merge.metadata_of(&layer)?;
@@ -161,6 +166,8 @@ struct Merge<'a> {
     metadata_bytes: usize,
     /// Whether the layer being laid may lend its inodes to objects ([`LayerFile`]).
     linkable: bool,
+    /// The `diff/` of the layer being laid.
+    layer_root: Arc<Path>,
 }
 
 impl Merge<'_> {
@@ -233,7 +240,11 @@ impl Merge<'_> {
                         LeafContent::Regular(LayerFile {
                             path: from.to_path_buf(),
                             size: st.st_size as u64,
-                            linkable: self.linkable,
+                            // A hardlink set's inode is copied too: lent to other
+                            // images, its thousands of links would reach the
+                            // filesystem's limit (review finding).
+                            linkable: self.linkable && st.st_nlink == 1,
+                            root: self.layer_root.clone(),
                         })
                     }
                     FileType::Symlink => {

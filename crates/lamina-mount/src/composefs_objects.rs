@@ -58,12 +58,24 @@ impl<'a> Objects<'a> {
     /// own inode, owner, mode and hardlinks for the strategies that mount layers.
     pub(crate) fn store(&mut self, layer_file: &LayerFile) -> io::Result<RegularFile<ObjectId>> {
         let path = &layer_file.path;
-        let mut file = File::open(path)?;
+        // A committed snapshot's file may still be written, or swapped for a symlink, by
+        // its container: opened once, beneath its layer's root and following nothing.
+        let mut file = if layer_file.linkable {
+            File::open(path)?
+        } else {
+            let rel = path
+                .strip_prefix(&*layer_file.root)
+                .map_err(io::Error::other)?;
+            lamina_store::beneath::Tree::open(&layer_file.root)?.open_regular(rel)?
+        };
         let size = file.metadata()?.len();
         if size <= composefs::INLINE_CONTENT_MAX_V0 as u64 {
             let mut data = Vec::with_capacity(size as usize);
-            io::Read::read_to_end(&mut file, &mut data)?;
+            io::Read::read_to_end(&mut io::Read::take(&mut file, size), &mut data)?;
             return Ok(RegularFile::Inline(data.into()));
+        }
+        if !layer_file.linkable {
+            return self.store_copy(&file, size);
         }
         let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
         let hashed = io::copy(&mut file, &mut hasher)?;
@@ -78,7 +90,7 @@ impl<'a> Objects<'a> {
             }
         } else {
             drop(file);
-            self.publish(path, &object, layer_file.linkable)?;
+            self.publish(path, &object)?;
         }
         if self.verity {
             seal(self.host, &object)?;
@@ -86,9 +98,50 @@ impl<'a> Objects<'a> {
         Ok(RegularFile::External(id, hashed))
     }
 
-    /// Makes `object` hold the content of layer file `path`: its own inode when
-    /// `linkable`, else a copy.
-    fn publish(&mut self, path: &Path, object: &Path, linkable: bool) -> io::Result<()> {
+    /// Stores the content of `file` (`size` bytes, of a committed snapshot) as an object
+    /// of its own: copied (a reflink where the filesystem has them) into the build's
+    /// staging name, then hashed from that copy, which nothing else can write, so the
+    /// object's name is always its content (review finding: hashing the layer file and
+    /// copying it after let a write in between put other bytes under the name).
+    fn store_copy(&mut self, file: &File, size: u64) -> io::Result<RegularFile<ObjectId>> {
+        let copy = File::create(&self.staging)?;
+        let mut copied = 0u64;
+        while copied < size {
+            let want = usize::try_from(size - copied).unwrap_or(usize::MAX);
+            match rustix::fs::copy_file_range(file, None, &copy, None, want) {
+                Ok(0) => break,
+                Ok(n) => copied += n as u64,
+                // No in-kernel copy between these files: read and write.
+                Err(_) if copied == 0 => {
+                    io::copy(&mut io::Read::take(file, size), &mut &copy)?;
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        copy.sync_all()?;
+        drop(copy);
+        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
+        let hashed = io::copy(&mut File::open(&self.staging)?, &mut hasher)?;
+        let id = hasher.digest();
+        let object = self.dir.join(id.to_object_pathname());
+        if object.exists() {
+            fs::remove_file(&self.staging)?;
+        } else {
+            self.make_fan_out(&object)?;
+            fs::rename(&self.staging, &object)?;
+        }
+        if let Some(fan_out) = object.parent() {
+            self.published_in.insert(fan_out.to_path_buf());
+        }
+        if self.verity {
+            seal(self.host, &object)?;
+        }
+        Ok(RegularFile::External(id, hashed))
+    }
+
+    /// Makes `object`'s fan-out directory if it is missing, and remembers to sync it.
+    fn make_fan_out(&mut self, object: &Path) -> io::Result<()> {
         if let Some(fan_out) = object.parent() {
             // Only the fan-out directory: a build that outlived `delete-store` must not
             // make the store's directories again (review finding).
@@ -98,19 +151,21 @@ impl<'a> Objects<'a> {
             }
             self.published_in.insert(fan_out.to_path_buf());
         }
-        let linked = if linkable {
-            fs::hard_link(path, object)
-        } else {
-            Err(io::Error::other("not a layer lamina imported"))
-        };
-        match linked {
+        Ok(())
+    }
+
+    /// Makes `object` hold the content of the imported layer file `path`: its own inode.
+    fn publish(&mut self, path: &Path, object: &Path) -> io::Result<()> {
+        self.make_fan_out(object)?;
+        match fs::hard_link(path, object) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            // Not linkable, past the filesystem's link limit, or refused: a copy of our own (a reflink
+            // Past the filesystem's link limit, or refused: a copy of our own (a reflink
             // where the filesystem has them: `fs::copy` asks for one), written in `tmp/`
             // under the build's name (swept with it after a crash), synced, then
             // published whole by a rename: an object's name is never trusted before its
-            // content is on disk.
+            // content is on disk. An imported layer's file is never written, so what is
+            // copied is what was hashed.
             Err(_) => {
                 fs::copy(path, &self.staging)?;
                 File::open(&self.staging)?.sync_all()?;

@@ -21,11 +21,13 @@
 //! Hashing needs nothing from below, so it runs before the wait for the layers below
 //! (an import unpacks three at once), and a layer with nothing to link does not wait.
 //!
-//! Every object is the inode of a file lamina imported and verified, or a copy: a
-//! composefs build copies a committed containerd snapshot's file instead of linking it
-//! (review finding: a snapshot's upper, which its container may still write through
-//! containerd's mount, became other images' verified files). Nothing writes an imported
-//! layer's files.
+//! Every object is the inode of a file lamina imported and verified (with or without a
+//! manifest), or a copy: a composefs build copies a committed containerd snapshot's file
+//! instead of linking it (review finding: a snapshot's upper, which its container may
+//! still write through containerd's mount, became other images' verified files). Nothing
+//! writes an imported layer's files. Linking to an inode of a layer without a manifest
+//! keeps the rule above: no layer above that one links, and the layers below it were
+//! imported before it.
 //!
 //! A linked file is compared byte for byte with the object first: an object is named by
 //! its content, but a damaged or altered object must not become part of a layer whose
@@ -182,7 +184,11 @@ pub fn link(
     let mut dir_times: HashMap<PathBuf, Timestamps> = HashMap::new();
     for (rel, nlink, id) in hashed.files {
         let first_here = seen_here.insert(id.clone());
-        if !first_here || below.iter().any(|layer| layer.contains(&id)) {
+        // A file of a hardlink set in its layer stays what it is: relinking one of its
+        // names would split the set, and publishing it would lend other images an inode
+        // of thousands of links (review finding: the ext4 link limit then failed another
+        // image's `direct` create).
+        if !first_here || nlink != 1 || below.iter().any(|layer| layer.contains(&id)) {
             continue;
         }
         let object = match object_tree.open_regular(&object_path(Path::new(""), &id)) {
@@ -196,11 +202,6 @@ pub fn link(
                 continue;
             }
         };
-        // A file of a hardlink set in its layer stays what it is: relinking one of its
-        // names would split the set.
-        if nlink != 1 {
-            continue;
-        }
         let linked = tree
             .open_regular(&rel)
             .and_then(|file| link_to(&tree, &rel, &file, &object, &mut dir_times));
@@ -210,6 +211,7 @@ pub fn link(
                 staged.linked_bytes += bytes;
             }
             Ok(None) => {}
+            Err(e) if e.get_ref().is_some_and(|inner| inner.is::<LeftBehind>()) => return Err(e),
             Err(e) => {
                 tracing::debug!(file = %rel.display(), error = %e, "not linked to its object")
             }
@@ -222,6 +224,18 @@ pub fn link(
     }
     Ok(staged)
 }
+
+/// A link's temporary name that could not be removed: the import must fail.
+#[derive(Debug)]
+struct LeftBehind(String);
+
+impl std::fmt::Display for LeftBehind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LeftBehind {}
 
 /// Why [`hash`]'s walk stopped early.
 #[derive(Debug)]
@@ -269,7 +283,13 @@ fn link_to(
     // linked (root may link any inode by descriptor).
     rustix::fs::linkat(object, "", &dir, &temporary, AtFlags::EMPTY_PATH)?;
     if let Err(e) = rustix::fs::renameat(&dir, &temporary, &dir, name) {
-        let _ = rustix::fs::unlinkat(&dir, &temporary, AtFlags::empty());
+        // A name left behind would be published inside a layer whose diffID was checked.
+        rustix::fs::unlinkat(&dir, &temporary, AtFlags::empty()).map_err(|undo| {
+            io::Error::other(LeftBehind(format!(
+                "{}: {undo} removing {temporary} after {e}",
+                rel.display()
+            )))
+        })?;
         return Err(e.into());
     }
     Ok(Some(ours.st_size as u64))

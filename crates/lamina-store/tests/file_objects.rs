@@ -295,6 +295,23 @@ fn an_object_whose_bytes_are_not_its_name_is_not_linked_to() {
 }
 
 #[test]
+fn a_hardlink_set_of_a_layer_never_becomes_an_object() {
+    let mut rig = Rig::new();
+    let _set = rig.import(vec![
+        layer()
+            .file("g", 0o644, &content(37))
+            .unwrap()
+            .hardlink("h", "g")
+            .unwrap(),
+    ]);
+    assert_eq!(
+        rig.objects(),
+        0,
+        "a hardlink set lent its inode to other images"
+    );
+}
+
+#[test]
 fn a_hardlink_set_of_a_layer_stays_one() {
     let mut rig = Rig::new();
     let _a = rig.import(vec![layer().file("f", 0o644, &content(23)).unwrap()]);

@@ -86,7 +86,7 @@ fn init_store(
         },
         store_size_bytes: store_size_bytes.or(init.store_size_bytes),
         chowned_layers: chown_layers,
-        shared_file_content: share_file_content,
+        shared_file_content: share_file_content || init.share_file_content,
     };
     let path = &ctx.store_path;
     let properties = lamina_mount::init_store(path, properties)?
