@@ -20,6 +20,7 @@ pub mod composefs_auto;
 mod composefs_collect;
 mod composefs_merge;
 mod composefs_objects;
+mod composefs_snapshot_copies;
 mod composefs_verify;
 mod create;
 mod delete;

@@ -97,3 +97,45 @@ fn a_write_through_a_committed_upper_reaches_no_other_image() {
 fn a_write_through_a_committed_upper_reaches_no_other_image_of_a_sharing_store() {
     write_through_a_committed_upper(true);
 }
+
+/// A store whose composefs build ran before builds copied committed snapshots' files:
+/// its object is the snapshot file's own inode. The next build replaces it by a copy.
+#[test]
+fn an_object_an_older_build_made_of_a_snapshot_file_is_replaced_by_a_copy() {
+    use composefs::fsverity::{FsVerityHashValue, FsVerityHasher, Sha256HashValue};
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::init(&tmp.path().join("store")).unwrap();
+    let mounter = Arc::new(FakeMounter::new());
+    let bytes: Vec<u8> = (0..5000u32).map(|i| (i % 241) as u8).collect();
+    let upper = store.layout().tmp().join("upper");
+    fs::create_dir_all(upper.join("bin")).unwrap();
+    fs::write(upper.join("bin/sh"), &bytes).unwrap();
+    let committed = Digest::of(b"a snapshot an older build used");
+    assert!(store.publish_layer_dir(&committed, &upper).unwrap());
+    let file = store.layout().layer_diff(&committed).join("bin/sh");
+    // What the older build did: the snapshot's inode as the object.
+    let mut hasher = FsVerityHasher::<Sha256HashValue, 12>::new();
+    hasher.write_all(&bytes).unwrap();
+    let object = store
+        .layout()
+        .objects()
+        .join(hasher.digest().to_object_pathname());
+    fs::create_dir_all(object.parent().unwrap()).unwrap();
+    fs::hard_link(&file, &object).unwrap();
+
+    // Any build repairs the store first.
+    let other = Digest::of(b"another snapshot");
+    let upper = store.layout().tmp().join("other");
+    fs::create_dir_all(&upper).unwrap();
+    fs::write(upper.join("f"), vec![1u8; 100]).unwrap();
+    assert!(store.publish_layer_dir(&other, &upper).unwrap());
+    lamina_mount::composefs::ensure(&store, &*mounter, std::slice::from_ref(&other)).unwrap();
+    let ino = |p: &std::path::Path| fs::metadata(p).unwrap().ino();
+    assert_ne!(
+        ino(&object),
+        ino(&file),
+        "the object is still the snapshot's inode"
+    );
+    assert_eq!(fs::read(&object).unwrap(), bytes);
+    assert_eq!(fs::metadata(&file).unwrap().nlink(), 1);
+}

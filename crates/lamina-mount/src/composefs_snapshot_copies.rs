@@ -1,0 +1,139 @@
+//! A one-time repair of stores whose composefs builds ran before builds copied committed
+//! containerd snapshots' files (review finding): such a build made the snapshot file's
+//! own inode an object, which the snapshot's container may still write through
+//! containerd's mount, and every image holding that content reads the object. Before a
+//! store's first build since, each object that is the inode of a committed snapshot's
+//! file is replaced by a copy whose content is its name. Done once per store: the mark
+//! `composefs/snapshot-objects-copied` records it.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use composefs::fsverity::{FsVerityHashValue, FsVerityHasher};
+use lamina_store::Store;
+use lamina_store::beneath::Tree;
+use rustix::fs::FileType;
+
+use crate::composefs::ObjectId;
+use crate::composefs_collect::entries;
+
+/// The mark a store has been repaired.
+const MARK: &str = "snapshot-objects-copied";
+
+/// Replaces every object that is a committed snapshot's file by a copy, unless the store
+/// has been repaired already. Returns how many were replaced.
+pub(crate) fn copy_snapshot_objects(store: &Store) -> io::Result<usize> {
+    let mark = store.layout().composefs().join(MARK);
+    if mark.exists() {
+        return Ok(0);
+    }
+    let objects = objects_by_inode(&store.layout().objects())?;
+    let mut replaced = 0;
+    if !objects.is_empty() {
+        for layer in entries(&store.layout().layers()).map_err(io::Error::other)? {
+            if !is_committed_snapshot(store, &layer) {
+                continue;
+            }
+            let Ok(tree) = Tree::open(&layer.join("diff")) else {
+                continue;
+            };
+            let mut found = Vec::new();
+            tree.walk(|entry| {
+                let st = entry.stat;
+                if entry.kind() == FileType::RegularFile
+                    && st.st_nlink > 1
+                    && let Some(object) = objects.get(&(st.st_dev, st.st_ino))
+                {
+                    found.push(object.clone());
+                }
+                Ok(true)
+            })?;
+            for object in found {
+                if replace_with_copy(store, &object)? {
+                    replaced += 1;
+                }
+            }
+        }
+    }
+    lamina_store::write_durably(&mark, b"").map_err(io::Error::other)?;
+    if replaced > 0 {
+        tracing::warn!(
+            replaced,
+            "objects that were committed snapshots' files replaced by copies"
+        );
+    }
+    Ok(replaced)
+}
+
+/// Every object's path, by its device and inode.
+fn objects_by_inode(objects: &Path) -> io::Result<HashMap<(u64, u64), PathBuf>> {
+    let mut all = HashMap::new();
+    for fan_out in entries(objects).map_err(io::Error::other)? {
+        if !fan_out.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        for object in entries(&fan_out).map_err(io::Error::other)? {
+            if let Ok(meta) = object.symlink_metadata()
+                && meta.is_file()
+            {
+                all.insert((meta.dev(), meta.ino()), object);
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// Whether the layer directory `layer` is a committed containerd snapshot (its record has
+/// no diffID); an unreadable record is taken as one.
+fn is_committed_snapshot(store: &Store, layer: &Path) -> bool {
+    let Some(chain_id) = layer
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|hex| lamina_image::Digest::parse(&format!("sha256:{hex}")).ok())
+    else {
+        return false;
+    };
+    !store
+        .layer_record(&chain_id)
+        .is_ok_and(|record| record.diff_id.is_some())
+}
+
+/// Replaces `object` by a copy of its bytes when they are still its name; one whose bytes
+/// are not is left for `check --verify` to name (`bad_object`). Returns whether it was
+/// replaced.
+fn replace_with_copy(store: &Store, object: &Path) -> io::Result<bool> {
+    let staging = store.layout().tmp().join(format!(
+        "composefs-object-copy-{}",
+        lamina_store::unique_suffix()
+    ));
+    let copied = (|| {
+        let source = File::open(object)?;
+        let copy = File::create(&staging)?;
+        io::copy(&mut &source, &mut &copy)?;
+        copy.sync_all()?;
+        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
+        io::copy(&mut File::open(&staging)?, &mut hasher)?;
+        Ok::<_, io::Error>(hasher.digest())
+    })();
+    let id = match copied {
+        Ok(id) => id,
+        Err(e) => {
+            let _ = fs::remove_file(&staging);
+            return Err(e);
+        }
+    };
+    let name = object
+        .strip_prefix(store.layout().objects())
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    if name != id.to_object_pathname() {
+        let _ = fs::remove_file(&staging);
+        tracing::warn!(object = %object.display(), "object of a committed snapshot no longer holds its content: left for `lamina check --verify`");
+        return Ok(false);
+    }
+    fs::rename(&staging, object)?;
+    Ok(true)
+}
