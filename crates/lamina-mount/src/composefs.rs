@@ -326,7 +326,7 @@ fn build(
         chain_ids[chain_ids.len() - 1].hex(),
         lamina_store::unique_suffix()
     ));
-    crate::composefs_snapshot_copies::copy_snapshot_objects(store)?;
+    crate::composefs_snapshot_copies::copy_snapshot_objects(store, host, verity)?;
     let mut objects = Objects::new(host, objects, staging, verity);
     // Between the merge's look at each layer and the reads of its files: where a test
     // changes a committed snapshot's files as its container could.

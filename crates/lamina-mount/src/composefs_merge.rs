@@ -94,7 +94,8 @@ pub(crate) struct LayerFile {
     /// Its size when the merge stat'ed it (layers do not change).
     pub(crate) size: u64,
     /// Its inode may become an object: it is a file of a layer lamina imported and
-    /// verified, which nothing writes, and no hardlink set. A committed containerd snapshot's file is copied
+    /// verified, which nothing writes (unless it is a hardlink set: see
+    /// `Objects::publish`). A committed containerd snapshot's file is copied
     /// instead: its container may still write it through containerd's mount, and an
     /// object is read by other images' containers (and, in a store that shares file
     /// content, linked into their layers).
@@ -240,10 +241,7 @@ impl Merge<'_> {
                         LeafContent::Regular(LayerFile {
                             path: from.to_path_buf(),
                             size: st.st_size as u64,
-                            // A hardlink set's inode is copied too: lent to other
-                            // images, its thousands of links would reach the
-                            // filesystem's limit (review finding).
-                            linkable: self.linkable && st.st_nlink == 1,
+                            linkable: self.linkable,
                             root: self.layer_root.clone(),
                         })
                     }

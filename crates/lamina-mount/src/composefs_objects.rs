@@ -7,6 +7,7 @@
 
 use std::fs::{self, File};
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use composefs::fsverity::{FsVerityHashValue, FsVerityHasher};
@@ -75,7 +76,20 @@ impl<'a> Objects<'a> {
             return Ok(RegularFile::Inline(data.into()));
         }
         if !layer_file.linkable {
-            return self.store_copy(&file, size);
+            // What the merge counted against the image's bounds is what is copied
+            // (review finding: a file truncated to 300 MB after the merge was copied
+            // whole past a 1 MiB bound).
+            if size != layer_file.size {
+                return Err(io::Error::other(format!(
+                    "{}: changed since the layers were merged",
+                    path.display()
+                )));
+            }
+            let stored = self.store_copy(&file, size);
+            if stored.is_err() {
+                let _ = fs::remove_file(&self.staging);
+            }
+            return stored;
         }
         let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
         let hashed = io::copy(&mut file, &mut hasher)?;
@@ -89,8 +103,12 @@ impl<'a> Objects<'a> {
                 self.published_in.insert(fan_out.to_path_buf());
             }
         } else {
+            // A hardlink set's inode is copied: lent to other images, its thousands of
+            // links could reach the filesystem's limit (review finding). Its only name
+            // is its own while no object is made of it.
+            let alone = file.metadata()?.nlink() == 1;
             drop(file);
-            self.publish(path, &object)?;
+            self.publish(path, &object, alone)?;
         }
         if self.verity {
             seal(self.host, &object)?;
@@ -102,7 +120,8 @@ impl<'a> Objects<'a> {
     /// of its own: copied (a reflink where the filesystem has them) into the build's
     /// staging name, then hashed from that copy, which nothing else can write, so the
     /// object's name is always its content (review finding: hashing the layer file and
-    /// copying it after let a write in between put other bytes under the name).
+    /// copying it after let a write in between put other bytes under the name). At most
+    /// `size` bytes are copied. The caller removes the staging copy on an error.
     fn store_copy(&mut self, file: &File, size: u64) -> io::Result<RegularFile<ObjectId>> {
         let copy = File::create(&self.staging)?;
         let mut copied = 0u64;
@@ -154,13 +173,19 @@ impl<'a> Objects<'a> {
         Ok(())
     }
 
-    /// Makes `object` hold the content of the imported layer file `path`: its own inode.
-    fn publish(&mut self, path: &Path, object: &Path) -> io::Result<()> {
+    /// Makes `object` hold the content of the imported layer file `path`: its own inode
+    /// when `link`, else a copy.
+    fn publish(&mut self, path: &Path, object: &Path, link: bool) -> io::Result<()> {
         self.make_fan_out(object)?;
-        match fs::hard_link(path, object) {
+        let linked = if link {
+            fs::hard_link(path, object)
+        } else {
+            Err(io::Error::other("a hardlink set is copied"))
+        };
+        match linked {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            // Past the filesystem's link limit, or refused: a copy of our own (a reflink
+            // A hardlink set, past the filesystem's link limit, or refused: a copy of our own (a reflink
             // where the filesystem has them: `fs::copy` asks for one), written in `tmp/`
             // under the build's name (swept with it after a crash), synced, then
             // published whole by a rename: an object's name is never trusted before its
@@ -208,10 +233,7 @@ impl<'a> Objects<'a> {
             return;
         };
         let same_inode = match (source.metadata(), file.metadata()) {
-            (Ok(a), Ok(b)) => {
-                use std::os::unix::fs::MetadataExt;
-                (a.dev(), a.ino()) == (b.dev(), b.ino())
-            }
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
             _ => true,
         };
         if same_inode {

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use composefs::fsverity::{FsVerityHashValue, FsVerityHasher};
 use lamina_store::Store;
 use lamina_store::beneath::Tree;
+use lamina_sys::HostFs;
 use rustix::fs::FileType;
 
 use crate::composefs::ObjectId;
@@ -23,15 +24,28 @@ use crate::composefs_collect::entries;
 /// The mark a store has been repaired.
 const MARK: &str = "snapshot-objects-copied";
 
-/// Replaces every object that is a committed snapshot's file by a copy, unless the store
-/// has been repaired already. Returns how many were replaced.
-pub(crate) fn copy_snapshot_objects(store: &Store) -> io::Result<usize> {
+/// Replaces every object that is a committed snapshot's file by a copy (sealed with
+/// fs-verity when `verity`), unless the store has been repaired already: one whose bytes
+/// are no longer its name loses its name, so a build makes it again. One repair at a
+/// time (lock `composefs-repair`, which also judges its copies in `tmp/`); what fails for
+/// one object is logged and leaves the mark unwritten, so the next build tries again.
+/// Returns how many objects were replaced or removed.
+pub(crate) fn copy_snapshot_objects(
+    store: &Store,
+    host: &dyn HostFs,
+    verity: bool,
+) -> io::Result<usize> {
     let mark = store.layout().composefs().join(MARK);
     if mark.exists() {
         return Ok(0);
     }
+    let _one = store.lock("composefs-repair").map_err(io::Error::other)?;
+    if mark.exists() {
+        return Ok(0);
+    }
     let objects = objects_by_inode(&store.layout().objects())?;
-    let mut replaced = 0;
+    let mut repaired = 0;
+    let mut failed = 0;
     if !objects.is_empty() {
         for layer in entries(&store.layout().layers()).map_err(io::Error::other)? {
             if !is_committed_snapshot(store, &layer) {
@@ -52,20 +66,26 @@ pub(crate) fn copy_snapshot_objects(store: &Store) -> io::Result<usize> {
                 Ok(true)
             })?;
             for object in found {
-                if replace_with_copy(store, &object)? {
-                    replaced += 1;
+                match repair(store, host, &object, verity) {
+                    Ok(()) => repaired += 1,
+                    Err(e) => {
+                        failed += 1;
+                        tracing::warn!(object = %object.display(), error = %e, "object of a committed snapshot not repaired: the next build tries again");
+                    }
                 }
             }
         }
     }
-    lamina_store::write_durably(&mark, b"").map_err(io::Error::other)?;
-    if replaced > 0 {
+    if failed == 0 {
+        lamina_store::write_durably(&mark, b"").map_err(io::Error::other)?;
+    }
+    if repaired > 0 {
         tracing::warn!(
-            replaced,
+            repaired,
             "objects that were committed snapshots' files replaced by copies"
         );
     }
-    Ok(replaced)
+    Ok(repaired)
 }
 
 /// Every object's path, by its device and inode.
@@ -101,12 +121,13 @@ fn is_committed_snapshot(store: &Store, layer: &Path) -> bool {
         .is_ok_and(|record| record.diff_id.is_some())
 }
 
-/// Replaces `object` by a copy of its bytes when they are still its name; one whose bytes
-/// are not is left for `check --verify` to name (`bad_object`). Returns whether it was
-/// replaced.
-fn replace_with_copy(store: &Store, object: &Path) -> io::Result<bool> {
+/// Replaces `object` by a copy of its bytes when they are still its name, sealed when
+/// `verity` (images built before keep mounting with `verity=require`); removes the name
+/// when they are not (the snapshot's container wrote them: review finding), so no build
+/// refers to that inode again and the next one makes the object anew.
+fn repair(store: &Store, host: &dyn HostFs, object: &Path, verity: bool) -> io::Result<()> {
     let staging = store.layout().tmp().join(format!(
-        "composefs-object-copy-{}",
+        "composefs-repair-{}",
         lamina_store::unique_suffix()
     ));
     let copied = (|| {
@@ -118,22 +139,20 @@ fn replace_with_copy(store: &Store, object: &Path) -> io::Result<bool> {
         io::copy(&mut File::open(&staging)?, &mut hasher)?;
         Ok::<_, io::Error>(hasher.digest())
     })();
-    let id = match copied {
-        Ok(id) => id,
-        Err(e) => {
-            let _ = fs::remove_file(&staging);
-            return Err(e);
+    let outcome = copied.and_then(|id| {
+        let name = object
+            .strip_prefix(store.layout().objects())
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        if name != id.to_object_pathname() {
+            tracing::warn!(object = %object.display(), "object of a committed snapshot no longer holds its content: removed (`lamina check --verify` names the images that used it)");
+            return fs::remove_file(object);
         }
-    };
-    let name = object
-        .strip_prefix(store.layout().objects())
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    if name != id.to_object_pathname() {
-        let _ = fs::remove_file(&staging);
-        tracing::warn!(object = %object.display(), "object of a committed snapshot no longer holds its content: left for `lamina check --verify`");
-        return Ok(false);
-    }
-    fs::rename(&staging, object)?;
-    Ok(true)
+        if verity {
+            crate::composefs::seal(host, &staging)?;
+        }
+        fs::rename(&staging, object)
+    });
+    let _ = fs::remove_file(&staging);
+    outcome
 }

@@ -99,29 +99,44 @@ fn a_write_through_a_committed_upper_reaches_no_other_image_of_a_sharing_store()
 }
 
 /// A store whose composefs build ran before builds copied committed snapshots' files:
-/// its object is the snapshot file's own inode. The next build replaces it by a copy.
+/// its objects are the snapshot files' own inodes. The next build replaces each by a copy,
+/// or, where the snapshot's container has written it already, removes its name.
 #[test]
-fn an_object_an_older_build_made_of_a_snapshot_file_is_replaced_by_a_copy() {
+fn objects_an_older_build_made_of_snapshot_files_are_replaced_or_removed() {
     use composefs::fsverity::{FsVerityHashValue, FsVerityHasher, Sha256HashValue};
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::init(&tmp.path().join("store")).unwrap();
     let mounter = Arc::new(FakeMounter::new());
-    let bytes: Vec<u8> = (0..5000u32).map(|i| (i % 241) as u8).collect();
+    let intact: Vec<u8> = (0..5000u32).map(|i| (i % 241) as u8).collect();
+    let written: Vec<u8> = (0..5000u32).map(|i| (i % 239) as u8).collect();
     let upper = store.layout().tmp().join("upper");
     fs::create_dir_all(upper.join("bin")).unwrap();
-    fs::write(upper.join("bin/sh"), &bytes).unwrap();
+    fs::write(upper.join("bin/sh"), &intact).unwrap();
+    fs::write(upper.join("bin/tool"), &written).unwrap();
     let committed = Digest::of(b"a snapshot an older build used");
     assert!(store.publish_layer_dir(&committed, &upper).unwrap());
-    let file = store.layout().layer_diff(&committed).join("bin/sh");
-    // What the older build did: the snapshot's inode as the object.
-    let mut hasher = FsVerityHasher::<Sha256HashValue, 12>::new();
-    hasher.write_all(&bytes).unwrap();
-    let object = store
-        .layout()
-        .objects()
-        .join(hasher.digest().to_object_pathname());
-    fs::create_dir_all(object.parent().unwrap()).unwrap();
-    fs::hard_link(&file, &object).unwrap();
+    let diff = store.layout().layer_diff(&committed);
+    // What the older build did: the snapshot's inodes as the objects.
+    let object_of = |file: &std::path::Path| {
+        let mut hasher = FsVerityHasher::<Sha256HashValue, 12>::new();
+        hasher.write_all(&fs::read(file).unwrap()).unwrap();
+        let object = store
+            .layout()
+            .objects()
+            .join(hasher.digest().to_object_pathname());
+        fs::create_dir_all(object.parent().unwrap()).unwrap();
+        fs::hard_link(file, &object).unwrap();
+        object
+    };
+    let sh = object_of(&diff.join("bin/sh"));
+    let tool = object_of(&diff.join("bin/tool"));
+    // The container has written one of them since.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(diff.join("bin/tool"))
+        .unwrap()
+        .write_all(b"#!/bin/evil\n")
+        .unwrap();
 
     // Any build repairs the store first.
     let other = Digest::of(b"another snapshot");
@@ -132,10 +147,29 @@ fn an_object_an_older_build_made_of_a_snapshot_file_is_replaced_by_a_copy() {
     lamina_mount::composefs::ensure(&store, &*mounter, std::slice::from_ref(&other)).unwrap();
     let ino = |p: &std::path::Path| fs::metadata(p).unwrap().ino();
     assert_ne!(
-        ino(&object),
-        ino(&file),
-        "the object is still the snapshot's inode"
+        ino(&sh),
+        ino(&diff.join("bin/sh")),
+        "an object is still the snapshot's inode"
     );
-    assert_eq!(fs::read(&object).unwrap(), bytes);
-    assert_eq!(fs::metadata(&file).unwrap().nlink(), 1);
+    assert_eq!(fs::read(&sh).unwrap(), intact);
+    assert_eq!(fs::metadata(diff.join("bin/sh")).unwrap().nlink(), 1);
+    assert!(
+        !tool.exists(),
+        "an object whose bytes the container wrote is still named"
+    );
+    assert!(
+        store
+            .layout()
+            .composefs()
+            .join("snapshot-objects-copied")
+            .is_file()
+    );
+    assert!(
+        !fs::read_dir(store.layout().tmp()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("composefs-repair")),
+        "a repair copy left in tmp/"
+    );
 }

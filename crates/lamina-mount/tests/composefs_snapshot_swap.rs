@@ -73,6 +73,39 @@ fn build_in_child() {
     println!("built: {:?}", built.map(|_| ()));
 }
 
+/// Runs the build of `layer` in a child paused between its merge and its reads, calls
+/// `during` at the pause, and returns what the child printed.
+fn paused_build(store: &Store, layer: &Digest, during: impl FnOnce()) -> String {
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "build_in_child", "--ignored", "--nocapture"])
+        .env("SWAP_STORE", store.root())
+        .env("SWAP_LAYER", layer.to_string())
+        .env("LAMINA_PAUSE_AT", "composefs-merged")
+        .env("LAMINA_PAUSE_SECS", "2")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_pause(store);
+    during();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{said}");
+    said
+}
+
+/// A committed snapshot whose upper holds `files`.
+fn committed(store: &Store, files: &[(&str, Vec<u8>)]) -> Digest {
+    let upper = store.layout().tmp().join("upper");
+    for (path, bytes) in files {
+        let path = upper.join(path);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, bytes).unwrap();
+    }
+    let committed = Digest::of(b"a committed snapshot");
+    assert!(store.publish_layer_dir(&committed, &upper).unwrap());
+    committed
+}
+
 #[test]
 fn a_snapshot_changed_under_the_build_puts_neither_a_host_file_nor_a_misnamed_object_in_the_store()
 {
@@ -84,45 +117,57 @@ fn a_snapshot_changed_under_the_build_puts_neither_a_host_file_nor_a_misnamed_ob
         "a host file the container must not read\n".repeat(10),
     )
     .unwrap();
-
-    let upper = store.layout().tmp().join("upper");
-    fs::create_dir_all(upper.join("bin")).unwrap();
-    fs::write(upper.join("bin/tool"), vec![7u8; 100_000]).unwrap();
-    fs::write(upper.join("bin/sh"), vec![9u8; 5000]).unwrap();
+    let layer = committed(
+        &store,
+        &[
+            ("bin/tool", vec![7u8; 100_000]),
+            ("bin/sh", vec![9u8; 5000]),
+        ],
+    );
+    let diff = store.layout().layer_diff(&layer);
     let mut held = fs::OpenOptions::new()
         .write(true)
-        .open(upper.join("bin/tool"))
+        .open(diff.join("bin/tool"))
         .unwrap();
-    let committed = Digest::of(b"a committed snapshot");
-    assert!(store.publish_layer_dir(&committed, &upper).unwrap());
-    let diff = store.layout().layer_diff(&committed);
-
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "build_in_child", "--ignored", "--nocapture"])
-        .env("SWAP_STORE", store.root())
-        .env("SWAP_LAYER", committed.to_string())
-        .env("LAMINA_PAUSE_AT", "composefs-merged")
-        .env("LAMINA_PAUSE_SECS", "2")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_pause(&store);
-    // What the snapshot's container does meanwhile.
-    let swapped = diff.join("bin/sh.new");
-    std::os::unix::fs::symlink(&secret, &swapped).unwrap();
-    fs::rename(&swapped, diff.join("bin/sh")).unwrap();
-    held.seek(std::io::SeekFrom::Start(0)).unwrap();
-    held.write_all(b"#!/bin/evil\n").unwrap();
-    drop(held);
-    let out = child.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{said}");
+    let said = paused_build(&store, &layer, || {
+        // What the snapshot's container does meanwhile.
+        let swapped = diff.join("bin/sh.new");
+        std::os::unix::fs::symlink(&secret, &swapped).unwrap();
+        fs::rename(&swapped, diff.join("bin/sh")).unwrap();
+        held.seek(std::io::SeekFrom::Start(0)).unwrap();
+        held.write_all(b"#!/bin/evil\n").unwrap();
+    });
     // The build refused the swapped file: it does not follow a symlink beneath a layer.
     assert!(said.contains("built: Err"), "{said}");
-
     let secret_bytes = fs::read(&secret).unwrap();
     for (name, bytes) in objects(&store) {
         assert_ne!(bytes, secret_bytes, "a host file became object {name}");
         assert_eq!(name, object_name(&bytes), "object {name} holds other bytes");
     }
+}
+
+#[test]
+fn a_snapshot_file_grown_under_the_build_is_refused_and_leaves_no_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::init(&tmp.path().join("store")).unwrap();
+    let layer = committed(&store, &[("bin/grow", vec![5u8; 10_000])]);
+    let diff = store.layout().layer_diff(&layer);
+    let said = paused_build(&store, &layer, || {
+        // Free for the container: a sparse file of 300 MB.
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .open(diff.join("bin/grow"))
+            .unwrap();
+        file.set_len(300 << 20).unwrap();
+    });
+    assert!(
+        said.contains("built: Err") && said.contains("changed since"),
+        "{said}"
+    );
+    assert!(objects(&store).is_empty(), "a grown file became an object");
+    let left: Vec<_> = fs::read_dir(store.layout().tmp())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?} left in tmp/");
 }
