@@ -2,16 +2,24 @@
 //! would show them (whiteouts remove, opaque directories hide what is below, a
 //! directory's metadata is its top-most layer's, hardlinks stay one inode), with a
 //! regular file still its path in its layer. Bounded by [`Limits`].
+//!
+//! Every directory is read from a descriptor of it, opened from its parent's without
+//! following a symlink, and every entry is looked at from its directory's descriptor: a
+//! committed containerd snapshot's container may still rename things in its upper, and a
+//! directory swapped for a symlink to a host directory put that directory's names,
+//! owners and xattrs in the image (review finding). A directory that is not the one
+//! listed by the time it is opened fails the build.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
-use std::fs;
+use std::ffi::{OsStr, OsString};
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use composefs::generic_tree::{self, Inode, Leaf, LeafContent, LeafId, Stat};
-use rustix::fs::FileType;
+use rustix::fs::{Dir, FileType, Mode, OFlags};
 
 use lamina_image::Digest;
 use lamina_store::Store;
@@ -28,6 +36,10 @@ pub const MAX_ENTRIES: usize = 1_000_000;
 /// xattrs (names and values) the build reads, across every layer: each is held about
 /// three times (tree, image, hashes of names).
 pub const MAX_METADATA_BYTES: usize = 256 << 20;
+
+/// Directories nested in one layer that a metadata image is built from: the merge holds a
+/// descriptor of each directory above the one it reads. Real images nest a few dozen.
+pub const MAX_DEPTH: usize = 512;
 
 /// Why an image cannot be built, as an error whose kind says so (`InvalidData`): a
 /// refusal that building again would repeat, unlike a full disk or a lock timeout.
@@ -107,6 +119,7 @@ pub(crate) struct LayerFile {
 /// The layers of `chain_ids` (bottom first) merged, read within `limits`.
 pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::Result<Merging> {
     let mut merge = Merge {
+        store,
         host: &**store.host(),
         limits,
         inodes: HashMap::new(),
@@ -116,7 +129,7 @@ pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::
         layer_root: Arc::from(Path::new("")),
     };
     let bottom = store.layout().layer_diff(&chain_ids[0]);
-    let mut tree = Merging::new(merge.metadata_of(&bottom)?);
+    let mut tree = Merging::new(merge.metadata_of(&open_directory(rustix::fs::CWD, &bottom)?)?);
     for chain_id in chain_ids {
         let layer = store.layout().layer_diff(chain_id);
         // An imported layer (its record has the diffID it was verified against); a
@@ -125,9 +138,10 @@ pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::
             .layer_record(chain_id)
             .is_ok_and(|record| record.diff_id.is_some());
         merge.layer_root = Arc::from(layer.as_path());
+        let layer_dir = open_directory(rustix::fs::CWD, &layer)?;
         let Merging { root, leaves } = &mut tree;
-        merge.apply(&layer, root, leaves)?;
-        root.stat = merge.metadata_of(&layer)?;
+        merge.apply(&layer_dir, &layer, root, leaves, 0)?;
+        root.stat = merge.metadata_of(&layer_dir)?;
     }
     tree.compact();
     refuse_past_file_bytes(&tree, limits.file_bytes)?;
@@ -157,6 +171,7 @@ fn refuse_past_file_bytes(tree: &Merging, most: u64) -> io::Result<()> {
 }
 
 struct Merge<'a> {
+    store: &'a Store,
     host: &'a dyn HostFs,
     /// Layer inodes already in the tree, so a hardlink stays one inode.
     inodes: HashMap<(u64, u64), LeafId>,
@@ -172,17 +187,25 @@ struct Merge<'a> {
 }
 
 impl Merge<'_> {
-    /// Lays layer directory `src` over `dir`.
+    /// Lays layer directory `src` (open as `src_dir`, `depth` levels below its layer's
+    /// root) over `dir`.
     fn apply(
         &mut self,
+        src_dir: &OwnedFd,
         src: &Path,
         dir: &mut MergingDir,
         leaves: &mut Vec<Leaf<LayerFile>>,
+        depth: usize,
     ) -> io::Result<()> {
-        for entry in fs::read_dir(src)? {
-            let name = entry?.file_name();
-            let name = name.as_os_str();
-            let from = src.join(name);
+        // Names first, so that only this directory's descriptor is held while its
+        // children are laid.
+        let mut names = Vec::new();
+        let mut listing = Dir::read_from(src_dir)?;
+        while let Some(entry) = listing.read() {
+            let name = OsStr::from_bytes(entry?.file_name().to_bytes()).to_os_string();
+            if name == "." || name == ".." {
+                continue;
+            }
             self.entries += 1;
             if self.entries > self.limits.entries {
                 return Err(refusal(format!(
@@ -191,24 +214,37 @@ impl Merge<'_> {
                 )));
             }
             self.count_bytes(name.len())?;
-            self.apply_entry(&from, name, dir, leaves)?;
+            names.push(name);
+        }
+        drop(listing);
+        if depth == 1 {
+            // Between the listing of a directory at a layer's top and the looks at what
+            // it lists: where a test renames that directory as a committed snapshot's
+            // container could.
+            self.store.pause_point("composefs-listed");
+        }
+        for name in names {
+            let from = src.join(&name);
+            self.apply_entry(src_dir.as_fd(), &from, &name, dir, leaves, depth)?;
         }
         Ok(())
     }
 
-    /// Lays one entry of a layer, `from`, over `dir` under `name`. Errors name the entry
-    /// (from the layer's `diff/` down).
+    /// Lays one entry of a layer, `name` in the directory open as `parent` (at `from`),
+    /// over `dir`. Errors name the entry (from the layer's `diff/` down).
     fn apply_entry(
         &mut self,
+        parent: BorrowedFd<'_>,
         from: &Path,
         name: &OsStr,
         dir: &mut MergingDir,
         leaves: &mut Vec<Leaf<LayerFile>>,
+        depth: usize,
     ) -> io::Result<()> {
         let at = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", shown(from)));
         let st = self
             .host
-            .stat(At::Path(from))
+            .stat(At::Child(parent, name))
             .map_err(io::Error::from)
             .map_err(at)?;
         let kind = FileType::from_raw_mode(st.st_mode);
@@ -217,8 +253,26 @@ impl Merge<'_> {
             return Ok(());
         }
         if kind == FileType::Directory {
+            if depth + 1 > MAX_DEPTH {
+                return Err(at(refusal(format!(
+                    "directories nested deeper than {MAX_DEPTH} levels, more than a composefs image is built from"
+                ))));
+            }
+            let child_dir = open_directory(parent, name).map_err(at)?;
+            let now = rustix::fs::fstat(&child_dir)
+                .map_err(io::Error::from)
+                .map_err(at)?;
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+                return Err(at(io::Error::other(
+                    "replaced while the layers were merged",
+                )));
+            }
+            let opaque = self.host.get_xattr(
+                At::Fd(child_dir.as_fd()),
+                OsStr::new("trusted.overlay.opaque"),
+            );
             let keep = matches!(dir.lookup(name), Some(Inode::Directory(_)))
-                && !crate::flatten::is_opaque(self.host, from);
+                && !matches!(opaque, Ok(Some(v)) if v == b"y");
             if !keep {
                 let fresh = generic_tree::Directory::new(Stat::uninitialized());
                 dir.insert(name, Inode::Directory(Box::new(fresh)));
@@ -226,8 +280,8 @@ impl Merge<'_> {
             let child = dir
                 .get_directory_mut(name)
                 .map_err(|e| at(io::Error::other(e.to_string())))?;
-            self.apply(from, child, leaves)?;
-            child.stat = self.stat_of(from, &st).map_err(at)?;
+            self.apply(&child_dir, from, child, leaves, depth + 1)?;
+            child.stat = self.stat_of(At::Fd(child_dir.as_fd()), &st).map_err(at)?;
             return Ok(());
         }
         let id = match self.inodes.get(&(st.st_dev, st.st_ino)) {
@@ -246,7 +300,10 @@ impl Merge<'_> {
                         })
                     }
                     FileType::Symlink => {
-                        let target = fs::read_link(from).map_err(at)?.into_os_string();
+                        let target = rustix::fs::readlinkat(parent, name, Vec::new())
+                            .map_err(io::Error::from)
+                            .map_err(at)?;
+                        let target = OsString::from_vec(target.into_bytes());
                         self.count_bytes(target.len())?;
                         LeafContent::Symlink(target.into())
                     }
@@ -262,7 +319,7 @@ impl Merge<'_> {
                 };
                 let id = LeafId(leaves.len());
                 leaves.push(Leaf {
-                    stat: self.stat_of(from, &st).map_err(at)?,
+                    stat: self.stat_of(At::Child(parent, name), &st).map_err(at)?,
                     content,
                 });
                 self.inodes.insert((st.st_dev, st.st_ino), id);
@@ -284,23 +341,23 @@ impl Merge<'_> {
         Ok(())
     }
 
-    /// [`Merge::stat_of`] for a path not yet stat'ed (a layer's root).
-    fn metadata_of(&mut self, path: &Path) -> io::Result<Stat> {
-        let st = self.host.stat(At::Path(path))?;
-        self.stat_of(path, &st)
+    /// [`Merge::stat_of`] for a directory not yet stat'ed (a layer's root), open as `dir`.
+    fn metadata_of(&mut self, dir: &OwnedFd) -> io::Result<Stat> {
+        let st = self.host.stat(At::Fd(dir.as_fd()))?;
+        self.stat_of(At::Fd(dir.as_fd()), &st)
     }
 
-    /// Owner, mode (set-id and sticky bits included) and mtime from `st` (`path`'s own
-    /// stat), and `path`'s xattrs other than overlay's own markers, read through the
+    /// Owner, mode (set-id and sticky bits included) and mtime from `st` (`at`'s own
+    /// stat), and `at`'s xattrs other than overlay's own markers, read through the
     /// store's host (the kernel seam).
-    fn stat_of(&mut self, path: &Path, st: &rustix::fs::Stat) -> io::Result<Stat> {
+    fn stat_of(&mut self, at: At<'_>, st: &rustix::fs::Stat) -> io::Result<Stat> {
         let mut xattrs = std::collections::BTreeMap::new();
         let mut xattr_bytes = 0;
-        for name in self.host.list_xattrs(At::Path(path))? {
+        for name in self.host.list_xattrs(at)? {
             if name.as_encoded_bytes().starts_with(b"trusted.overlay.") {
                 continue; // overlay's markers mean nothing in the merged tree
             }
-            if let Some(value) = self.host.get_xattr(At::Path(path), &name)? {
+            if let Some(value) = self.host.get_xattr(at, &name)? {
                 xattr_bytes += name.len() + value.len();
                 xattrs.insert(name.into_boxed_os_str(), value.into_boxed_slice());
             }
@@ -321,6 +378,16 @@ impl Merge<'_> {
             xattrs,
         })
     }
+}
+
+/// The directory `name` under `parent`, opened to read, no symlink followed.
+fn open_directory(parent: impl AsFd, name: impl rustix::path::Arg) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 /// A layer path as errors show it: from the layer's `diff/` down.

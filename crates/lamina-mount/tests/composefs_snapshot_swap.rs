@@ -38,15 +38,15 @@ fn object_name(bytes: &[u8]) -> String {
     hasher.digest().to_object_pathname()
 }
 
-/// Waits for the build to reach its pause (its marker in `run/`).
-fn wait_for_pause(store: &Store) {
+/// Waits for the build to reach its pause at `point` (its marker in `run/`).
+fn wait_for_pause(store: &Store, point: &str) {
     let started = Instant::now();
     loop {
         let paused = fs::read_dir(store.layout().run()).unwrap().any(|e| {
             e.unwrap()
                 .file_name()
                 .to_string_lossy()
-                .starts_with("paused-composefs-merged")
+                .starts_with(&format!("paused-{point}."))
         });
         if paused {
             return;
@@ -76,16 +76,21 @@ fn build_in_child() {
 /// Runs the build of `layer` in a child paused between its merge and its reads, calls
 /// `during` at the pause, and returns what the child printed.
 fn paused_build(store: &Store, layer: &Digest, during: impl FnOnce()) -> String {
+    paused_build_at("composefs-merged", store, layer, during)
+}
+
+/// [`paused_build`], paused at `point`.
+fn paused_build_at(point: &str, store: &Store, layer: &Digest, during: impl FnOnce()) -> String {
     let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "build_in_child", "--ignored", "--nocapture"])
         .env("SWAP_STORE", store.root())
         .env("SWAP_LAYER", layer.to_string())
-        .env("LAMINA_PAUSE_AT", "composefs-merged")
+        .env("LAMINA_PAUSE_AT", point)
         .env("LAMINA_PAUSE_SECS", "2")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for_pause(store);
+    wait_for_pause(store, point);
     during();
     let out = child.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -170,4 +175,37 @@ fn a_snapshot_file_grown_under_the_build_is_refused_and_leaves_no_copy() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert!(left.is_empty(), "{left:?} left in tmp/");
+}
+
+#[test]
+fn a_snapshot_directory_swapped_for_a_host_directory_under_the_merge_is_not_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::init(&tmp.path().join("store")).unwrap();
+    // A host directory holding what the layer's `d/` lists (`e/`), read by name if the
+    // merge resolved paths: no regular file in either, so the build has nothing to open
+    // that would fail it.
+    let host_dir = tmp.path().join("host");
+    fs::create_dir_all(host_dir.join("e/a-host-directory-name")).unwrap();
+    let upper = store.layout().tmp().join("upper");
+    fs::create_dir_all(upper.join("d/e")).unwrap();
+    std::os::unix::fs::symlink("elsewhere", upper.join("d/e/link")).unwrap();
+    let layer = Digest::of(b"a committed snapshot of directories");
+    assert!(store.publish_layer_dir(&layer, &upper).unwrap());
+    let diff = store.layout().layer_diff(&layer);
+    // Paused once `d/` is listed: `d` is swapped for a symlink to the host directory.
+    let said = paused_build_at("composefs-listed", &store, &layer, || {
+        fs::rename(diff.join("d"), diff.join("d.old")).unwrap();
+        std::os::unix::fs::symlink(&host_dir, diff.join("d")).unwrap();
+    });
+    assert!(said.contains("built: Ok"), "{said}");
+    let image = lamina_mount::composefs::image_path(&store, &layer);
+    let bytes = fs::read(&image).unwrap();
+    assert!(
+        !bytes.windows(21).any(|w| w == b"a-host-directory-name"),
+        "the image holds a host directory's name"
+    );
+    assert!(
+        bytes.windows(9).any(|w| w == b"elsewhere"),
+        "the layer's own link is missing"
+    );
 }
