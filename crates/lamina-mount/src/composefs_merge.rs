@@ -38,8 +38,10 @@ pub const MAX_ENTRIES: usize = 1_000_000;
 pub const MAX_METADATA_BYTES: usize = 256 << 20;
 
 /// Directories nested in one layer that a metadata image is built from: the merge holds a
-/// descriptor of each directory above the one it reads. Real images nest a few dozen.
-pub const MAX_DEPTH: usize = 512;
+/// descriptor of each directory above the one it reads, and recurses once a level (review
+/// finding: at 512 levels two builds at once passed a soft limit of 1024 descriptors, and
+/// a debug build overflowed a 2 MiB thread stack past 450). Real images nest a few dozen.
+pub const MAX_DEPTH: usize = 128;
 
 /// Why an image cannot be built, as an error whose kind says so (`InvalidData`): a
 /// refusal that building again would repeat, unlike a full disk or a lock timeout.

@@ -132,8 +132,13 @@ impl Store {
         }
         permissions::secure_store(&layout, properties, &*host)?;
         if !layout.marker().exists() {
+            let version = if properties.shared_file_content {
+                layout::SHARING_STORE_VERSION
+            } else {
+                STORE_VERSION
+            };
             let marker = serde_json::to_vec(&Marker {
-                version: STORE_VERSION,
+                version,
                 properties: properties.clone(),
             })
             .map_err(|e| StoreError::io("encoding", root)(e.into()))?;
@@ -160,7 +165,12 @@ impl Store {
         };
         let marker: Marker = serde_json::from_slice(&bytes)
             .map_err(|_| StoreError::NotAStore(root.to_path_buf()))?;
-        if marker.version != STORE_VERSION {
+        let version_fits = match marker.version {
+            STORE_VERSION => !marker.properties.shared_file_content,
+            layout::SHARING_STORE_VERSION => marker.properties.shared_file_content,
+            _ => false,
+        };
+        if !version_fits {
             return Err(StoreError::NotAStore(root.to_path_buf()));
         }
         // Stores made by an older lamina lack the newer directories, and were made with
