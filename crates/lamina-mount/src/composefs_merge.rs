@@ -138,7 +138,7 @@ pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::
         // committed containerd snapshot has none.
         merge.linkable = store
             .layer_record(chain_id)
-            .is_ok_and(|record| record.diff_id.is_some());
+            .is_ok_and(|record| record.imported());
         merge.layer_root = Arc::from(layer.as_path());
         let layer_dir = open_directory(rustix::fs::CWD, &layer)?;
         let Merging { root, leaves } = &mut tree;

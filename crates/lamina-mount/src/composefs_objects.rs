@@ -134,25 +134,7 @@ impl<'a> Objects<'a> {
         if read == size && object.exists() {
             return self.named(id, &object, read);
         }
-        let copy = File::create(&self.staging)?;
-        let mut from = 0u64;
-        while from < size {
-            let want = usize::try_from(size - from).unwrap_or(usize::MAX);
-            match rustix::fs::copy_file_range(file, Some(&mut from), &copy, None, want) {
-                Ok(0) => break,
-                Ok(_) => {}
-                // No in-kernel copy between these files: read and write.
-                Err(_) if from == 0 => {
-                    io::Seek::seek(&mut &*file, io::SeekFrom::Start(0))?;
-                    io::copy(&mut io::Read::take(file, size), &mut &copy)?;
-                    break;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-        let hashed = io::copy(&mut File::open(&self.staging)?, &mut hasher)?;
-        let id = hasher.digest();
+        let (copy, id, hashed) = copy_and_hash(file, size, &self.staging)?;
         let object = self.dir.join(id.to_object_pathname());
         if object.exists() {
             fs::remove_file(&self.staging)?;
@@ -273,4 +255,34 @@ impl<'a> Objects<'a> {
             }
         }
     }
+}
+
+/// Copies at most `size` bytes of `source` from its start into a new file at `staging`
+/// (a reflink where the filesystem has them), and hashes that copy, which nothing else
+/// writes: the copy, its digest and its length. The copy is not synced; the caller
+/// removes it on an error.
+pub(crate) fn copy_and_hash(
+    source: &File,
+    size: u64,
+    staging: &Path,
+) -> io::Result<(File, ObjectId, u64)> {
+    let copy = File::create(staging)?;
+    let mut from = 0u64;
+    while from < size {
+        let want = usize::try_from(size - from).unwrap_or(usize::MAX);
+        match rustix::fs::copy_file_range(source, Some(&mut from), &copy, None, want) {
+            Ok(0) => break,
+            Ok(_) => {}
+            // No in-kernel copy between these files: read and write.
+            Err(_) if from == 0 => {
+                io::Seek::seek(&mut &*source, io::SeekFrom::Start(0))?;
+                io::copy(&mut io::Read::take(source, size), &mut &copy)?;
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
+    let hashed = io::copy(&mut File::open(staging)?, &mut hasher)?;
+    Ok((copy, hasher.digest(), hashed))
 }

@@ -12,13 +12,12 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use composefs::fsverity::{FsVerityHashValue, FsVerityHasher};
+use composefs::fsverity::FsVerityHashValue;
 use lamina_store::Store;
 use lamina_store::beneath::Tree;
 use lamina_sys::HostFs;
 use rustix::fs::FileType;
 
-use crate::composefs::ObjectId;
 use crate::composefs_collect::entries;
 
 /// The mark a store has been repaired.
@@ -48,7 +47,7 @@ pub(crate) fn copy_snapshot_objects(
     let mut failed = 0;
     if !objects.is_empty() {
         for layer in entries(&store.layout().layers()).map_err(io::Error::other)? {
-            if !is_committed_snapshot(store, &layer) {
+            if !is_committed_snapshot(&layer) {
                 continue;
             }
             let Ok(tree) = Tree::open(&layer.join("diff")) else {
@@ -106,19 +105,10 @@ fn objects_by_inode(objects: &Path) -> io::Result<HashMap<(u64, u64), PathBuf>> 
     Ok(all)
 }
 
-/// Whether the layer directory `layer` is a committed containerd snapshot (its record has
-/// no diffID); an unreadable record is taken as one.
-fn is_committed_snapshot(store: &Store, layer: &Path) -> bool {
-    let Some(chain_id) = layer
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|hex| lamina_image::Digest::parse(&format!("sha256:{hex}")).ok())
-    else {
-        return false;
-    };
-    !store
-        .layer_record(&chain_id)
-        .is_ok_and(|record| record.diff_id.is_some())
+/// Whether the layer directory `layer` is a committed containerd snapshot; an
+/// unreadable record is taken as one.
+fn is_committed_snapshot(layer: &Path) -> bool {
+    !lamina_store::LayerRecord::read(layer).is_ok_and(|record| record.imported())
 }
 
 /// Replaces `object` by a copy of its bytes when they are still its name, sealed when
@@ -130,16 +120,11 @@ fn repair(store: &Store, host: &dyn HostFs, object: &Path, verity: bool) -> io::
         "composefs-repair-{}",
         lamina_store::unique_suffix()
     ));
-    let copied = (|| {
-        let source = File::open(object)?;
-        let copy = File::create(&staging)?;
-        io::copy(&mut &source, &mut &copy)?;
-        copy.sync_all()?;
-        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-        io::copy(&mut File::open(&staging)?, &mut hasher)?;
-        Ok::<_, io::Error>(hasher.digest())
-    })();
-    let outcome = copied.and_then(|id| {
+    let copied = File::open(object).and_then(|source| {
+        let size = source.metadata()?.len();
+        crate::composefs_objects::copy_and_hash(&source, size, &staging)
+    });
+    let outcome = copied.and_then(|(copy, id, _)| {
         let name = object
             .strip_prefix(store.layout().objects())
             .map(|p| p.display().to_string())
@@ -148,6 +133,7 @@ fn repair(store: &Store, host: &dyn HostFs, object: &Path, verity: bool) -> io::
             tracing::warn!(object = %object.display(), "object of a committed snapshot no longer holds its content: removed (`lamina check --verify` names the images that used it)");
             return fs::remove_file(object);
         }
+        copy.sync_all()?;
         if verity {
             crate::composefs::seal(host, &staging)?;
         }

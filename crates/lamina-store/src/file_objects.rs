@@ -34,6 +34,7 @@
 //! digest was just verified.
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -43,6 +44,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use composefs::fsverity::{FsVerityHashValue, FsVerityHasher, Sha256HashValue};
 use rustix::fs::{AtFlags, FileType, OFlags, Stat, Timestamps};
+
+use lamina_sys::{At, HostFs};
 
 use crate::beneath::{Tree, resolve_from};
 
@@ -169,6 +172,7 @@ pub fn hash(diff: &Path, cancelled: &AtomicBool) -> io::Result<Option<Hashed>> {
 /// the module's doc), and lists those whose content is no object yet; `below` holds the
 /// manifests of every layer under this one.
 pub fn link(
+    host: &dyn HostFs,
     diff: &Path,
     objects: &Path,
     hashed: Hashed,
@@ -204,7 +208,7 @@ pub fn link(
         };
         let linked = tree
             .open_regular(&rel)
-            .and_then(|file| link_to(&tree, &rel, &file, &object, &mut dir_times));
+            .and_then(|file| link_to(host, &tree, &rel, &file, &object, &mut dir_times));
         match linked {
             Ok(Some(bytes)) => {
                 staged.linked += 1;
@@ -226,35 +230,19 @@ pub fn link(
 }
 
 /// A link's temporary name that could not be removed: the import must fail.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 struct LeftBehind(String);
 
-impl std::fmt::Display for LeftBehind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for LeftBehind {}
-
 /// Why [`hash`]'s walk stopped early.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("past {MAX_FILES} files or {MAX_PATH_BYTES} bytes of paths")]
 struct PastBounds;
-
-impl std::fmt::Display for PastBounds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "past {MAX_FILES} files or {MAX_PATH_BYTES} bytes of paths"
-        )
-    }
-}
-
-impl std::error::Error for PastBounds {}
 
 /// Replaces the layer file `rel` (open as `file`) with a hardlink to `object`'s inode if
 /// the two have the same metadata and bytes. `Some(bytes)` when it did.
 fn link_to(
+    host: &dyn HostFs,
     tree: &Tree,
     rel: &Path,
     file: &File,
@@ -265,7 +253,7 @@ fn link_to(
     let theirs = rustix::fs::fstat(object)?;
     if !same_metadata(&ours, &theirs)
         || theirs.st_nlink >= MAX_LINKS
-        || xattrs(file.as_fd())? != xattrs(object.as_fd())?
+        || xattrs(host, file.as_fd())? != xattrs(host, object.as_fd())?
         || !same_bytes(file, object)?
     {
         return Ok(None);
@@ -408,17 +396,13 @@ fn times_of(st: &Stat) -> Timestamps {
     }
 }
 
-/// Every xattr of `fd`, sorted by name.
-fn xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let mut names = vec![0u8; 64 << 10];
-    let n = rustix::fs::flistxattr(fd, &mut names)?;
+/// Every xattr of `fd`, sorted by name, read through the kernel seam.
+fn xattrs(host: &dyn HostFs, fd: BorrowedFd<'_>) -> io::Result<Vec<(OsString, Vec<u8>)>> {
     let mut all = Vec::new();
-    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        let mut value = vec![0u8; 64 << 10];
-        let name_c = std::ffi::CString::new(name).map_err(io::Error::other)?;
-        let len = rustix::fs::fgetxattr(fd, name_c.as_c_str(), &mut value)?;
-        value.truncate(len);
-        all.push((name.to_vec(), value));
+    for name in host.list_xattrs(At::Fd(fd))? {
+        if let Some(value) = host.get_xattr(At::Fd(fd), &name)? {
+            all.push((name, value));
+        }
     }
     all.sort();
     Ok(all)

@@ -42,6 +42,22 @@ pub struct LayerRecord {
     pub overlay_markers: Option<u64>,
 }
 
+impl LayerRecord {
+    /// The record in layer directory `layer_dir` (`layers/<chain-id-hex>`).
+    pub fn read(layer_dir: &Path) -> Result<LayerRecord, StoreError> {
+        let path = layer_dir.join("layer.json");
+        let bytes = crate::read_regular_file(&path).map_err(StoreError::io("reading", &path))?;
+        serde_json::from_slice(&bytes).map_err(|e| StoreError::io("reading", &path)(e.into()))
+    }
+
+    /// Whether lamina imported the layer and verified it against its diffID: nothing
+    /// writes its files. A committed containerd snapshot has no diffID, and its
+    /// container may still write its upper through containerd's mount.
+    pub fn imported(&self) -> bool {
+        self.diff_id.is_some()
+    }
+}
+
 /// Removes a directory when dropped unless disarmed: an unpack that fails or panics
 /// leaves nothing behind.
 struct RemoveOnDrop(Option<PathBuf>);
@@ -370,7 +386,9 @@ impl Store {
             below.layers.manifests(below.index, cancelled)
         };
         match known_below {
-            Some(manifests) => file_objects::link(diff, &objects, hashed, &manifests).map(Some),
+            Some(manifests) => {
+                file_objects::link(&*self.host, diff, &objects, hashed, &manifests).map(Some)
+            }
             None => Ok(Some(file_objects::Staged {
                 digests: hashed.digests,
                 ..Default::default()
@@ -471,9 +489,7 @@ impl Store {
 
     /// The record written next to an imported layer.
     pub fn layer_record(&self, chain_id: &Digest) -> Result<LayerRecord, StoreError> {
-        let path = self.layout.layer(chain_id).join("layer.json");
-        let bytes = crate::read_regular_file(&path).map_err(StoreError::io("reading", &path))?;
-        serde_json::from_slice(&bytes).map_err(|e| StoreError::io("reading", &path)(e.into()))
+        LayerRecord::read(&self.layout.layer(chain_id))
     }
 }
 
