@@ -67,9 +67,15 @@ fn a_named_pooled_strategy_is_served_from_its_pool_or_refused() {
     let fs = ScratchFs::tmpfs();
     let (lamina, image) = setup(&fs);
 
-    // The default fill makes overlays of auto's flavor; `pooled` alone means classic ones.
+    // The default fill makes overlays of auto's flavour, which a named `pooled` claims.
     assert_eq!(lamina.run(&["pool", "fill", "--size", "1", &image]).code, 0);
-    let out = create(&lamina, &["--strategy", "pooled"], &image, "named");
+    let out = create(&lamina, &["--strategy", "pooled"], &image, "filled");
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(created_strategy(&out).contains("pooled"), "{out:?}");
+    lamina.delete_and_assert_gone("filled", "pooled");
+
+    // No pool of that flavour was filled: refused, and nothing of it is left.
+    let out = create(&lamina, &["--strategy", "pooled,volatile"], &image, "named");
     assert_eq!(out.code, 1, "{out:?}");
     assert!(out.stdout.contains("has no slot ready"), "{}", out.stdout);
     assert!(!lamina.store.join("images/named").exists());

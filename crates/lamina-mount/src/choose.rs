@@ -157,6 +157,9 @@ pub fn choose(
     if strategies.pooled && read_only {
         return Err(RootfsError::PoolReadOnly);
     }
+    if strategies.pooled && !strategies.metacopy && !strategies.composefs {
+        strategies.metacopy = named_pool_copy_up(probe, pools, Flavor::of(strategies));
+    }
     let unsupported = |strategy, why| Err(RootfsError::Unsupported { strategy, why });
     if strategies.metacopy && !probe.metacopy {
         return unsupported(
@@ -257,7 +260,7 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
             build_metadata_image: false,
         };
     }
-    if probe.metacopy {
+    if default_copy_up(probe) {
         s.metacopy = true;
         why.push("metacopy passed the probe");
     } else {
@@ -288,6 +291,24 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
         named: false,
         build_metadata_image,
     }
+}
+
+/// Whether an overlay whose caller named no copy-up (`metacopy`, `composefs`) copies up
+/// metadata only: wherever the kernel does it. The one definition `auto`, a named
+/// `pooled` and `pool fill` share, so a pool filled for one is the pool the others claim.
+fn default_copy_up(probe: &Probe) -> bool {
+    probe.metacopy
+}
+
+/// A named `pooled` that names no copy-up claims a slot of the default copy-up's pool, or
+/// else of a pool of full copy-up slots (what `pooled` alone filled before metacopy was
+/// its default); with neither ready, the default's, so the refusal names that pool.
+fn named_pool_copy_up(probe: &Probe, pools: &Pools<'_>, unnamed: Flavor) -> bool {
+    let default = Flavor {
+        metacopy: default_copy_up(probe),
+        ..unnamed
+    };
+    default.metacopy && ((pools.overlay_ready)(default) || !(pools.overlay_ready)(unnamed))
 }
 
 /// Whether an auto read-write create of an image of `layers` layers mounts it through
@@ -582,6 +603,49 @@ mod tests {
         };
         let err = choose(&named, &older, 3, &Pools::EMPTY).unwrap_err();
         assert!(err.to_string().contains("file-backed EROFS"), "{err}");
+    }
+
+    #[test]
+    fn a_named_pooled_claims_the_pool_auto_fills() {
+        let named = |list: &str| Request {
+            strategies: Strategies::parse(list).unwrap(),
+            ..Request::default()
+        };
+        let pick = |request: Request, probe: &Probe, ready: &dyn Fn(Flavor) -> bool| {
+            let pools = Pools {
+                overlay_ready: ready,
+                upper_ready: &|_| false,
+            };
+            choose(&request, probe, 2, &pools).unwrap().model.to_string()
+        };
+        let good = probe(true);
+        // What `pool fill IMAGE` fills (auto's flavour, no pool ready yet) is what a
+        // named `pooled` asks for with nothing ready, and what it claims once filled.
+        let filled = choose(&auto(false, false), &good, 2, &Pools::EMPTY)
+            .unwrap()
+            .model
+            .flavor()
+            .unwrap();
+        assert_eq!(pick(named("pooled"), &good, &|_| false), "pooled,metacopy");
+        assert_eq!(
+            pick(named("pooled"), &good, &|f| f == filled),
+            "pooled,metacopy"
+        );
+        // A pool of full copy-up slots alone is still claimed; a named copy-up is kept.
+        assert_eq!(
+            pick(named("pooled"), &good, &|f| f == Flavor::PLAIN),
+            "pooled"
+        );
+        assert_eq!(
+            pick(named("pooled,volatile"), &good, &|_| false),
+            "pooled,metacopy,volatile"
+        );
+        assert_eq!(
+            pick(named("pooled,composefs"), &good, &|_| false),
+            "composefs,pooled"
+        );
+        // No metacopy in the kernel: full copy-up, and no metacopy asked of the probe.
+        assert_eq!(pick(named("pooled"), &probe(false), &|_| true), "pooled");
     }
 
     #[test]

@@ -196,10 +196,17 @@ impl<'a> Objects<'a> {
             // published whole by a rename: an object's name is never trusted before its
             // content is on disk. An imported layer's file is never written, so what is
             // copied is what was hashed.
+            // A copy that fails (ENOSPC, most often) leaves no staging file behind.
             Err(_) => {
-                fs::copy(path, &self.staging)?;
-                File::open(&self.staging)?.sync_all()?;
-                fs::rename(&self.staging, object)?;
+                let copied = (|| {
+                    fs::copy(path, &self.staging)?;
+                    File::open(&self.staging)?.sync_all()?;
+                    fs::rename(&self.staging, object)
+                })();
+                if copied.is_err() {
+                    let _ = fs::remove_file(&self.staging);
+                }
+                copied?;
             }
         }
         Ok(())
@@ -285,4 +292,26 @@ pub(crate) fn copy_and_hash(
     let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
     let hashed = io::copy(&mut File::open(staging)?, &mut hasher)?;
     Ok((copy, hasher.digest(), hashed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_that_cannot_be_published_leaves_no_staging_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let host = lamina_sys::FakeMounter::new();
+        let layer_file = tmp.path().join("layer-file");
+        fs::write(&layer_file, vec![7u8; 4096]).unwrap();
+        let staging = tmp.path().join("tmp-objects-staging");
+        let mut objects = Objects::new(&host, tmp.path().join("objects"), staging.clone(), false);
+        // A directory where the object's name goes: the copy is made and synced, and
+        // its rename fails as a full filesystem's copy would have.
+        let object = tmp.path().join("objects/ab/cdef");
+        fs::create_dir_all(object.join("in-the-way")).unwrap();
+        let err = objects.publish(&layer_file, &object, false).unwrap_err();
+        assert!(!staging.exists(), "staging copy left after {err}");
+        assert!(object.join("in-the-way").exists());
+    }
 }

@@ -227,7 +227,7 @@ fn create_locked(
         refuse_composefs_where_it_cannot_serve(&request, options)?;
     }
     // Pool slots are mounted read-write overlays (`choose` refuses a read-only pooled):
-    // a named `pooled` is served from the pool of exactly its flavor (see `overlay`) or
+    // a named `pooled` is served from the pool of its flavor (see `overlay`) or
     // refused, never replaced.
     if choice.named
         && matches!(choice.model.provider, Provider::Pooled { .. })
