@@ -10,52 +10,41 @@
 //! [`lamina_sys::HostFs`], so all of this runs against the fake kernel in tests, as an
 //! unprivileged user.
 
-mod attach;
-mod check;
-mod choose;
-mod clean;
-mod collect;
-pub mod composefs;
-pub mod composefs_auto;
-mod composefs_collect;
-mod composefs_merge;
-mod composefs_objects;
-mod composefs_snapshot_copies;
-mod composefs_verify;
-mod create;
-mod delete;
-mod delete_store;
-mod flatten;
-mod init_store;
-pub mod isolated;
+pub mod choose;
+mod fsutil;
+pub mod gc;
+pub mod lifecycle;
+pub mod lowers;
 pub mod model;
-mod one_step;
-pub mod plan;
-pub mod pool;
-mod pool_fill;
-pub mod probe;
-pub mod record;
-mod remount;
-mod shared;
-mod stats;
-mod strategy;
+pub mod providers;
+pub mod uppers;
 
-pub use attach::{
+// The paths other crates name: the crate's public face, not how it is laid out inside.
+pub use choose::probe;
+pub use lowers::composefs::{self, auto as composefs_auto};
+pub use lowers::plan;
+pub use model::record;
+pub use providers::pooled::pool;
+pub use uppers::isolated;
+
+pub use choose::{COMPOSEFS_FROM_LAYERS, Choice, MetadataImage, Pools, Request, choose};
+pub use gc::check::{CheckReport, Problem, check, check_verified};
+pub use gc::clean::{CleanReport, clean, remove_crashed_create};
+pub use lifecycle::attach::{
     Attach, UpperToCommit, attach, commit_upper, create_empty, refuse_upper_in_use, upper_to_commit,
 };
-pub use check::{CheckReport, Problem, check, check_verified};
-pub use choose::{COMPOSEFS_FROM_LAYERS, Choice, MetadataImage, Pools, Request, choose};
-pub use clean::{CleanReport, clean, remove_crashed_create};
-pub use create::{CreateOptions, Created, Layers, StoredLayers, ToMount, create, create_from};
-pub use delete::{Deleted, Reaped, delete, reap};
-pub use delete_store::delete_store;
-pub use init_store::init_store;
-pub use isolated::{DiskLimit, UpperPlan};
+pub use lifecycle::create::{
+    CreateOptions, Created, Layers, StoredLayers, ToMount, create, create_from,
+};
+pub use lifecycle::delete::{Deleted, Reaped, delete, reap};
+pub use lifecycle::delete_store::delete_store;
+pub use lifecycle::init_store::init_store;
+pub use lifecycle::remount::{mount, unmount};
+pub use lifecycle::stats::{DiskUsage, Stats, Written, stats, written};
+pub use model::record::{Container, RootfsRecord, UpperFsRecord};
+pub use model::strategy::{Strategies, UpperBackend};
 pub use model::{Flavor, Model, Provider, Teardown};
-pub use record::{Container, RootfsRecord, UpperFsRecord};
-pub use remount::{mount, unmount};
-pub use stats::{DiskUsage, Stats, Written, stats, written};
-pub use strategy::{Strategies, UpperBackend};
+pub use uppers::isolated::{DiskLimit, UpperPlan};
 
 use lamina_store::StoreError;
 use lamina_sys::MountError;
@@ -147,9 +136,4 @@ impl RootfsError {
             RootfsError::Mount(e)
         }
     }
-}
-
-/// Where overlay marks a volatile mount's work dir; its presence refuses a remount.
-pub(crate) fn volatile_marker(work: &std::path::Path) -> std::path::PathBuf {
-    work.join("work").join("incompat").join("volatile")
 }

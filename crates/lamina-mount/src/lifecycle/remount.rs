@@ -14,10 +14,13 @@ use std::fs;
 use lamina_store::{ContainerDirs, Store, StoreError};
 use lamina_sys::Mounter;
 
+use crate::lifecycle::one_step::holding_id;
 use crate::model::Provider;
-use crate::one_step::holding_id;
-use crate::record::{self, Container, flavor_of};
-use crate::{RootfsError, UpperPlan, isolated, plan, shared, volatile_marker};
+use crate::model::record::{self, Container, flavor_of};
+use crate::{
+    RootfsError, UpperPlan, fsutil::volatile_marker, lowers::plan, providers::shared_ro,
+    uppers::isolated,
+};
 
 /// Unmounts container `id`'s rootfs and keeps everything else.
 pub fn unmount(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(), RootfsError> {
@@ -103,16 +106,16 @@ pub(crate) fn mount_held(
         Provider::SharedRo => {
             // The shared mount may be gone (host restart): take a fresh lease, then drop
             // the old one.
-            let acquired = shared::acquire(store, mounter, &container.record.layers)?;
+            let acquired = shared_ro::acquire(store, mounter, &container.record.layers)?;
             if let Err(e) = mounter.bind_read_only(&acquired.rootfs, &dirs.rootfs) {
-                shared::release(store, mounter, &acquired.lease)?;
+                shared_ro::release(store, mounter, &acquired.lease)?;
                 return Err(e.into());
             }
             let old = container.rootfs.lease.replace(acquired.lease.clone());
             container.rootfs.bind_source = Some(acquired.rootfs.clone());
             finish(store, &mut container)?;
             if let Some(old) = old.filter(|o| *o != acquired.lease) {
-                shared::release(store, mounter, &old)?;
+                shared_ro::release(store, mounter, &old)?;
             }
             return Ok(());
         }
@@ -152,7 +155,7 @@ fn remount_overlay(
     // objects before the image names them.
     let _layers_in_use = if flavor.composefs {
         let lock = store.use_layers()?;
-        crate::composefs::mounted(store, mounter, &container.record.layers)?;
+        crate::lowers::composefs::mounted(store, mounter, &container.record.layers)?;
         Some(lock)
     } else {
         None

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 
+use crate::lifecycle::one_step::holding_id;
 use crate::model::Teardown;
-use crate::one_step::holding_id;
-use crate::record::{self, Container};
-use crate::{RootfsError, isolated, shared};
+use crate::model::record::{self, Container};
+use crate::{RootfsError, providers::shared_ro, uppers::isolated};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {
@@ -66,7 +66,7 @@ fn delete_locked(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Delet
         return Ok(Deleted::NotFound);
     }
     if let Some(lease) = container.and_then(|c| c.rootfs.lease) {
-        shared::release(store, mounter, &lease)?;
+        shared_ro::release(store, mounter, &lease)?;
     }
     Ok(Deleted::Removed)
 }
@@ -205,7 +205,7 @@ fn teardown(
     isolated::delete_subvolume_in(mounter, dir)?;
     lamina_store::remove_tree(dir).map_err(StoreError::io("removing", dir))?;
     if let Some(lease) = container.and_then(|c| c.rootfs.lease) {
-        shared::release(store, mounter, &lease)?;
+        shared_ro::release(store, mounter, &lease)?;
     }
     Ok(())
 }

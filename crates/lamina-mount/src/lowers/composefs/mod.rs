@@ -28,6 +28,11 @@
 //! committed snapshot is made of, then objects no remaining image references
 //! (`composefs_collect.rs`); `check --verify` re-hashes both (`composefs_verify.rs`).
 
+pub mod auto;
+pub(crate) mod merge;
+pub(crate) mod objects;
+pub(crate) mod snapshot_copies;
+
 use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -42,10 +47,10 @@ use lamina_store::{Store, StoreError};
 use lamina_sys::{HostFs, Mounter};
 
 use crate::RootfsError;
-use crate::composefs_objects::Objects;
-use crate::record::Container;
+use crate::lowers::composefs::objects::Objects;
+use crate::model::record::Container;
 
-pub use crate::composefs_merge::{
+pub use crate::lowers::composefs::merge::{
     Limits, MAX_ENTRIES, MAX_METADATA_BYTES, MAX_XATTR_BYTES_PER_INODE, MAX_XATTRS_PER_INODE,
 };
 
@@ -96,7 +101,7 @@ pub fn ensure_within(
     // finding: a repaired image went on being served from its old mount).
     let target = mount_path(store, top);
     if target.is_dir() {
-        crate::clean::remove_unmounted(mounter, &target).map_err(|e| {
+        crate::uppers::remove_unmounted(mounter, &target).map_err(|e| {
             StoreError::io("unmounting the old mount", &target)(io::Error::other(e.to_string()))
         })?;
     }
@@ -152,7 +157,7 @@ pub fn mounted(
     // An operator's composefs (a named create, `pool fill`, a remount) built and
     // mounted it: whatever `auto` recorded against it no longer holds (review finding:
     // a refusal hid the operator's composefs pool from `auto`).
-    if let Err(e) = crate::composefs_auto::forget_refusal(store, top) {
+    if let Err(e) = crate::lowers::composefs::auto::forget_refusal(store, top) {
         tracing::warn!(image = %top, error = %e, "could not forget auto's refusal");
     }
     Ok(target)
@@ -201,7 +206,7 @@ fn mount_image(
 /// Whether this store's kernel and filesystem seal files with fs-verity (the cached
 /// probe; a probe that cannot run says no).
 fn verity_here(store: &Store, mounter: &dyn Mounter) -> bool {
-    crate::probe::probe(store, mounter, false).is_ok_and(|p| p.fs_verity == Some(true))
+    crate::choose::probe::probe(store, mounter, false).is_ok_and(|p| p.fs_verity == Some(true))
 }
 
 /// Seals `path` with fs-verity: opened read-only, as the kernel requires.
@@ -256,8 +261,8 @@ pub fn companions(image: &Path) -> [PathBuf; 4] {
     [
         digest_path(image),
         verity_path(image),
-        crate::composefs_auto::refused_path(image),
-        crate::composefs_auto::building_path(image),
+        crate::lowers::composefs::auto::refused_path(image),
+        crate::lowers::composefs::auto::building_path(image),
     ]
 }
 
@@ -308,7 +313,7 @@ fn build(
     limits: Limits,
 ) -> io::Result<Box<[u8]>> {
     let host = &**store.host();
-    let mut tree = crate::composefs_merge::merge(store, chain_ids, limits)?;
+    let mut tree = crate::lowers::composefs::merge::merge(store, chain_ids, limits)?;
     // The merged tree under `rootfs/`, which overlays name as their lower: unmounted, the
     // mount point is empty and `rootfs/` does not exist, so a caller mounting the options
     // itself (`--without-mount`) after a host restart gets an error, not an empty root
@@ -326,7 +331,7 @@ fn build(
         chain_ids[chain_ids.len() - 1].hex(),
         lamina_store::unique_suffix()
     ));
-    crate::composefs_snapshot_copies::copy_snapshot_objects(store, host, verity)?;
+    crate::lowers::composefs::snapshot_copies::copy_snapshot_objects(store, host, verity)?;
     let mut objects = Objects::new(host, objects, staging, verity);
     // Between the merge's look at each layer and the reads of its files: where a test
     // changes a committed snapshot's files as its container could.
@@ -340,6 +345,6 @@ fn build(
         );
     }
     let tree = ValidatedFileSystem::new(tree)
-        .map_err(|e| crate::composefs_merge::refusal(format!("{e:#}")))?;
+        .map_err(|e| crate::lowers::composefs::merge::refusal(format!("{e:#}")))?;
     Ok(mkfs_erofs(&tree))
 }

@@ -13,12 +13,13 @@ use lamina_store::{
 use lamina_sys::{DiskFs, Mounter, OverlaySpec};
 
 use crate::choose::{Choice, Pools, Request, choose};
+use crate::lifecycle::one_step::holding_id;
+use crate::model::record::{self, Container, RootfsRecord};
 use crate::model::{Flavor, Model, Provider};
-use crate::one_step::holding_id;
-use crate::pool::PoolKind;
-use crate::record::{self, Container, RootfsRecord};
+use crate::providers::pooled::pool::PoolKind;
 use crate::{
-    DiskLimit, RootfsError, Strategies, UpperPlan, flatten, isolated, plan, pool, probe, shared,
+    DiskLimit, RootfsError, Strategies, UpperPlan, choose::probe, lowers::plan, providers::direct,
+    providers::pooled::pool, providers::shared_ro, uppers::isolated,
 };
 
 /// Options for one create.
@@ -69,7 +70,7 @@ pub struct Created {
     pub claimed_from_pool: bool,
     /// `auto` served a deep image from its layers because its composefs metadata image
     /// is not built: the front-end builds it off this caller's path
-    /// ([`crate::composefs_auto::build_for`] the container's layers), for later creates.
+    /// ([`crate::lowers::composefs::auto::build_for`] the container's layers), for later creates.
     pub build_metadata_image: bool,
 }
 
@@ -208,7 +209,7 @@ fn create_locked(
             };
             let request = Request {
                 metadata_image: if request.strategies.auto {
-                    crate::composefs_auto::state(store, &chain_ids)
+                    crate::lowers::composefs::auto::state(store, &chain_ids)
                 } else {
                     request.metadata_image
                 },
@@ -246,19 +247,21 @@ fn create_locked(
         // it is gone (collected since) or fails to mount, this create uses the layers
         // (review finding: a damaged image failed every default create).
         let top = chain_ids.last().expect("an image has layers");
-        match crate::composefs::mounted_if_built(store, mounter, top) {
+        match crate::lowers::composefs::mounted_if_built(store, mounter, top) {
             Ok(Some(_)) => choice,
-            Ok(None) => crate::composefs_auto::over_the_layers(
+            Ok(None) => crate::lowers::composefs::auto::over_the_layers(
                 store,
                 &chain_ids,
                 choice,
                 &RootfsError::Refused("collected since".into()),
             )?,
-            Err(e) => crate::composefs_auto::over_the_layers(store, &chain_ids, choice, &e)?,
+            Err(e) => {
+                crate::lowers::composefs::auto::over_the_layers(store, &chain_ids, choice, &e)?
+            }
         }
     } else {
         if composefs {
-            crate::composefs::mounted(store, mounter, &chain_ids)?;
+            crate::lowers::composefs::mounted(store, mounter, &chain_ids)?;
         }
         choice
     };
@@ -287,7 +290,7 @@ fn create_locked(
             options.without_mount,
         )?,
         Provider::Direct => {
-            let source = flatten::source(store, &chain_ids)?;
+            let source = direct::source(store, &chain_ids)?;
             let claim = store.create_container_dirs(id)?;
             bind_dir(
                 store,
@@ -383,7 +386,7 @@ struct Made<'a> {
     /// What the record says of the rootfs.
     rootfs: RootfsRecord,
     /// shared-ro: the lease stays flocked until the record naming it is written.
-    _lease_in_flight: Option<shared::Acquired>,
+    _lease_in_flight: Option<shared_ro::Acquired>,
     claimed_from_pool: bool,
 }
 
@@ -493,11 +496,11 @@ fn bind_shared<'a>(
     choice: &Choice,
     without_mount: bool,
 ) -> Result<Made<'a>, RootfsError> {
-    let acquired = shared::acquire(store, mounter, chain_ids)?;
+    let acquired = shared_ro::acquire(store, mounter, chain_ids)?;
     let claim = match store.create_container_dirs(id) {
         Ok(claim) => claim,
         Err(e) => {
-            shared::release(store, mounter, &acquired.lease)?;
+            shared_ro::release(store, mounter, &acquired.lease)?;
             return Err(e.into());
         }
     };
@@ -580,13 +583,13 @@ impl Drop for Undo<'_> {
             return;
         }
         // Unmounts before removing, and removes nothing if an unmount fails.
-        if let Err(e) = crate::clean::remove_unmounted(self.mounter, &self.base) {
+        if let Err(e) = crate::uppers::remove_unmounted(self.mounter, &self.base) {
             let base = self.base.display();
             tracing::error!(%base, error = %e, "rolling back a failed create failed");
             return;
         }
         if let Some(lease) = &self.lease
-            && let Err(e) = shared::release(self.store, self.mounter, lease)
+            && let Err(e) = shared_ro::release(self.store, self.mounter, lease)
         {
             tracing::error!(lease = %lease.display(), error = %e, "rolling back a failed create: releasing the shared mount failed");
         }

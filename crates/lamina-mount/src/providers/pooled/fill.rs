@@ -7,8 +7,8 @@ use lamina_store::Store;
 use lamina_sys::{DiskFs, Mounter};
 
 use crate::choose::{Pools, Request, choose};
-use crate::pool::{self, Filled, PoolKind};
-use crate::{DiskLimit, RootfsError, Strategies, UpperBackend, isolated, probe};
+use crate::providers::pooled::pool::{self, Filled, PoolKind};
+use crate::{DiskLimit, RootfsError, Strategies, UpperBackend, choose::probe, uppers::isolated};
 
 /// What to fill a pool with.
 #[derive(Debug, Clone)]

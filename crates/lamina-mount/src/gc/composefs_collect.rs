@@ -6,16 +6,16 @@
 
 use std::collections::HashSet;
 use std::fs;
-use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use composefs::fsverity::{FsVerityHashValue, Sha256HashValue};
 use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 
 use crate::RootfsError;
-use crate::collect::file_name;
+use crate::fsutil::entries;
+use crate::fsutil::file_name;
 
 /// What composefs collection removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub(crate) fn collect(
     in_use: &HashSet<String>,
 ) -> Result<CollectedObjects, RootfsError> {
     let mut collected = CollectedObjects::default();
-    crate::composefs_auto::forget_stale_refusals(store)?;
+    crate::lowers::composefs::auto::forget_stale_refusals(store)?;
     let images_dir = store.layout().composefs();
     let in_images = entries(&images_dir)?;
     // First the mounts no composefs container or pool slot uses: unmounted and removed
@@ -53,7 +53,7 @@ pub(crate) fn collect(
             continue;
         };
         if !in_use.contains(top)
-            && let Err(e) = crate::clean::remove_unmounted(mounter, path)
+            && let Err(e) = crate::uppers::remove_unmounted(mounter, path)
         {
             tracing::warn!(mount = %path.display(), error = %e, "composefs image mount busy: kept for a later clean");
             kept.insert(top.to_string());
@@ -73,7 +73,7 @@ pub(crate) fn collect(
         };
         if !kept.contains(top) {
             collected.bytes += size_freed(&path)?;
-            crate::composefs::remove_image(&path)?;
+            crate::lowers::composefs::remove_image(&path)?;
             collected.images += 1;
             continue;
         }
@@ -123,18 +123,6 @@ pub(crate) fn collect(
         let _ = fs::remove_dir(&fan_out);
     }
     Ok(collected)
-}
-
-/// The paths in `dir`; none when it does not exist (a store from before composefs).
-pub(crate) fn entries(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
-    match fs::read_dir(dir) {
-        Ok(list) => list
-            .map(|e| e.map(|e| e.path()))
-            .collect::<io::Result<_>>()
-            .map_err(StoreError::io("listing", dir)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(StoreError::io("listing", dir)(e)),
-    }
 }
 
 /// What removing `path` frees: its blocks when this is its last link.

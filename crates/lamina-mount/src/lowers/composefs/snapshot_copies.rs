@@ -18,7 +18,7 @@ use lamina_store::beneath::Tree;
 use lamina_sys::HostFs;
 use rustix::fs::FileType;
 
-use crate::composefs_collect::entries;
+use crate::fsutil::entries;
 
 /// The mark a store has been repaired.
 const MARK: &str = "snapshot-objects-copied";
@@ -122,7 +122,7 @@ fn repair(store: &Store, host: &dyn HostFs, object: &Path, verity: bool) -> io::
     ));
     let copied = File::open(object).and_then(|source| {
         let size = source.metadata()?.len();
-        crate::composefs_objects::copy_and_hash(&source, size, &staging)
+        crate::lowers::composefs::objects::copy_and_hash(&source, size, &staging)
     });
     let outcome = copied.and_then(|(copy, id, _)| {
         let name = object
@@ -135,7 +135,7 @@ fn repair(store: &Store, host: &dyn HostFs, object: &Path, verity: bool) -> io::
         }
         copy.sync_all()?;
         if verity {
-            crate::composefs::seal(host, &staging)?;
+            crate::lowers::composefs::seal(host, &staging)?;
         }
         fs::rename(&staging, object)
     });

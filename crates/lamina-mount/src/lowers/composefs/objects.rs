@@ -15,8 +15,8 @@ use composefs::tree::RegularFile;
 
 use lamina_sys::HostFs;
 
-use crate::composefs::{ObjectId, seal};
-use crate::composefs_merge::LayerFile;
+use crate::lowers::composefs::merge::LayerFile;
+use crate::lowers::composefs::{ObjectId, seal};
 
 /// Where a build stores its objects.
 pub(crate) struct Objects<'a> {

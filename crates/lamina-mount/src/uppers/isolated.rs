@@ -19,8 +19,8 @@ use lamina_store::{ContainerDirs, Store, StoreError};
 use lamina_sys::{DiskFs, Mounter, UpperFs};
 
 use crate::RootfsError;
-use crate::record::UpperFsRecord;
-use crate::strategy::UpperBackend;
+use crate::model::record::UpperFsRecord;
+use crate::model::strategy::UpperBackend;
 
 /// A disk-backed upper without a disk limit: sparse, so only written blocks use space.
 pub const DEFAULT_DISK_BYTES: u64 = 10 << 30;

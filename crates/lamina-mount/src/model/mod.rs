@@ -11,6 +11,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub mod record;
+pub mod strategy;
+
 use crate::{Strategies, UpperBackend};
 
 /// One container's rootfs: provider and teardown.

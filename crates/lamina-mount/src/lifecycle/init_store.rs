@@ -6,7 +6,7 @@ use std::path::Path;
 
 use lamina_store::{Store, StoreError, StoreProperties};
 
-use crate::{RootfsError, plan, probe};
+use crate::{RootfsError, choose::probe, lowers::plan};
 
 /// Makes (or opens) the store at `path` with `properties`. A mapped store that was not
 /// told to chown its layers keeps an existing store's choice, or idmaps where a probe

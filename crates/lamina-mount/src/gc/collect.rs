@@ -14,7 +14,8 @@ use lamina_image::Digest;
 use lamina_store::{Store, StoreError, list_dirs};
 use lamina_sys::Mounter;
 
-use crate::{RootfsError, clean, pool};
+use crate::fsutil::file_name;
+use crate::{RootfsError, gc::clean, providers::pooled::pool};
 
 /// Name prefix of a collected layer or tree waiting in `tmp/` to be removed.
 pub(crate) const DOOMED_PREFIX: &str = "gc-";
@@ -81,7 +82,7 @@ pub(crate) fn collect_unused(
     }
     // Short links (`l/`) to the layers just set aside go with them.
     store.sweep_layer_links()?;
-    let composefs = crate::composefs_collect::collect(store, mounter, &tops, &composefs)?;
+    let composefs = crate::gc::composefs_collect::collect(store, mounter, &tops, &composefs)?;
     collected.composefs_images = composefs.images;
     collected.objects = composefs.objects;
     collected.bytes += composefs.bytes;
@@ -113,11 +114,11 @@ fn referenced(store: &Store) -> Result<Result<References, String>, RootfsError> 
     let mut unreadable = Vec::new();
     let mut name = |layers: &[Digest]| keep.extend(layers.iter().map(|l| l.hex().to_string()));
     for dir in store.all_container_dirs()? {
-        match crate::record::read_in(store, &dir) {
+        match crate::model::record::read_in(store, &dir) {
             Ok(Some(container)) => {
                 name(&container.record.layers);
                 tops.extend(container.record.layers.last().map(|t| t.hex().to_string()));
-                composefs.extend(crate::composefs::image_of(&container));
+                composefs.extend(crate::lowers::composefs::image_of(&container));
                 bound.extend(container.rootfs.bind_source);
             }
             Ok(None) if store.try_lock_dir(&dir)?.is_none() => {
@@ -183,10 +184,4 @@ fn set_aside(store: &Store, path: &Path, kind: &str, name: &str) -> Result<PathB
     fs::rename(path, &doomed).map_err(StoreError::io("collecting", path))?;
     tracing::debug!(path = %path.display(), "collecting");
     Ok(doomed)
-}
-
-pub(crate) fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }

@@ -17,11 +17,11 @@ use lamina_store::{ContainerClaim, ContainerDirs, Store, StoreError};
 use lamina_sys::Mounter;
 use serde::{Deserialize, Serialize};
 
-pub use crate::pool_fill::{FillRequest, fill_for};
+pub use crate::providers::pooled::fill::{FillRequest, fill_for};
 
 use crate::model::Flavor;
-use crate::record::UpperFsRecord;
-use crate::{RootfsError, Strategies, UpperPlan, isolated, plan};
+use crate::model::record::UpperFsRecord;
+use crate::{RootfsError, Strategies, UpperPlan, lowers::plan, uppers::isolated};
 
 const SLOT_RECORD: &str = "slot.json";
 
@@ -186,7 +186,7 @@ pub fn fill(
             Ok(())
         });
         if let Err(e) = made {
-            let _ = crate::clean::remove_unmounted(mounter, &staged.base);
+            let _ = crate::uppers::remove_unmounted(mounter, &staged.base);
             return Err(e);
         }
         drop(lock);
@@ -214,7 +214,7 @@ fn make_slot(
         return Ok(Vec::new());
     }
     if kind.flavor.composefs {
-        crate::composefs::mounted(store, mounter, &kind.layers)?;
+        crate::lowers::composefs::mounted(store, mounter, &kind.layers)?;
     }
     let spec = plan::read_write(store, &kind.layers, &dirs, kind.flavor);
     mounter.mount_overlay(&spec, &dirs.rootfs)?;
@@ -395,7 +395,7 @@ fn release(
             if !slot.exists() || !doomed(&slot) {
                 continue;
             }
-            crate::clean::remove_unmounted(mounter, &slot)?;
+            crate::uppers::remove_unmounted(mounter, &slot)?;
             released += 1;
         }
         if orders == Orders::Cancel && fs::remove_dir(&dir).is_ok() {

@@ -10,9 +10,9 @@ use lamina_image::Digest;
 use lamina_store::{ContainerRecord, Store};
 use lamina_sys::Mounter;
 
+use crate::lifecycle::one_step::holding_id;
 use crate::model::Model;
-use crate::one_step::holding_id;
-use crate::record::{self, Container, RootfsRecord};
+use crate::model::record::{self, Container, RootfsRecord};
 use crate::{RootfsError, Strategies};
 
 /// What a caller mounts to see a container's rootfs.
@@ -48,7 +48,7 @@ fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach,
     let lamina_mounts = volatile || composefs || container.rootfs.idmap.is_some();
     Ok(if container.rootfs.mounted || lamina_mounts {
         if !mounter.is_mountpoint(&dirs.rootfs)? {
-            crate::remount::mount_held(store, mounter, id)?;
+            crate::lifecycle::remount::mount_held(store, mounter, id)?;
         }
         bind(dirs.rootfs)
     } else if container.record.layers.is_empty() {
@@ -57,7 +57,12 @@ fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach,
         match &container.rootfs.bind_source {
             Some(source) => {
                 if let Some(lease) = &container.rootfs.lease {
-                    crate::shared::mount_again(store, mounter, lease, &container.record.layers)?;
+                    crate::providers::shared_ro::mount_again(
+                        store,
+                        mounter,
+                        lease,
+                        &container.record.layers,
+                    )?;
                 }
                 bind(source.clone())
             }
@@ -65,12 +70,12 @@ fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach,
                 // An upper filesystem of its own is lamina's to mount: after a host
                 // restart it is mounted again here (a memory upper is gone, and that is
                 // an error), or the overlay's upperdir would not exist.
-                crate::remount::mount_upper_fs(mounter, &container, &dirs)?;
+                crate::lifecycle::remount::mount_upper_fs(mounter, &container, &dirs)?;
                 // Rebuilt from the model, as `mount` does: the options name host paths,
                 // and the ones a record holds are not trusted to be the store's.
                 let flavor = container.model().flavor().unwrap_or_default();
                 let mut spec =
-                    crate::plan::read_write(store, &container.record.layers, &dirs, flavor);
+                    crate::lowers::plan::read_write(store, &container.record.layers, &dirs, flavor);
                 spec.read_only = read_only;
                 Attach::Overlay {
                     options: options_for_one_page(store, spec)?,
@@ -247,7 +252,7 @@ pub fn upper_to_commit(
     let dirs = container.dirs(store);
     // Mounted, the kernel's marker is always there; unmounted, only a crash leaves it.
     if flavor.is_some_and(|f| f.volatile)
-        && crate::volatile_marker(&dirs.work).exists()
+        && crate::fsutil::volatile_marker(&dirs.work).exists()
         && !mounter.is_mountpoint(&dirs.rootfs)?
     {
         return Err(RootfsError::VolatileUnclean { id: id.into() });
@@ -257,7 +262,8 @@ pub fn upper_to_commit(
     let metacopy = flavor.is_some_and(|f| f.metacopy || f.composefs);
     Ok(UpperToCommit {
         upper: container.dirs(store).upper,
-        metacopy_lowers: metacopy.then(|| crate::plan::lowers(store, &container.record.layers)),
+        metacopy_lowers: metacopy
+            .then(|| crate::lowers::plan::lowers(store, &container.record.layers)),
     })
 }
 
@@ -276,7 +282,7 @@ pub fn commit_upper<T>(
         // A marker a crash left is refused here; a mounted volatile upper is synced and
         // its marker removed by the unmount, or the unmount fails.
         let upper = upper_to_commit(store, mounter, id)?;
-        crate::remount::unmount_held(store, mounter, id)?;
+        crate::lifecycle::remount::unmount_held(store, mounter, id)?;
         Ok(publish(&upper))
     })
 }

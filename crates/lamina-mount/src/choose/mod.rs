@@ -2,8 +2,10 @@
 //! explicit list against what the kernel supports (as probed), and resolves `auto` to
 //! the fastest safe combination, with the reason, which `create` logs.
 
+pub mod probe;
+
+use crate::choose::probe::Probe;
 use crate::model::{Flavor, Model};
-use crate::probe::Probe;
 use crate::{RootfsError, Strategies, UpperBackend};
 
 /// What the caller asked for.
@@ -616,7 +618,10 @@ mod tests {
                 overlay_ready: ready,
                 upper_ready: &|_| false,
             };
-            choose(&request, probe, 2, &pools).unwrap().model.to_string()
+            choose(&request, probe, 2, &pools)
+                .unwrap()
+                .model
+                .to_string()
         };
         let good = probe(true);
         // What `pool fill IMAGE` fills (auto's flavour, no pool ready yet) is what a

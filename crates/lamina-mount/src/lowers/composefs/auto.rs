@@ -25,7 +25,7 @@ use lamina_sys::Mounter;
 
 use crate::RootfsError;
 use crate::choose::{Choice, MetadataImage};
-use crate::composefs::{beside, image_path};
+use crate::lowers::composefs::{beside, image_path};
 use crate::model::Model;
 
 /// Where the metadata image of the image whose top layer is `top` stands. A refusal
@@ -61,7 +61,7 @@ fn release_line() -> String {
     format!(
         "lamina {} on Linux {}",
         env!("CARGO_PKG_VERSION"),
-        crate::probe::kernel_release()
+        crate::choose::probe::kernel_release()
     )
 }
 
@@ -79,7 +79,7 @@ pub(crate) fn refuse(store: &Store, top: &Digest, why: &str) {
 /// Removes `auto`'s refusal of image `top`, if any: the operator's composefs built and
 /// mounted it.
 pub(crate) fn forget_refusal(store: &Store, top: &Digest) -> Result<(), StoreError> {
-    crate::composefs::remove_if_present(&refused_path(&image_path(store, top)))
+    crate::lowers::composefs::remove_if_present(&refused_path(&image_path(store, top)))
 }
 
 /// What [`build_for`] did.
@@ -129,7 +129,7 @@ pub fn build_for(
     // not a second: an image that kills its build must not do so on every create. A
     // host restart starts the count again.
     let building = building_path(&image);
-    let this_boot = crate::probe::boot_id();
+    let this_boot = crate::choose::probe::boot_id();
     let deaths = lamina_store::read_regular_to_string(&building)
         .ok()
         .and_then(|mark| {
@@ -145,15 +145,17 @@ pub fn build_for(
         return Ok(Built::Refused(why));
     }
     store.write_durably(&building, format!("{this_boot} {}", deaths + 1).as_bytes())?;
-    let limits = crate::composefs::Limits::AUTO;
-    let outcome = match crate::composefs::ensure_within(store, mounter, chain_ids, limits) {
+    let limits = crate::lowers::composefs::Limits::AUTO;
+    let outcome = match crate::lowers::composefs::ensure_within(store, mounter, chain_ids, limits) {
         Ok(_) => Built::Built,
         // Only what the image itself makes fail is recorded (a bound, an xattr EROFS
         // cannot hold, a path too long): building again would fail again. A full disk,
         // an I/O error or a lock held by another builder is not the image's doing
         // (review finding: it turned composefs off for good), and a later create asks
         // again.
-        Err(StoreError::Io { source, .. }) if crate::composefs_merge::is_refusal(&source) => {
+        Err(StoreError::Io { source, .. })
+            if crate::lowers::composefs::merge::is_refusal(&source) =>
+        {
             let why = source.to_string();
             refuse(store, top, &why);
             Built::Refused(why)
@@ -234,8 +236,8 @@ pub(crate) fn over_the_layers(
 /// how many went.
 pub(crate) fn forget_stale_refusals(store: &Store) -> Result<usize, StoreError> {
     let mut forgotten = 0;
-    for path in crate::composefs_collect::entries(&store.layout().composefs())? {
-        let name = crate::collect::file_name(&path);
+    for path in crate::fsutil::entries(&store.layout().composefs())? {
+        let name = crate::fsutil::file_name(&path);
         let (top, is_refusal) = match (
             name.strip_suffix(".erofs.refused"),
             name.strip_suffix(".erofs.building"),

@@ -11,7 +11,7 @@ use lamina_store::{LayerRecord, Store, StoreError};
 use lamina_sys::Mounter;
 use serde::Serialize;
 
-use crate::{RootfsError, clean, delete};
+use crate::{RootfsError, gc::clean, lifecycle::delete};
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -67,7 +67,7 @@ pub fn check_verified(
             path,
             "unfinished work whose process is gone",
         );
-        findings.fix(problem, &|| clean::remove_unmounted(mounter, path));
+        findings.fix(problem, &|| crate::uppers::remove_unmounted(mounter, path));
     }
     for (dir, _lock) in clean::crashed_creates(store)? {
         let problem = found(
@@ -75,7 +75,7 @@ pub fn check_verified(
             &dir,
             "a container directory without a record whose create is gone",
         );
-        findings.fix(problem, &|| clean::remove_unmounted(mounter, &dir));
+        findings.fix(problem, &|| crate::uppers::remove_unmounted(mounter, &dir));
     }
     drop(clean_lock);
 
@@ -106,7 +106,7 @@ pub fn check_verified(
         }
     }
 
-    let scan = crate::record::scan(store)?;
+    let scan = crate::model::record::scan(store)?;
     for bad in &scan.bad {
         if store.try_lock_dir(bad.dir())?.is_none() {
             continue; // its create is still running
@@ -138,10 +138,10 @@ pub fn check_verified(
                 ));
             }
         }
-        if crate::composefs::image_of(container).is_some()
+        if crate::lowers::composefs::image_of(container).is_some()
             && let Some(top) = record.layers.last()
         {
-            let image = crate::composefs::image_path(store, top);
+            let image = crate::lowers::composefs::image_path(store, top);
             if !image.is_file() {
                 let detail = format!(
                     "container `{}` mounts this composefs metadata image, which is gone; `mount` builds it again from the layers",
@@ -149,7 +149,7 @@ pub fn check_verified(
                 );
                 findings.fix(found("missing_composefs_image", &image, &detail), &|| {
                     let _layers = store.use_layers()?;
-                    crate::composefs::ensure(store, mounter, &record.layers)?;
+                    crate::lowers::composefs::ensure(store, mounter, &record.layers)?;
                     Ok(())
                 });
                 // Its old mount (if any) shows the image that is gone: `mount` mounts
@@ -170,7 +170,9 @@ pub fn check_verified(
                 &rootfs,
                 "recorded as mounted, but nothing is mounted there (a host restart?)",
             );
-            findings.fix(problem, &|| crate::mount(store, mounter, &record.id));
+            findings.fix(problem, &|| {
+                crate::lifecycle::remount::mount(store, mounter, &record.id)
+            });
         }
     }
 
@@ -219,7 +221,7 @@ pub fn check_verified(
             ));
         } else {
             let problem = found("bad_layer", &dir, &why);
-            findings.fix(problem, &|| clean::remove_unmounted(mounter, &dir));
+            findings.fix(problem, &|| crate::uppers::remove_unmounted(mounter, &dir));
         }
     }
 
@@ -228,7 +230,7 @@ pub fn check_verified(
         // an image or object while it is read.
         let damages = {
             let _layers = store.use_layers()?;
-            crate::composefs_verify::verify(store)?
+            crate::gc::composefs_verify::verify(store)?
         };
         let in_use_at_scan = composefs_in_use(store, &scan);
         for damage in damages {
@@ -249,15 +251,15 @@ pub fn check_verified(
             let top = damage.image_top.clone().unwrap_or_default();
             findings.fix(problem, &|| {
                 let _no_create_in_flight = store.collect_layers_lock()?;
-                let scan = crate::record::scan(store)?;
+                let scan = crate::model::record::scan(store)?;
                 if !scan.bad.is_empty() || composefs_in_use(store, &scan).contains(&top) {
                     return Err(RootfsError::Refused(
                         "a container started using it meanwhile: left in place".into(),
                     ));
                 }
-                clean::remove_unmounted(mounter, &damage.path.with_extension("mnt"))?;
+                crate::uppers::remove_unmounted(mounter, &damage.path.with_extension("mnt"))?;
                 // With its digest and marks; a refusal too, so `auto` builds it again.
-                crate::composefs::remove_image(&damage.path).map_err(Into::into)
+                crate::lowers::composefs::remove_image(&damage.path).map_err(Into::into)
             });
         }
     }
@@ -303,11 +305,13 @@ pub fn check_verified(
 }
 
 /// The images (top chain ID hex) composefs containers (in `scan`) and pool targets use.
-fn composefs_in_use(store: &Store, scan: &crate::record::Scan) -> HashSet<String> {
+fn composefs_in_use(store: &Store, scan: &crate::model::record::Scan) -> HashSet<String> {
     scan.containers
         .iter()
-        .filter_map(crate::composefs::image_of)
-        .chain(crate::pool::composefs_target_images(store))
+        .filter_map(crate::lowers::composefs::image_of)
+        .chain(crate::providers::pooled::pool::composefs_target_images(
+            store,
+        ))
         .collect()
 }
 

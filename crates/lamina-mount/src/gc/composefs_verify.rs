@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 
 use composefs::fsverity::{FsVerityHashValue, FsVerityHasher, compute_verity};
 
-use crate::collect::file_name;
-use crate::composefs::{ObjectId, digest_path};
-use crate::composefs_collect::entries;
+use crate::fsutil::entries;
+use crate::fsutil::file_name;
+use crate::lowers::composefs::{ObjectId, digest_path};
 use lamina_store::{Store, StoreError};
 
 /// A composefs file that is not what it was written as.

@@ -18,7 +18,7 @@ use lamina_image::Digest;
 use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 
-use crate::{RootfsError, plan};
+use crate::{RootfsError, lowers::plan};
 
 /// Name of the empty directory overlay gets as a second lower for single-layer images.
 const EMPTY: &str = "empty";
@@ -198,7 +198,7 @@ fn in_flight(lease: &Path) -> bool {
 fn live_leases(store: &Store) -> Result<Option<HashSet<PathBuf>>, RootfsError> {
     let mut live = HashSet::new();
     for dir in store.all_container_dirs()? {
-        match crate::record::read_in(store, &dir) {
+        match crate::model::record::read_in(store, &dir) {
             Ok(container) => live.extend(container.and_then(|c| c.rootfs.lease)),
             Err(StoreError::BadRecord { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),

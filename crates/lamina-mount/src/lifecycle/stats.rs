@@ -7,9 +7,9 @@ use lamina_sys::Mounter;
 use serde::Serialize;
 
 use crate::RootfsError;
-use crate::one_step::holding_id;
-use crate::record;
-use crate::{UpperBackend, isolated};
+use crate::lifecycle::one_step::holding_id;
+use crate::model::record;
+use crate::{UpperBackend, uppers::isolated};
 
 /// `{"disk_usage":{...}}`, GrootFS's shape (its stats_test.go).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

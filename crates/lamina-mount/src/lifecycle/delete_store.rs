@@ -40,7 +40,7 @@ pub fn delete_store(store: &Store, mounter: &dyn Mounter) -> Result<usize, Rootf
             continue;
         };
         for entry in entries.flatten() {
-            crate::isolated::delete_subvolume_in(mounter, &entry.path())?;
+            crate::uppers::isolated::delete_subvolume_in(mounter, &entry.path())?;
         }
     }
     lamina_store::remove_tree(root).map_err(StoreError::io("removing", root))?;

@@ -9,7 +9,10 @@ use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 use serde::Serialize;
 
-use crate::{RootfsError, collect, delete, pool, shared};
+use crate::uppers::remove_unmounted;
+use crate::{
+    RootfsError, gc::collect, lifecycle::delete, providers::pooled::pool, providers::shared_ro,
+};
 
 /// What `clean` found, finished and removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -90,7 +93,7 @@ pub fn clean(
             return Ok(report);
         }
     }
-    report.shared_released = shared::recount(store, mounter)?;
+    report.shared_released = shared_ro::recount(store, mounter)?;
     report.pool_released = pool::release_stale(store, mounter)?;
     let collected = collect::collect_unused(store, mounter)?;
     report.layers_removed = collected.layers;
@@ -187,7 +190,7 @@ pub(crate) fn crashed_creates(
 /// Whether `dir` holds a record, readable or not. A container whose record is torn was
 /// created (its record is written last), so it is never taken for a crashed create.
 fn has_record(store: &Store, dir: &Path) -> Result<bool, StoreError> {
-    match crate::record::read_in(store, dir) {
+    match crate::model::record::read_in(store, dir) {
         Ok(record) => Ok(record.is_some()),
         Err(StoreError::BadRecord { .. }) => Ok(true),
         Err(e) => Err(e),
@@ -197,7 +200,7 @@ fn has_record(store: &Store, dir: &Path) -> Result<bool, StoreError> {
 /// Containers in `images/` whose record cannot be read: each is reported, and while any
 /// is there no layer is collected (what it uses is unknown).
 fn unreadable_records(store: &Store) -> Result<Vec<String>, StoreError> {
-    let scan = crate::record::scan(store)?;
+    let scan = crate::model::record::scan(store)?;
     for bad in &scan.bad {
         tracing::warn!(container = %bad.id, record = %bad.path.display(), why = %bad.why, "container record is unreadable: run `lamina check`");
     }
@@ -260,24 +263,6 @@ fn is_abandoned(store: &Store, path: &Path) -> Result<bool, RootfsError> {
         name.starts_with("delete-") // an older lamina's removals
     };
     Ok(free && path.symlink_metadata().is_ok())
-}
-
-/// Unmounts everything beneath `dir` (deepest first), deletes a quota upper's subvolume
-/// in it, then removes it.
-pub(crate) fn remove_unmounted(mounter: &dyn Mounter, dir: &Path) -> Result<(), RootfsError> {
-    for mount in mounter.mounts_under(dir)? {
-        mounter.unmount(&mount)?;
-    }
-    // A file (a composefs image being written) has nothing mounted or made beneath it.
-    if dir.symlink_metadata().is_ok_and(|m| !m.is_dir()) {
-        return fs::remove_file(dir).map_err(|e| StoreError::io("removing", dir)(e).into());
-    }
-    crate::isolated::delete_subvolume_in(mounter, dir)?;
-    match lamina_store::remove_tree(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(StoreError::io("removing", dir)(e).into()),
-    }
 }
 
 #[cfg(test)]

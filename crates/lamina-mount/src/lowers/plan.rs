@@ -84,7 +84,8 @@ pub fn read_write(
 /// data only from an object whose sealed digest is the one the image names.
 fn composefs_sealed(store: &Store, chain_ids: &[Digest]) -> bool {
     chain_ids.last().is_some_and(|top| {
-        crate::composefs::verity_path(&crate::composefs::image_path(store, top)).is_file()
+        crate::lowers::composefs::verity_path(&crate::lowers::composefs::image_path(store, top))
+            .is_file()
     })
 }
 
@@ -95,7 +96,9 @@ fn composefs_sealed(store: &Store, chain_ids: &[Digest]) -> bool {
 fn composefs_lowers(spec: &mut OverlaySpec, store: &Store, chain_ids: &[Digest]) {
     spec.lowers = chain_ids
         .last()
-        .map(|top| crate::composefs::mount_path(store, top).join(crate::composefs::ROOTFS))
+        .map(|top| {
+            crate::lowers::composefs::mount_path(store, top).join(crate::lowers::composefs::ROOTFS)
+        })
         .into_iter()
         .collect();
     spec.lower_idmap = None;
