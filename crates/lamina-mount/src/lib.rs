@@ -31,11 +31,9 @@ pub use choose::{COMPOSEFS_FROM_LAYERS, Choice, MetadataImage, Pools, Request, c
 pub use gc::check::{CheckReport, Problem, check, check_verified};
 pub use gc::clean::{CleanReport, clean, remove_crashed_create};
 pub use lifecycle::attach::{
-    Attach, UpperToCommit, attach, commit_upper, create_empty, refuse_upper_in_use, upper_to_commit,
+    UpperToCommit, attach, commit_upper, create_empty, refuse_upper_in_use, upper_to_commit,
 };
-pub use lifecycle::create::{
-    CreateOptions, Created, Layers, StoredLayers, ToMount, create, create_from,
-};
+pub use lifecycle::create::{Created, Layers, StoredLayers, create, create_from};
 pub use lifecycle::delete::{Deleted, Reaped, delete, reap};
 pub use lifecycle::delete_store::delete_store;
 pub use lifecycle::init_store::init_store;
@@ -44,6 +42,7 @@ pub use lifecycle::stats::{DiskUsage, Stats, Written, stats, written};
 pub use model::record::{Container, RootfsRecord, UpperFsRecord};
 pub use model::strategy::{Strategies, UpperBackend};
 pub use model::{Flavor, Model, Provider, Teardown};
+pub use providers::{Attach, CreateOptions, ToMount};
 pub use uppers::isolated::{DiskLimit, UpperPlan};
 
 use lamina_store::StoreError;

@@ -13,7 +13,7 @@ use lamina_sys::Mounter;
 use crate::lifecycle::one_step::holding_id;
 use crate::model::Teardown;
 use crate::model::record::{self, Container};
-use crate::{RootfsError, providers::shared_ro, uppers::isolated};
+use crate::{RootfsError, uppers::isolated};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {
@@ -65,9 +65,7 @@ fn delete_locked(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Delet
     if !store.remove_container_dirs(id)? {
         return Ok(Deleted::NotFound);
     }
-    if let Some(lease) = container.and_then(|c| c.rootfs.lease) {
-        shared_ro::release(store, mounter, &lease)?;
-    }
+    crate::providers::release(store, mounter, container.as_ref())?;
     Ok(Deleted::Removed)
 }
 
@@ -173,12 +171,9 @@ fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
     let Some(container) = container.filter(|c| c.rootfs.mounted) else {
         return;
     };
-    // Read-only: nothing written to discard.
-    let Some(flavor) = container.model().writable() else {
+    // Read-only, or a tmpfs upper that is never written back: nothing to save.
+    if !container.model().writes_back() {
         return;
-    };
-    if flavor.isolated == Some(crate::UpperBackend::Memory) {
-        return; // a tmpfs upper is never written back: nothing to save by unlinking
     }
     let dirs = container.dirs_in(dir.to_path_buf());
     if mounts.contains(&dirs.rootfs) {
@@ -204,8 +199,6 @@ fn teardown(
     }
     isolated::delete_subvolume_in(mounter, dir)?;
     lamina_store::remove_tree(dir).map_err(StoreError::io("removing", dir))?;
-    if let Some(lease) = container.and_then(|c| c.rootfs.lease) {
-        shared_ro::release(store, mounter, &lease)?;
-    }
+    crate::providers::release(store, mounter, container.as_ref())?;
     Ok(())
 }

@@ -148,6 +148,41 @@ impl Model {
         }
     }
 
+    /// A volatile upper: the kernel marks its work dir at every mount, and only lamina's
+    /// clean `unmount` removes the mark.
+    pub fn volatile(&self) -> bool {
+        self.flavor().is_some_and(|f| f.volatile)
+    }
+
+    /// Lowers are the image's composefs metadata image over the store's objects.
+    pub fn composefs(&self) -> bool {
+        self.flavor().is_some_and(|f| f.composefs)
+    }
+
+    /// Copy-ups are metadata-only (metacopy, and composefs, whose files are metacopy
+    /// inodes): what a committed upper needs filled from its lowers.
+    pub fn metadata_copy_up(&self) -> bool {
+        self.flavor().is_some_and(|f| f.metacopy || f.composefs)
+    }
+
+    /// The upper's own filesystem, if it has one.
+    pub fn upper_backend(&self) -> Option<UpperBackend> {
+        self.flavor().and_then(|f| f.isolated)
+    }
+
+    /// An overlay only lamina mounts (a caller binds it): a volatile one (see
+    /// [`Model::volatile`]), or a composefs one, whose lower is lamina's own EROFS mount.
+    pub fn mounted_by_lamina_only(&self) -> bool {
+        self.volatile() || self.composefs()
+    }
+
+    /// A read-write rootfs whose writes are written back at unmount (not a tmpfs upper):
+    /// what the reaper unlinks first so no unmount waits on their writeback.
+    pub fn writes_back(&self) -> bool {
+        self.writable()
+            .is_some_and(|f| f.isolated != Some(UpperBackend::Memory))
+    }
+
     pub fn deferred(&self) -> bool {
         self.teardown == Teardown::Deferred
     }

@@ -25,7 +25,7 @@ use lamina_store::{BadRecord, ContainerDirs, ContainerRecord, IdMap, Layout, Sto
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::model::{Flavor, Model, Provider};
+use crate::model::{Model, Provider};
 use crate::{Strategies, UpperBackend};
 
 /// The `rootfs` format this lamina writes; a higher one is refused, not guessed at.
@@ -108,8 +108,14 @@ impl Container {
 
     /// The container's directories under `base`, in the shape its model gives them.
     pub fn dirs_in(&self, base: PathBuf) -> ContainerDirs {
-        let isolated = self.model().flavor().is_some_and(|f| f.isolated.is_some());
-        ContainerDirs::shaped(base, isolated)
+        ContainerDirs::shaped(base, self.model().upper_backend().is_some())
+    }
+
+    /// Only lamina mounts this rootfs (a caller binds it): see
+    /// [`Model::mounted_by_lamina_only`]; an idmapped overlay too, as no option string
+    /// can carry an idmap.
+    pub fn mounted_by_lamina_only(&self) -> bool {
+        self.model().mounted_by_lamina_only() || self.rootfs.idmap.is_some()
     }
 
     /// Its directories in `images/`.
@@ -309,11 +315,6 @@ impl RootfsRecord {
         }
         Ok(())
     }
-}
-
-/// The flavour an overlay container's record says it has (plain for the binds).
-pub(crate) fn flavor_of(rootfs: &RootfsRecord) -> Flavor {
-    rootfs.model.flavor().unwrap_or(Flavor::PLAIN)
 }
 
 /// Container `id`, read and checked.

@@ -15,11 +15,60 @@ use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
 use lamina_store::{Store, StoreError};
-use lamina_sys::{At, HostFs};
+use lamina_sys::{At, HostFs, Mounter};
 use rustix::fs::{AtFlags, CWD, FileType, Timespec, Timestamps};
+
+use crate::RootfsError;
+use crate::model::record::Container;
+use crate::providers::{Attach, Made, Provide, bind_dir, record_mounted};
 
 // Owners, whiteouts and xattrs are read and set through the store's host (the kernel
 // seam): a layer's owners and overlay markers are what an import through it recorded.
+
+/// A read-only bind of the image's one layer, or of its flattened tree (made first if it
+/// is not there).
+pub(crate) fn provide<'a>(cx: &Provide<'a, '_>) -> Result<Made<'a>, RootfsError> {
+    let source = source(cx.store, cx.chain_ids)?;
+    let claim = cx.store.create_container_dirs(cx.id)?;
+    bind_dir(
+        cx.store,
+        cx.mounter,
+        claim,
+        source,
+        None,
+        cx.choice.model,
+        cx.options.without_mount,
+    )
+}
+
+/// Binds the recorded tree again.
+pub(crate) fn mount_again(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &mut Container,
+) -> Result<(), RootfsError> {
+    let source = bound(container)?;
+    mounter.bind_read_only(&source, &container.dirs(store).rootfs)?;
+    record_mounted(store, container)
+}
+
+/// The recorded tree, bound read-only by the caller.
+pub(crate) fn attach(container: &Container) -> Result<Attach, RootfsError> {
+    Ok(Attach::Bind {
+        source: bound(container)?,
+        read_only: true,
+    })
+}
+
+/// The tree a direct container's record names (checked to be the store's when read).
+fn bound(container: &Container) -> Result<PathBuf, RootfsError> {
+    container.rootfs.bind_source.clone().ok_or_else(|| {
+        RootfsError::Refused(format!(
+            "container `{}`: its direct record names no tree to bind",
+            container.id()
+        ))
+    })
+}
 
 /// The directory a direct container binds: the layer itself when the image has one
 /// layer with nothing for overlay to interpret, otherwise the image's flattened tree.

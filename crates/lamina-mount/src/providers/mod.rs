@@ -1,6 +1,179 @@
-//! The providers: how a container's rootfs comes to exist. One module each; the
-//! dispatch from a [`crate::Provider`] to its module is in this file.
+//! The providers: how a container's rootfs comes to exist. One module each — [`fresh`]
+//! (an overlay mounted for this container), [`pooled`], [`shared_ro`], [`direct`] — and in
+//! this file the one `match` per lifecycle step that sends a model to its module:
+//! [`admit`] (before any layer is fetched), [`provide`] (create), [`mount_again`] (mount
+//! after an unmount or a host restart), [`attach`] (what a caller that mounts for itself
+//! binds) and [`release`] (what delete lets go of).
+//!
+//! An overlay provider composes its lowers ([`crate::lowers`]: the layers, or a composefs
+//! image) with an upper ([`crate::uppers`]: the store, a disk, memory, a quota): neither is
+//! decided again in a provider.
 
 pub mod direct;
+pub mod fresh;
+mod made;
+mod one_page;
 pub mod pooled;
 pub mod shared_ro;
+
+use std::path::PathBuf;
+
+use lamina_image::Digest;
+use lamina_store::{IdMap, Store};
+use lamina_sys::{DiskFs, Mounter};
+
+use crate::choose::Choice;
+use crate::model::Provider;
+use crate::model::record::Container;
+use crate::uppers::isolated::{DiskLimit, UpperPlan};
+use crate::{RootfsError, Strategies};
+
+pub use made::ToMount;
+pub(crate) use made::{Made, Undo, bind_dir};
+
+/// Options for one create.
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// Leave mounting to the caller (Garden's `--without-mount`): record what to mount,
+    /// mount nothing for the container.
+    pub without_mount: bool,
+    /// With `without_mount`, a pooled strategy still claims a ready pre-mounted overlay
+    /// (the caller binds it: containerd's snapshotter), and the record says it is mounted.
+    pub claim_pooled_without_mount: bool,
+    /// With `without_mount`, a volatile or composefs overlay is still mounted by lamina
+    /// (the caller binds it: containerd's snapshotter, which then need not know that a
+    /// composefs overlay's lower must be mounted first). The kernel marks a volatile
+    /// upper's work dir when it mounts it and refuses every later mount until the
+    /// marker goes, which only lamina's own `unmount` does after a clean sync; an
+    /// overlay the caller mounted and unmounted itself could never be mounted again (a
+    /// task restart).
+    pub mount_volatile_without_mount: bool,
+    pub strategies: Strategies,
+    pub read_only: bool,
+    pub ephemeral: bool,
+    /// Garden's `--disk-limit-size-bytes`: the most the container may use.
+    pub disk_limit: Option<DiskLimit>,
+    /// What isolated uppers on disk are formatted with.
+    pub disk_fs: DiskFs,
+    /// Overlay options appended to a freshly mounted read-write overlay: how benchmarks
+    /// reproduce other kernels' behaviour here (`fsync=strict` is 6.12–6.14's).
+    pub extra_overlay_options: Vec<(String, Option<String>)>,
+    /// This container's own uid/gid mapping (containerd's `uidmapping`/`gidmapping`
+    /// labels): its layers show through an idmapped mount of each, so files owned by 0
+    /// in the image are the mapped root's. lamina mounts such an overlay itself, even
+    /// with `without_mount`: an option string cannot carry an idmap.
+    pub idmap: Option<IdMap>,
+}
+
+/// One create's question to a provider: the layers (in the store), the container's ID,
+/// what was chosen, and the upper planned for it.
+pub(crate) struct Provide<'a, 'r> {
+    pub(crate) store: &'a Store,
+    pub(crate) mounter: &'a dyn Mounter,
+    pub(crate) chain_ids: &'r [Digest],
+    pub(crate) id: &'r str,
+    pub(crate) choice: &'r Choice,
+    pub(crate) upper: Option<UpperPlan>,
+    pub(crate) options: &'r CreateOptions,
+}
+
+/// What a caller mounts to see a container's rootfs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attach {
+    /// A recursive bind of this directory.
+    Bind { source: PathBuf, read_only: bool },
+    /// An overlay with these options (lowerdir, upperdir, workdir, flavour, ro).
+    Overlay { options: Vec<String> },
+}
+
+/// Refuses, before any layer is fetched, what the chosen provider cannot serve for
+/// these options: a refusal should not cost the caller a pull.
+pub(crate) fn admit(
+    choice: &Choice,
+    idmapped_layers: bool,
+    options: &CreateOptions,
+) -> Result<(), RootfsError> {
+    if choice.model.composefs() {
+        crate::lowers::composefs::admit(idmapped_layers || options.idmap.is_some())?;
+    }
+    match choice.model.provider {
+        // Pool slots are mounted read-write overlays: a named `pooled` is served from
+        // the pool of its flavour or refused, never replaced.
+        Provider::Pooled { .. }
+            if choice.named && options.without_mount && !options.claim_pooled_without_mount =>
+        {
+            Err(RootfsError::PoolWithoutMount)
+        }
+        Provider::Fresh { .. }
+        | Provider::Pooled { .. }
+        | Provider::SharedRo
+        | Provider::Direct => Ok(()),
+    }
+}
+
+/// Provides the rootfs `cx.choice` names in the container's new directory.
+pub(crate) fn provide<'a>(cx: &Provide<'a, '_>) -> Result<Made<'a>, RootfsError> {
+    match cx.choice.model.provider {
+        Provider::Fresh { flavor, read_only } => fresh::provide(cx, flavor, read_only),
+        Provider::Pooled { flavor } => pooled::provide(cx, flavor),
+        Provider::SharedRo => shared_ro::provide(cx),
+        Provider::Direct => direct::provide(cx),
+    }
+}
+
+/// Mounts an unmounted container's rootfs again as its record describes, and records it
+/// mounted.
+pub(crate) fn mount_again(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &mut Container,
+) -> Result<(), RootfsError> {
+    let dirs = container.dirs(store);
+    crate::uppers::mount_again(mounter, container, &dirs)?;
+    match container.model().provider {
+        Provider::Fresh { flavor, read_only } => {
+            fresh::mount_again(store, mounter, container, flavor, read_only)
+        }
+        // A claimed pool slot is an ordinary read-write overlay once unmounted.
+        Provider::Pooled { flavor } => fresh::mount_again(store, mounter, container, flavor, false),
+        Provider::SharedRo => shared_ro::mount_again(store, mounter, container),
+        Provider::Direct => direct::mount_again(store, mounter, container),
+    }
+}
+
+/// What a caller that mounts for itself mounts for a container lamina has not mounted.
+pub(crate) fn attach(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &Container,
+) -> Result<Attach, RootfsError> {
+    match container.model().provider {
+        Provider::Fresh { .. } | Provider::Pooled { .. } => {
+            fresh::attach(store, mounter, container)
+        }
+        Provider::SharedRo => shared_ro::attach(store, mounter, container),
+        Provider::Direct => direct::attach(container),
+    }
+}
+
+/// Lets go of what a deleted container held outside its directory (its removal done).
+pub(crate) fn release(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: Option<&Container>,
+) -> Result<(), RootfsError> {
+    let Some(container) = container else {
+        return Ok(());
+    };
+    match container.model().provider {
+        Provider::SharedRo => shared_ro::release_lease(store, mounter, container),
+        Provider::Fresh { .. } | Provider::Pooled { .. } | Provider::Direct => Ok(()),
+    }
+}
+
+/// Records `container` mounted (the last step of every [`mount_again`]).
+fn record_mounted(store: &Store, container: &mut Container) -> Result<(), RootfsError> {
+    container.rootfs.mounted = true;
+    crate::model::record::write(store, container)?;
+    Ok(())
+}

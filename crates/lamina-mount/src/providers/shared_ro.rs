@@ -18,7 +18,10 @@ use lamina_image::Digest;
 use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 
-use crate::{RootfsError, lowers::plan};
+use crate::RootfsError;
+use crate::lowers::plan;
+use crate::model::record::Container;
+use crate::providers::{Attach, Made, Provide, bind_dir, record_mounted};
 
 /// Name of the empty directory overlay gets as a second lower for single-layer images.
 const EMPTY: &str = "empty";
@@ -38,6 +41,85 @@ fn lock_name(dir: &Path) -> String {
         "shared-{}",
         dir.file_name().unwrap_or_default().to_string_lossy()
     )
+}
+
+/// A read-only bind of the image's shared overlay (mounted first if it is not), under a
+/// lease the record names.
+pub(crate) fn provide<'a>(cx: &Provide<'a, '_>) -> Result<Made<'a>, RootfsError> {
+    let (store, mounter) = (cx.store, cx.mounter);
+    let acquired = acquire(store, mounter, cx.chain_ids)?;
+    let claim = match store.create_container_dirs(cx.id) {
+        Ok(claim) => claim,
+        Err(e) => {
+            release(store, mounter, &acquired.lease)?;
+            return Err(e.into());
+        }
+    };
+    let mut made = bind_dir(
+        store,
+        mounter,
+        claim,
+        acquired.rootfs.clone(),
+        Some(acquired.lease.clone()),
+        cx.choice.model,
+        cx.options.without_mount,
+    )?;
+    made.lease_in_flight = Some(acquired);
+    Ok(made)
+}
+
+/// Binds the container's rootfs again. The shared mount may be gone (host restart): a
+/// fresh lease is taken, recorded, and only then the old one dropped.
+pub(crate) fn mount_again(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &mut Container,
+) -> Result<(), RootfsError> {
+    let dirs = container.dirs(store);
+    let acquired = acquire(store, mounter, &container.record.layers)?;
+    if let Err(e) = mounter.bind_read_only(&acquired.rootfs, &dirs.rootfs) {
+        release(store, mounter, &acquired.lease)?;
+        return Err(e.into());
+    }
+    let old = container.rootfs.lease.replace(acquired.lease.clone());
+    container.rootfs.bind_source = Some(acquired.rootfs.clone());
+    record_mounted(store, container)?;
+    if let Some(old) = old.filter(|o| *o != acquired.lease) {
+        release(store, mounter, &old)?;
+    }
+    Ok(())
+}
+
+/// The shared overlay, mounted again first if a host restart took it away.
+pub(crate) fn attach(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &Container,
+) -> Result<Attach, RootfsError> {
+    let (Some(source), Some(lease)) = (&container.rootfs.bind_source, &container.rootfs.lease)
+    else {
+        return Err(RootfsError::Refused(format!(
+            "container `{}`: its shared-ro record names no shared mount",
+            container.id()
+        )));
+    };
+    remount_shared(store, mounter, lease, &container.record.layers)?;
+    Ok(Attach::Bind {
+        source: source.clone(),
+        read_only: true,
+    })
+}
+
+/// Drops the lease a deleted container held.
+pub(crate) fn release_lease(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &Container,
+) -> Result<(), RootfsError> {
+    match &container.rootfs.lease {
+        Some(lease) => release(store, mounter, lease),
+        None => Ok(()),
+    }
 }
 
 /// Mounts the image's shared read-only overlay if it is not mounted, and takes a lease.
@@ -74,7 +156,7 @@ pub(crate) fn acquire(
 /// host restart unmounted it): a bind of it would otherwise hand the caller the empty
 /// directory beneath (review finding: a shared-ro snapshot's Mounts after a restart).
 /// `chain_ids` are the container's layers; the shared directory must be theirs.
-pub(crate) fn mount_again(
+pub(crate) fn remount_shared(
     store: &Store,
     mounter: &dyn Mounter,
     lease: &Path,

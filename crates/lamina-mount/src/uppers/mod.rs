@@ -8,10 +8,15 @@ pub mod isolated;
 use std::fs;
 use std::path::Path;
 
-use lamina_store::StoreError;
-use lamina_sys::Mounter;
+use lamina_image::Digest;
+use lamina_store::Store;
+use lamina_store::{ContainerDirs, StoreError};
+use lamina_sys::{DiskFs, Mounter};
 
 use crate::RootfsError;
+use crate::model::Model;
+use crate::model::record::Container;
+use isolated::{DiskLimit, UpperPlan};
 
 /// Unmounts everything beneath `dir` (deepest first), deletes a quota upper's subvolume
 /// in it, then removes it.
@@ -29,4 +34,37 @@ pub(crate) fn remove_unmounted(mounter: &dyn Mounter, dir: &Path) -> Result<(), 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(StoreError::io("removing", dir)(e).into()),
     }
+}
+
+/// Mounts `container`'s own upper filesystem again if it has one and it is not mounted
+/// (after a host restart); a memory upper is gone, which is an error.
+pub(crate) fn mount_again(
+    mounter: &dyn Mounter,
+    container: &Container,
+    dirs: &ContainerDirs,
+) -> Result<(), RootfsError> {
+    let Some(upper) = &container.rootfs.upper_fs else {
+        return Ok(());
+    };
+    let plan = UpperPlan::from_record(upper).map_err(|why| StoreError::BadRecord {
+        id: container.id().into(),
+        path: dirs.base.join("container.json"),
+        why,
+    })?;
+    isolated::remount(mounter, container.id(), dirs, &plan)
+}
+
+/// The upper filesystem `model` gives a container of `chain_ids`, sized by its disk limit;
+/// `None`: the upper is a directory on the store's filesystem.
+pub(crate) fn plan(
+    store: &Store,
+    chain_ids: &[Digest],
+    model: Model,
+    disk_limit: Option<DiskLimit>,
+    disk_fs: DiskFs,
+) -> Result<Option<UpperPlan>, RootfsError> {
+    model
+        .upper_backend()
+        .map(|backend| isolated::plan_for(store, chain_ids, backend, disk_limit, disk_fs))
+        .transpose()
 }

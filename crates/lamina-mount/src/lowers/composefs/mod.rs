@@ -138,6 +138,18 @@ pub fn ensure_within(
     Ok(image)
 }
 
+/// composefs's metadata image is one EROFS mount per image, shared by every container
+/// of it: it is not idmapped, so a store that idmaps its layers, or a container with an
+/// idmap of its own, is refused.
+pub(crate) fn admit(idmapped: bool) -> Result<(), RootfsError> {
+    if idmapped {
+        return Err(RootfsError::Refused(
+            "strategy `composefs` does not idmap its metadata image: use it in a store that does not idmap layers, without an idmap of the container's own".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The image's metadata image, built if need be, mounted (read-only, file-backed EROFS)
 /// on `composefs/<top>.mnt` if it is not: the one lower every composefs overlay of the
 /// image names, so a thousand containers share one EROFS superblock and its inode
