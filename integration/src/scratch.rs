@@ -220,7 +220,7 @@ pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
 /// for each file).
 pub fn used_bytes(path: &Path) -> u64 {
     let dir = std::fs::File::open(path).expect("opening a directory to statfs");
-    rustix::fs::syncfs(&dir).expect("syncfs");
+    lamina_sys::HostFs::syncfs(&lamina_sys::RealHost, &dir, path).expect("syncfs");
     let st = rustix::fs::fstatvfs(&dir).expect("statfs");
     (st.f_blocks - st.f_bfree) * st.f_frsize
 }

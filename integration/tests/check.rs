@@ -2,6 +2,9 @@
 //! by `check` (exit 1, one JSON line), fixed by `check --repair`, and gone afterwards,
 //! with the live container untouched.
 
+// The test reads and changes the host as a user or attacker would, not through
+// lamina's kernel seam.
+#![allow(clippy::disallowed_methods)]
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 

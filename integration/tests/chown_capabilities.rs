@@ -4,6 +4,9 @@
 //! like an owner (a v2 value's implied rootid 0 too, so the image's root's capability is
 //! the mapped root's). An idmapped store chowns nothing and keeps the value on disk.
 
+// The test reads and changes the host as a user or attacker would, not through
+// lamina's kernel seam.
+#![allow(clippy::disallowed_methods)]
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 

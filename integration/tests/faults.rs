@@ -3,6 +3,9 @@
 //! clear error or the strategy's documented deferral, loses no metadata, and leaves a
 //! store that works again once the cause is gone.
 
+// The test reads and changes the host as a user or attacker would, not through
+// lamina's kernel seam.
+#![allow(clippy::disallowed_methods)]
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 

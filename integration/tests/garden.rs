@@ -2,6 +2,9 @@
 //! threshold and `create --with-clean`, uid/gid-mapped stores booted in a user namespace
 //! by runc, and locking between separate processes (including a killed one).
 
+// The test reads and changes the host as a user or attacker would, not through
+// lamina's kernel seam.
+#![allow(clippy::disallowed_methods)]
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 

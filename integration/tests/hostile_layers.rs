@@ -7,6 +7,9 @@
 //!
 //! Each case builds its image in code; `docs/security.md` lists what each one proves.
 
+// The test reads and changes the host as a user or attacker would, not through
+// lamina's kernel seam.
+#![allow(clippy::disallowed_methods)]
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 

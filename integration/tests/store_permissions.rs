@@ -6,6 +6,9 @@
 //! in the way. A store that an older lamina (or an operator) left open is tightened by
 //! the next command that opens it.
 
+// The test reads and changes the host as a user or attacker would, not through
+// lamina's kernel seam.
+#![allow(clippy::disallowed_methods)]
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 

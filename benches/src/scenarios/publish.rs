@@ -112,5 +112,5 @@ fn upper(rig: &Rig, snapshotter: &Snapshotter, key: &str) -> PathBuf {
 
 fn sync_store(root: &Path) {
     let dir = std::fs::File::open(root).expect("store root");
-    rustix::fs::syncfs(&dir).expect("syncfs");
+    lamina_sys::HostFs::syncfs(&lamina_sys::RealHost, &dir, root).expect("syncfs");
 }

@@ -86,11 +86,12 @@ impl Snapshotter {
         if !self.store.has_layer(&committing.layer) {
             let publish = |upper: &lamina_mount::UpperToCommit| -> Result<(), SnapshotError> {
                 if let Some(lowers) = &upper.metacopy_lowers {
-                    let filled = complete_metacopies(&upper.upper, lowers).map_err(|e| {
-                        SnapshotError::FailedPrecondition(format!(
-                            "snapshot `{key}`: completing metadata-only copy-ups: {e}"
-                        ))
-                    })?;
+                    let filled = complete_metacopies(&**self.store.host(), &upper.upper, lowers)
+                        .map_err(|e| {
+                            SnapshotError::FailedPrecondition(format!(
+                                "snapshot `{key}`: completing metadata-only copy-ups: {e}"
+                            ))
+                        })?;
                     tracing::debug!(key, filled, "filled metadata-only copy-ups");
                 }
                 self.store

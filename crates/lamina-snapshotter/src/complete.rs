@@ -8,11 +8,14 @@
 //! for the files that were metadata-copied, which is what metacopy saved in the first
 //! place.
 
+use std::ffi::OsStr;
 use std::fs::{File, FileTimes};
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use lamina_store::beneath::{Tree, proc_path};
+use lamina_sys::{At, HostFs};
 use rustix::fs::FileType;
 use rustix::io::Errno;
 
@@ -28,7 +31,11 @@ use crate::metacopy_origin::{METACOPY, REDIRECT, has};
 /// listed as (`lamina_store::beneath`). A file gone or replaced since it was listed is
 /// what the container did meanwhile, and is left to it. Each copy's data is looked up as
 /// overlay looks it up (`metacopy_origin.rs`).
-pub(crate) fn complete_metacopies(upper: &Path, lowers: &[PathBuf]) -> io::Result<usize> {
+pub(crate) fn complete_metacopies(
+    host: &dyn HostFs,
+    upper: &Path,
+    lowers: &[PathBuf],
+) -> io::Result<usize> {
     let upper = Tree::open(upper)?;
     let lowers = lowers
         .iter()
@@ -53,8 +60,8 @@ pub(crate) fn complete_metacopies(upper: &Path, lowers: &[PathBuf]) -> io::Resul
             Err(e) => return Err(e),
         };
         let regular = FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile;
-        if regular && has(&pinned, METACOPY)? {
-            fill(&upper, &entry.rel(), &proc_path(&pinned), &lowers)?;
+        if regular && has(host, &pinned, METACOPY)? {
+            fill(host, &upper, &entry.rel(), &pinned, &lowers)?;
             filled += 1;
         }
         Ok(true)
@@ -74,9 +81,15 @@ pub(crate) fn complete_metacopies(upper: &Path, lowers: &[PathBuf]) -> io::Resul
 
 /// Copies the data of the metadata-only copy `rel` (reached as `pinned`) in from the
 /// layer below that has it, and drops its markers.
-fn fill(upper: &Tree, rel: &Path, pinned: &Path, lowers: &[Tree]) -> io::Result<()> {
-    let mut data =
-        crate::metacopy_origin::open_origin(upper, rel, pinned, lowers)?.ok_or_else(|| {
+fn fill(
+    host: &dyn HostFs,
+    upper: &Tree,
+    rel: &Path,
+    pinned: &OwnedFd,
+    lowers: &[Tree],
+) -> io::Result<()> {
+    let mut data = crate::metacopy_origin::open_origin(host, upper, rel, pinned, lowers)?
+        .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
                 format!(
@@ -85,9 +98,10 @@ fn fill(upper: &Tree, rel: &Path, pinned: &Path, lowers: &[Tree]) -> io::Result<
                 ),
             )
         })?;
-    let before = std::fs::metadata(pinned)?;
+    let path = proc_path(pinned);
+    let before = std::fs::metadata(&path)?;
     // The pinned inode is a regular file (checked on its descriptor): no device opens.
-    let mut file = File::options().write(true).open(pinned)?;
+    let mut file = File::options().write(true).open(&path)?;
     io::copy(&mut data, &mut file)?;
     file.set_len(data.metadata()?.len())?;
     file.set_times(
@@ -95,12 +109,9 @@ fn fill(upper: &Tree, rel: &Path, pinned: &Path, lowers: &[Tree]) -> io::Result<
             .set_accessed(before.accessed()?)
             .set_modified(before.modified()?),
     )?;
-    file.sync_all()?;
+    host.fsync(&file, &path)?;
     for name in [METACOPY, REDIRECT] {
-        match rustix::fs::fremovexattr(&file, name) {
-            Ok(()) | Err(Errno::NODATA) => {}
-            Err(e) => return Err(e.into()),
-        }
+        host.remove_xattr(At::Fd(file.as_fd()), OsStr::new(name))?;
     }
     Ok(())
 }

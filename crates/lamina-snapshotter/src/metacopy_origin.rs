@@ -27,6 +27,7 @@ use std::path::{Component, Path};
 use std::rc::Rc;
 
 use lamina_store::beneath::{Tree, pin_at, proc_path};
+use lamina_sys::{At, HostFs};
 use rustix::fs::FileType;
 use rustix::io::Errno;
 
@@ -42,9 +43,10 @@ type Found = (usize, Rc<OwnedFd>);
 /// The data of the metadata-only copy at `rel` in `upper` (whose own inode `pinned`
 /// reaches), opened to read, from `lowers` (top-most first); `None` when no layer has it.
 pub(crate) fn open_origin(
+    host: &dyn HostFs,
     upper: &Tree,
     rel: &Path,
-    pinned: &Path,
+    pinned: &OwnedFd,
     lowers: &[Tree],
 ) -> io::Result<Option<File>> {
     let names: Vec<&OsStr> = rel
@@ -71,20 +73,22 @@ pub(crate) fn open_origin(
         let (dir, _) = pin_at(at.as_fd(), Path::new(dir_name))?;
         // An opaque directory of the upper hides every layer below; its redirect, if
         // any, is not read (the kernel stops there too).
-        stack = if marked(&dir, OPAQUE)? {
+        stack = if marked(host, &dir, OPAQUE)? {
             Vec::new()
         } else {
-            let mut lookup = Lookup::new(dir_name, redirect_of(&proc_path(&dir))?, true);
+            let mut lookup = Lookup::new(host, dir_name, redirect_of(host, &dir)?, true);
             lookup.run(&root, &stack)?.dirs
         };
         at = dir;
     }
-    let mut lookup = Lookup::new(file_name, redirect_of(pinned)?, false);
+    let mut lookup = Lookup::new(host, file_name, redirect_of(host, pinned)?, false);
     Ok(lookup.run(&root, &stack)?.file)
 }
 
 /// One name's lookup in the lower layers (the kernel's `ovl_lookup_data`).
-struct Lookup {
+struct Lookup<'h> {
+    /// Reads the entries' overlay xattrs (the kernel seam).
+    host: &'h dyn HostFs,
     /// The name asked: one name, or a path from the root (starting with `/`).
     name: Vec<u8>,
     /// Found as a directory (or looking for one, below a directory of the upper).
@@ -99,11 +103,12 @@ struct Outcome {
     file: Option<File>,
 }
 
-impl Lookup {
+impl<'h> Lookup<'h> {
     /// The lookup of `own`, as the upper's entry (with `redirect`, if it has one) asks it
     /// of the layers below; `dir`: the upper's entry is a directory.
-    fn new(own: &OsStr, redirect: Option<Vec<u8>>, dir: bool) -> Lookup {
+    fn new(host: &'h dyn HostFs, own: &OsStr, redirect: Option<Vec<u8>>, dir: bool) -> Self {
         Lookup {
+            host,
             name: redirect.unwrap_or_else(|| own.as_bytes().to_vec()),
             is_dir: dir,
             stop: false,
@@ -203,7 +208,7 @@ impl Lookup {
                 if last {
                     self.is_dir = true;
                 }
-                if marked(&fd, OPAQUE)? {
+                if marked(self.host, &fd, OPAQUE)? {
                     self.stop = true;
                 } else {
                     self.follow(&fd, prelen, post)?;
@@ -214,7 +219,7 @@ impl Lookup {
             // in, by an older lamina or elsewhere) holds no data: the lookup goes on below
             // it, where its redirect says (review finding: it was taken for the data, and
             // the fill wrote zeros).
-            FileType::RegularFile if last && !self.is_dir && has(&fd, METACOPY)? => {
+            FileType::RegularFile if last && !self.is_dir && has(self.host, &fd, METACOPY)? => {
                 self.follow(&fd, prelen, post)?;
                 Ok(None)
             }
@@ -232,7 +237,7 @@ impl Lookup {
     }
 }
 
-impl Lookup {
+impl<'h> Lookup<'h> {
     /// Takes the redirect of the entry `fd` pins, if it has one, as the name the layers
     /// below are asked (the kernel's `ovl_check_redirect`): an absolute one with what
     /// follows it, a relative one in place of this name. An absolute redirect goes on
@@ -240,7 +245,7 @@ impl Lookup {
     /// finding: `mkdir -p q/r; mv a/b/c q/r/cc` in one layer, then a file moved out of
     /// `cc` in the next, failed the commit).
     fn follow(&mut self, fd: &OwnedFd, prelen: usize, post: &[u8]) -> io::Result<()> {
-        let Some(redirect) = redirect_of(&proc_path(fd))? else {
+        let Some(redirect) = redirect_of(self.host, fd)? else {
             return Ok(());
         };
         let mut name = if redirect.first() == Some(&b'/') {
@@ -261,48 +266,40 @@ enum Entry {
     File(OwnedFd),
 }
 
-/// The redirect of the entry `pinned` reaches, if it has one: one name, or a path from
-/// the root. Anything else (`..`, `.`, an empty name, a `/` in a relative one) is refused,
+/// The redirect of the entry `fd` pins, if it has one: one name, or a path from the
+/// root. Anything else (`..`, `.`, an empty name, a `/` in a relative one) is refused,
 /// as the kernel refuses it.
-fn redirect_of(pinned: &Path) -> io::Result<Option<Vec<u8>>> {
-    let mut buf = vec![0u8; 4096];
-    let len = match rustix::fs::getxattr(pinned, REDIRECT, &mut buf) {
-        Ok(len) => len,
-        Err(Errno::NODATA) => return Ok(None),
-        Err(e) => return Err(e.into()),
+fn redirect_of(host: &dyn HostFs, fd: &OwnedFd) -> io::Result<Option<Vec<u8>>> {
+    let Some(raw) = host.get_xattr(At::Fd(fd.as_fd()), OsStr::new(REDIRECT))? else {
+        return Ok(None);
     };
-    let raw = &buf[..len];
     let plain = |name: &[u8]| !name.is_empty() && name != b"." && name != b"..";
     let valid = match raw.strip_prefix(b"/") {
         Some(path) => path.split(|&b| b == b'/').all(plain),
-        None => plain(raw) && !raw.contains(&b'/'),
+        None => plain(&raw) && !raw.contains(&b'/'),
     };
     if !valid {
         return Err(io::Error::other(format!(
             "redirect {:?} is neither a name nor a path from the root",
-            OsStr::from_bytes(raw)
+            OsStr::from_bytes(&raw)
         )));
     }
-    Ok(Some(raw.to_vec()))
+    Ok(Some(raw))
 }
 
 /// Whether the entry `fd` pins has xattr `name`, whatever its value.
-pub(crate) fn has(fd: &OwnedFd, name: &str) -> io::Result<bool> {
-    match rustix::fs::getxattr(proc_path(fd), name, &mut [0u8; 0][..]) {
-        Ok(_) | Err(Errno::RANGE) => Ok(true),
-        Err(Errno::NODATA) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
+pub(crate) fn has(host: &dyn HostFs, fd: &OwnedFd, name: &str) -> io::Result<bool> {
+    Ok(host
+        .get_xattr(At::Fd(fd.as_fd()), OsStr::new(name))?
+        .is_some())
 }
 
 /// Whether the entry `fd` pins has xattr `name` set to `y` (overlay's opaque mark).
-fn marked(fd: &OwnedFd, name: &str) -> io::Result<bool> {
-    let mut buf = [0u8; 1];
-    match rustix::fs::getxattr(proc_path(fd), name, &mut buf) {
-        Ok(1) => Ok(buf[0] == b'y'),
-        Ok(_) | Err(Errno::NODATA) | Err(Errno::RANGE) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
+fn marked(host: &dyn HostFs, fd: &OwnedFd, name: &str) -> io::Result<bool> {
+    Ok(host
+        .get_xattr(At::Fd(fd.as_fd()), OsStr::new(name))?
+        .as_deref()
+        == Some(b"y"))
 }
 
 #[cfg(test)]
@@ -311,7 +308,13 @@ mod tests {
     use std::path::Path;
 
     fn mark(path: &Path, name: &str, value: &[u8]) {
-        rustix::fs::lsetxattr(path, name, value, rustix::fs::XattrFlags::empty()).unwrap();
+        lamina_sys::HostFs::set_xattr(
+            &lamina_sys::RealHost,
+            lamina_sys::At::Path(path),
+            std::ffi::OsStr::new(name),
+            value,
+        )
+        .unwrap();
     }
 
     /// A lower layer's own metadata-only copy is looked through, following its redirect,
@@ -351,9 +354,12 @@ mod tests {
                 .unwrap();
             mark(&upper.join(name), super::METACOPY, b"");
         }
-        let filled =
-            crate::complete::complete_metacopies(&upper, &[middle.clone(), bottom.clone()])
-                .unwrap();
+        let filled = crate::complete::complete_metacopies(
+            &lamina_sys::RealHost,
+            &upper,
+            &[middle.clone(), bottom.clone()],
+        )
+        .unwrap();
         assert_eq!(filled, 2);
         assert_eq!(fs::read_to_string(upper.join("f")).unwrap(), "F-data");
         assert_eq!(fs::read_to_string(upper.join("h2")).unwrap(), "H-data");

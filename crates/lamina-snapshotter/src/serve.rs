@@ -2,7 +2,7 @@
 //! and a client for the same socket (tests, benchmarks, tools).
 
 use std::future::Future;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use hyper_util::rt::TokioIo;
@@ -74,7 +74,8 @@ async fn listen(socket: &Path) -> Result<UnixListener, ServeError> {
     }
     let listener = UnixListener::bind(socket).map_err(fail)?;
     // Whoever can talk to the snapshotter can make root mount things: root only.
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    lamina_sys::HostFs::set_mode(&lamina_sys::RealHost, lamina_sys::At::Path(socket), 0o600)
+        .map_err(|e| fail(e.into()))?;
     Ok(listener)
 }
 

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lamina_image::Digest;
-use lamina_mount::{Attach, CreateOptions, Layers, StoredLayers, Strategies};
+use lamina_mount::{Attach, CreateOptions, FollowUp, Layers, StoredLayers, Strategies};
 use lamina_store::{SnapshotIndex, SnapshotKind, SnapshotRecord, Store};
 use lamina_sys::Mounter;
 
@@ -310,10 +310,8 @@ impl Snapshotter {
             without_mount: true,
             claim_pooled_without_mount: true,
             mount_volatile_without_mount: true,
-            strategies: Strategies {
-                pooled: !again && strategies.pooled,
-                ..strategies
-            },
+            strategies,
+            remake: again,
             read_only,
             ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
             disk_limit,
@@ -331,8 +329,14 @@ impl Snapshotter {
             id,
             &options,
         )?;
-        if created.build_metadata_image {
-            self.build_metadata_image_later(created.container.record.layers);
+        for follow_up in created.follow_ups {
+            match follow_up {
+                // The daemon's pool task refills every pool on its interval.
+                FollowUp::RefillPools => {}
+                FollowUp::BuildMetadataImage { chain_ids, .. } => {
+                    self.build_metadata_image_later(chain_ids)
+                }
+            }
         }
         Ok(())
     }

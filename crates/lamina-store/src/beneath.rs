@@ -497,6 +497,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::disallowed_methods)] // the FIFO an attacker would plant
     fn what_is_not_a_regular_file_is_never_opened() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");

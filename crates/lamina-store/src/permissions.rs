@@ -172,7 +172,7 @@ fn tighten(
     }
     let old_mode = st.st_mode & 0o7777;
     if old_mode != mode {
-        rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))
+        host.set_mode(At::Fd(fd.as_fd()), mode)
             .map_err(StoreError::errno("securing", dir))?;
         tracing::warn!(
             path = %dir.display(),

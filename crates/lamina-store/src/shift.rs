@@ -5,7 +5,6 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use lamina_sys::{At, HostFs};
@@ -61,7 +60,7 @@ fn shift_one(
     )?;
     let special = st.st_mode & 0o6000;
     if special != 0 && kind != FileType::Symlink {
-        fs::set_permissions(path, fs::Permissions::from_mode(st.st_mode & 0o7777))?;
+        host.set_mode(At::Path(path), st.st_mode)?;
     }
     if let Some(caps) = caps {
         file_caps::write(host, path, &file_caps::shifted(&caps, map))?;

@@ -1,6 +1,9 @@
 //! Each file's content stored once across layers and images (issue 24,
 //! `lamina_store::file_objects`): what is linked, and what must never be.
 
+// The test reads and changes the host as a user or attacker would, not through
+// lamina's kernel seam.
+#![allow(clippy::disallowed_methods)]
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 

@@ -67,6 +67,10 @@ pub enum FakeCall {
     ShareExtents(PathBuf),
     /// A composefs object or metadata image sealed with fs-verity.
     EnableVerity(PathBuf),
+    /// Permission bits set (the bits).
+    SetMode(PathBuf, u32),
+    /// Bytes copied in the kernel into this file.
+    CopyRange(PathBuf),
 }
 
 /// What the fake kernel supports, as its probes report it. Everything by default.

@@ -232,6 +232,39 @@ impl HostFs for FakeMounter {
         )
     }
 
+    /// Recorded, and done for real (the fake's files are real files).
+    fn set_mode(&self, at: At<'_>, mode: u32) -> Result<(), Errno> {
+        let path = shown(at);
+        let record = FakeCall::SetMode(path.clone(), mode & 0o7777);
+        self.lock().enter(Call::SetMode, &path, Some(record))?;
+        RealHost.set_mode(at, mode)
+    }
+
+    fn remove_xattr(&self, at: At<'_>, name: &OsStr) -> Result<(), Errno> {
+        self.record(
+            Call::SetXattr,
+            at,
+            |_| None,
+            |meta| {
+                meta.xattrs.remove(name);
+            },
+        )
+    }
+
+    /// Recorded, and done for real.
+    fn copy_range(
+        &self,
+        from: &File,
+        offset: u64,
+        into: &File,
+        path: &Path,
+        len: u64,
+    ) -> Result<u64, Errno> {
+        let record = FakeCall::CopyRange(path.to_path_buf());
+        self.lock().enter(Call::CopyRange, path, Some(record))?;
+        RealHost.copy_range(from, offset, into, path, len)
+    }
+
     fn fsync(&self, _file: &File, path: &Path) -> Result<(), Errno> {
         let record = FakeCall::Fsync(path.to_path_buf());
         self.lock().enter(Call::Fsync, path, Some(record))

@@ -58,6 +58,10 @@ pub enum Call {
     ShareExtents,
     /// [`crate::HostFs::enable_verity`]: a composefs object or image sealed.
     EnableVerity,
+    /// [`crate::HostFs::set_mode`].
+    SetMode,
+    /// [`crate::HostFs::copy_range`]: a composefs object copied.
+    CopyRange,
 }
 
 /// When a rule fires.

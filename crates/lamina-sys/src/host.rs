@@ -26,7 +26,9 @@ pub use rustix::fs::Stat;
 #[derive(Debug, Clone, Copy)]
 pub enum At<'a> {
     Path(&'a Path),
-    /// The object open as this fd (a regular file or a directory).
+    /// The object open as this fd (a regular file or a directory). An `O_PATH` fd, which
+    /// the `f*xattr` calls refuse (`EBADF`), is reached through its `/proc/self/fd` link,
+    /// followed: the link names exactly the pinned inode.
     Fd(BorrowedFd<'a>),
     /// `name` inside the directory open as the fd.
     Child(BorrowedFd<'a>, &'a OsStr),
@@ -141,6 +143,26 @@ pub trait HostFs: Send + Sync + Debug {
     /// SHA-256 over 4 KiB blocks, the digest composefs names objects by. Already sealed
     /// is success. `EOPNOTSUPP`/`ENOTTY`: no fs-verity here (this VM's kernel has none).
     fn enable_verity(&self, file: &File, path: &Path) -> Result<(), Errno>;
+
+    /// Sets the permission bits of `at` to `mode & 0o7777`. A symlink is refused
+    /// (`EOPNOTSUPP`): its mode means nothing, and following it would change its target.
+    fn set_mode(&self, at: At<'_>, mode: u32) -> Result<(), Errno>;
+
+    /// Removes xattr `name` of `at`; one it does not have is success.
+    fn remove_xattr(&self, at: At<'_>, name: &OsStr) -> Result<(), Errno>;
+
+    /// Copies bytes `from[offset..offset + len]` to `into` (which is `path`) at its
+    /// position, in the kernel (a reflink where the filesystem shares extents). Returns
+    /// the bytes copied, fewer at `from`'s end; `EXDEV`/`EOPNOTSUPP`/`EINVAL`: no
+    /// in-kernel copy between these files, the caller reads and writes.
+    fn copy_range(
+        &self,
+        from: &File,
+        offset: u64,
+        into: &File,
+        path: &Path,
+        len: u64,
+    ) -> Result<u64, Errno>;
 }
 
 /// One page-aligned block, as `O_DIRECT` needs its buffers.
@@ -190,7 +212,10 @@ impl HostFs for RealHost {
     fn get_xattr(&self, at: At<'_>, name: &OsStr) -> Result<Option<Vec<u8>>, Errno> {
         let mut buf = vec![0u8; XATTR_MAX];
         let got = match at {
-            At::Fd(fd) => rustix::fs::fgetxattr(fd, name, &mut buf),
+            At::Fd(fd) => match rustix::fs::fgetxattr(fd, name, &mut buf) {
+                Err(Errno::BADF) => rustix::fs::getxattr(proc_fd(fd), name, &mut buf),
+                got => got,
+            },
             other => rustix::fs::lgetxattr(other.path(), name, &mut buf),
         };
         match got {
@@ -261,6 +286,54 @@ impl HostFs for RealHost {
 
     fn enable_verity(&self, file: &File, _path: &Path) -> Result<(), Errno> {
         crate::raw::verity::enable_verity(file)
+    }
+
+    fn set_mode(&self, at: At<'_>, mode: u32) -> Result<(), Errno> {
+        let mode = Mode::from_raw_mode(mode & 0o7777);
+        let (dir, name) = match at {
+            At::Fd(fd) => return rustix::fs::fchmod(fd, mode),
+            At::Path(p) => (CWD, p.as_os_str()),
+            At::Child(fd, name) => (fd, name),
+        };
+        // Pinned without following a final symlink, then changed through the pin: no
+        // swap between the look and the change reaches another file.
+        let pinned = rustix::fs::openat(
+            dir,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        if FileType::from_raw_mode(rustix::fs::fstat(&pinned)?.st_mode) == FileType::Symlink {
+            return Err(Errno::OPNOTSUPP);
+        }
+        rustix::fs::chmodat(CWD, proc_fd(pinned.as_fd()), mode, AtFlags::empty())
+    }
+
+    fn remove_xattr(&self, at: At<'_>, name: &OsStr) -> Result<(), Errno> {
+        let removed = match at {
+            At::Fd(fd) => match rustix::fs::fremovexattr(fd, name) {
+                Err(Errno::BADF) => rustix::fs::removexattr(proc_fd(fd), name),
+                removed => removed,
+            },
+            other => rustix::fs::lremovexattr(other.path(), name),
+        };
+        match removed {
+            Ok(()) | Err(Errno::NODATA) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn copy_range(
+        &self,
+        from: &File,
+        offset: u64,
+        into: &File,
+        _path: &Path,
+        len: u64,
+    ) -> Result<u64, Errno> {
+        let mut at = offset;
+        let want = usize::try_from(len).unwrap_or(usize::MAX);
+        rustix::fs::copy_file_range(from, Some(&mut at), into, None, want).map(|n| n as u64)
     }
 
     fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {

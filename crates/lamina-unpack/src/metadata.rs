@@ -7,7 +7,7 @@ use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 
 use lamina_sys::{At, HostFs};
-use rustix::fs::{AtFlags, Mode, Timespec, Timestamps};
+use rustix::fs::{AtFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 
 /// What a tar header (and its PAX records) says about an entry's metadata.
@@ -41,7 +41,7 @@ pub fn timestamps(mtime: i64) -> Timestamps {
 /// Owner first: chown clears setuid/setgid, so the mode must come after it.
 pub fn apply_fd(host: &dyn HostFs, fd: BorrowedFd<'_>, meta: &Meta) -> Result<(), Errno> {
     host.chown(At::Fd(fd), meta.uid, meta.gid)?;
-    rustix::fs::fchmod(fd, Mode::from_raw_mode(meta.mode & 0o7777))?;
+    host.set_mode(At::Fd(fd), meta.mode)?;
     for (name, value) in &meta.xattrs {
         host.set_xattr(At::Fd(fd), OsStr::from_bytes(name), value)?;
     }
@@ -61,12 +61,7 @@ pub fn apply_at(
     let at = At::Child(parent, OsStr::from_bytes(name));
     host.chown(at, meta.uid, meta.gid)?;
     if !is_symlink {
-        rustix::fs::chmodat(
-            parent,
-            name,
-            Mode::from_raw_mode(meta.mode & 0o7777),
-            AtFlags::empty(),
-        )?;
+        host.set_mode(at, meta.mode)?;
     }
     // The seam sets these with lsetxattr on /proc/self/fd/N/NAME: the magic link pins
     // the parent we already resolved safely, and the final component is not followed.

@@ -1,8 +1,8 @@
 //! `lamina create`: resolve the image, create the rootfs, print the runtime-spec JSON
-//! Garden merges; after a pooled claim, start a background refill of that pool.
+//! Garden merges; then start, in the background, the follow-ups the create returned.
 
 use anyhow::anyhow;
-use lamina_mount::{CreateOptions, Strategies, ToMount};
+use lamina_mount::{CreateOptions, FollowUp, Strategies, ToMount};
 use lamina_sys::Mounter;
 
 use super::Ctx;
@@ -33,25 +33,28 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
         mount_volatile_without_mount: false,
         // A uid-mapped container is a uid-mapped store's (`init-store --uid-mapping`).
         idmap: None,
+        remake: false,
     };
     let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)?;
 
-    // A claim (of an overlay or of a bare isolated upper) leaves its pool one short.
-    if created.claimed_from_pool {
-        ctx.spawn(&store, &["pool", "refill"]);
-    }
-    // auto served a deep image from its layers: its composefs metadata image is built
-    // off this caller's path, for the creates after this one. The child builds only a
-    // chain it can check by diff IDs, which layers containerd committed lack: none is
-    // started for those (the snapshotter builds them itself).
-    let chain = &created.container.record.layers;
-    if created.build_metadata_image
-        && lamina_mount::composefs_auto::is_imported_chain(&store, chain).unwrap_or(false)
-    {
-        let chain: Vec<String> = chain.iter().map(ToString::to_string).collect();
-        let mut build = vec!["build-metadata-image"];
-        build.extend(chain.iter().map(String::as_str));
-        ctx.spawn(&store, &build);
+    for follow_up in &created.follow_ups {
+        match follow_up {
+            FollowUp::RefillPools => ctx.spawn(&store, &["pool", "refill"]),
+            // A child process is handed only a chain it can check by diff IDs; the
+            // daemon builds containerd's committed chains itself.
+            FollowUp::BuildMetadataImage {
+                chain_ids,
+                imported: true,
+            } => {
+                let chain: Vec<String> = chain_ids.iter().map(ToString::to_string).collect();
+                let mut build = vec!["build-metadata-image"];
+                build.extend(chain.iter().map(String::as_str));
+                ctx.spawn(&store, &build);
+            }
+            FollowUp::BuildMetadataImage {
+                imported: false, ..
+            } => {}
+        }
     }
     // GrootFS's --with-clean, after the create rather than before it: the caller gets
     // its rootfs without waiting, and the new container's layers are already in use.

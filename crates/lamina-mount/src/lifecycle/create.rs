@@ -34,6 +34,26 @@ pub struct Created {
     /// is not built: the front-end builds it off this caller's path
     /// ([`crate::lowers::composefs::auto::build_for`] the container's layers), for later creates.
     pub build_metadata_image: bool,
+    /// What is left to do off the caller's path, in the order to start it.
+    pub follow_ups: Vec<FollowUp>,
+}
+
+/// Work a create leaves for later, off its caller's path. Each front-end carries out
+/// every kind, in its own way of running background work (the CLI a child process, the
+/// daemon a task or thread), and decides nothing about strategies from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FollowUp {
+    /// A claim left a pool one short: refill the store's pools to their standing size.
+    RefillPools,
+    /// Build the composefs metadata image of `chain_ids` (bottom first) for the creates
+    /// after this one. `imported`: each layer is the chain ID of its diff ID on the one
+    /// below (layers an image import made), so a separate `lamina build-metadata-image`
+    /// process, which builds nothing else, may be handed the list; layers containerd
+    /// committed are built in the process that holds them.
+    BuildMetadataImage {
+        chain_ids: Vec<Digest>,
+        imported: bool,
+    },
 }
 
 /// What a container's rootfs is built from.
@@ -115,10 +135,16 @@ fn create_locked(
     id: &str,
     options: &CreateOptions,
 ) -> Result<Created, RootfsError> {
+    // A container made again (after a power cut) is what its first create made: a claimed
+    // slot was an ordinary overlay of its flavour, and no slot is mounted yet.
+    let strategies = Strategies {
+        pooled: options.strategies.pooled && !options.remake,
+        ..options.strategies
+    };
     let request = Request::on_store(
         store,
         mounter,
-        options.strategies,
+        strategies,
         options.read_only,
         options.ephemeral,
         options.disk_limit.is_some(),
@@ -198,6 +224,19 @@ fn create_locked(
         mounted = container.rootfs.mounted,
         "created rootfs"
     );
+    let mut follow_ups = Vec::new();
+    if claimed_from_pool {
+        follow_ups.push(FollowUp::RefillPools);
+    }
+    if choice.build_metadata_image {
+        let chain_ids = container.record.layers.clone();
+        let imported =
+            crate::lowers::composefs::auto::is_imported_chain(store, &chain_ids).unwrap_or(false);
+        follow_ups.push(FollowUp::BuildMetadataImage {
+            chain_ids,
+            imported,
+        });
+    }
     Ok(Created {
         container,
         rootfs: claim.dirs.rootfs.clone(),
@@ -205,6 +244,7 @@ fn create_locked(
         reason: choice.reason,
         claimed_from_pool,
         build_metadata_image: choice.build_metadata_image,
+        follow_ups,
     })
 }
 

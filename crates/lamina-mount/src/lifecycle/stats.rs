@@ -60,8 +60,7 @@ pub fn stats(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Stats, Ro
     holding_id(store, id, || {
         let container = record::read(store, id)?;
         let dirs = container.dirs(store);
-        let quota =
-            container.model().flavor().and_then(|f| f.isolated) == Some(UpperBackend::Quota);
+        let quota = container.model().upper_backend() == Some(UpperBackend::Quota);
         // With quotas turned off the qgroup is gone: walk the upper as for the others.
         let counted = quota
             .then(|| isolated::quota_usage(mounter, &dirs).ok())
@@ -125,7 +124,7 @@ enum Account {
 fn account_of(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Account, RootfsError> {
     let container = record::read(store, id)?;
     let dirs = container.dirs(store);
-    Ok(match container.model().flavor().and_then(|f| f.isolated) {
+    Ok(match container.model().upper_backend() {
         Some(UpperBackend::Disk | UpperBackend::Memory) => {
             let mount = dirs.upper_fs_mount();
             if !mounter.is_mountpoint(&mount)? {

@@ -10,7 +10,7 @@
 use std::ffi::OsStr;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
@@ -192,7 +192,7 @@ fn copy_dir_metadata(host: &dyn HostFs, from: &Path, to: &Path) -> io::Result<()
     let meta = fs::symlink_metadata(from)?;
     let st = host.stat(At::Path(from))?;
     host.chown(At::Path(to), st.st_uid, st.st_gid)?;
-    fs::set_permissions(to, fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    host.set_mode(At::Path(to), meta.mode())?;
     copy_xattrs(host, from, to)?;
     let times = Timestamps {
         last_access: Timespec {

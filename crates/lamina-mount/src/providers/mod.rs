@@ -63,6 +63,10 @@ pub struct CreateOptions {
     /// in the image are the mapped root's. lamina mounts such an overlay itself, even
     /// with `without_mount`: an option string cannot carry an idmap.
     pub idmap: Option<IdMap>,
+    /// The container is made again from the shape its first create recorded (the
+    /// snapshotter's recovery after a power cut): never from a pool, where no slot is
+    /// mounted yet after a restart.
+    pub remake: bool,
 }
 
 /// One create's question to a provider: the layers (in the store), the container's ID,

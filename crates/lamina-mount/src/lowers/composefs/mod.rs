@@ -114,7 +114,10 @@ pub fn ensure_within(
     let built = build(store, chain_ids, verity, limits).and_then(|bytes| {
         let mut file = File::create(&staging)?;
         file.write_all(&bytes)?;
-        file.sync_all()?;
+        store
+            .host()
+            .fsync(&file, &staging)
+            .map_err(io::Error::from)?;
         drop(file);
         if verity {
             seal(&**store.host(), &staging)?;
@@ -284,7 +287,7 @@ pub const ROOTFS: &str = "rootfs";
 /// The image (top chain ID hex) whose metadata image `container` mounts, if it is a
 /// composefs container: what `clean` and `check --repair` must leave in place.
 pub(crate) fn image_of(container: &Container) -> Option<String> {
-    let composefs = container.model().flavor().is_some_and(|f| f.composefs);
+    let composefs = container.model().composefs();
     composefs
         .then(|| {
             container

@@ -134,12 +134,12 @@ impl<'a> Objects<'a> {
         if read == size && object.exists() {
             return self.named(id, &object, read);
         }
-        let (copy, id, hashed) = copy_and_hash(file, size, &self.staging)?;
+        let (copy, id, hashed) = copy_and_hash(self.host, file, size, &self.staging)?;
         let object = self.dir.join(id.to_object_pathname());
         if object.exists() {
             fs::remove_file(&self.staging)?;
         } else {
-            copy.sync_all()?;
+            self.host.fsync(&copy, &self.staging)?;
             self.make_fan_out(&object)?;
             fs::rename(&self.staging, &object)?;
         }
@@ -200,7 +200,8 @@ impl<'a> Objects<'a> {
             Err(_) => {
                 let copied = (|| {
                     fs::copy(path, &self.staging)?;
-                    File::open(&self.staging)?.sync_all()?;
+                    self.host
+                        .fsync(&File::open(&self.staging)?, &self.staging)?;
                     fs::rename(&self.staging, object)
                 })();
                 if copied.is_err() {
@@ -269,6 +270,7 @@ impl<'a> Objects<'a> {
 /// writes: the copy, its digest and its length. The copy is not synced; the caller
 /// removes it on an error.
 pub(crate) fn copy_and_hash(
+    host: &dyn HostFs,
     source: &File,
     size: u64,
     staging: &Path,
@@ -276,10 +278,9 @@ pub(crate) fn copy_and_hash(
     let copy = File::create(staging)?;
     let mut from = 0u64;
     while from < size {
-        let want = usize::try_from(size - from).unwrap_or(usize::MAX);
-        match rustix::fs::copy_file_range(source, Some(&mut from), &copy, None, want) {
+        match host.copy_range(source, from, &copy, staging, size - from) {
             Ok(0) => break,
-            Ok(_) => {}
+            Ok(copied) => from += copied,
             // No in-kernel copy between these files: read and write.
             Err(_) if from == 0 => {
                 io::Seek::seek(&mut &*source, io::SeekFrom::Start(0))?;

@@ -122,7 +122,7 @@ fn repair(store: &Store, host: &dyn HostFs, object: &Path, verity: bool) -> io::
     ));
     let copied = File::open(object).and_then(|source| {
         let size = source.metadata()?.len();
-        crate::lowers::composefs::objects::copy_and_hash(&source, size, &staging)
+        crate::lowers::composefs::objects::copy_and_hash(host, &source, size, &staging)
     });
     let outcome = copied.and_then(|(copy, id, _)| {
         let name = object
@@ -133,7 +133,7 @@ fn repair(store: &Store, host: &dyn HostFs, object: &Path, verity: bool) -> io::
             tracing::warn!(object = %object.display(), "object of a committed snapshot no longer holds its content: removed (`lamina check --verify` names the images that used it)");
             return fs::remove_file(object);
         }
-        copy.sync_all()?;
+        host.fsync(&copy, &staging)?;
         if verity {
             crate::lowers::composefs::seal(host, &staging)?;
         }
