@@ -168,9 +168,9 @@ fn a_missing_layer_is_reported_and_cannot_be_repaired() {
 
 /// One file that is not what lamina keeps there (a FIFO, a directory; only root can put
 /// it there) is answered at once by every command, and fails none of them for the rest of
-/// the store (review findings: a FIFO `layer.json` hung `check` and `stats`; a FIFO lock
-/// in one directory failed `clean` and `check` for every container, and the delete the
-/// docs name as the remedy).
+/// the store (guards against a FIFO `layer.json` hanging `check` and `stats`, and a FIFO
+/// lock in one directory failing `clean`, `check` and the delete the docs name as the
+/// remedy, for every container).
 #[test]
 fn a_file_of_the_wrong_type_hangs_no_command_and_fails_none_for_the_rest() {
     require_root();

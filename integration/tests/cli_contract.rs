@@ -111,7 +111,7 @@ fn delete_of_a_missing_container_succeeds_with_a_message() {
 
 /// docs/registry.md has operators export `LAMINA_REGISTRY_PASSWORD` rather than pass
 /// `--password`; exported for every command, it must not fail the ones that name no
-/// user (review finding: every delete failed with "--username and --password go
+/// user (guards against every delete failing with "--username and --password go
 /// together"), while a `--password` flag without `--username` is still refused. The
 /// variable also sends these lines to clap rather than to the fast reader of Garden's
 /// lines (fast_args.rs), so both readers are exercised.

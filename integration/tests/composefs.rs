@@ -237,10 +237,9 @@ fn one_layer_image(dir: &Path, tar: Vec<u8>) -> String {
     format!("oci://{}:latest", dir.display())
 }
 
-/// Review finding: EROFS stores an inode's xattr count in a byte and sizes in 16 bits,
-/// and the crate's writer truncated past them silently; on XFS a 64 KiB value became
-/// forged overlay redirects. Such files are refused, naming the entry; classic serves
-/// them.
+/// EROFS stores an inode's xattr count in a byte and sizes in 16 bits, and the crate's
+/// writer truncates past them silently; on XFS a 64 KiB value would become forged
+/// overlay redirects. Such files are refused, naming the entry; classic serves them.
 #[test]
 fn xattrs_past_what_an_erofs_inode_holds_are_refused_naming_the_file() {
     require_root();
@@ -280,12 +279,11 @@ fn xattrs_past_what_an_erofs_inode_holds_are_refused_naming_the_file() {
     assert!(mounts_under(&lamina.store).is_empty());
 }
 
-/// Review findings: a metadata image removed by hand was noticed by nothing and never
-/// built again; a staging copy at the top of
-/// `objects/` was never collected; a composefs pool's image could be collected under
-/// its mounted slots.
+/// Guards three lifecycle gaps: a metadata image removed by hand is noticed and built
+/// again; a staging copy at the top of `objects/` is collected; a composefs pool's image
+/// is never collected under its mounted slots.
 #[test]
-fn lifecycle_gaps_the_review_found_stay_closed() {
+fn three_lifecycle_gaps_stay_closed() {
     let (_fs, lamina, image) = store_with_sample();
     let image = &image;
 
@@ -563,7 +561,7 @@ fn composefs_shows_every_kind_of_entry_as_classic_does() {
 /// objects were collected under running containers when their image file was gone; a
 /// busy mount failed every `clean`.
 #[test]
-fn second_review_findings_stay_closed() {
+fn second_lifecycle_gaps_stay_closed() {
     let (_fs, lamina, image) = store_with_sample();
     let image = &image;
     let hosts = |rootfs: &Path| std::fs::read_to_string(rootfs.join("etc/hosts")).unwrap();
@@ -834,8 +832,8 @@ fn auto_mounts_a_deep_image_through_composefs_once_a_background_build_made_it() 
         "the background build made {}",
         built.display()
     );
-    // Nothing mounts it yet, but a container is made of its image: clean keeps it
-    // (review finding: every `--with-clean` create removed it again).
+    // Nothing mounts it yet, but a container is made of its image: clean keeps it, so a
+    // `--with-clean` create does not remove it again.
     let cleaned = lamina.run(&["clean"]).json();
     assert_eq!(cleaned["composefs_images_removed"], 0, "{cleaned}");
     let second = lamina.create_with(&[], &image, "second");

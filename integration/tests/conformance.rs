@@ -1,6 +1,7 @@
 //! The strategy conformance suite (crates/lamina-conformance) on the real kernel: the
 //! same table, pool cycle and recovery cases the fake runs, on a store on a loop-backed
-//! ext4 and on a loop-backed xfs. Faults are injected in front of the real mounter (the
+//! ext4 and on a loop-backed xfs, and the rows only a quota store serves on a
+//! loop-backed btrfs with quotas. Faults are injected in front of the real mounter (the
 //! failing call never reaches the kernel; every rollback does); the immutable-file case
 //! runs here only.
 
@@ -14,11 +15,14 @@ use lamina_integration::{FsKind, ScratchFs, require_root};
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn conformance_on(kind: FsKind) {
+    conformance_in(kind, ScratchFs::loop_backed(kind, 1024, false));
+}
+
+fn conformance_in(kind: FsKind, fs: ScratchFs) {
     require_root();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     // Dropped in reverse order: the rig (store, mounter), then the filesystem, which
     // unmounts whatever a failing row left beneath it.
-    let fs = ScratchFs::loop_backed(kind, 1024, false);
     let report = {
         let rig = RealRig::new(kind.name(), fs.path());
         run(&rig)
@@ -40,4 +44,11 @@ fn every_strategy_passes_the_conformance_suite_on_ext4() {
 #[test]
 fn every_strategy_passes_the_conformance_suite_on_xfs() {
     conformance_on(FsKind::Xfs);
+}
+
+/// The rows only a store on btrfs with quotas serves (`isolated-quota`), on one.
+#[test]
+fn the_quota_rows_pass_the_conformance_suite_on_btrfs_with_quotas() {
+    require_root();
+    conformance_in(FsKind::Btrfs, ScratchFs::btrfs_with_quotas(1024));
 }

@@ -85,7 +85,7 @@ fn filesystems_without_an_ordered_journal_take_the_fsync_path() {
             },
         ),
         (
-            "ext4 nobarrier (commits without flush or FUA; review finding)",
+            "ext4 nobarrier (commits without flush or FUA)",
             FsKind::Ext4,
             LoopOptions {
                 mount: Some("nobarrier"),

@@ -105,8 +105,9 @@ fn stats_reports_what_the_container_wrote_on_top_of_its_image() {
 }
 
 /// A container that nests its directories 20 000 deep costs `stats`, `clean
-/// --threshold-bytes` and its own delete nothing more than time: each walked or removed it
-/// a level a call, and the removal overflowed the stack and aborted (review finding).
+/// --threshold-bytes` and its own delete nothing more than time (guards against walks
+/// and removals that cost a call a level, and a removal that overflows the stack and
+/// aborts).
 #[test]
 fn a_container_nesting_twenty_thousand_directories_is_measured_and_deleted() {
     use rustix::fs::{Mode, OFlags};

@@ -149,8 +149,8 @@ fn a_lost_snapshot_database_is_refused_and_no_container_is_removed() {
     assert!(err.contains("1 snapshot containers"), "{err}");
     assert!(err.contains("restore it"), "{err}");
     // The refusal leaves the tombstone, so an earlier release stops too; and it holds on
-    // every later start (review finding: the first refusal settled the new database, and
-    // the next start removed the container).
+    // every later start (guards against the first refusal settling the new database, and
+    // the next start removing the container).
     let tombstone = fs::read_to_string(root.join("snapshots/metadata.json")).unwrap();
     assert!(
         tombstone.contains("lamina_snapshots_moved_to"),
@@ -461,7 +461,7 @@ fn active_on_a_layer(root: &Path) -> (Snapshotter, String) {
 
 /// Only a container without a record file is taken for lost. One whose record is there
 /// but cannot be read (here: a newer release's) keeps what it wrote, as `lamina clean`
-/// keeps it (review finding: it was deleted and made again empty).
+/// keeps it, rather than being deleted and made again empty.
 #[test]
 fn a_container_whose_record_cannot_be_read_is_not_made_again() {
     require_root();
@@ -491,8 +491,8 @@ fn a_container_whose_record_cannot_be_read_is_not_made_again() {
 /// Labels shape a container (a uid/gid mapping, a size limit, a strategy), and so does
 /// the daemon's default strategy; both may change after the Prepare (an Update, a restart
 /// with other flags). A lost container is made again as its Prepare recorded it, not
-/// from the row's labels now (review finding: an idmapped snapshot whose labels an Update
-/// dropped came back unmapped, and its writes could then be committed with host ids).
+/// from the row's labels now: an idmapped snapshot whose labels an Update dropped would
+/// otherwise come back unmapped, and its writes could then be committed with host ids.
 #[test]
 fn a_lost_container_is_made_again_as_its_prepare_made_it() {
     require_root();
@@ -518,7 +518,7 @@ fn a_lost_container_is_made_again_as_its_prepare_made_it() {
 
 /// A container that cannot be made again (here its parent's layer is gone too) is left
 /// missing and the snapshotter starts, even with a commit of that snapshot interrupted
-/// (review finding: undoing the commit failed every start). Once the layer is back, the
+/// (guards against undoing the commit failing every start). Once the layer is back, the
 /// next start makes the container.
 #[test]
 fn a_lost_container_that_cannot_be_made_again_does_not_stop_the_start() {
@@ -559,8 +559,8 @@ fn a_lost_container_that_cannot_be_made_again_does_not_stop_the_start() {
 /// restarts (`lamina create IMAGE snap-N`) stays Garden's: the snapshot's row moves to a
 /// new number — past another Garden container there too — whether its container can be
 /// made again (here: yes, then no, its parent's layer set aside), and removing the
-/// snapshot leaves Garden's alone (review findings: the snapshot adopted it, and its
-/// Remove deleted it; then the same when the rebuild failed).
+/// snapshot leaves Garden's alone (guards against the snapshot adopting it and its Remove
+/// deleting it, whether or not the rebuild succeeds).
 #[test]
 fn a_garden_container_under_a_lost_name_stays_gardens() {
     require_root();
@@ -613,7 +613,7 @@ fn a_garden_container_under_a_lost_name_stays_gardens() {
 
 /// A snapshot whose row names a container that is not its own — a Garden container made
 /// under the name after a crash lost the snapshot's, while the daemon ran on — is never
-/// answered, committed or removed with it (review finding: Remove deleted Garden's).
+/// answered, committed or removed with it (guards against Remove deleting Garden's).
 #[test]
 fn a_snapshot_never_acts_on_a_container_that_is_not_its_own() {
     require_root();
@@ -638,7 +638,7 @@ fn a_snapshot_never_acts_on_a_container_that_is_not_its_own() {
 
 /// A shared-ro view binds the image's shared mount, which a host restart unmounts; its
 /// Mounts then mounts it again before answering, so the bind shows the image, not the
-/// empty directory beneath (review finding: it answered that directory).
+/// empty directory beneath.
 #[test]
 fn a_shared_view_after_a_restart_binds_the_image_mounted_again() {
     require_root();
@@ -680,8 +680,8 @@ fn layer_of(snapshotter: &Snapshotter, key: &str) -> lamina_image::Digest {
 /// when the snapshotter starts and makes a lost container again at number N: the making
 /// waits for the create, finds the name taken, and takes the next one. Garden's
 /// container survives the start and the snapshot's Remove, also with a commit of the
-/// snapshot interrupted (review finding: the row was moved onto Garden's container first,
-/// and the start's finishing of the commit, or the snapshot's Remove, deleted it).
+/// snapshot interrupted (guards against moving the row onto Garden's container first,
+/// where the start's finishing of the commit, or the snapshot's Remove, deletes it).
 #[test]
 fn a_garden_create_in_flight_at_the_next_number_stays_gardens() {
     require_root();

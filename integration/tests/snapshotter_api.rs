@@ -185,8 +185,8 @@ fn prepare_commit_chains_carry_files_whiteouts_and_copy_ups() {
 /// A file copied up by metadata inside a renamed directory has no redirect of its own:
 /// overlay finds its data at the directory's old name, following the directory's
 /// redirect (in the upper, or in a committed layer below), and the commit must fill it
-/// from there (review finding: `mv a c; chmod 600 c/f` was filled from the lower's own
-/// `c/f`, and without one the commit failed).
+/// from there: after `mv a c; chmod 600 c/f` not from the lower's own `c/f`, and without
+/// failing when the lower has none.
 #[test]
 fn a_metadata_only_copy_in_a_renamed_directory_is_filled_from_where_overlay_finds_it() {
     use std::os::unix::fs::PermissionsExt;
@@ -238,9 +238,9 @@ fn a_metadata_only_copy_in_a_renamed_directory_is_filled_from_where_overlay_find
 /// The lookups overlay makes through renames the container, or a committed layer, made:
 /// a redirect part-way along an absolute one, a directory moved out of a renamed one, a
 /// metadata-only file renamed out of a renamed directory, and directories moved into new
-/// (opaque) ones. The commit fills each with the data the container saw (review findings
-/// against the kernel's lookup: wrong data for the first two, a failed commit for the
-/// rest).
+/// (opaque) ones. The commit fills each with the data the container saw, as the kernel's
+/// lookup finds it (guards against wrong data for the first two and a failed commit for
+/// the rest).
 #[test]
 fn metadata_only_copies_are_filled_through_every_kind_of_rename() {
     use std::os::unix::fs::PermissionsExt;
@@ -320,13 +320,13 @@ fn metadata_only_copies_are_filled_through_every_kind_of_rename() {
 
 /// A Commit of a snapshot whose overlay is still mounted (containerd mounts it, lamina
 /// cannot unmount it) is refused, naming the mount: its container could go on writing
-/// the published layer every snapshot and container on it shares (review finding).
-/// Unmounted, the same commit goes through, whole.
+/// the published layer every snapshot and container on it shares. Unmounted, the same
+/// commit goes through, whole.
 #[test]
 fn a_commit_of_a_snapshot_still_mounted_is_refused_naming_the_mount() {
     commit_refused_while_mounted(fixture());
-    // btrfs shows each subvolume's own device to `stat`, not in the mount table (review
-    // finding: a bind of an upper on btrfs was never seen).
+    // btrfs shows each subvolume's own device to `stat`, not in the mount table: guards
+    // against a bind of an upper on btrfs going unseen.
     commit_refused_while_mounted(fixture_on(ScratchFs::loop_backed(
         FsKind::Btrfs,
         512,
@@ -807,8 +807,8 @@ fn uid_and_gid_mapping_labels_give_an_idmapped_rootfs() {
 
     let err = f.api.commit("layer", "c", none()).unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
-    // Dropping the labels first changes nothing: the container's record says idmapped
-    // (review finding: the refusal once read the labels, which Update can remove).
+    // Dropping the labels first changes nothing: the refusal reads the container's record,
+    // which says idmapped, not the labels, which Update can remove.
     let mut info = f.api.stat("c").unwrap();
     info.labels.clear();
     f.api.update(info, &["labels"]).unwrap();

@@ -54,8 +54,17 @@ pub struct Checked {
     pub problems: Vec<Found>,
 }
 
+/// Every model lamina's parser names ([`Model::all`]), in the table's terms, with
+/// whether its rootfs is read-only: what the table's named rows are generated from.
+pub fn every_named() -> Vec<(Spec, bool)> {
+    Model::all()
+        .into_iter()
+        .map(|model| (spec_of(model), model.read_only()))
+        .collect()
+}
+
 /// The strategy list today's API takes for `spec`.
-fn list(spec: &Spec) -> String {
+pub fn list(spec: &Spec) -> String {
     let mut names: Vec<&str> = Vec::new();
     match spec.provider {
         Provider::SharedRo => names.push("shared-ro"),
@@ -80,6 +89,7 @@ fn flavour_names(flavour: &Flavour) -> Vec<&'static str> {
         Upper::Store => {}
         Upper::Disk => names.push("isolated"),
         Upper::Memory => names.push("isolated-memory"),
+        Upper::Quota => names.push("isolated-quota"),
     }
     if flavour.composefs {
         names.push("composefs");
@@ -120,9 +130,7 @@ fn spec_of(model: Model) -> Spec {
                 None => Upper::Store,
                 Some(UpperBackend::Disk) => Upper::Disk,
                 Some(UpperBackend::Memory) => Upper::Memory,
-                Some(UpperBackend::Quota) => {
-                    unreachable!("the conformance table has no btrfs store (isolated-quota)")
-                }
+                Some(UpperBackend::Quota) => Upper::Quota,
             },
             composefs: flavor.composefs,
         },
@@ -268,6 +276,7 @@ fn backend(upper: Upper) -> Option<UpperBackend> {
         Upper::Store => None,
         Upper::Disk => Some(UpperBackend::Disk),
         Upper::Memory => Some(UpperBackend::Memory),
+        Upper::Quota => Some(UpperBackend::Quota),
     }
 }
 

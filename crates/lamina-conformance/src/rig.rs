@@ -35,6 +35,11 @@ pub trait Rig {
     fn can_inject(&self, call: Call) -> bool;
     /// Makes `call` fail next with `errno`; `false` when this rig cannot.
     fn inject(&self, call: Call, errno: Errno) -> bool;
+    /// Whether the store is on btrfs with quotas: this rig runs the rows only such a
+    /// store serves (`isolated-quota`), and those alone.
+    fn quota_store(&self) -> bool {
+        self.mounter().btrfs_quotas(self.store().root())
+    }
     /// Whether [`Rig::set_immutable`] works here.
     fn supports_immutable(&self) -> bool;
     /// Sets or clears the immutable attribute of `path`; `false` when that failed.
@@ -79,6 +84,17 @@ impl FakeRig {
         let image = sample_image(&dir.join("sample"));
         adapter::assume_full_probe(&store, fake.as_ref()).expect("caching a probe");
         FakeRig { fake, store, image }
+    }
+
+    /// A fake whose store is on btrfs with quotas enabled: the rig for the rows only
+    /// such a store serves.
+    pub fn with_quotas(dir: &Path) -> FakeRig {
+        let rig = FakeRig::new(dir);
+        rig.fake.set_kernel(lamina_sys::FakeKernel {
+            btrfs_quotas: true,
+            ..lamina_sys::FakeKernel::default()
+        });
+        rig
     }
 }
 

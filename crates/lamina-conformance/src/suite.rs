@@ -79,14 +79,31 @@ pub fn run(rig: &dyn Rig) -> Report {
     adapter::create_unmounted(rig.store(), rig.mounter(), rig.image(), "pin")
         .unwrap_or_else(|e| panic!("{}: creating the pin container: {e}", rig.name()));
 
+    // A quota store runs the rows only it serves; every other store runs the rest.
+    let quota_store = rig.quota_store();
     for (n, row) in table::lifecycle_rows().iter().enumerate() {
         let id = format!("row{n}");
+        if row.request.needs_quota_store() != quota_store {
+            let why = match quota_store {
+                true => "a quota store runs only the rows that need one",
+                false => "needs a store on btrfs with quotas",
+            };
+            report.skipped.push((row.name.to_string(), why));
+            continue;
+        }
         record(&mut report, rig, row.name, row.known_bug, &id, || {
             lifecycle(rig, row, &id)
         });
     }
     for (n, row) in table::fault_rows().iter().enumerate() {
         let id = format!("fault{n}");
+        if quota_store {
+            report.skipped.push((
+                row.name.to_string(),
+                "a quota store runs only the rows that need one",
+            ));
+            continue;
+        }
         if !rig.can_inject(row.call) {
             report
                 .skipped
@@ -123,6 +140,13 @@ pub fn run(rig: &dyn Rig) -> Report {
     ];
     for (n, (name, case, immutable)) in cases.into_iter().enumerate() {
         let id = format!("case{n}");
+        if quota_store {
+            report.skipped.push((
+                name.to_string(),
+                "a quota store runs only the rows that need one",
+            ));
+            continue;
+        }
         if immutable && !rig.supports_immutable() {
             report
                 .skipped

@@ -160,6 +160,28 @@ mod tests {
         assert_eq!(chain[1], Digest::of(format!("{a} {b}").as_bytes()));
     }
 
+    /// A chain of four, against values computed outside lamina (Python's hashlib, from
+    /// the OCI image spec's definition): a chain that hashed the wrong predecessor, or
+    /// the diff ID twice, differs from the third layer on.
+    #[test]
+    fn a_chain_of_four_matches_independently_computed_ids() {
+        let diff_ids: Vec<Digest> = [b"a", b"b", b"c", b"d"]
+            .iter()
+            .map(|bytes| Digest::of(*bytes))
+            .collect();
+        let expected = [
+            "sha256:ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb",
+            "sha256:51c0c8ace48498d6f5fee6b0592cc06f2da0f3cbe09c5a34a97dce85c3889676",
+            "sha256:2fce7f8ce91bcf0a1428b36e1024639fdbd9469eea762dba98aa749631885106",
+            "sha256:06fbcbb60fe359170a9d90b2d31086f6677f54d88742cc992bff6403e12d943b",
+        ];
+        let chain: Vec<String> = chain_ids(&diff_ids)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(chain, expected);
+    }
+
     #[test]
     fn hashing_reader_hashes_counts_and_limits() {
         let (d, n) = HashingReader::new(&b"hello"[..]).finish().unwrap();

@@ -2,9 +2,12 @@
 //! the rootfs (fresh overlay, pooled overlay, shared or direct read-only bind), and
 //! tearing it down — inline or through the reaper — with nothing left behind.
 //!
-//! What a container's rootfs is lives in one typed value, [`Model`] (`model.rs`): every
-//! lifecycle step reads it from the record (`record.rs`) and branches on it there, and
-//! front-ends (CLI, snapshotter) call one function of this crate per operation.
+//! What a container's rootfs is lives in one typed value, [`Model`] (`model/`): every
+//! lifecycle step (`lifecycle/`) reads it from the record (`model/record.rs`), and a step
+//! that depends on the provider matches on it once, in `providers/mod.rs`. Front-ends
+//! (CLI, snapshotter) call one function of this crate per operation and carry out the
+//! [`FollowUp`]s a create returns. docs/strategies.md, "Where the code is", has the
+//! layout; `scripts/arch-check` holds the code to it.
 //!
 //! Every kernel call goes through [`lamina_sys::Mounter`] and the store's
 //! [`lamina_sys::HostFs`], so all of this runs against the fake kernel in tests, as an

@@ -1,7 +1,7 @@
-//! A committed containerd snapshot's files never lend their inodes to objects (review
-//! finding): its container may still write its upper through containerd's mount, and an
-//! object is read by other images' composefs containers and, in a store that shares file
-//! content, linked into other images' verified layers.
+//! A committed containerd snapshot's files never lend their inodes to objects: its
+//! container may still write its upper through containerd's mount, and an object is read
+//! by other images' composefs containers and, in a store that shares file content,
+//! linked into other images' verified layers.
 
 // The test reads and changes the host as a user or attacker would, not through
 // lamina's kernel seam.

@@ -1,9 +1,9 @@
 //! A committed containerd snapshot's files change under a composefs build, as its
-//! container can make them (review findings): one swapped for a symlink to a host file,
-//! one written through a descriptor the container kept. The build pauses between its
-//! merge and its reads of the files (`LAMINA_PAUSE_AT=composefs-merged`) while this test
-//! does what the container would. The build runs in a child: this test binary run again,
-//! for [`build_in_child`] alone, with the pause in its environment.
+//! container can make them: one swapped for a symlink to a host file, one written
+//! through a descriptor the container kept. The build pauses between its merge and its
+//! reads of the files (`LAMINA_PAUSE_AT=composefs-merged`) while this test does what the
+//! container would. The build runs in a child: this test binary run again, for
+//! [`build_in_child`] alone, with the pause in its environment.
 
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]

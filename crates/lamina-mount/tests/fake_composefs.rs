@@ -161,8 +161,7 @@ fn without_fs_verity_nothing_is_sealed_and_an_image_stays_as_it_was_built() {
 
     // The kernel (or the store's filesystem) gains fs-verity: the image built before
     // stays unsealed, so containers made on it (whose metacopy copy-ups carry no
-    // digest) mount as before (review finding: sealing it in place made
-    // `verity=require` refuse them).
+    // digest) mount as before; sealed in place, `verity=require` would refuse them.
     fake.set_kernel(kernel(true));
     assert_eq!(probe_afresh(&store, &fake), Some(true));
     let unsealed = create(&store, &*fake, &image, "b", &with("composefs")).unwrap();
@@ -254,9 +253,8 @@ fn the_build_syncs_the_directories_it_published_objects_in_and_fails_without_the
 }
 
 /// `auto`'s background build records only what the image makes fail: an I/O error is
-/// not the image's (review finding: any failure turned composefs off for good), a build
-/// that died once in this boot is tried again, twice is refused; a mark from another
-/// boot counts nothing.
+/// not the image's and must not turn composefs off for good; a build that died once in
+/// this boot is tried again, twice is refused; a mark from another boot counts nothing.
 #[test]
 fn background_builds_refuse_only_what_would_fail_again() {
     use lamina_mount::composefs_auto::{Built, build_for, refused_path};
@@ -315,8 +313,8 @@ fn background_builds_refuse_only_what_would_fail_again() {
 }
 
 /// The file bytes a build may hash are counted on the merged tree: a file a later layer
-/// replaces is never hashed, so it does not count (review finding: every layer's copy
-/// did, and refused images that hash far less).
+/// replaces is never hashed, so it does not count (guards against counting every layer's
+/// copy, which refuses images that hash far less).
 #[test]
 fn the_file_bytes_bound_counts_what_the_merged_tree_holds() {
     use lamina_mount::composefs::{Limits, ensure_within};

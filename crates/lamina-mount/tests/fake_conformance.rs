@@ -10,3 +10,20 @@ fn every_strategy_passes_the_conformance_suite_on_the_fake() {
     let rig = FakeRig::new(tmp.path());
     run(&rig).assert_passed();
 }
+
+/// The rows only a store on btrfs with quotas serves (`isolated-quota`), on a fake whose
+/// store has quotas.
+#[test]
+fn the_quota_rows_pass_the_conformance_suite_on_a_fake_quota_store() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let rig = FakeRig::with_quotas(tmp.path());
+    let report = run(&rig);
+    assert!(
+        report
+            .passed
+            .iter()
+            .any(|name| name.contains("isolated-quota")),
+        "no quota row ran: {report:?}"
+    );
+    report.assert_passed();
+}

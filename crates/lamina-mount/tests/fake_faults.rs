@@ -105,8 +105,7 @@ fn a_layer_with_data_is_written_back_not_synced_where_the_journal_orders_direct_
 
 /// A write the device refused fails the import, and publishes nothing: a `syncfs` after
 /// it would not be told of the error (it is reported once, to the write-back), so
-/// syncing instead would publish a layer missing what the device never took (review
-/// finding).
+/// syncing instead would publish a layer missing what the device never took.
 #[test]
 fn a_refused_write_back_publishes_no_layer() {
     let tmp = tempfile::tempdir().unwrap();
@@ -207,7 +206,7 @@ fn the_import_records_owners_and_device_nodes_instead_of_making_them() {
 
 /// A container deleted while `check` runs (its rootfs renamed into trash/ after the
 /// scan read its record) is skipped, not an error: the kernel's statx of the rootfs
-/// answers ENOENT then (review finding: `check` beside a delete failed).
+/// answers ENOENT then. Guards against `check` failing beside a delete.
 #[test]
 fn check_skips_a_container_whose_rootfs_went_since_the_scan() {
     let tmp = tempfile::tempdir().unwrap();

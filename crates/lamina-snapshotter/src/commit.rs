@@ -179,8 +179,8 @@ impl Snapshotter {
         let unnamed = self.unnamed_containers(&scan)?;
         self.refuse_a_database_older_than_the_store(&unnamed)?;
         // Before lost containers are made again under new numbers: a crashed Prepare's
-        // container is numbered as the next number (review finding: a rebuild then
-        // collided with it, and failed until one more start).
+        // container is numbered as the next number, and a rebuild would collide with it
+        // and fail until one more start.
         for container in unnamed {
             let id = container.id();
             tracing::info!(container = %id, "removing a container no snapshot names");
@@ -213,8 +213,7 @@ impl Snapshotter {
                 lamina_store::sync_dir(&dir)?;
             } else {
                 // Lost with the Prepare's directories, and not made again (logged above):
-                // nothing to put back, and failing here would stop every start (review
-                // finding).
+                // nothing to put back, and failing here would stop every start.
                 tracing::warn!(
                     key,
                     "an interrupted commit's container is gone: the snapshot stays active, without a container"

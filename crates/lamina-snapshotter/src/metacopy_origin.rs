@@ -13,9 +13,9 @@
 //!   stops the lookup: nothing below is seen. The first regular file found is the data.
 //!
 //! A file copied up by metadata inside a renamed directory has no redirect of its own:
-//! its data is at the directory's old name (review findings: `mv a c; chmod 600 c/f` was
-//! filled from the lower's `c/f`; `mkdir /backup; mv /etc/conf /backup/` failed the
-//! commit). Every layer is reached beneath its root, no symlink followed
+//! its data is at the directory's old name (after `mv a c; chmod 600 c/f` it is not the
+//! lower's `c/f`; after `mkdir /backup; mv /etc/conf /backup/` the lower has no
+//! `backup/conf`). Every layer is reached beneath its root, no symlink followed
 //! (`beneath::Tree`), as overlay follows none either.
 
 use std::ffi::OsStr;
@@ -37,7 +37,7 @@ pub(crate) const METACOPY: &str = "trusted.overlay.metacopy";
 
 /// One layer in which a directory was found, and the directory there (`O_PATH`): each
 /// name is looked up from its parent's descriptor, so a deep path costs one lookup a
-/// name, not one a name per name (review finding: walks from the root were quadratic).
+/// name, not one a name per name (as a walk from the root for each name would).
 type Found = (usize, Rc<OwnedFd>);
 
 /// The data of the metadata-only copy at `rel` in `upper` (whose own inode `pinned`
@@ -217,8 +217,8 @@ impl<'h> Lookup<'h> {
             }
             // A lower's own metadata-only copy (a layer committed without its data filled
             // in, by an older lamina or elsewhere) holds no data: the lookup goes on below
-            // it, where its redirect says (review finding: it was taken for the data, and
-            // the fill wrote zeros).
+            // it, where its redirect says; taken for the data, it would fill the file with
+            // zeros.
             FileType::RegularFile if last && !self.is_dir && has(self.host, &fd, METACOPY)? => {
                 self.follow(&fd, prelen, post)?;
                 Ok(None)
@@ -241,9 +241,9 @@ impl<'h> Lookup<'h> {
     /// Takes the redirect of the entry `fd` pins, if it has one, as the name the layers
     /// below are asked (the kernel's `ovl_check_redirect`): an absolute one with what
     /// follows it, a relative one in place of this name. An absolute redirect goes on
-    /// even where an opaque directory above it on the way had stopped the lookup (review
-    /// finding: `mkdir -p q/r; mv a/b/c q/r/cc` in one layer, then a file moved out of
-    /// `cc` in the next, failed the commit).
+    /// even where an opaque directory above it on the way had stopped the lookup: after
+    /// `mkdir -p q/r; mv a/b/c q/r/cc` in one layer, a file moved out of `cc` in the next
+    /// is found only so, and its commit fails otherwise.
     fn follow(&mut self, fd: &OwnedFd, prelen: usize, post: &[u8]) -> io::Result<()> {
         let Some(redirect) = redirect_of(self.host, fd)? else {
             return Ok(());
@@ -318,8 +318,8 @@ mod tests {
     }
 
     /// A lower layer's own metadata-only copy is looked through, following its redirect,
-    /// as the kernel does: the data is in the layer below (review finding: the fill took
-    /// the empty copy for the data and wrote zeros).
+    /// as the kernel does: the data is in the layer below. Guards against the fill taking
+    /// the empty copy for the data and writing zeros.
     #[test]
     fn a_lower_layers_metadata_only_copy_is_looked_through() {
         let base = tempfile::tempdir_in(

@@ -12,15 +12,16 @@
 //! The container is made again under a new number, and the row moved to it. Under the old
 //! name, only a crashed create is removed (a directory without a record whose lock is
 //! free, as `lamina clean` removes it); a `lamina create snap-7` in flight, or a Garden
-//! container made under that name since the cut, is Garden's (review findings:
-//! rebuilding in place deleted a create in flight, and adopted a Garden container).
+//! container made under that name since the cut, is Garden's: rebuilding in place would
+//! delete a create in flight, or adopt a Garden container.
 //!
 //! Only a container whose record file is not there is lost. One whose record is there is
 //! whole (on ext4 and xfs the record is written direct and renamed into place after every
 //! directory of the container was made, and the journal commits those in order;
 //! elsewhere the record's write syncs the container's directory), even when the record
 //! cannot be read or stat fails: a newer release's, or one an I/O error hides, is
-//! reported by `lamina check` and left with what the container wrote (review findings).
+//! reported by `lamina check` and left with what the container wrote, never deleted and
+//! made again empty.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -75,8 +76,8 @@ impl Snapshotter {
             };
             // A commit whose layer is published is finished from the layer: its
             // container is not needed, and a commit's final row, not synced, can be lost
-            // while the container's removal is kept (review finding: it was made again
-            // only to be deleted, logged as lost).
+            // while the container's removal is kept, so it is not made again only to be
+            // deleted and logged as lost.
             if row
                 .committing
                 .as_ref()
@@ -118,11 +119,10 @@ impl Snapshotter {
     /// Makes snapshot `key`'s container again under a new number (the next free one:
     /// see [`Snapshotter::make_numbered`]), then moves its row there. Returns the new
     /// container's name. The container is claimed first: a `lamina create` of that name
-    /// in flight makes the making fail as taken, and the next number is tried (review
-    /// finding: moving the row first handed it a Garden container still being made).
-    /// If it cannot be made and the old name is a Garden container (`foreign`), the row
-    /// still moves off it, to a number nobody holds (review finding: left on Garden's,
-    /// Remove deleted it).
+    /// in flight makes the making fail as taken, and the next number is tried, so the row
+    /// never moves onto a Garden container still being made. If it cannot be made and the
+    /// old name is a Garden container (`foreign`), the row still moves off it, to a number
+    /// nobody holds: left on Garden's, a Remove would delete it.
     fn rebuild(
         &self,
         key: &str,

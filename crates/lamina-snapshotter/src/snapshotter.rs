@@ -214,11 +214,11 @@ impl Snapshotter {
     /// [`Snapshotter::make_container`] under the next container number nobody holds;
     /// returns the number and the container's name. A directory already there, or a
     /// `lamina create` of that name in flight (the making fails as taken), is someone
-    /// else's — Garden's `snap-N` — and the next number is tried (review finding: every
-    /// Prepare failed while Garden had a container at the next number). A number past
-    /// the database's next is reserved before the container is made, so a crash before
-    /// its row names it leaves a container numbered below the counter, which the next
-    /// start removes as unnamed rather than taking the database for older than the store.
+    /// else's — Garden's `snap-N` — and the next number is tried, so a Garden container at
+    /// the next number fails no Prepare. A number past the database's next is reserved
+    /// before the container is made, so a crash before its row names it leaves a container
+    /// numbered below the counter, which the next start removes as unnamed rather than
+    /// taking the database for older than the store.
     pub(crate) fn make_numbered(
         &self,
         key: &str,
@@ -266,8 +266,8 @@ impl Snapshotter {
     /// Whether container `id`, which snapshot `key`'s row names, is that snapshot's by
     /// its record. A Garden container made under the name of one a crash lost (`lamina
     /// create snap-7` before the daemon restarted) is not, and is never answered,
-    /// committed or removed for the snapshot (review finding). A missing or unreadable
-    /// record holds nothing of anyone else's that this could protect.
+    /// committed or removed for the snapshot. A missing or unreadable record holds
+    /// nothing of anyone else's that this could protect.
     pub(crate) fn owns(&self, key: &str, id: &str) -> bool {
         match lamina_mount::record::read(&self.store, id) {
             Ok(container) => container.record.image == format!("{SOURCE_PREFIX}{key}"),
@@ -280,8 +280,8 @@ impl Snapshotter {
     /// for a snapshot without a strategy label. Prepare and View call it; so does recovery
     /// (`again`), for a row whose container a power cut lost, from the shape its Prepare
     /// recorded — never from a pool: after a restart no slot is mounted yet, and a fresh
-    /// overlay of the same flavour is what a claimed slot was (review finding: a `pooled`
-    /// snapshot could not be made again).
+    /// overlay of the same flavour is what a claimed slot was, so a `pooled` snapshot can
+    /// be made again.
     pub(crate) fn make_container(
         &self,
         id: &str,

@@ -3,7 +3,7 @@
 //! mounts it, so a container can still be writing through that mount while the snapshot
 //! is committed or measured, and it can swap a directory for a symlink to `/` or a file
 //! for a device node between lamina's listing and its open. A path walk would then read,
-//! write or open the host's files with lamina's privileges (review finding).
+//! write or open the host's files with lamina's privileges.
 //!
 //! So every path is resolved from the tree's root descriptor with `openat2`, refusing
 //! any symlink, any `..` out of the tree and any other mount on the way; and a file is
@@ -121,11 +121,11 @@ impl Tree {
     /// the tree holds then is what it holds. So is what lies deeper than [`MAX_DEPTH`]
     /// directories. Returns whether nothing was skipped.
     ///
-    /// Depth costs neither time nor descriptors without bound (review findings: a
-    /// container nesting 20 000 directories took minutes, opening each from the root, and
-    /// overflowed the stack): a directory is opened from the nearest ancestor kept open
-    /// (`anchor_spacing`), the directories still to visit are kept as names under
-    /// their parents', and an entry's path is built only when asked for.
+    /// Depth costs neither time nor descriptors nor stack without bound (a container can
+    /// nest 20 000 directories, and opening each from the root takes minutes): a directory
+    /// is opened from the nearest ancestor kept open (`anchor_spacing`), the directories
+    /// still to visit are kept as names under their parents', and an entry's path is built
+    /// only when asked for.
     pub fn walk(&self, mut visit: impl FnMut(&Entry<'_>) -> io::Result<bool>) -> io::Result<bool> {
         use rustix::io::Errno;
         let mut whole = true;
@@ -195,9 +195,9 @@ const STRETCH: usize = 2048;
 
 /// Levels between the directories a walk keeps open near the top of a tree: one every
 /// 64 levels down to 8192, then twice as far apart each time the depth doubles, so a
-/// chain of a million levels keeps about 600 open (review finding: one every 64 levels
-/// without end ran out of descriptors past 60 000 levels, leaving such a tree impossible
-/// to remove), and no open walks more names than one spacing.
+/// chain of a million levels keeps about 600 open (one every 64 levels without end runs
+/// out of descriptors past 60 000 levels, and such a tree could not be removed), and no
+/// open walks more names than one spacing.
 fn anchor_spacing(depth: usize) -> usize {
     const NEAR: usize = 64;
     const BAND: usize = 8192;
@@ -279,7 +279,7 @@ impl Node {
 
 impl Drop for Node {
     /// Unlinks the chain of parents a level at a time: dropped recursively, a chain of
-    /// tens of thousands of levels overflowed the stack (review finding).
+    /// tens of thousands of levels overflows the stack.
     fn drop(&mut self) {
         let mut next = self.parent.take();
         while let Some(parent) = next {
@@ -419,8 +419,8 @@ mod tests {
     }
 
     /// A container can nest directories past `PATH_MAX`; walking and opening them must
-    /// not fail on the path's length (review finding: it failed `stats`, Usage and the
-    /// store-wide `clean --threshold-bytes`).
+    /// not fail on the path's length (which would fail `stats`, Usage and the store-wide
+    /// `clean --threshold-bytes`).
     #[test]
     fn a_tree_deeper_than_path_max_is_walked_and_opened() {
         let dir = tempfile::tempdir().unwrap();
@@ -456,8 +456,8 @@ mod tests {
         assert_eq!(read, "deep");
     }
 
-    /// Review finding: a container nesting 20 000 directories overflowed the stack of
-    /// the thread walking them (the daemon aborted), and took minutes.
+    /// A container can nest 20 000 directories: the walk must neither overflow the stack of
+    /// the thread walking them (which aborts the daemon) nor take minutes.
     #[test]
     fn twenty_thousand_levels_are_walked_on_a_small_stack() {
         let base = if Path::new("/dev/shm").is_dir() {

@@ -135,8 +135,7 @@ impl Store {
 /// hold — no file, or something no lamina could open as one (a FIFO, a symlink, a
 /// directory: only root can put it there, and nobody can be holding it), which is logged
 /// and otherwise taken for no lock. One such entry then costs `clean`, `check`, a
-/// collection or a delete nothing, where it used to fail them for every container
-/// (review finding).
+/// collection or a delete nothing, rather than failing them for every container.
 pub(crate) fn open_dir_lock(path: &Path) -> Result<Option<File>, StoreError> {
     match crate::open_regular_file(path) {
         Ok(file) => Ok(Some(file)),

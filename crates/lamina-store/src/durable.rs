@@ -120,6 +120,32 @@ mod tests {
         assert_eq!(entries(dir.path()), ["record.json"]);
     }
 
+    /// The order is the durability argument: the data is synced before the rename names
+    /// it, and the directory after the rename, or the rename may not survive a crash.
+    #[test]
+    fn the_file_is_synced_before_the_rename_and_its_directory_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("record.json");
+        let fake = lamina_sys::FakeMounter::new();
+        write_durably_with(&fake, &path, b"{}").unwrap();
+        let syncs: Vec<std::path::PathBuf> = fake
+            .calls()
+            .into_iter()
+            .filter_map(|call| match call {
+                lamina_sys::FakeCall::Fsync(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(syncs.len(), 2, "{syncs:?}");
+        assert_ne!(
+            syncs[0], path,
+            "the temporary file is synced, not the target"
+        );
+        assert_eq!(syncs[0].parent(), Some(dir.path()));
+        assert_eq!(syncs[1], dir.path(), "the directory, after the rename");
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+    }
+
     #[test]
     fn a_write_replaces_the_previous_contents_whole() {
         let dir = tempfile::tempdir().unwrap();

@@ -23,8 +23,8 @@
 //!
 //! Every object is the inode of a file lamina imported and verified (with or without a
 //! manifest), or a copy: a composefs build copies a committed containerd snapshot's file
-//! instead of linking it (review finding: a snapshot's upper, which its container may
-//! still write through containerd's mount, became other images' verified files). Nothing
+//! instead of linking it, as a snapshot's upper, which its container may still write
+//! through containerd's mount, must not become other images' verified files. Nothing
 //! writes an imported layer's files. Linking to an inode of a layer without a manifest
 //! keeps the rule above: no layer above that one links, and the layers below it were
 //! imported before it.
@@ -90,7 +90,7 @@ pub struct Staged {
 /// Files [`hash`] looks at in one layer, and bytes of their paths it keeps: past
 /// either, the layer is left as it is, without a manifest (so nothing above it links
 /// either). A tar of a few megabytes can hold a million small files under a deep directory
-/// (review finding: 200 000 such paths held 800 MB).
+/// (200 000 such paths take 800 MB).
 const MAX_FILES: usize = 1_000_000;
 const MAX_PATH_BYTES: usize = 64 << 20;
 
@@ -190,8 +190,8 @@ pub fn link(
         let first_here = seen_here.insert(id.clone());
         // A file of a hardlink set in its layer stays what it is: relinking one of its
         // names would split the set, and publishing it would lend other images an inode
-        // of thousands of links (review finding: the ext4 link limit then failed another
-        // image's `direct` create).
+        // of thousands of links, and the ext4 link limit would then fail another image's
+        // `direct` create.
         if !first_here || nlink != 1 || below.iter().any(|layer| layer.contains(&id)) {
             continue;
         }

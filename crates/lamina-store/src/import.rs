@@ -320,8 +320,8 @@ impl Store {
     ///
     /// A write the device refused is an error, never a reason to sync instead: the error
     /// is reported once, to the first descriptor that asks, so a `syncfs` after it would
-    /// succeed and publish the layer with the pages the device never took (review
-    /// finding: a layer read back as zeros after a pull that exited 0).
+    /// succeed and publish the layer with the pages the device never took (a layer that
+    /// reads back as zeros after a pull that exited 0).
     fn write_back_files(&self, diff: &Path) -> Result<bool, StoreError> {
         let Ok(tree) = crate::beneath::Tree::open(diff) else {
             return Ok(false);
@@ -542,8 +542,8 @@ const WRITE_BACK_WALK: usize = 16384;
 
 /// Files opened and written back together: enough for the device to see them at once
 /// (256), few enough to stay far from the open-files limit — a sixteenth of the soft
-/// limit, since a pull imports three layers at once beside its sockets and blobs (review
-/// finding: 3 × 256 of a soft limit of 1024 left a concurrent open failing).
+/// limit, since a pull imports three layers at once beside its sockets and blobs: 3 × 256
+/// of a soft limit of 1024 leaves a concurrent open failing.
 fn write_back_batch() -> usize {
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current

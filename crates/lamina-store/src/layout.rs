@@ -11,7 +11,7 @@ pub const STORE_VERSION: u32 = 1;
 /// The marker version of a store that shares file content (`shared_file_content`): a
 /// lamina from before sharing refuses it ("not a lamina store") instead of opening it and
 /// making objects of committed snapshots' inodes, which this store's imports would then
-/// link into verified layers (review finding: a rollback and roll forward did that).
+/// link into verified layers (after a rollback and roll forward).
 pub const SHARING_STORE_VERSION: u32 = 2;
 
 #[derive(Debug, Clone)]

@@ -228,10 +228,10 @@ mod tests {
         assert!(store.lock("regular").is_ok());
     }
 
-    /// A container's own lock that is not a regular file (a FIFO blocked a delete for
+    /// A container's own lock that is not a regular file (a FIFO would block a delete for
     /// ever) is answered at once, and taken for no lock: nobody can be holding it, and
     /// one such directory must not fail a `clean`, `check` or delete of every other
-    /// container (review finding). The delete that waits on it goes ahead.
+    /// container. The delete that waits on it goes ahead.
     #[test]
     fn a_containers_lock_that_is_not_a_regular_file_is_taken_for_none_at_once() {
         let (_dir, store) = store();

@@ -17,8 +17,8 @@ pub fn open_regular_file(path: &Path) -> std::io::Result<File> {
 }
 
 /// The bytes of the regular file at `path`, as `fs::read` reads them, for a file of the
-/// store that must be one: a record, a marker, a layer's `layer.json`. A FIFO there
-/// hung `check` and `stats` (review finding).
+/// store that must be one: a record, a marker, a layer's `layer.json`. Anything else is
+/// refused at once, so a FIFO there cannot hang `check` or `stats`.
 pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     open_regular_file(path)?.read_to_end(&mut bytes)?;

@@ -1,10 +1,10 @@
 //! Removing a directory tree whatever its depth. `std::fs::remove_dir_all` recurses once
 //! per level, so a container that nests tens of thousands of directories in its upper
-//! made the delete, the reaper or a `clean` that removed it overflow its stack and abort
-//! (review finding; the daemon aborts with it). Here the tree is taken apart in a loop,
-//! children before their directory, each directory opened as `beneath::Tree::walk` opens
-//! it (from the nearest ancestor kept open, no symlink followed, no other mount entered).
-//! Nothing is moved: after a failure, what is left is where it was.
+//! would make the delete, the reaper or a `clean` that removes it overflow its stack and
+//! abort (the daemon with it). Here the tree is taken apart in a loop, children before
+//! their directory, each directory opened as `beneath::Tree::walk` opens it (from the
+//! nearest ancestor kept open, no symlink followed, no other mount entered). Nothing is
+//! moved: after a failure, what is left is where it was.
 
 use std::fs;
 use std::io;
@@ -39,7 +39,7 @@ pub fn remove_tree(path: impl AsRef<Path>) -> io::Result<()> {
     }
     let mut steps = vec![Step::Empty(None)];
     // The files at the top go last: a container's `lock` is one, and while it is there
-    // nobody else takes the directory for free to remove (review finding).
+    // nobody else takes the directory for free to remove.
     let mut top_files = Vec::new();
     while let Some(step) = steps.pop() {
         match step {

@@ -72,7 +72,7 @@ pub struct SnapshotIndex {
 }
 
 /// Refuses a database, or its log or shared-memory file, that is not a regular file:
-/// SQLite opens them itself, and a FIFO there would block every call (review finding).
+/// SQLite opens them itself, and a FIFO there would block every call.
 fn refuse_non_regular_database(path: &Path) -> Result<(), StoreError> {
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.as_os_str().to_owned();
@@ -414,9 +414,9 @@ impl SnapshotIndex {
             .pragma_update(None, "synchronous", "NORMAL")
             .map_err(|e| sql_error("writing", &self.path, e))?;
         let replaced = self.transaction(|tx| replace_rows(tx, old, new_key, record));
-        // The change is made whatever this says: a failure here is the next write's
-        // (review finding: returned as the commit's, it failed a commit that happened
-        // and left every later intent unsynced).
+        // The change is made whatever this says: a failure here is the next write's.
+        // Returned as the commit's, it would fail a commit that happened and leave every
+        // later intent unsynced.
         if let Err(e) = self.sync_every_write() {
             tracing::warn!(error = %e, "could not set the snapshot database to sync every write again: the next write tries first");
         }

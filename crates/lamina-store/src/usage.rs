@@ -108,9 +108,8 @@ mod tests {
         assert_eq!(disk_usage(&tmp.path().join("missing")).unwrap(), 0);
     }
 
-    /// A store configured at a symlink is measured through it (review finding: `clean
-    /// --threshold-bytes` failed with "Not a directory"); a symlink beneath is not
-    /// followed.
+    /// A store configured at a symlink is measured through it (guards `clean
+    /// --threshold-bytes` against "Not a directory"); a symlink beneath is not followed.
     #[test]
     fn the_root_is_reached_through_a_symlink_and_nothing_beneath_is_followed() {
         let tmp = tempfile::tempdir().unwrap();

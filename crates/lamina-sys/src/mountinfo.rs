@@ -55,8 +55,8 @@ pub fn writable_mount_of(dir: &Path, except: &Path) -> std::io::Result<Option<Pa
             && std::fs::metadata(at).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
     };
     // The mount table names mount points by their real paths: lamina's own mount, made
-    // under a store reached through a symlink, is listed at its canonical path (review
-    // finding: every commit of a container lamina mounted was refused there).
+    // under a store reached through a symlink, is listed at its canonical path, and is
+    // matched there too, or every commit of a container lamina mounted is refused.
     let canonical = std::fs::canonicalize(except).ok();
     let excepted = |at: &Path| at == except || canonical.as_deref() == Some(at);
     Ok(writable_mount_in(&info, dir, excepted, same_inode))
@@ -96,8 +96,8 @@ fn writable_mount_in(
         // (whatever comes before it: a btrfs subvolume's `/@var/...` does not end `dir`'s
         // path); a mount of a filesystem's root is looked at too. The rest are not stat'ed.
         // The device in the table is not compared: btrfs gives each subvolume a device of
-        // its own that `stat` shows and the table does not (review finding: no bind on
-        // btrfs was ever seen); `same_inode` compares what `stat` says on both sides.
+        // its own that `stat` shows and the table does not, so no bind on btrfs would
+        // match; `same_inode` compares what `stat` says on both sides.
         let read_write = fields.get(5)?.split(|&b| b == b',').any(|o| o == b"rw");
         let root_in_fs = unescape(fields.get(3)?);
         let candidate = root_in_fs == Path::new("/") || root_in_fs.file_name() == dir.file_name();

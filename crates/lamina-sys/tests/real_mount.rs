@@ -86,6 +86,9 @@ fn kernel_refusal_names_target_and_reason() {
     let err = RealMounter::new()
         .mount_overlay(&spec, &tmp.path().join("merged"))
         .unwrap_err();
+    // The missing layer is the reason, not a lack of privilege (EPERM would name the
+    // target too, and pass for a caller who is not root).
+    assert_eq!(err.errno, lamina_sys::Errno::NOENT, "{err}");
     let msg = err.to_string();
     assert!(msg.contains("merged"), "{msg}");
     assert!(

@@ -173,7 +173,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         (None, None) => None,
         // A password from the environment alone is the operator's for `docker://` pulls
         // that name a user; exported for every command (as docs/registry.md advises),
-        // it must not fail the ones that name none (review finding: every delete failed).
+        // it must not fail the ones that name none (a delete, say).
         (None, Some(password)) if password_from_environment(&password) => None,
         _ => return Err(anyhow!("--username and --password go together")),
     };

@@ -30,8 +30,7 @@ pub struct Request {
     pub metadata_image: MetadataImage,
     /// The caller mounts the rootfs itself from the printed options (Garden's
     /// `--without-mount`): `auto` keeps to the layers, whose directories outlive a host
-    /// restart, where a composefs overlay's options name the image's mount, which does
-    /// not (review finding).
+    /// restart, where a composefs overlay's options name the image's mount, which does not.
     pub caller_mounts: bool,
 }
 

@@ -160,7 +160,7 @@ pub fn check_verified(
         let mounted_now = match mounter.is_mountpoint(&rootfs) {
             Ok(mounted) => mounted,
             // Deleted since the scan (a delete renames it into trash/): nothing of it to
-            // check (review finding: `check` beside a delete failed with ENOENT).
+            // check, so `check` beside a delete does not fail with ENOENT.
             Err(e) if e.errno == lamina_sys::Errno::NOENT => continue,
             Err(e) => return Err(e.into()),
         };
@@ -247,7 +247,7 @@ pub fn check_verified(
             // An image nobody uses goes, with its mount (which shows the damaged bytes);
             // the next create builds and mounts it again. Under the layers lock taken
             // exclusively, as `clean` collects: no create is between building and
-            // recording it (review finding), and the records are read again under it.
+            // recording it, and the records are read again under it.
             let top = damage.image_top.clone().unwrap_or_default();
             findings.fix(problem, &|| {
                 let _no_create_in_flight = store.collect_layers_lock()?;

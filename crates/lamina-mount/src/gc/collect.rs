@@ -170,8 +170,8 @@ struct References {
     composefs: HashSet<String>,
     /// The images whose metadata image stays (a superset of `composefs`): a container,
     /// pool or committed snapshot is made of each. `auto` builds one in the background
-    /// for the creates after a layers-served one (review finding: every clean removed it
-    /// before anything could mount it).
+    /// for the creates after a layers-served one, so a clean keeps it before anything
+    /// mounts it.
     tops: HashSet<String>,
 }
 

@@ -44,8 +44,8 @@ pub(crate) fn collect(
     // First the mounts no composefs container or pool slot uses: unmounted and removed
     // (no overlay needs it mounted: each holds its own reference to the EROFS), even of
     // an image that stays; the next composefs create mounts it again. One a process
-    // holds busy keeps its image, and so its objects, for a later clean (review finding:
-    // a busy mount failed every clean).
+    // holds busy keeps its image, and so its objects, for a later clean, rather than
+    // failing every clean.
     let mut kept = keep.clone();
     for path in &in_images {
         let name = file_name(path);
@@ -59,8 +59,8 @@ pub(crate) fn collect(
             kept.insert(top.to_string());
         }
     }
-    // An image a container uses whose file is gone references objects nobody can list
-    // (review finding: they were removed under running containers): keep them all.
+    // An image a container uses whose file is gone references objects nobody can list,
+    // and running containers may read them: keep them all.
     let mut unknown = in_use
         .iter()
         .any(|top| !images_dir.join(format!("{top}.erofs")).is_file());

@@ -100,10 +100,10 @@ pub struct UpperToCommit {
 
 /// [`RootfsError::UpperInUse`] if an overlay lamina did not mount (containerd mounts a
 /// snapshot itself) still has container `id`'s upper as its upper: its container could
-/// still write the layer once it is published, or swap what the publish walks (review
-/// finding). lamina's own mount, at the rootfs, is unmounted by the commit. Asked before
-/// a commit is recorded, never while one is finished: a start that finds a commit to
-/// finish must not fail on a mount (it would fail every start).
+/// still write the layer once it is published, or swap what the publish walks. lamina's
+/// own mount, at the rootfs, is unmounted by the commit. Asked before a commit is
+/// recorded, never while one is finished: a start that finds a commit to finish must not
+/// fail on a mount (it would fail every start).
 pub fn refuse_upper_in_use(
     store: &Store,
     mounter: &dyn Mounter,

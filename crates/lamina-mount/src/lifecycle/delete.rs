@@ -146,8 +146,8 @@ pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError>
                 Ok(Some(held)) => held,
                 Ok(None) => continue,
                 Err(e) => {
-                    // Left for the next reap, and said: silently skipped, it stayed in
-                    // trash for ever (review finding).
+                    // Left for the next reap, and said: skipped silently, it would
+                    // stay in trash for ever.
                     tracing::warn!(dir = %dir.display(), error = %e, "reaper left a container in trash");
                     reaped.failed += 1;
                     continue;

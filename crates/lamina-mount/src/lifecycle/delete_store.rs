@@ -15,8 +15,8 @@ use crate::RootfsError;
 pub fn delete_store(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsError> {
     let root = store.root();
     // A running reaper finishes its pass first, and no new one starts meanwhile; so do
-    // creates and background builds of composefs images, which hold the layers shared
-    // (review finding: a build that outlived the store made its directories again).
+    // creates and background builds of composefs images, which hold the layers shared:
+    // a build that outlived the store would make its directories again.
     let _reaper = store.lock("reaper")?;
     let _no_create_or_build = store.collect_layers_lock()?;
     let mounts = mounter.mounts_under(root)?;

@@ -5,7 +5,8 @@
 //!
 //! `--strategy` lists ([`Strategies`]) are the operator's words for it; `choose` turns a
 //! list and a request into a [`Model`], refusing combinations that mean nothing. The
-//! container record stores the model itself (see `record.rs`).
+//! container record stores the model itself (see `record.rs`). Each step that depends
+//! on the provider matches on it once, in `crate::providers`.
 
 use std::fmt;
 
@@ -116,6 +117,41 @@ impl Model {
                 Teardown::Inline
             },
         })
+    }
+
+    /// Every model a `--strategy` list names, read-only or not: each list of the names
+    /// the parser takes (but `auto`, which names none), in a stable order. The
+    /// conformance table is generated from this, so a model nobody listed fails nothing
+    /// only if the parser refuses it too.
+    pub fn all() -> Vec<Model> {
+        let names: Vec<&str> = crate::model::strategy::NAMES
+            .iter()
+            .copied()
+            .filter(|n| *n != "auto" && *n != "classic")
+            .collect();
+        let mut all = Vec::new();
+        for set in 0u32..(1 << names.len()) {
+            let list: Vec<&str> = (0..names.len())
+                .filter(|i| set & (1 << i) != 0)
+                .map(|i| names[i])
+                .collect();
+            let list = if list.is_empty() {
+                "classic".to_string()
+            } else {
+                list.join(",")
+            };
+            let Ok(strategies) = Strategies::parse(&list) else {
+                continue;
+            };
+            for read_only in [false, true] {
+                if let Ok(model) = Model::named(strategies, read_only)
+                    && !all.contains(&model)
+                {
+                    all.push(model);
+                }
+            }
+        }
+        all
     }
 
     /// The overlay flavour, for the providers that mount an overlay.
@@ -330,6 +366,27 @@ mod tests {
             assert_eq!(again, model, "{list} → {model}");
         }
         assert_eq!(named("classic", false).unwrap(), Model::CLASSIC);
+    }
+
+    #[test]
+    fn every_model_is_named_by_the_list_it_prints() {
+        let all = Model::all();
+        for model in &all {
+            let again = named(&model.to_string(), model.read_only()).unwrap();
+            assert_eq!(again, *model, "{model}");
+        }
+        println!("{} models", all.len());
+        for model in &all {
+            println!(
+                "{model}{}",
+                if model.read_only() {
+                    " --read-only"
+                } else {
+                    ""
+                }
+            );
+        }
+        assert!(all.contains(&Model::CLASSIC));
     }
 
     #[test]

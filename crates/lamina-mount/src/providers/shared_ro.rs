@@ -154,7 +154,7 @@ pub(crate) fn acquire(
 
 /// Mounts again the shared overlay a container's `lease` is on, if it is not mounted (a
 /// host restart unmounted it): a bind of it would otherwise hand the caller the empty
-/// directory beneath (review finding: a shared-ro snapshot's Mounts after a restart).
+/// directory beneath (a shared-ro snapshot's Mounts after a host restart).
 /// `chain_ids` are the container's layers; the shared directory must be theirs.
 pub(crate) fn remount_shared(
     store: &Store,

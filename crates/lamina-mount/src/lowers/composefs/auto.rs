@@ -150,9 +150,8 @@ pub fn build_for(
         Ok(_) => Built::Built,
         // Only what the image itself makes fail is recorded (a bound, an xattr EROFS
         // cannot hold, a path too long): building again would fail again. A full disk,
-        // an I/O error or a lock held by another builder is not the image's doing
-        // (review finding: it turned composefs off for good), and a later create asks
-        // again.
+        // an I/O error or a lock held by another builder is not the image's doing and
+        // must not turn composefs off for good: a later create asks again.
         Err(StoreError::Io { source, .. })
             if crate::lowers::composefs::merge::is_refusal(&source) =>
         {
@@ -195,7 +194,7 @@ pub fn is_imported_chain(store: &Store, chain_ids: &[Digest]) -> Result<bool, St
 /// `choice` (auto's composefs) over the image's layers instead, because its metadata
 /// image could not serve this create: `why` is logged, and recorded as a refusal when
 /// the kernel refused to mount the image (damaged, or a format it does not take) —
-/// not for a lock held too long or a lack of memory, which pass (review finding).
+/// not for a lock held too long or a lack of memory, which pass.
 pub(crate) fn over_the_layers(
     store: &Store,
     chain_ids: &[Digest],

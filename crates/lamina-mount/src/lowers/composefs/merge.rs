@@ -6,9 +6,9 @@
 //! Every directory is read from a descriptor of it, opened from its parent's without
 //! following a symlink, and every entry is looked at from its directory's descriptor: a
 //! committed containerd snapshot's container may still rename things in its upper, and a
-//! directory swapped for a symlink to a host directory put that directory's names,
-//! owners and xattrs in the image (review finding). A directory that is not the one
-//! listed by the time it is opened fails the build.
+//! directory swapped for a symlink to a host directory would put that directory's names,
+//! owners and xattrs in the image. A directory that is not the one listed by the time it
+//! is opened fails the build.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -28,8 +28,8 @@ use lamina_sys::{At, HostFs};
 /// Entries (of every layer, replaced ones included) a metadata image may be built from.
 /// The tree and the image are built in memory, a few hundred bytes an entry plus the
 /// names, link targets and xattrs it holds (bounded by [`MAX_METADATA_BYTES`]): together
-/// about 1.5 GiB at worst, where a hostile layer of long symlinks cost 12.5 KiB an entry
-/// without the second bound (review finding). Real images have tens of thousands.
+/// about 1.5 GiB at worst, where a hostile layer of long symlinks would cost 12.5 KiB an
+/// entry without the second bound. Real images have tens of thousands.
 pub const MAX_ENTRIES: usize = 1_000_000;
 
 /// Bytes of names, regular files' layer paths (held until hashed), symlink targets and
@@ -38,9 +38,9 @@ pub const MAX_ENTRIES: usize = 1_000_000;
 pub const MAX_METADATA_BYTES: usize = 256 << 20;
 
 /// Directories nested in one layer that a metadata image is built from: the merge holds a
-/// descriptor of each directory above the one it reads, and recurses once a level (review
-/// finding: at 512 levels two builds at once passed a soft limit of 1024 descriptors, and
-/// a debug build overflowed a 2 MiB thread stack past 450). Real images nest a few dozen.
+/// descriptor of each directory above the one it reads, and recurses once a level (at 512
+/// levels two builds at once pass a soft limit of 1024 descriptors, and a debug build
+/// overflows a 2 MiB thread stack past 450). Real images nest a few dozen.
 pub const MAX_DEPTH: usize = 128;
 
 /// Why an image cannot be built, as an error whose kind says so (`InvalidData`): a
@@ -78,8 +78,8 @@ impl Limits {
     /// the named entries and metadata (about 400 MiB of memory at worst), far above real
     /// images' tens of thousands of entries, and 4 GiB of files to hash (about 20 s at
     /// the 200 MiB/s measured here, while `clean` and `delete-store` wait for the layers
-    /// lock); a larger image keeps to its layers (review findings: builds any create
-    /// could start were bounded only by the named limits).
+    /// lock); a larger image keeps to its layers. Any create can start such a build, so
+    /// the named limits alone are too loose for it.
     pub const AUTO: Limits = Limits {
         entries: MAX_ENTRIES / 4,
         metadata_bytes: MAX_METADATA_BYTES / 4,
@@ -90,9 +90,9 @@ impl Limits {
 /// The most xattrs, and xattr bytes (names and values), one inode may carry into a
 /// metadata image. EROFS (and the `composefs` crate's writer) stores an inode's shared
 /// xattr count in a byte and its xattr area's size and each value's size in 16 bits, and
-/// the writer truncates past them silently: a 64 KiB value on an XFS layer made the
-/// kernel read the value's bytes as forged overlay redirects into another image's objects
-/// (review finding). Far above what real images carry (ACLs, capabilities, labels).
+/// the writer truncates past them silently: a 64 KiB value on an XFS layer would make the
+/// kernel read the value's bytes as forged overlay redirects into another image's objects.
+/// Far above what real images carry (ACLs, capabilities, labels).
 pub const MAX_XATTRS_PER_INODE: usize = 128;
 pub const MAX_XATTR_BYTES_PER_INODE: usize = 32 << 10;
 
@@ -152,8 +152,8 @@ pub(crate) fn merge(store: &Store, chain_ids: &[Digest], limits: Limits) -> io::
 
 /// Refuses a merged tree whose regular files (each inode once, as the build hashes
 /// them) pass `most` bytes. Counted on the final tree, not per layer: a file a later
-/// layer replaces or deletes is never hashed (review finding: counting every layer's
-/// copy refused images that hash far less).
+/// layer replaces or deletes is never hashed, and counting every layer's copy would
+/// refuse images that hash far less.
 fn refuse_past_file_bytes(tree: &Merging, most: u64) -> io::Result<()> {
     if most == u64::MAX {
         return Ok(());
@@ -291,8 +291,8 @@ impl Merge<'_> {
             None => {
                 let content = match kind {
                     FileType::RegularFile => {
-                        // The leaf keeps its layer path until it is hashed (review
-                        // finding: deep paths cost 3.6 KiB an entry, uncounted).
+                        // The leaf keeps its layer path until it is hashed, so the
+                        // path is counted (deep paths cost 3.6 KiB an entry).
                         self.count_bytes(from.as_os_str().len())?;
                         LeafContent::Regular(LayerFile {
                             path: from.to_path_buf(),

@@ -90,15 +90,15 @@ pub fn ensure_within(
         return Ok(image);
     }
     // Sealed or not is decided once per image, when it is built: an image built before
-    // the store could seal stays unsealed (review finding: sealing it in place made
+    // the store could seal stays unsealed, as sealing it in place would make
     // `verity=require` refuse its containers' earlier metacopy copy-ups, which carry no
-    // digest, on their next mount). A mark left by a crash between removing an image and
+    // digest, on their next mount. A mark left by a crash between removing an image and
     // its companions goes first.
     let verity = verity_here(store, mounter);
     remove_if_present(&verity_path(&image))?;
     // A mount left from an image that is gone (removed by hand, or as damaged by `check
-    // --verify --repair`) shows that image, not the one built now: it goes first (review
-    // finding: a repaired image went on being served from its old mount).
+    // --verify --repair`) shows that image, not the one built now: it goes first, so a
+    // repaired image is not served from its old mount.
     let target = mount_path(store, top);
     if target.is_dir() {
         crate::uppers::remove_unmounted(mounter, &target).map_err(|e| {
@@ -170,8 +170,8 @@ pub fn mounted(
         .expect("ensure refuses an image without layers");
     let target = mount_image(store, mounter, top, &image)?;
     // An operator's composefs (a named create, `pool fill`, a remount) built and
-    // mounted it: whatever `auto` recorded against it no longer holds (review finding:
-    // a refusal hid the operator's composefs pool from `auto`).
+    // mounted it: whatever `auto` recorded against it no longer holds, and a refusal
+    // left in place would hide the operator's composefs pool from `auto`.
     if let Err(e) = crate::lowers::composefs::auto::forget_refusal(store, top) {
         tracing::warn!(image = %top, error = %e, "could not forget auto's refusal");
     }
@@ -331,8 +331,7 @@ fn build(
     let mut tree = crate::lowers::composefs::merge::merge(store, chain_ids, limits)?;
     // The merged tree under `rootfs/`, which overlays name as their lower: unmounted, the
     // mount point is empty and `rootfs/` does not exist, so a caller mounting the options
-    // itself (`--without-mount`) after a host restart gets an error, not an empty root
-    // (review finding).
+    // itself (`--without-mount`) after a host restart gets an error, not an empty root.
     let merged = std::mem::replace(
         &mut tree.root,
         generic_tree::Directory::new(Stat::uninitialized()),

@@ -76,9 +76,9 @@ impl<'a> Objects<'a> {
             return Ok(RegularFile::Inline(data.into()));
         }
         if !layer_file.linkable {
-            // What the merge counted against the image's bounds is what is copied
-            // (review finding: a file truncated to 300 MB after the merge was copied
-            // whole past a 1 MiB bound).
+            // What the merge counted against the image's bounds is what is copied: a file
+            // that grew or shrank since is refused, so no bound is passed by a later
+            // truncate.
             if size != layer_file.size {
                 return Err(io::Error::other(format!(
                     "{}: changed since the layers were merged",
@@ -104,8 +104,8 @@ impl<'a> Objects<'a> {
             }
         } else {
             // A hardlink set's inode is copied: lent to other images, its thousands of
-            // links could reach the filesystem's limit (review finding). Its only name
-            // is its own while no object is made of it.
+            // links could reach the filesystem's link limit. Its only name is its own while
+            // no object is made of it.
             let alone = file.metadata()?.nlink() == 1;
             drop(file);
             self.publish(path, &object, alone)?;
@@ -119,14 +119,14 @@ impl<'a> Objects<'a> {
     /// Stores the content of `file` (`size` bytes, of a committed snapshot) as an object
     /// of its own: copied (a reflink where the filesystem has them) into the build's
     /// staging name, then hashed from that copy, which nothing else can write, so the
-    /// object's name is always its content (review finding: hashing the layer file and
-    /// copying it after let a write in between put other bytes under the name). At most
-    /// `size` bytes are copied. The caller removes the staging copy on an error.
+    /// object's name is always its content (hashing the layer file and copying it after
+    /// would let a write in between put other bytes under the name). At most `size` bytes
+    /// are copied. The caller removes the staging copy on an error.
     fn store_copy(&mut self, file: &File, size: u64) -> io::Result<RegularFile<ObjectId>> {
         // Content some object has already (every build of a chain after its first): the
         // bytes just read are that object's, so it is what the image names, and nothing
-        // is copied or synced (review finding: every build copied and synced every
-        // snapshot file, 4316 fsyncs where 567 had done).
+        // is copied or synced (copying and syncing every snapshot file on every build costs
+        // 4316 fsyncs where 567 do).
         let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
         let read = io::copy(&mut io::Read::take(file, size), &mut hasher)?;
         let id = hasher.digest();
@@ -168,7 +168,7 @@ impl<'a> Objects<'a> {
     fn make_fan_out(&mut self, object: &Path) -> io::Result<()> {
         if let Some(fan_out) = object.parent() {
             // Only the fan-out directory: a build that outlived `delete-store` must not
-            // make the store's directories again (review finding).
+            // make the store's directories again.
             match fs::create_dir(fan_out) {
                 Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
                 _ => {}

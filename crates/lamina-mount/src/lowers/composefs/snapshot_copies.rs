@@ -1,9 +1,9 @@
 //! A one-time repair of stores whose composefs builds ran before builds copied committed
-//! containerd snapshots' files (review finding): such a build made the snapshot file's
-//! own inode an object, which the snapshot's container may still write through
-//! containerd's mount, and every image holding that content reads the object. Before a
-//! store's first build since, each object that is the inode of a committed snapshot's
-//! file is replaced by a copy whose content is its name. Done once per store: the mark
+//! containerd snapshots' files: such a build made the snapshot file's own inode an
+//! object, which the snapshot's container may still write through containerd's mount,
+//! and every image holding that content reads the object. Before a store's first build
+//! since, each object that is the inode of a committed snapshot's file is replaced by a
+//! copy whose content is its name. Done once per store: the mark
 //! `composefs/snapshot-objects-copied` records it.
 
 use std::collections::HashMap;
@@ -113,8 +113,8 @@ fn is_committed_snapshot(layer: &Path) -> bool {
 
 /// Replaces `object` by a copy of its bytes when they are still its name, sealed when
 /// `verity` (images built before keep mounting with `verity=require`); removes the name
-/// when they are not (the snapshot's container wrote them: review finding), so no build
-/// refers to that inode again and the next one makes the object anew.
+/// when they are not (the snapshot's container wrote them), so no build refers to that
+/// inode again and the next one makes the object anew.
 fn repair(store: &Store, host: &dyn HostFs, object: &Path, verity: bool) -> io::Result<()> {
     let staging = store.layout().tmp().join(format!(
         "composefs-repair-{}",

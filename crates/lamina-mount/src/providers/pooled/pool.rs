@@ -237,9 +237,9 @@ pub(crate) fn target_layers(store: &Store) -> Vec<Vec<Digest>> {
 pub(crate) fn composefs_target_images(store: &Store) -> Vec<String> {
     target_files(store)
         .into_iter()
-        // A pool with no slot mounts nothing of its image (review finding: a target
-        // whose image failed to build made `clean` keep every object, as if a mounted
-        // image's references were unknown); `clean` still keeps the image for refills.
+        // A pool with no slot mounts nothing of its image: counted as mounting it, a target
+        // whose image failed to build would make `clean` keep every object, as if a mounted
+        // image's references were unknown. `clean` still keeps the image for refills.
         .filter(|p| unsorted_slots(&p.with_extension("")).next().is_some())
         .filter_map(|p| read_target(&p))
         .filter(|t| Strategies::parse(&t.flavor).is_ok_and(|s| s.composefs))
