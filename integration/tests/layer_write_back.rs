@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use lamina_snapshot_index::StoreSnapshots;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;

@@ -4,13 +4,14 @@
 
 #![allow(clippy::unwrap_used)]
 
+use lamina_snapshot_index::StoreSnapshots;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
 use lamina_integration::{FsKind, Lamina, ScratchFs, require_root, sample_image};
+use lamina_snapshot_index::SnapshotKind;
 use lamina_snapshotter::{SnapshotError, Snapshotter};
-use lamina_store::SnapshotKind;
 
 /// The snapshotter on the store at `root`, as `lamina daemon` opens it.
 fn open_snapshotter(root: &Path) -> Result<Snapshotter, SnapshotError> {
@@ -399,7 +400,7 @@ fn a_commit_whose_final_row_was_lost_is_finished_without_its_container() {
     fs::copy(saved.join("db"), &db).unwrap();
     fs::copy(saved.join("wal"), &wal).unwrap();
     let _ = fs::remove_file(root.join("snapshots/metadata.db-shm"));
-    intent.committing = Some(lamina_store::Committing {
+    intent.committing = Some(lamina_snapshot_index::Committing {
         name: "top".into(),
         layer: layer.clone(),
         labels: labels.clone(),
@@ -533,7 +534,7 @@ fn a_lost_container_that_cannot_be_made_again_does_not_stop_the_start() {
         let store = lamina_store::Store::open(&root).unwrap();
         let mut index = store.snapshots().unwrap();
         let mut row = index.get("active").unwrap().unwrap();
-        row.committing = Some(lamina_store::Committing {
+        row.committing = Some(lamina_snapshot_index::Committing {
             name: "committed".into(),
             layer: lamina_image::Digest::of(b"never published"),
             labels: BTreeMap::new(),
@@ -697,7 +698,7 @@ fn a_garden_create_in_flight_at_the_next_number_stays_gardens() {
             let store = lamina_store::Store::open(&root).unwrap();
             let mut index = store.snapshots().unwrap();
             let mut row = index.get("active").unwrap().unwrap();
-            row.committing = Some(lamina_store::Committing {
+            row.committing = Some(lamina_snapshot_index::Committing {
                 name: "committed".into(),
                 layer,
                 labels: BTreeMap::new(),

@@ -9,6 +9,7 @@
 // A test that cannot set up must stop loudly.
 #![allow(clippy::unwrap_used)]
 
+use lamina_snapshot_index::StoreSnapshots;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

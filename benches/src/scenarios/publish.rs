@@ -5,6 +5,7 @@
 //! flush them (docs/store.md, invariant 1). The baseline is the same commit after a
 //! `syncfs` of the store (what the publish did before), alternated with it in one loop.
 
+use lamina_snapshot_index::StoreSnapshots;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -6,11 +6,12 @@
 //! either finishes the commit (the layer got published) or puts the upper back. Because
 //! of that, the final row is the one write it does not sync.
 
+use lamina_snapshot_index::{Committing, SnapshotKind, SnapshotRecord, StoreSnapshots};
 use std::collections::BTreeMap;
 use std::fs;
 
 use lamina_image::Digest;
-use lamina_store::{Committing, SnapshotKind, SnapshotRecord, StoreError};
+use lamina_store::StoreError;
 
 use crate::complete::complete_metacopies;
 use crate::snapshotter::{container_number, extraction_target, is_snapshot_container, now_ns};

@@ -1,8 +1,7 @@
 //! Read-mostly calls: Stat, Update (labels only, as containerd allows), List and Usage.
 
+use lamina_snapshot_index::{SnapshotKind, SnapshotRecord, StoreSnapshots};
 use std::collections::BTreeMap;
-
-use lamina_store::{SnapshotKind, SnapshotRecord};
 
 use crate::filters::{Fields, Filters};
 use crate::snapshotter::now_ns;

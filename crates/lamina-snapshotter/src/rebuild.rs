@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use lamina_store::SnapshotRecord;
+use lamina_snapshot_index::SnapshotRecord;
 use serde::{Deserialize, Serialize};
 
 use crate::snapshotter::{CONTAINER_PREFIX, is_snapshot_container, layer_chain};

@@ -12,7 +12,7 @@ use crate::proto::containerd::services::snapshots::v1 as api;
 use crate::proto::containerd::services::snapshots::v1::snapshots_server::Snapshots;
 use crate::proto::containerd::types::Mount;
 use crate::{Info, MountSpec, SnapshotError, Snapshotter};
-use lamina_store::SnapshotKind;
+use lamina_snapshot_index::SnapshotKind;
 
 /// How many snapshots one `List` response message carries.
 const LIST_CHUNK: usize = 100;

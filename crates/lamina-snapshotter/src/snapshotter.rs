@@ -14,13 +14,14 @@
 //! serial across threads and processes; each change to the metadata is one transaction
 //! of the store's snapshot index, touching only the rows it names.
 
+use lamina_snapshot_index::{SnapshotIndex, SnapshotKind, SnapshotRecord, StoreSnapshots};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lamina_image::Digest;
 use lamina_mount::{Attach, CreateOptions, FollowUp, Layers, StoredLayers, Strategies};
-use lamina_store::{SnapshotIndex, SnapshotKind, SnapshotRecord, Store};
+use lamina_store::Store;
 use lamina_sys::Mounter;
 
 use crate::SnapshotError;
@@ -30,7 +31,7 @@ pub const STRATEGY_LABEL: &str = "containerd.io/snapshot/lamina.strategy";
 /// `true` marks a container whose writes need not survive a crash: volatile upper.
 pub const EPHEMERAL_LABEL: &str = "containerd.io/snapshot/lamina.ephemeral";
 /// The chain ID an unpack is about to extract (the store indexes it).
-pub use lamina_store::REF_LABEL;
+pub use lamina_snapshot_index::REF_LABEL;
 /// containerd's hard limit, in bytes, on what an active snapshot may write.
 pub const MAX_SIZE_LABEL: &str = "containerd.io/snapshot/max-size";
 /// A user-namespaced container's uid mapping, `CTR:HOST:LEN[,…]` (containerd 2.x's

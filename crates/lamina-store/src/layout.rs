@@ -94,7 +94,7 @@ impl Layout {
         self.root.join("pool")
     }
 
-    /// containerd snapshots' metadata (see `snapshots.rs`).
+    /// containerd snapshots' metadata (see the `lamina-snapshot-index` crate).
     pub fn snapshots(&self) -> PathBuf {
         self.root.join("snapshots")
     }
@@ -104,7 +104,7 @@ impl Layout {
         self.snapshots().join("metadata.json")
     }
 
-    /// The snapshot metadata (see `snapshot_index.rs`).
+    /// The snapshot metadata (see the `lamina-snapshot-index` crate).
     pub fn snapshot_db(&self) -> PathBuf {
         self.snapshots().join("metadata.db")
     }

@@ -27,9 +27,6 @@ mod record_paths;
 mod regular_file;
 mod remove_tree;
 mod shift;
-mod snapshot_index;
-mod snapshot_legacy;
-mod snapshots;
 mod usage;
 
 use std::fs;
@@ -54,9 +51,10 @@ pub use permissions::{create_private_dir, use_fixed_umask};
 pub use progress::ImportProgress;
 pub use properties::{IdMap, IdMapping, StoreProperties};
 pub use record_paths::MAX_RECORD_BYTES;
-pub use regular_file::{open_regular_file, read_regular_file, read_regular_to_string};
+pub use regular_file::{
+    open_regular_file, read_regular_file, read_regular_to_string, refuse_non_regular,
+};
 pub use remove_tree::remove_tree;
-pub use snapshots::{Committing, REF_LABEL, SnapshotIndex, SnapshotKind, SnapshotRecord};
 pub use usage::{ContainerUsage, disk_usage, disk_usage_and_inodes};
 
 /// Default per-layer cap on uncompressed bytes: a decompression bomb stops here.

@@ -33,7 +33,7 @@ pub fn read_regular_to_string(path: &Path) -> std::io::Result<String> {
 
 /// Refuses `path` if something other than a regular file is there (nothing there is
 /// fine): for a file a library opens itself, as SQLite opens its database and log.
-pub(crate) fn refuse_non_regular(path: &Path) -> std::io::Result<()> {
+pub fn refuse_non_regular(path: &Path) -> std::io::Result<()> {
     match path.symlink_metadata() {
         Ok(meta) if meta.file_type().is_symlink() => Err(not_regular("a symlink")),
         Ok(meta) if !meta.file_type().is_file() => {

@@ -3,6 +3,7 @@
 //! lamina can tell that nobody is working on it: the same lock rules `clean` uses. What a
 //! repair cannot restore (a layer a container needs is gone) is reported and left alone.
 
+use lamina_snapshot_index::StoreSnapshots;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 

@@ -6,6 +6,7 @@
 //! creates wait only for the renames; a crash mid-removal leaves `tmp/gc-*` for the next
 //! clean.
 
+use lamina_snapshot_index::StoreSnapshots;
 use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use lamina_image::Digest;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 
-use crate::snapshot_legacy::{self, Legacy};
-use crate::snapshots::{Committing, REF_LABEL, SnapshotKind, SnapshotRecord};
-use crate::{Store, StoreError};
+use crate::legacy::{self as snapshot_legacy, Legacy};
+use crate::records::{Committing, REF_LABEL, SnapshotKind, SnapshotRecord};
+use lamina_store::{Store, StoreError};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -78,7 +78,7 @@ fn refuse_non_regular_database(path: &Path) -> Result<(), StoreError> {
         let mut file = path.as_os_str().to_owned();
         file.push(suffix);
         let file = std::path::PathBuf::from(file);
-        crate::regular_file::refuse_non_regular(&file).map_err(StoreError::io("opening", &file))?;
+        lamina_store::refuse_non_regular(&file).map_err(StoreError::io("opening", &file))?;
     }
     Ok(())
 }
@@ -670,6 +670,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::StoreSnapshots;
 
     fn record(kind: SnapshotKind, parent: Option<&str>, layer: Option<&str>) -> SnapshotRecord {
         SnapshotRecord {

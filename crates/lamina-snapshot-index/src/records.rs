@@ -1,21 +1,14 @@
-//! containerd snapshots kept in the store, for the proxy snapshotter in
-//! `lamina-snapshotter`. They live here, not in the front-end, because layer collection
-//! must see them: a committed snapshot's content is a layer under `layers/`, and an active
-//! snapshot is a container under `images/`, so `clean` keeps what a snapshot names exactly
-//! as it keeps what a container record names.
-//!
-//! The records are rows of an SQLite database (`snapshots/metadata.db`, see
-//! [`SnapshotIndex`]): each call reads and writes only the rows it names, through an
-//! index, so a node with thousands of snapshots pays per call what a node with ten does.
+//! What a snapshot is: its kind, parent, labels, layer or container, and a commit in
+//! flight.
 
 use std::collections::BTreeMap;
 
 use lamina_image::Digest;
 use serde::{Deserialize, Serialize};
 
-use crate::{Store, StoreError, StoreLock};
+use lamina_store::{Store, StoreError, StoreLock};
 
-pub use crate::snapshot_index::SnapshotIndex;
+use crate::SnapshotIndex;
 
 /// The label an unpack names the layer it extracts with (containerd's pull); the index
 /// keeps it in a column of its own so a Prepare finds an existing layer without a scan.
@@ -85,23 +78,39 @@ pub struct Committing {
     pub labels: BTreeMap<String, String>,
 }
 
-impl Store {
+/// The store's snapshots: how the snapshotter, `clean` and `check` reach them.
+pub trait StoreSnapshots {
     /// Serialises changes to the snapshot metadata (and to what it names) between
     /// processes; a snapshotter holds it for each call that changes anything.
-    pub fn lock_snapshots(&self) -> Result<StoreLock, StoreError> {
+    fn lock_snapshots(&self) -> Result<StoreLock, StoreError>;
+
+    /// The snapshot index, created empty if no snapshotter ever ran on this store, and
+    /// migrated from `snapshots/metadata.json` the first time a store that has one opens.
+    fn snapshots(&self) -> Result<SnapshotIndex, StoreError>;
+
+    /// The snapshots, to read only, if a snapshotter ever ran on this store: what
+    /// `check` and layer collection open. They create nothing and migrate nothing (an
+    /// earlier release's daemon may be running on its `metadata.json`).
+    fn snapshots_if_any(&self) -> Result<Option<SnapshotIndex>, StoreError>;
+}
+
+impl StoreSnapshots for Store {
+    /// Serialises changes to the snapshot metadata (and to what it names) between
+    /// processes; a snapshotter holds it for each call that changes anything.
+    fn lock_snapshots(&self) -> Result<StoreLock, StoreError> {
         self.lock("snapshots")
     }
 
     /// The snapshot index, created empty if no snapshotter ever ran on this store, and
     /// migrated from `snapshots/metadata.json` the first time a store that has one opens.
-    pub fn snapshots(&self) -> Result<SnapshotIndex, StoreError> {
+    fn snapshots(&self) -> Result<SnapshotIndex, StoreError> {
         SnapshotIndex::open(self)
     }
 
     /// The snapshots, to read only, if a snapshotter ever ran on this store: what
     /// `check` and layer collection open. They create nothing and migrate nothing (an
     /// earlier release's daemon may be running on its `metadata.json`).
-    pub fn snapshots_if_any(&self) -> Result<Option<SnapshotIndex>, StoreError> {
+    fn snapshots_if_any(&self) -> Result<Option<SnapshotIndex>, StoreError> {
         SnapshotIndex::open_read_only(self)
     }
 }

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::StoreError;
-use crate::snapshots::SnapshotRecord;
+use crate::records::SnapshotRecord;
+use lamina_store::StoreError;
 
 /// The whole of the metadata as earlier releases kept it.
 #[derive(Debug, Default, Deserialize)]
@@ -40,7 +40,7 @@ pub(crate) enum Legacy {
 }
 
 pub(crate) fn read(path: &Path) -> Result<Legacy, StoreError> {
-    let bytes = match crate::read_regular_file(path) {
+    let bytes = match lamina_store::read_regular_file(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Legacy::Absent),
         Err(e) => return Err(StoreError::io("reading", path)(e)),
@@ -68,8 +68,8 @@ pub(crate) fn set_aside(path: &Path, database: &Path) -> Result<(), StoreError> 
     match fs::hard_link(path, &kept) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let same = crate::read_regular_file(&kept)
-                .and_then(|k| crate::read_regular_file(path).map(|now| now == k))
+            let same = lamina_store::read_regular_file(&kept)
+                .and_then(|k| lamina_store::read_regular_file(path).map(|now| now == k))
                 .map_err(StoreError::io("reading", &kept))?;
             if !same {
                 return Err(StoreError::io("migrating", path)(std::io::Error::other(
@@ -103,5 +103,5 @@ pub(crate) fn write_tombstone(path: &Path, database: &Path) -> Result<(), StoreE
     };
     let bytes = serde_json::to_vec_pretty(&tombstone)
         .map_err(|e| StoreError::io("encoding", path)(e.into()))?;
-    crate::durable::write_durably(path, &bytes)
+    lamina_store::write_durably(path, &bytes)
 }
