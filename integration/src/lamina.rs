@@ -31,6 +31,13 @@ pub struct Output {
 
 impl Output {
     /// The JSON on stdout, asserting the call succeeded.
+    /// This output, after asserting the command succeeded: for a call whose failure
+    /// would make the rest of a test prove nothing.
+    pub fn ok(self) -> Output {
+        assert_eq!(self.code, 0, "lamina failed: {self:?}");
+        self
+    }
+
     pub fn json(&self) -> serde_json::Value {
         assert_eq!(self.code, 0, "lamina failed: {self:?}");
         serde_json::from_str(&self.stdout)

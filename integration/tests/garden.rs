@@ -209,7 +209,7 @@ fn clean_removes_unused_layers_only_past_the_threshold_and_create_can_trigger_it
     .unwrap();
     let config = config.to_str().unwrap();
     lamina.create_with(&["--without-clean"], &base, "quiet");
-    lamina.run(&["reap"]);
+    lamina.run(&["reap"]).ok();
     assert_eq!(layers(&lamina), 2, "--without-clean cleaned");
     let out = lamina.run(&["--config", config, "create", &base, "cleaning"]);
     assert_eq!(out.code, 0, "{out:?}");
