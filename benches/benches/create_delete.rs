@@ -50,7 +50,7 @@ fn create_delete(c: &mut Criterion) {
         group.bench_function(id, |b| {
             b.iter_custom(|n| {
                 if strategies == "pooled" {
-                    let kind = PoolKind::overlays(&chain, lamina_mount::Flavor::PLAIN, None);
+                    let kind = PoolKind::overlays(&chain, lamina_mount::Flavour::PLAIN, None);
                     pool::fill(&rig.store, &rig.mounter, &kind, Some(n as usize)).unwrap();
                 }
                 let start = Instant::now();

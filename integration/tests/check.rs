@@ -137,7 +137,9 @@ fn a_missing_layer_is_reported_and_cannot_be_repaired() {
     let fs = ScratchFs::tmpfs();
     let lamina = Lamina::init(&fs.path().join("store"));
     let image = sample_image(&fs.path().join("img")).references()[0].clone();
-    lamina.run(&["create", "--without-mount", &image, "orphaned"]).ok();
+    lamina
+        .run(&["create", "--without-mount", &image, "orphaned"])
+        .ok();
     let layers: Vec<_> = fs::read_dir(lamina.store.join("layers"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -178,7 +180,9 @@ fn a_file_of_the_wrong_type_hangs_no_command_and_fails_none_for_the_rest() {
     let lamina = Lamina::init(&fs.path().join("store"));
     let store = &lamina.store;
     let image = sample_image(&fs.path().join("img")).references()[0].clone();
-    lamina.run(&["create", "--without-mount", &image, "live"]).ok();
+    lamina
+        .run(&["create", "--without-mount", &image, "live"])
+        .ok();
     let soon = std::time::Duration::from_secs(20);
 
     // A layer's record.
@@ -221,7 +225,9 @@ fn a_file_of_the_wrong_type_hangs_no_command_and_fails_none_for_the_rest() {
     assert!(!store.join("images/dir-lock").exists());
 
     // A container whose record and lock are both FIFOs goes with a delete.
-    lamina.run(&["create", "--without-mount", &image, "broken"]).ok();
+    lamina
+        .run(&["create", "--without-mount", &image, "broken"])
+        .ok();
     let broken = store.join("images/broken");
     for name in ["lock", "container.json"] {
         fs::remove_file(broken.join(name)).unwrap();

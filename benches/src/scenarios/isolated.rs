@@ -187,8 +187,8 @@ fn timed_creates(rig: &Rig, image: &Image, source: Source, n: usize) -> Samples 
         Source::Fresh(_) => None,
         Source::UpperPool => Some(PoolKind::uppers(plan)),
         Source::OverlayPool => {
-            let flavor = lamina_mount::Flavor::of(options("isolated", false).strategies);
-            Some(PoolKind::overlays(&image.chain_ids(), flavor, Some(plan)))
+            let flavour = lamina_mount::Flavour::of(options("isolated", false).strategies);
+            Some(PoolKind::overlays(&image.chain_ids(), flavour, Some(plan)))
         }
     };
     if let Some(kind) = &kind {

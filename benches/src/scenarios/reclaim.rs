@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use lamina_image::Image;
-use lamina_mount::Flavor;
+use lamina_mount::Flavour;
 use lamina_mount::pool::{self, PoolKind};
 
 use super::{Ctx, progress};
@@ -53,7 +53,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                     if under_pressure { "reclaiming" } else { "idle" }
                 ));
                 if strategy == "pooled" {
-                    let kind = PoolKind::overlays(&image.chain_ids(), Flavor::PLAIN, None);
+                    let kind = PoolKind::overlays(&image.chain_ids(), Flavour::PLAIN, None);
                     pool::fill(&rig.store, &rig.mounter, &kind, Some(creates)).unwrap();
                 }
                 let scanned_before = host::pgscan();

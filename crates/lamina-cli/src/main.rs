@@ -249,7 +249,7 @@ enum PoolCommand {
         /// How many ready overlays to keep [default: `pool.size` in --config]
         #[arg(long)]
         size: Option<usize>,
-        /// Mount flavor, as create's --strategy (auto: what create would pick) [default: auto]
+        /// Mount flavour, as create's --strategy (auto: what create would pick) [default: auto]
         #[arg(long)]
         strategy: Option<String>,
         /// Fill the pool `create --ephemeral` claims from (volatile overlays)

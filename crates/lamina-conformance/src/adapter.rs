@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use lamina_image::{Digest, Image};
 use lamina_mount::pool::PoolKind;
 use lamina_mount::{
-    CreateOptions, Created, Deleted, DiskLimit, Flavor, Model, RootfsError, Strategies,
-    UpperBackend, UpperPlan,
+    CreateOptions, Created, Deleted, DiskLimit, Flavour as ModelFlavour, Model, RootfsError,
+    Strategies, UpperBackend, UpperPlan,
 };
 use lamina_store::Store;
 use lamina_sys::{DiskFs, Mounter};
@@ -108,8 +108,8 @@ fn strategies(spec: &Spec) -> Strategies {
         .unwrap_or_else(|e| panic!("the table's {spec:?} is not a valid strategy list: {e}"))
 }
 
-fn flavour_model(flavour: &Flavour) -> Flavor {
-    Flavor::of(strategies(&Spec::fresh(*flavour, Teardown::Inline)))
+fn flavour_model(flavour: &Flavour) -> ModelFlavour {
+    ModelFlavour::of(strategies(&Spec::fresh(*flavour, Teardown::Inline)))
 }
 
 /// Reads lamina's model of a created container into the table's.
@@ -120,19 +120,19 @@ fn spec_of(model: Model) -> Spec {
         lamina_mount::Provider::Pooled { .. } => Provider::Pooled,
         lamina_mount::Provider::Fresh { .. } => Provider::Fresh,
     };
-    let flavor = model.flavor().unwrap_or(Flavor::PLAIN);
+    let flavour = model.flavour().unwrap_or(ModelFlavour::PLAIN);
     Spec {
         provider,
         flavour: Flavour {
-            metacopy: flavor.metacopy,
-            volatile: flavor.volatile,
-            upper: match flavor.isolated {
+            metacopy: flavour.metacopy,
+            volatile: flavour.volatile,
+            upper: match flavour.isolated {
                 None => Upper::Store,
                 Some(UpperBackend::Disk) => Upper::Disk,
                 Some(UpperBackend::Memory) => Upper::Memory,
                 Some(UpperBackend::Quota) => Upper::Quota,
             },
-            composefs: flavor.composefs,
+            composefs: flavour.composefs,
         },
         teardown: if model.deferred() {
             Teardown::Deferred

@@ -44,7 +44,7 @@ pub use lifecycle::remount::{mount, unmount};
 pub use lifecycle::stats::{DiskUsage, Stats, Written, stats, written};
 pub use model::record::{Container, RootfsRecord, UpperFsRecord};
 pub use model::strategy::{Strategies, UpperBackend};
-pub use model::{Flavor, Model, Provider, Teardown};
+pub use model::{Flavour, Model, Provider, Teardown};
 pub use providers::{Attach, CreateOptions, ToMount};
 pub use uppers::isolated::{DiskLimit, UpperPlan};
 
@@ -102,9 +102,9 @@ pub enum RootfsError {
     )]
     WithoutMountIdmapped,
     #[error(
-        "strategy `pooled`: the image's pool of `{flavor}` overlays has no slot ready (fill it with `lamina pool fill --strategy pooled,{flavor} IMAGE`, or leave `pooled` out)"
+        "strategy `pooled`: the image's pool of `{flavour}` overlays has no slot ready (fill it with `lamina pool fill --strategy pooled,{flavour} IMAGE`, or leave `pooled` out)"
     )]
-    PoolEmpty { flavor: String },
+    PoolEmpty { flavour: String },
     #[error(
         "strategy `pooled` serves read-write overlays; it does not combine with --read-only (use shared-ro or direct)"
     )]

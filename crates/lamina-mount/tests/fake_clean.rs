@@ -125,7 +125,7 @@ fn clean_waits_for_a_create_in_flight_and_keeps_a_pools_layers() {
     // A pool's target is an operator's standing order: its layers stay.
     let chain_ids = store.import(&image).unwrap();
     let kind =
-        lamina_mount::pool::PoolKind::overlays(&chain_ids, lamina_mount::Flavor::PLAIN, None);
+        lamina_mount::pool::PoolKind::overlays(&chain_ids, lamina_mount::Flavour::PLAIN, None);
     lamina_mount::pool::fill(&store, &fake, &kind, Some(1)).unwrap();
     let report = clean(&store, &fake, None).unwrap();
     assert_eq!(

@@ -78,7 +78,7 @@ fn auto_with_a_disk_limit_on_a_quota_store_makes_a_limited_subvolume_and_reaps_i
     let read = record::read(&store, "c").unwrap();
     assert_eq!(read, created.container);
     assert_eq!(
-        read.model().flavor().unwrap().isolated,
+        read.model().flavour().unwrap().isolated,
         Some(UpperBackend::Quota)
     );
 

@@ -33,7 +33,7 @@ fn a_pooled_create_claims_a_premounted_overlay_without_mounting() {
     let (store, image) = setup(tmp.path());
     let fake = FakeMounter::new();
     let chain_ids = store.import(&image).unwrap();
-    let kind = PoolKind::overlays(&chain_ids, lamina_mount::Flavor::PLAIN, None);
+    let kind = PoolKind::overlays(&chain_ids, lamina_mount::Flavour::PLAIN, None);
     let filled = lamina_mount::pool::fill(&store, &fake, &kind, Some(2)).unwrap();
     assert_eq!((filled.added, filled.ready), (2, 2));
     let before = mounts_made(&fake).len();
@@ -56,11 +56,11 @@ fn a_pooled_create_claims_a_premounted_overlay_without_mounting() {
     let refill = lamina_mount::pool::fill(&store, &fake, &kind, None).unwrap();
     assert_eq!((refill.added, refill.ready), (1, 2));
 
-    // A named `pooled` whose pool (of the volatile flavor here) is empty is refused, not
+    // A named `pooled` whose pool (of the volatile flavour here) is empty is refused, not
     // silently replaced by a fresh mount; nothing of it is left.
     let err = create(&store, &fake, &image, "q", &with("pooled,volatile")).unwrap_err();
     assert!(
-        matches!(err, lamina_mount::RootfsError::PoolEmpty { ref flavor } if flavor == "volatile"),
+        matches!(err, lamina_mount::RootfsError::PoolEmpty { ref flavour } if flavour == "volatile"),
         "{err}"
     );
     assert!(!store.container_exists("q"));

@@ -5,7 +5,7 @@
 pub mod probe;
 
 use crate::choose::probe::Probe;
-use crate::model::{Flavor, Model};
+use crate::model::{Flavour, Model};
 use crate::{RootfsError, Strategies, UpperBackend};
 
 /// What the caller asked for.
@@ -85,8 +85,8 @@ impl Request {
 
 /// What the pools hold for this create, asked lazily (each question is one readdir).
 pub struct Pools<'a> {
-    /// Whether the image's pool of this mount flavor has a slot.
-    pub overlay_ready: &'a dyn Fn(Flavor) -> bool,
+    /// Whether the image's pool of this mount flavour has a slot.
+    pub overlay_ready: &'a dyn Fn(Flavour) -> bool,
     /// Whether bare upper filesystems of this backend wait in a pool.
     pub upper_ready: &'a dyn Fn(UpperBackend) -> bool,
 }
@@ -159,7 +159,7 @@ pub fn choose(
         return Err(RootfsError::PoolReadOnly);
     }
     if strategies.pooled && !strategies.metacopy && !strategies.composefs {
-        strategies.metacopy = named_pool_copy_up(probe, pools, Flavor::of(strategies));
+        strategies.metacopy = named_pool_copy_up(probe, pools, Flavour::of(strategies));
     }
     let unsupported = |strategy, why| Err(RootfsError::Unsupported { strategy, why });
     if strategies.metacopy && !probe.metacopy {
@@ -279,10 +279,10 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
     s.isolated = choose_upper(request, &s, pools, &mut why);
     // No pool holds quota uppers: a subvolume costs about what a claim does.
     if s.isolated != Some(UpperBackend::Quota)
-        && let Some(flavor) = ready_pool_flavor(pools, Flavor::of(s))
+        && let Some(flavour) = ready_pool_flavour(pools, Flavour::of(s))
     {
-        s.metacopy = flavor.metacopy;
-        s.composefs = flavor.composefs;
+        s.metacopy = flavour.metacopy;
+        s.composefs = flavour.composefs;
         s.pooled = true;
         why.push("a pre-mounted overlay is ready in the pool");
     }
@@ -304,8 +304,8 @@ fn default_copy_up(probe: &Probe) -> bool {
 /// A named `pooled` that names no copy-up claims a slot of the default copy-up's pool, or
 /// else of a pool of full copy-up slots (what `pooled` alone filled before metacopy was
 /// its default); with neither ready, the default's, so the refusal names that pool.
-fn named_pool_copy_up(probe: &Probe, pools: &Pools<'_>, unnamed: Flavor) -> bool {
-    let default = Flavor {
+fn named_pool_copy_up(probe: &Probe, pools: &Pools<'_>, unnamed: Flavour) -> bool {
+    let default = Flavour {
         metacopy: default_copy_up(probe),
         ..unnamed
     };
@@ -353,23 +353,23 @@ fn choose_composefs(
     }
 }
 
-/// The flavor of a ready pool that serves an auto create wanting `flavor`: that flavor,
+/// The flavour of a ready pool that serves an auto create wanting `flavour`: that flavour,
 /// or the same over the layers instead of composefs, or without metacopy either (a
 /// pre-mounted overlay saves the mount stall, S2; composefs and metacopy only speed the
 /// mount and later copy-ups, S3: an operator's pool filled before `auto` took composefs
 /// is still claimed). Volatile and the upper filesystem never change: they decide what
 /// survives a crash and how much the container may write.
-fn ready_pool_flavor(pools: &Pools<'_>, flavor: Flavor) -> Option<Flavor> {
-    let layers = Flavor {
+fn ready_pool_flavour(pools: &Pools<'_>, flavour: Flavour) -> Option<Flavour> {
+    let layers = Flavour {
         composefs: false,
-        metacopy: flavor.metacopy || flavor.composefs,
-        ..flavor
+        metacopy: flavour.metacopy || flavour.composefs,
+        ..flavour
     };
-    let plain = Flavor {
+    let plain = Flavour {
         metacopy: false,
         ..layers
     };
-    let mut candidates = vec![flavor];
+    let mut candidates = vec![flavour];
     for candidate in [layers, plain] {
         if !candidates.contains(&candidate) {
             candidates.push(candidate); // each pool asked once
@@ -409,11 +409,11 @@ fn choose_upper(
         &[UpperBackend::Disk]
     };
     for &backend in backends {
-        let flavor = Flavor {
+        let flavour = Flavour {
             isolated: Some(backend),
-            ..Flavor::of(*s)
+            ..Flavour::of(*s)
         };
-        if ready_pool_flavor(pools, flavor).is_some() || (pools.upper_ready)(backend) {
+        if ready_pool_flavour(pools, flavour).is_some() || (pools.upper_ready)(backend) {
             why.push("an isolated upper filesystem is ready in a pool: no neighbour sync, own rename lock");
             return Some(backend);
         }
@@ -470,7 +470,7 @@ mod tests {
 
     fn chosen(request: Request, probe: &Probe, layers: usize, pool: bool) -> String {
         let pools = Pools {
-            overlay_ready: &|flavor| pool && flavor.isolated.is_none(),
+            overlay_ready: &|flavour| pool && flavour.isolated.is_none(),
             upper_ready: &|_| false,
         };
         choose(&request, probe, layers, &pools)
@@ -510,7 +510,7 @@ mod tests {
             ..auto(false, false)
         };
         let pick =
-            |request: Request, probe: &Probe, layers: usize, ready: &dyn Fn(Flavor) -> bool| {
+            |request: Request, probe: &Probe, layers: usize, ready: &dyn Fn(Flavour) -> bool| {
                 let pools = Pools {
                     overlay_ready: ready,
                     upper_ready: &|_| false,
@@ -518,7 +518,7 @@ mod tests {
                 let choice = choose(&request, probe, layers, &pools).unwrap();
                 (choice.model.to_string(), choice.build_metadata_image)
             };
-        let none = |_: Flavor| false;
+        let none = |_: Flavour| false;
         // Not built: the layers serve this create, and the image is built for the next.
         assert_eq!(
             pick(with(MetadataImage::Absent), &good, deep, &none),
@@ -577,12 +577,12 @@ mod tests {
         );
         // A pool of the image's composefs overlays is claimed first; a pool filled
         // before auto took composefs (over the layers) is still claimed.
-        let composefs_pool = |f: Flavor| f.composefs && f.isolated.is_none();
+        let composefs_pool = |f: Flavour| f.composefs && f.isolated.is_none();
         assert_eq!(
             pick(with(MetadataImage::Built), &good, deep, &composefs_pool).0,
             "composefs,pooled,deferred"
         );
-        let layers_pool = |f: Flavor| !f.composefs && f.metacopy && f.isolated.is_none();
+        let layers_pool = |f: Flavour| !f.composefs && f.metacopy && f.isolated.is_none();
         assert_eq!(
             pick(with(MetadataImage::Built), &good, deep, &layers_pool).0,
             "pooled,metacopy,deferred"
@@ -596,7 +596,7 @@ mod tests {
             ..Request::default()
         };
         let ok = choose(&named, &probe(true), 3, &Pools::EMPTY).unwrap();
-        assert!(ok.model.flavor().unwrap().composefs);
+        assert!(ok.model.flavour().unwrap().composefs);
         let older = Probe {
             erofs_file_backed: Some(false),
             fs_verity: Some(false),
@@ -612,7 +612,7 @@ mod tests {
             strategies: Strategies::parse(list).unwrap(),
             ..Request::default()
         };
-        let pick = |request: Request, probe: &Probe, ready: &dyn Fn(Flavor) -> bool| {
+        let pick = |request: Request, probe: &Probe, ready: &dyn Fn(Flavour) -> bool| {
             let pools = Pools {
                 overlay_ready: ready,
                 upper_ready: &|_| false,
@@ -628,7 +628,7 @@ mod tests {
         let filled = choose(&auto(false, false), &good, 2, &Pools::EMPTY)
             .unwrap()
             .model
-            .flavor()
+            .flavour()
             .unwrap();
         assert_eq!(pick(named("pooled"), &good, &|_| false), "pooled,metacopy");
         assert_eq!(
@@ -637,7 +637,7 @@ mod tests {
         );
         // A pool of full copy-up slots alone is still claimed; a named copy-up is kept.
         assert_eq!(
-            pick(named("pooled"), &good, &|f| f == Flavor::PLAIN),
+            pick(named("pooled"), &good, &|f| f == Flavour::PLAIN),
             "pooled"
         );
         assert_eq!(
@@ -653,7 +653,7 @@ mod tests {
     }
 
     #[test]
-    fn the_pool_is_asked_for_the_flavor_auto_would_mount() {
+    fn the_pool_is_asked_for_the_flavour_auto_would_mount() {
         let asked = std::cell::RefCell::new(Vec::new());
         let pools = Pools {
             overlay_ready: &|f| {
@@ -663,7 +663,7 @@ mod tests {
             upper_ready: &|_| false,
         };
         choose(&auto(false, true), &probe(true), 2, &pools).unwrap();
-        // Each flavor auto would mount, then the same without metacopy: a pre-mounted
+        // Each flavour auto would mount, then the same without metacopy: a pre-mounted
         // overlay saves more than metacopy does.
         assert_eq!(
             asked.into_inner(),

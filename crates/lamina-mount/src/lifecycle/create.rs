@@ -277,7 +277,7 @@ fn choice(
                 disk_fs: options.disk_fs,
             };
             let pools = Pools {
-                overlay_ready: &|flavor| ready.overlays(flavor),
+                overlay_ready: &|flavour| ready.overlays(flavour),
                 upper_ready: &|backend| ready.uppers(backend),
             };
             let request = Request {

@@ -8,7 +8,7 @@ use lamina_image::Digest;
 use lamina_store::{ContainerDirs, IdMap, Store};
 use lamina_sys::{OverlaySpec, UserNsMaps};
 
-use crate::Flavor;
+use crate::Flavour;
 
 /// Layer dirs top-most first, as overlay orders lowers.
 pub fn lowers(store: &Store, chain_ids: &[Digest]) -> Vec<PathBuf> {
@@ -61,19 +61,19 @@ pub fn own_idmap(spec: &mut OverlaySpec, map: Option<&IdMap>) {
     }
 }
 
-/// The classic plan with the options `flavor` adds.
+/// The classic plan with the options `flavour` adds.
 pub fn read_write(
     store: &Store,
     chain_ids: &[Digest],
     dirs: &ContainerDirs,
-    flavor: Flavor,
+    flavour: Flavour,
 ) -> OverlaySpec {
     let mut spec = classic(store, chain_ids, dirs);
-    if flavor.composefs {
+    if flavour.composefs {
         composefs_lowers(&mut spec, store, chain_ids);
     }
-    spec.options = flavor.overlay_options();
-    if flavor.composefs && composefs_sealed(store, chain_ids) {
+    spec.options = flavour.overlay_options();
+    if flavour.composefs && composefs_sealed(store, chain_ids) {
         spec.options.push(("verity".into(), Some("require".into())));
     }
     spec

@@ -33,14 +33,14 @@ pub enum Provider {
     /// plain). With `read_only`, the same overlay mounted read-only.
     Fresh {
         #[serde(flatten)]
-        flavor: Flavor,
+        flavour: Flavour,
         read_only: bool,
     },
     /// A pre-mounted read-write overlay claimed from the image's pool (stall S2). Pools
     /// hold read-write overlays only, so there is no read-only pooled rootfs.
     Pooled {
         #[serde(flatten)]
-        flavor: Flavor,
+        flavour: Flavour,
     },
     /// A read-only bind of the image's one shared read-only overlay (stall S4).
     SharedRo,
@@ -50,7 +50,7 @@ pub enum Provider {
 
 /// How an overlay's upper behaves: what a pool slot must match to serve a create.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Flavor {
+pub struct Flavour {
     /// `metacopy=on`: metadata changes copy up metadata only (stall S3).
     pub metacopy: bool,
     /// `volatile`: no sync of the upper filesystem (stall S1); writes may not survive a crash.
@@ -79,7 +79,7 @@ impl Model {
     /// GrootFS's rootfs: a fresh plain overlay, removed inline.
     pub const CLASSIC: Model = Model {
         provider: Provider::Fresh {
-            flavor: Flavor::PLAIN,
+            flavour: Flavour::PLAIN,
             read_only: false,
         },
         teardown: Teardown::Inline,
@@ -94,7 +94,7 @@ impl Model {
         if s.auto {
             return Err("strategy `auto` is resolved per request, not a model".into());
         }
-        let flavor = Flavor::of(s);
+        let flavour = Flavour::of(s);
         let provider = if s.shared_ro {
             Provider::SharedRo
         } else if s.direct {
@@ -103,12 +103,12 @@ impl Model {
             if read_only {
                 return Err("strategy `pooled` serves read-write overlays; it does not combine with --read-only (use shared-ro or direct)".into());
             }
-            Provider::Pooled { flavor }
+            Provider::Pooled { flavour }
         } else {
-            Provider::Fresh { flavor, read_only }
+            Provider::Fresh { flavour, read_only }
         };
         let deferred =
-            s.deferred || provider.binds() || flavor.isolated.is_some_and(own_filesystem);
+            s.deferred || provider.binds() || flavour.isolated.is_some_and(own_filesystem);
         Ok(Model {
             provider,
             teardown: if deferred {
@@ -155,8 +155,8 @@ impl Model {
     }
 
     /// The overlay flavour, for the providers that mount an overlay.
-    pub fn flavor(&self) -> Option<Flavor> {
-        self.provider.flavor()
+    pub fn flavour(&self) -> Option<Flavour> {
+        self.provider.flavour()
     }
 
     pub fn read_only(&self) -> bool {
@@ -169,13 +169,13 @@ impl Model {
 
     /// The flavour of a rootfs the container writes to (a read-write overlay): what the
     /// reaper discards before unmounting, and what `unmount` syncs.
-    pub fn writable(&self) -> Option<Flavor> {
+    pub fn writable(&self) -> Option<Flavour> {
         match self.provider {
             Provider::Fresh {
-                flavor,
+                flavour,
                 read_only: false,
             }
-            | Provider::Pooled { flavor } => Some(flavor),
+            | Provider::Pooled { flavour } => Some(flavour),
             Provider::Fresh {
                 read_only: true, ..
             }
@@ -187,23 +187,23 @@ impl Model {
     /// A volatile upper: the kernel marks its work dir at every mount, and only lamina's
     /// clean `unmount` removes the mark.
     pub fn volatile(&self) -> bool {
-        self.flavor().is_some_and(|f| f.volatile)
+        self.flavour().is_some_and(|f| f.volatile)
     }
 
     /// Lowers are the image's composefs metadata image over the store's objects.
     pub fn composefs(&self) -> bool {
-        self.flavor().is_some_and(|f| f.composefs)
+        self.flavour().is_some_and(|f| f.composefs)
     }
 
     /// Copy-ups are metadata-only (metacopy, and composefs, whose files are metacopy
     /// inodes): what a committed upper needs filled from its lowers.
     pub fn metadata_copy_up(&self) -> bool {
-        self.flavor().is_some_and(|f| f.metacopy || f.composefs)
+        self.flavour().is_some_and(|f| f.metacopy || f.composefs)
     }
 
     /// The upper's own filesystem, if it has one.
     pub fn upper_backend(&self) -> Option<UpperBackend> {
-        self.flavor().and_then(|f| f.isolated)
+        self.flavour().and_then(|f| f.isolated)
     }
 
     /// An overlay only lamina mounts (a caller binds it): a volatile one (see
@@ -226,10 +226,10 @@ impl Model {
     /// The strategy list that names this model, as `--strategy` and logs spell it.
     pub fn strategies(&self) -> Strategies {
         let mut s = match self.provider {
-            Provider::Fresh { flavor, .. } => flavor.strategies(),
-            Provider::Pooled { flavor } => Strategies {
+            Provider::Fresh { flavour, .. } => flavour.strategies(),
+            Provider::Pooled { flavour } => Strategies {
                 pooled: true,
-                ..flavor.strategies()
+                ..flavour.strategies()
             },
             Provider::SharedRo => Strategies {
                 shared_ro: true,
@@ -253,9 +253,9 @@ pub fn own_filesystem(backend: UpperBackend) -> bool {
 }
 
 impl Provider {
-    pub fn flavor(&self) -> Option<Flavor> {
+    pub fn flavour(&self) -> Option<Flavour> {
         match *self {
-            Provider::Fresh { flavor, .. } | Provider::Pooled { flavor } => Some(flavor),
+            Provider::Fresh { flavour, .. } | Provider::Pooled { flavour } => Some(flavour),
             Provider::SharedRo | Provider::Direct => None,
         }
     }
@@ -289,9 +289,9 @@ pub struct Names {
     pub lease: bool,
 }
 
-impl Flavor {
+impl Flavour {
     /// No option at all: classic's upper.
-    pub const PLAIN: Flavor = Flavor {
+    pub const PLAIN: Flavour = Flavour {
         metacopy: false,
         volatile: false,
         isolated: None,
@@ -300,8 +300,8 @@ impl Flavor {
 
     /// The flavour a strategy list asks for (its metacopy, volatile, isolated and
     /// composefs).
-    pub fn of(s: Strategies) -> Flavor {
-        Flavor {
+    pub fn of(s: Strategies) -> Flavour {
+        Flavour {
             metacopy: s.metacopy,
             volatile: s.volatile,
             isolated: s.isolated,
@@ -332,7 +332,7 @@ impl fmt::Display for Model {
     }
 }
 
-impl fmt::Display for Flavor {
+impl fmt::Display for Flavour {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.strategies().fmt(f)
     }
@@ -398,7 +398,7 @@ mod tests {
         assert!(!named("isolated-quota", false).unwrap().deferred());
         assert!(named("isolated-quota,deferred", false).unwrap().deferred());
         let ro = named("classic", true).unwrap();
-        assert!(ro.read_only() && ro.flavor() == Some(Flavor::PLAIN));
+        assert!(ro.read_only() && ro.flavour() == Some(Flavour::PLAIN));
         let err = named("pooled", true).unwrap_err();
         assert!(err.contains("does not combine with --read-only"), "{err}");
         assert!(Model::named(Strategies::AUTO, false).is_err());

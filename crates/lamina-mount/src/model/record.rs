@@ -251,7 +251,7 @@ impl RootfsRecord {
                 self.model
             ));
         }
-        let isolated = self.model.flavor().and_then(|f| f.isolated);
+        let isolated = self.model.flavour().and_then(|f| f.isolated);
         let fits = isolated == self.upper_fs.as_ref().map(UpperFsRecord::backend)
             // No pool holds quota uppers (see `Strategies::parse`).
             && !(self.model.strategies().pooled && isolated == Some(UpperBackend::Quota));
@@ -452,7 +452,10 @@ mod tests {
             "upper_fs": {"filesystem": "tmpfs", "size_bytes": 1024},
         }));
         let model = Container::from_record(isolated, &layout()).unwrap().model();
-        assert_eq!(model.flavor().unwrap().isolated, Some(UpperBackend::Memory));
+        assert_eq!(
+            model.flavour().unwrap().isolated,
+            Some(UpperBackend::Memory)
+        );
     }
 
     #[test]

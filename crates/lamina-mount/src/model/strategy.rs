@@ -225,7 +225,7 @@ mod tests {
         let isolated = Strategies::parse("isolated-memory,volatile").unwrap();
         assert_eq!(isolated.isolated, Some(UpperBackend::Memory));
         assert_eq!(isolated.to_string(), "isolated-memory,volatile");
-        assert_eq!(crate::Flavor::of(isolated).strategies(), isolated);
+        assert_eq!(crate::Flavour::of(isolated).strategies(), isolated);
         let all_rw = Strategies::parse("deferred,pooled,volatile,metacopy").unwrap();
         assert_eq!(all_rw.to_string(), "pooled,metacopy,volatile,deferred");
         assert_eq!(

@@ -9,21 +9,21 @@ use crate::RootfsError;
 use crate::fsutil::volatile_marker;
 use crate::lowers::plan;
 use crate::model::record::{Container, RootfsRecord};
-use crate::model::{Flavor, Provider};
+use crate::model::{Flavour, Provider};
 use crate::providers::pooled::pool::{self, PoolKind};
 use crate::providers::{Attach, Made, Provide, ToMount, Undo, one_page, record_mounted};
 use crate::uppers::isolated::{self, UpperPlan};
 
-/// Mounts a new overlay of `flavor` (read-only if `read_only`) on the container's rootfs,
+/// Mounts a new overlay of `flavour` (read-only if `read_only`) on the container's rootfs,
 /// over an upper of its own filesystem when one is planned.
 pub(crate) fn provide<'a>(
     cx: &Provide<'a, '_>,
-    flavor: Flavor,
+    flavour: Flavour,
     read_only: bool,
 ) -> Result<Made<'a>, RootfsError> {
     let (store, mounter, options) = (cx.store, cx.mounter, cx.options);
     let mut model = cx.choice.model;
-    model.provider = Provider::Fresh { flavor, read_only };
+    model.provider = Provider::Fresh { flavour, read_only };
     let (claim, undo, claimed_from_pool) = match &cx.upper {
         Some(plan) => isolated_dirs(store, mounter, cx.id, plan)?,
         None => {
@@ -32,7 +32,7 @@ pub(crate) fn provide<'a>(
             (claim, undo, false)
         }
     };
-    let mut spec = plan::read_write(store, cx.chain_ids, &claim.dirs, flavor);
+    let mut spec = plan::read_write(store, cx.chain_ids, &claim.dirs, flavour);
     spec.options
         .extend(options.extra_overlay_options.iter().cloned());
     spec.read_only = read_only;
@@ -81,11 +81,11 @@ pub(crate) fn mount_again(
     store: &Store,
     mounter: &dyn Mounter,
     container: &mut Container,
-    flavor: Flavor,
+    flavour: Flavour,
     read_only: bool,
 ) -> Result<(), RootfsError> {
     let dirs = container.dirs(store);
-    if flavor.volatile && volatile_marker(&dirs.work).exists() {
+    if flavour.volatile && volatile_marker(&dirs.work).exists() {
         return Err(RootfsError::VolatileUnclean {
             id: container.id().into(),
         });
@@ -94,14 +94,14 @@ pub(crate) fn mount_again(
     // from the layers if it is gone (removed by hand, or by `check --verify --repair` as
     // damaged): under the layers lock, as a create builds it, so no clean takes its
     // objects before the image names them.
-    let _layers_in_use = if flavor.composefs {
+    let _layers_in_use = if flavour.composefs {
         let lock = store.use_layers()?;
         crate::lowers::composefs::mounted(store, mounter, &container.record.layers)?;
         Some(lock)
     } else {
         None
     };
-    let mut spec = plan::read_write(store, &container.record.layers, &dirs, flavor);
+    let mut spec = plan::read_write(store, &container.record.layers, &dirs, flavour);
     spec.read_only = read_only;
     plan::own_idmap(&mut spec, container.rootfs.idmap.as_ref());
     mounter.mount_overlay(&spec, &dirs.rootfs)?;
@@ -119,8 +119,8 @@ pub(crate) fn attach(
 ) -> Result<Attach, RootfsError> {
     let dirs = container.dirs(store);
     crate::uppers::mount_again(mounter, container, &dirs)?;
-    let flavor = container.model().flavor().unwrap_or_default();
-    let mut spec = plan::read_write(store, &container.record.layers, &dirs, flavor);
+    let flavour = container.model().flavour().unwrap_or_default();
+    let mut spec = plan::read_write(store, &container.record.layers, &dirs, flavour);
     spec.read_only = container.model().read_only();
     Ok(Attach::Overlay {
         options: one_page::options_for_one_page(store, spec)?,

@@ -118,8 +118,8 @@ pub(crate) fn admit(
 /// Provides the rootfs `cx.choice` names in the container's new directory.
 pub(crate) fn provide<'a>(cx: &Provide<'a, '_>) -> Result<Made<'a>, RootfsError> {
     match cx.choice.model.provider {
-        Provider::Fresh { flavor, read_only } => fresh::provide(cx, flavor, read_only),
-        Provider::Pooled { flavor } => pooled::provide(cx, flavor),
+        Provider::Fresh { flavour, read_only } => fresh::provide(cx, flavour, read_only),
+        Provider::Pooled { flavour } => pooled::provide(cx, flavour),
         Provider::SharedRo => shared_ro::provide(cx),
         Provider::Direct => direct::provide(cx),
     }
@@ -135,11 +135,13 @@ pub(crate) fn mount_again(
     let dirs = container.dirs(store);
     crate::uppers::mount_again(mounter, container, &dirs)?;
     match container.model().provider {
-        Provider::Fresh { flavor, read_only } => {
-            fresh::mount_again(store, mounter, container, flavor, read_only)
+        Provider::Fresh { flavour, read_only } => {
+            fresh::mount_again(store, mounter, container, flavour, read_only)
         }
         // A claimed pool slot is an ordinary read-write overlay once unmounted.
-        Provider::Pooled { flavor } => fresh::mount_again(store, mounter, container, flavor, false),
+        Provider::Pooled { flavour } => {
+            fresh::mount_again(store, mounter, container, flavour, false)
+        }
         Provider::SharedRo => shared_ro::mount_again(store, mounter, container),
         Provider::Direct => direct::mount_again(store, mounter, container),
     }

@@ -40,7 +40,7 @@ pub fn fill_for(
     let kind = match request.image {
         Some(image) => {
             let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
-            // The flavor create would mount for this request, so its claims find these.
+            // The flavour create would mount for this request, so its claims find these.
             let asked = Request::on_store(
                 store,
                 mounter,
@@ -50,12 +50,12 @@ pub fn fill_for(
                 request.disk_limit.is_some(),
             );
             let choice = choose(&asked, &probe, image.layers.len(), &Pools::EMPTY)?;
-            let flavor = choice.model.flavor().unwrap_or_default();
-            if flavor.isolated == Some(UpperBackend::Quota) {
+            let flavour = choice.model.flavour().unwrap_or_default();
+            if flavour.isolated == Some(UpperBackend::Quota) {
                 return Err(RootfsError::Refused(QUOTA_NOT_POOLED.into()));
             }
             let chain_ids = store.import(image)?;
-            let upper = flavor
+            let upper = flavour
                 .isolated
                 .map(|backend| {
                     isolated::plan_for(
@@ -67,7 +67,7 @@ pub fn fill_for(
                     )
                 })
                 .transpose()?;
-            PoolKind::overlays(&chain_ids, flavor, upper)
+            PoolKind::overlays(&chain_ids, flavour, upper)
         }
         None => {
             let backend = request.strategies.isolated.ok_or_else(|| {

@@ -11,22 +11,22 @@ use lamina_sys::DiskFs;
 
 use crate::RootfsError;
 use crate::lowers::plan;
-use crate::model::Flavor;
+use crate::model::Flavour;
 use crate::model::record::RootfsRecord;
 use crate::model::strategy::UpperBackend;
 use crate::providers::{Made, Provide, ToMount, Undo, fresh};
 use crate::uppers::isolated::{self, DiskLimit, UpperPlan};
 use pool::PoolKind;
 
-/// Claims a slot of `flavor` from the image's pool. A pool `auto` found ready but that
+/// Claims a slot of `flavour` from the image's pool. A pool `auto` found ready but that
 /// another create emptied meanwhile gets a fresh overlay instead; a `pooled` the operator
 /// named is refused, never silently replaced.
-pub(crate) fn provide<'a>(cx: &Provide<'a, '_>, flavor: Flavor) -> Result<Made<'a>, RootfsError> {
+pub(crate) fn provide<'a>(cx: &Provide<'a, '_>, flavour: Flavour) -> Result<Made<'a>, RootfsError> {
     let (store, mounter, options) = (cx.store, cx.mounter, cx.options);
     if !options.without_mount || options.claim_pooled_without_mount {
-        let kind = PoolKind::overlays(cx.chain_ids, flavor, cx.upper);
+        let kind = PoolKind::overlays(cx.chain_ids, flavour, cx.upper);
         if let Some((claim, mount_options)) = pool::claim(store, mounter, &kind, cx.id)? {
-            let spec = plan::read_write(store, cx.chain_ids, &claim.dirs, flavor);
+            let spec = plan::read_write(store, cx.chain_ids, &claim.dirs, flavour);
             let undo = Undo::new(store, mounter, &claim.dirs, None);
             // A claimed pool overlay is mounted whatever the caller mounts.
             let mut rootfs = RootfsRecord::new(cx.choice.model, true, mount_options);
@@ -43,12 +43,12 @@ pub(crate) fn provide<'a>(cx: &Provide<'a, '_>, flavor: Flavor) -> Result<Made<'
         if cx.choice.named {
             // Another create took the last slot between the check and the claim.
             return Err(RootfsError::PoolEmpty {
-                flavor: flavor.to_string(),
+                flavour: flavour.to_string(),
             });
         }
         tracing::info!(id = cx.id, "pool is empty: mounting a fresh overlay");
     }
-    fresh::provide(cx, flavor, false)
+    fresh::provide(cx, flavour, false)
 }
 
 /// Which pools of an image hold a ready slot, for a create with this disk limit: an
@@ -74,12 +74,12 @@ impl Ready<'_> {
         .unwrap_or_else(|_| UpperPlan::new(backend, None, self.disk_fs))
     }
 
-    /// A pre-mounted overlay of `flavor` is ready.
-    pub(crate) fn overlays(&self, flavor: Flavor) -> bool {
-        let upper = flavor.isolated.map(|b| self.planned_upper(b));
+    /// A pre-mounted overlay of `flavour` is ready.
+    pub(crate) fn overlays(&self, flavour: Flavour) -> bool {
+        let upper = flavour.isolated.map(|b| self.planned_upper(b));
         pool::ready(
             self.store,
-            &PoolKind::overlays(self.chain_ids, flavor, upper),
+            &PoolKind::overlays(self.chain_ids, flavour, upper),
         )
     }
 

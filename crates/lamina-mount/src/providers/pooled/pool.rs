@@ -1,11 +1,11 @@
 //! pooled (stall S2): read-write overlays mounted ahead of time, one pool per image and
-//! mount flavor, at `pool/<top-chain-id>-<flavor>/<slot>/`. A slot is shaped like a
+//! mount flavour, at `pool/<top-chain-id>-<flavour>/<slot>/`. A slot is shaped like a
 //! container directory (rootfs with the overlay mounted on it, upper, work, lock), so
 //! `create` claims one by renaming the slot to `images/<ID>`: the mount moves with its
 //! directory and the claim makes no mount syscall, however hard the host is reclaiming.
 //!
 //! isolated containers take their own upper filesystem from here too: an isolated
-//! flavor's slots carry theirs under the overlay, and `pool/upper-<fs>-<size>/` holds
+//! flavour's slots carry theirs under the overlay, and `pool/upper-<fs>-<size>/` holds
 //! bare upper filesystems (formatted, attached, mounted; no overlay) that a create of
 //! any image claims, so mkfs and the loop attach stay off the create path.
 
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::providers::pooled::fill::{FillRequest, fill_for};
 
-use crate::model::Flavor;
+use crate::model::Flavour;
 use crate::model::record::UpperFsRecord;
 use crate::{RootfsError, Strategies, UpperPlan, lowers::plan, uppers::isolated};
 
@@ -37,29 +37,29 @@ struct SlotRecord {
 struct Target {
     size: usize,
     layers: Vec<Digest>,
-    flavor: String,
+    flavour: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     upper_fs: Option<UpperFsRecord>,
 }
 
-/// What a pool holds: read-write overlays of an image's layers in one mount flavor, or
+/// What a pool holds: read-write overlays of an image's layers in one mount flavour, or
 /// (no layers) bare isolated upper filesystems.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolKind {
     pub layers: Vec<Digest>,
-    pub flavor: Flavor,
-    /// The upper filesystem each slot has of its own: set exactly for isolated flavors.
+    pub flavour: Flavour,
+    /// The upper filesystem each slot has of its own: set exactly for isolated flavours.
     pub upper: Option<UpperPlan>,
 }
 
 impl PoolKind {
-    /// Overlays of `layers` mounted as `flavor` says; `upper` is used when the flavor is
+    /// Overlays of `layers` mounted as `flavour` says; `upper` is used when the flavour is
     /// isolated.
-    pub fn overlays(layers: &[Digest], flavor: Flavor, upper: Option<UpperPlan>) -> Self {
+    pub fn overlays(layers: &[Digest], flavour: Flavour, upper: Option<UpperPlan>) -> Self {
         PoolKind {
             layers: layers.to_vec(),
-            flavor,
-            upper: flavor.isolated.and(upper),
+            flavour,
+            upper: flavour.isolated.and(upper),
         }
     }
 
@@ -67,9 +67,9 @@ impl PoolKind {
     pub fn uppers(plan: UpperPlan) -> Self {
         PoolKind {
             layers: Vec::new(),
-            flavor: Flavor {
+            flavour: Flavour {
                 isolated: Some(plan.backend),
-                ..Flavor::PLAIN
+                ..Flavour::PLAIN
             },
             upper: Some(plan),
         }
@@ -81,10 +81,10 @@ impl PoolKind {
             (None, Some(suffix)) => Some(format!("upper-{suffix}")),
             (None, None) => None,
             (Some(top), suffix) => {
-                let flavor = self.flavor.to_string().replace(',', "+");
+                let flavour = self.flavour.to_string().replace(',', "+");
                 Some(match suffix {
-                    Some(suffix) => format!("{}-{flavor}-{suffix}", top.hex()),
-                    None => format!("{}-{flavor}", top.hex()),
+                    Some(suffix) => format!("{}-{flavour}-{suffix}", top.hex()),
+                    None => format!("{}-{flavour}", top.hex()),
                 })
             }
         }
@@ -161,7 +161,7 @@ pub fn fill(
             let json = serde_json::to_vec(&Target {
                 size,
                 layers: kind.layers.clone(),
-                flavor: kind.flavor.to_string(),
+                flavour: kind.flavour.to_string(),
                 upper_fs: kind.upper.map(|u| u.record()),
             })
             .map_err(|e| StoreError::io("encoding", &target)(e.into()))?;
@@ -213,10 +213,10 @@ fn make_slot(
     if kind.layers.is_empty() {
         return Ok(Vec::new());
     }
-    if kind.flavor.composefs {
+    if kind.flavour.composefs {
         crate::lowers::composefs::mounted(store, mounter, &kind.layers)?;
     }
-    let spec = plan::read_write(store, &kind.layers, &dirs, kind.flavor);
+    let spec = plan::read_write(store, &kind.layers, &dirs, kind.flavour);
     mounter.mount_overlay(&spec, &dirs.rootfs)?;
     Ok(spec.option_strings())
 }
@@ -242,7 +242,7 @@ pub(crate) fn composefs_target_images(store: &Store) -> Vec<String> {
         // image's references were unknown. `clean` still keeps the image for refills.
         .filter(|p| unsorted_slots(&p.with_extension("")).next().is_some())
         .filter_map(|p| read_target(&p))
-        .filter(|t| Strategies::parse(&t.flavor).is_ok_and(|s| s.composefs))
+        .filter(|t| Strategies::parse(&t.flavour).is_ok_and(|s| s.composefs))
         .filter_map(|t| t.layers.last().map(|top| top.hex().to_string()))
         .collect()
 }
@@ -280,7 +280,7 @@ pub fn refill_all(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsE
         let Some(target) = read_target(&path) else {
             continue;
         };
-        let Ok(flavor) = Strategies::parse(&target.flavor).map(Flavor::of) else {
+        let Ok(flavour) = Strategies::parse(&target.flavour).map(Flavour::of) else {
             continue;
         };
         let upper = match &target.upper_fs {
@@ -292,7 +292,7 @@ pub fn refill_all(store: &Store, mounter: &dyn Mounter) -> Result<usize, RootfsE
         };
         let kind = PoolKind {
             layers: target.layers,
-            flavor,
+            flavour,
             upper,
         };
         match fill(store, mounter, &kind, None) {
