@@ -54,23 +54,35 @@ pub struct Checked {
     pub problems: Vec<Found>,
 }
 
-/// Every model lamina's parser names ([`Model::all`]), in the table's terms, with
-/// whether its rootfs is read-only: what the table's named rows are generated from.
-pub fn every_named() -> Vec<(Spec, bool)> {
+/// One model lamina's parser names, in the table's terms.
+#[derive(Debug, Clone, Copy)]
+pub struct Named {
+    pub spec: Spec,
+    /// Its rootfs is read-only.
+    pub read_only: bool,
+    /// Its strategy list gives it only with `--read-only` (a read-only bind provider is
+    /// read-only by itself).
+    pub asks_read_only: bool,
+}
+
+/// Every model lamina's parser names ([`Model::all`]): what the table's named rows are
+/// generated from.
+pub fn every_named() -> Vec<Named> {
     Model::all()
         .into_iter()
-        .map(|model| (spec_of(model), model.read_only()))
+        .map(|model| Named {
+            spec: spec_of(model),
+            read_only: model.read_only(),
+            asks_read_only: Model::named(model.strategies(), false).as_ref() != Ok(&model),
+        })
         .collect()
 }
 
 /// The strategy list today's API takes for `spec`.
 pub fn list(spec: &Spec) -> String {
     let mut names: Vec<&str> = Vec::new();
-    match spec.provider {
-        Provider::SharedRo => names.push("shared-ro"),
-        Provider::Direct => names.push("direct"),
-        Provider::Pooled => names.push("pooled"),
-        Provider::Fresh => {}
+    if spec.provider != Provider::FRESH {
+        names.push(spec.provider.0);
     }
     names.extend(flavour_names(&spec.flavour));
     if spec.teardown == Teardown::Deferred {
@@ -114,12 +126,7 @@ fn flavour_model(flavour: &Flavour) -> ModelFlavour {
 
 /// Reads lamina's model of a created container into the table's.
 fn spec_of(model: Model) -> Spec {
-    let provider = match model.provider {
-        lamina_mount::Provider::SharedRo => Provider::SharedRo,
-        lamina_mount::Provider::Direct => Provider::Direct,
-        lamina_mount::Provider::Pooled { .. } => Provider::Pooled,
-        lamina_mount::Provider::Fresh { .. } => Provider::Fresh,
-    };
+    let provider = Provider(model.provider.name());
     let flavour = model.flavour().unwrap_or(ModelFlavour::PLAIN);
     Spec {
         provider,

@@ -5,17 +5,21 @@
 
 use lamina_sys::Errno;
 
-/// Where a rootfs comes from.
+/// Where a rootfs comes from: the provider's name as lamina's model spells it (its
+/// record's `provider` tag and its `--strategy` word), so a provider added to the model
+/// needs nothing here: the generated rows carry its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Provider {
+pub struct Provider(pub &'static str);
+
+impl Provider {
     /// A read-write (or read-only) overlay mounted for this container.
-    Fresh,
+    pub const FRESH: Provider = Provider("fresh");
     /// A pre-mounted read-write overlay claimed from the image's pool.
-    Pooled,
+    pub const POOLED: Provider = Provider("pooled");
     /// A read-only bind of one shared read-only overlay per image.
-    SharedRo,
+    pub const SHARED_RO: Provider = Provider("shared-ro");
     /// A read-only bind of a plain directory (a layer, or a flattened tree).
-    Direct,
+    pub const DIRECT: Provider = Provider("direct");
 }
 
 /// Which filesystem a read-write overlay's upper lives on.
@@ -109,24 +113,20 @@ impl Spec {
     }
 
     pub const fn fresh(flavour: Flavour, teardown: Teardown) -> Spec {
-        Spec::new(Provider::Fresh, flavour, teardown)
+        Spec::new(Provider::FRESH, flavour, teardown)
     }
 
     pub const fn pooled(flavour: Flavour, teardown: Teardown) -> Spec {
-        Spec::new(Provider::Pooled, flavour, teardown)
+        Spec::new(Provider::POOLED, flavour, teardown)
     }
 
     /// Read-only binds and isolated uppers are always torn down by the reaper.
     pub const fn shared_ro() -> Spec {
-        Spec::new(Provider::SharedRo, PLAIN, Teardown::Deferred)
+        Spec::new(Provider::SHARED_RO, PLAIN, Teardown::Deferred)
     }
 
     pub const fn direct() -> Spec {
-        Spec::new(Provider::Direct, PLAIN, Teardown::Deferred)
-    }
-
-    pub fn read_only_provider(&self) -> bool {
-        matches!(self.provider, Provider::SharedRo | Provider::Direct)
+        Spec::new(Provider::DIRECT, PLAIN, Teardown::Deferred)
     }
 }
 
@@ -280,19 +280,20 @@ pub fn lifecycle_rows() -> Vec<Row> {
 
     // Every model the parser names, generated from lamina's model: a model nobody
     // listed here runs anyway. A pooled one is claimed from a pool of exactly its flavour.
-    for (spec, read_only) in crate::adapter::every_named() {
+    for named in crate::adapter::every_named() {
+        let (spec, read_only) = (named.spec, named.read_only);
         let name = leak(format!(
             "{}{}",
             crate::adapter::list(&spec),
-            if read_only && !spec.read_only_provider() {
+            if named.asks_read_only {
                 " --read-only"
             } else {
                 ""
             }
         ));
         let mut request = Request::named(spec);
-        request.read_only = read_only && !spec.read_only_provider();
-        let pooled = spec.provider == Provider::Pooled;
+        request.read_only = named.asks_read_only;
+        let pooled = spec.provider == Provider::POOLED;
         let generated = row(name, request, made(spec, read_only, pooled));
         rows.push(if pooled {
             with_pool(generated, overlays(spec.flavour, 2))
@@ -633,7 +634,8 @@ mod tests {
         let rows = lifecycle_rows();
         let every = crate::adapter::every_named();
         assert!(every.len() > 40, "only {} models", every.len());
-        for (spec, read_only) in every {
+        for named in every {
+            let (spec, read_only) = (named.spec, named.read_only);
             let covered = rows.iter().any(|row| {
                 matches!(row.request.ask, Ask::Named(asked) if asked == spec)
                     && matches!(row.expect, Expect::Created { spec: s, read_only: r, .. } if s == spec && r == read_only)

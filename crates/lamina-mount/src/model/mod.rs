@@ -260,6 +260,17 @@ impl Provider {
         }
     }
 
+    /// The provider's name: its record's `provider` tag, and the `--strategy` word that
+    /// names it (none for `fresh`, which a list names by leaving every provider out).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Provider::Fresh { .. } => "fresh",
+            Provider::Pooled { .. } => "pooled",
+            Provider::SharedRo => "shared-ro",
+            Provider::Direct => "direct",
+        }
+    }
+
     /// A read-only bind of a directory lamina keeps elsewhere (no upper of its own).
     pub fn binds(&self) -> bool {
         matches!(self, Provider::SharedRo | Provider::Direct)
@@ -272,21 +283,35 @@ impl Provider {
             Provider::SharedRo => Names {
                 bind_source: true,
                 lease: true,
+                bind_shapes: &[&["shared", "*", "rootfs"]],
+                own_idmap: false,
             },
             Provider::Direct => Names {
                 bind_source: true,
                 lease: false,
+                bind_shapes: &[&["flat", "*"], &["layers", "*", "diff"]],
+                own_idmap: false,
             },
-            Provider::Fresh { .. } | Provider::Pooled { .. } => Names::default(),
+            Provider::Fresh { .. } => Names {
+                own_idmap: true,
+                ..Names::default()
+            },
+            Provider::Pooled { .. } => Names::default(),
         }
     }
 }
 
-/// Which paths a provider's record names.
+/// What a provider's record names, and may name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Names {
     pub bind_source: bool,
     pub lease: bool,
+    /// The shapes (below the store's root; `*` one name) a bind source may have: the
+    /// image's shared mount, or its flattened tree, never the other's (a direct bind of a
+    /// shared mount holds no lease, and the mount could go from under it).
+    pub bind_shapes: &'static [&'static [&'static str]],
+    /// The record may carry an idmap of the container's own (a mount nothing shares).
+    pub own_idmap: bool,
 }
 
 impl Flavour {

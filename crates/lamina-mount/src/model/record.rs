@@ -25,7 +25,7 @@ use lamina_store::{BadRecord, ContainerDirs, ContainerRecord, IdMap, Layout, Sto
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::model::{Model, Provider};
+use crate::model::Model;
 use crate::{Strategies, UpperBackend};
 
 /// The `rootfs` format this lamina writes; a higher one is refused, not guessed at.
@@ -261,7 +261,7 @@ impl RootfsRecord {
                 self.model
             ));
         }
-        if self.idmap.is_some() && !matches!(self.model.provider, Provider::Fresh { .. }) {
+        if self.idmap.is_some() && !names.own_idmap {
             return Err(format!(
                 "its rootfs record idmaps provider `{}`, which shares its mount",
                 self.model
@@ -276,14 +276,7 @@ impl RootfsRecord {
             ));
         }
         if let Some(source) = &self.bind_source {
-            // What each provider binds: the image's shared mount, or its flattened tree
-            // (a layer itself for a single-layer image). Never the other's: a direct bind
-            // of a shared mount holds no lease, and the mount could go from under it.
-            let shapes: &[&[&str]] = match self.model.provider {
-                Provider::SharedRo => &[&["shared", "*", "rootfs"]],
-                _ => &[&["flat", "*"], &["layers", "*", "diff"]],
-            };
-            if !layout.names(source, shapes) {
+            if !layout.names(source, names.bind_shapes) {
                 return Err(format!(
                     "its bind source {} is not a mount of this store",
                     source.display()
@@ -395,6 +388,7 @@ pub fn scan(store: &Store) -> Result<Scan, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Provider;
     use serde_json::json;
 
     fn layout() -> Layout {
