@@ -275,13 +275,13 @@ impl RootfsRecord {
                 lease.display()
             ));
         }
-        if let Some(source) = &self.bind_source {
-            if !layout.names(source, names.bind_shapes) {
-                return Err(format!(
-                    "its bind source {} is not a mount of this store",
-                    source.display()
-                ));
-            }
+        if let Some(source) = &self.bind_source
+            && !layout.names(source, names.bind_shapes)
+        {
+            return Err(format!(
+                "its bind source {} is not a mount of this store",
+                source.display()
+            ));
         }
         // A bind of this image's tree, under this image's key: never another image's
         // shared mount, flattened tree or layer (which collection would not keep for it).
