@@ -26,9 +26,10 @@ pub use rustix::fs::Stat;
 #[derive(Debug, Clone, Copy)]
 pub enum At<'a> {
     Path(&'a Path),
-    /// The object open as this fd (a regular file or a directory). An `O_PATH` fd, which
-    /// the `f*xattr` calls refuse (`EBADF`), is reached through its `/proc/self/fd` link,
-    /// followed: the link names exactly the pinned inode.
+    /// The object open as this fd (a regular file or a directory). For `get_xattr` and
+    /// `remove_xattr`, an `O_PATH` fd, which the `f*xattr` calls refuse (`EBADF`), is
+    /// reached through its `/proc/self/fd` link, followed: the link names exactly the
+    /// pinned inode. The other calls need an fd opened for reading or writing.
     Fd(BorrowedFd<'a>),
     /// `name` inside the directory open as the fd.
     Child(BorrowedFd<'a>, &'a OsStr),
@@ -210,22 +211,41 @@ impl HostFs for RealHost {
     }
 
     fn get_xattr(&self, at: At<'_>, name: &OsStr) -> Result<Option<Vec<u8>>, Errno> {
-        let mut buf = vec![0u8; XATTR_MAX];
-        let got = match at {
-            At::Fd(fd) => match rustix::fs::fgetxattr(fd, name, &mut buf) {
-                Err(Errno::BADF) => rustix::fs::getxattr(proc_fd(fd), name, &mut buf),
+        let size = || match at {
+            At::Fd(fd) => match rustix::fs::fgetxattr_query(fd, name) {
+                Err(Errno::BADF) => rustix::fs::getxattr_query(proc_fd(fd), name),
                 got => got,
             },
-            other => rustix::fs::lgetxattr(other.path(), name, &mut buf),
+            other => rustix::fs::lgetxattr_query(other.path(), name),
         };
-        match got {
-            Ok(n) => {
-                buf.truncate(n);
-                Ok(Some(buf))
+        let get = |buf: &mut [u8]| match at {
+            At::Fd(fd) => match rustix::fs::fgetxattr(fd, name, &mut *buf) {
+                Err(Errno::BADF) => rustix::fs::getxattr(proc_fd(fd), name, buf),
+                got => got,
+            },
+            other => rustix::fs::lgetxattr(other.path(), name, buf),
+        };
+        // Asked for its size first: most lookups find nothing (a commit asks every file of
+        // an upper for overlay's metacopy mark), and a value is read into a buffer of its
+        // size. One that grows between the two calls is asked again, then read whole.
+        for attempt in 0..3 {
+            let size = match size() {
+                Ok(size) => size,
+                Err(Errno::NODATA | Errno::NOTSUP) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let mut buf = vec![0u8; if attempt < 2 { size } else { XATTR_MAX }];
+            match get(&mut buf) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    return Ok(Some(buf));
+                }
+                Err(Errno::RANGE) => continue,
+                Err(Errno::NODATA | Errno::NOTSUP) => return Ok(None),
+                Err(e) => return Err(e),
             }
-            Err(Errno::NODATA | Errno::NOTSUP) => Ok(None),
-            Err(e) => Err(e),
         }
+        Err(Errno::RANGE)
     }
 
     fn list_xattrs(&self, at: At<'_>) -> Result<Vec<OsString>, Errno> {
@@ -407,4 +427,70 @@ fn write_blocks(mut file: &File, bytes: &[u8]) -> Result<(), Errno> {
 
 pub(crate) fn io_errno(e: &std::io::Error) -> Errno {
     Errno::from_io_error(e).unwrap_or(Errno::IO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An xattr read back through every form of `At`, an `O_PATH` pin included: absent,
+    /// empty (overlay's metacopy mark is), and a value (a redirect).
+    #[test]
+    fn xattrs_read_back_through_every_form_and_an_o_path_pin() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let (empty, value, absent) = (
+            OsStr::new("user.lamina.empty"),
+            OsStr::new("user.lamina.value"),
+            OsStr::new("user.lamina.absent"),
+        );
+        if RealHost.set_xattr(At::Path(&path), empty, b"") == Err(Errno::NOTSUP) {
+            eprintln!("skipped: no user xattrs on {}", dir.path().display());
+            return;
+        }
+        RealHost.set_xattr(At::Path(&path), value, b"/h").unwrap();
+        let pinned =
+            rustix::fs::open(&path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        let parent = std::fs::File::open(dir.path()).unwrap();
+        for at in [
+            At::Path(&path),
+            At::Fd(pinned.as_fd()),
+            At::Child(parent.as_fd(), OsStr::new("f")),
+        ] {
+            assert_eq!(RealHost.get_xattr(at, empty).unwrap(), Some(Vec::new()));
+            assert_eq!(RealHost.get_xattr(at, value).unwrap(), Some(b"/h".to_vec()));
+            assert_eq!(RealHost.get_xattr(at, absent).unwrap(), None);
+        }
+        RealHost
+            .remove_xattr(At::Fd(pinned.as_fd()), value)
+            .unwrap();
+        RealHost
+            .remove_xattr(At::Fd(pinned.as_fd()), value)
+            .unwrap();
+        assert_eq!(RealHost.get_xattr(At::Path(&path), value).unwrap(), None);
+    }
+
+    /// `set_mode` changes a file's bits through a pin and refuses a symlink, whose target
+    /// it must never reach.
+    #[test]
+    fn set_mode_changes_the_file_and_refuses_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, link) = (dir.path().join("f"), dir.path().join("l"));
+        std::fs::write(&file, b"x").unwrap();
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        RealHost.set_mode(At::Path(&file), 0o640).unwrap();
+        assert_eq!(
+            RealHost.stat(At::Path(&file)).unwrap().st_mode & 0o7777,
+            0o640
+        );
+        assert_eq!(
+            RealHost.set_mode(At::Path(&link), 0o777),
+            Err(Errno::OPNOTSUPP)
+        );
+        assert_eq!(
+            RealHost.stat(At::Path(&file)).unwrap().st_mode & 0o7777,
+            0o640
+        );
+    }
 }

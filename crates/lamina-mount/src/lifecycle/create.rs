@@ -135,16 +135,10 @@ fn create_locked(
     id: &str,
     options: &CreateOptions,
 ) -> Result<Created, RootfsError> {
-    // A container made again (after a power cut) is what its first create made: a claimed
-    // slot was an ordinary overlay of its flavour, and no slot is mounted yet.
-    let strategies = Strategies {
-        pooled: options.strategies.pooled && !options.remake,
-        ..options.strategies
-    };
     let request = Request::on_store(
         store,
         mounter,
-        strategies,
+        options.strategies,
         options.read_only,
         options.ephemeral,
         options.disk_limit.is_some(),
@@ -291,8 +285,12 @@ fn choice(
             };
             choose(&request, &probe, chain_ids.len(), &pools)?
         };
-    match options.idmap {
-        Some(_) => crate::choose::for_own_idmap(choice),
-        None => Ok(choice),
+    let mut choice = match options.idmap {
+        Some(_) => crate::choose::for_own_idmap(choice)?,
+        None => choice,
+    };
+    if options.remake {
+        choice.model = choice.model.remade();
     }
+    Ok(choice)
 }

@@ -154,6 +154,21 @@ impl Model {
         all
     }
 
+    /// The model a container made again gets (recovery after a crash): a pooled one is a
+    /// fresh read-write overlay of the same flavour, which is what a claimed slot was.
+    pub fn remade(self) -> Model {
+        match self.provider {
+            Provider::Pooled { flavour } => Model {
+                provider: Provider::Fresh {
+                    flavour,
+                    read_only: false,
+                },
+                ..self
+            },
+            Provider::Fresh { .. } | Provider::SharedRo | Provider::Direct => self,
+        }
+    }
+
     /// The overlay flavour, for the providers that mount an overlay.
     pub fn flavour(&self) -> Option<Flavour> {
         self.provider.flavour()

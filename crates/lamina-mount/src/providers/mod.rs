@@ -64,8 +64,9 @@ pub struct CreateOptions {
     /// with `without_mount`: an option string cannot carry an idmap.
     pub idmap: Option<IdMap>,
     /// The container is made again from the shape its first create recorded (the
-    /// snapshotter's recovery after a power cut): never from a pool, where no slot is
-    /// mounted yet after a restart.
+    /// snapshotter's recovery after a crash): chosen as that create chose, so it gets the
+    /// same flavour, and then mounted fresh ([`crate::Model::remade`]), never claimed
+    /// from a pool.
     pub remake: bool,
 }
 
