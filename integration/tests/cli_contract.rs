@@ -68,6 +68,15 @@ fn errors_are_one_line_on_stdout_with_exit_1() {
             "/no/such/layout does not exist",
         ),
         (vec!["create", "relative.tar", "m"], "absolute path"),
+        // What cannot print as one line is refused, and named escaped.
+        (
+            vec!["create", image.as_str(), "victim\nzzz"],
+            "id `victim\\nzzz` contains invalid characters: a control character",
+        ),
+        (
+            vec!["create", image.as_str(), "esc\u{1b}[31m"],
+            "id `esc\\u{1b}[31m` contains invalid characters: a control character",
+        ),
     ];
     for (args, expect) in cases {
         let out = lamina.run(&args);

@@ -154,6 +154,31 @@ pub fn validate_id(id: &str) -> Result<(), StoreError> {
     }
 }
 
+/// [`validate_id`], and what a new container's ID must also be: printable on one line.
+/// A newline or an escape sequence in an ID would print as a second entry of `list`, or
+/// rewrite an operator's terminal, wherever the ID is shown. IDs already in a store are
+/// still found by the other commands (so they can be deleted) and are shown escaped.
+pub fn validate_new_id(id: &str) -> Result<(), StoreError> {
+    validate_id(id)?;
+    if id.chars().any(char::is_control) {
+        return Err(StoreError::InvalidId {
+            id: id.to_string(),
+            why: "contains invalid characters: a control character",
+        });
+    }
+    Ok(())
+}
+
+/// `text` with each control character escaped (`\n`, `\u{1b}`), for one line of output.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_default().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
+}
+
 impl Store {
     pub fn container_dirs(&self, id: &str) -> ContainerDirs {
         ContainerDirs::under(self.layout.container(id))
@@ -495,6 +520,22 @@ pub fn list_dirs(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_id_prints_on_one_line_and_an_error_shows_it_escaped() {
+        for id in ["web-1", "a b", "ünïcode"] {
+            validate_new_id(id).unwrap();
+        }
+        for id in ["victim\nzzz", "esc\u{1b}[31m", "tab\there", "del\u{7f}"] {
+            let err = validate_new_id(id).unwrap_err().to_string();
+            assert!(err.contains("a control character"), "{err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+            // Found by the other commands still, so a legacy one can be deleted.
+            validate_id(id).unwrap();
+        }
+        assert_eq!(printable("a\nb\u{1b}c"), "a\\nb\\u{1b}c");
+        assert_eq!(printable("plain"), "plain");
+    }
 
     fn record(id: &str) -> ContainerRecord {
         ContainerRecord {

@@ -22,7 +22,7 @@ pub enum StoreError {
     #[error("Image `{0}` not found.")]
     NotFound(String),
     /// `id `a/b` contains invalid characters: `/``, as GrootFS words the commonest case.
-    #[error("id `{id}` {why}")]
+    #[error("id `{}` {why}", crate::printable(.id))]
     InvalidId { id: String, why: &'static str },
     #[error("{0}")]
     Image(#[from] lamina_image::ImageError),

@@ -39,7 +39,7 @@ pub use container::list_dirs;
 pub use container::{BadRecord, ContainerScan};
 pub use container::{
     ContainerClaim, ContainerDirs, ContainerRecord, DirLock, DiskLimitRecord, STAGING_PREFIX,
-    unique_suffix, validate_id,
+    printable, unique_suffix, validate_id, validate_new_id,
 };
 pub use container_lock::IdLock;
 pub use durable::{sync_dir, write_durably};

@@ -264,7 +264,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("Store empty");
             }
             for container in &scan.containers {
-                println!("{}", store.layout().container(container.id()).display());
+                let dir = store.layout().container(container.id());
+                println!("{}", lamina_store::printable(&dir.display().to_string()));
             }
             // One container's torn record must not hide the others: it is named on
             // stderr (a log line each) and the listing still succeeds.

@@ -115,6 +115,7 @@ pub fn create_from(
     id: &str,
     options: &CreateOptions,
 ) -> Result<Created, RootfsError> {
+    lamina_store::validate_new_id(id)?;
     // Held for the whole create, import included: a delete of this ID that arrives
     // meanwhile (Garden's, after a create timed out) waits and then deletes what this made.
     holding_id(store, id, || {
