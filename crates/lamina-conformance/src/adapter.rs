@@ -386,3 +386,38 @@ pub fn assume_full_probe(store: &Store, mounter: &dyn Mounter) -> std::io::Resul
         serde_json::to_vec(&probe).map_err(std::io::Error::other)?,
     )
 }
+
+/// What `attach` answers for container `id`: a bind (its source, read-only) or an
+/// overlay (its options).
+pub fn attach(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attached, Error> {
+    Ok(match lamina_mount::attach(store, mounter, id)? {
+        lamina_mount::Attach::Bind { source, read_only } => Attached::Bind(source, read_only),
+        lamina_mount::Attach::Overlay { options } => Attached::Overlay(options),
+    })
+}
+
+/// [`attach`]'s answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attached {
+    Bind(PathBuf, bool),
+    Overlay(Vec<String>),
+}
+
+/// `stats` of container `id`: (total, exclusive) bytes.
+pub fn usage(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<(u64, u64), Error> {
+    let stats = lamina_mount::stats(store, mounter, id)?;
+    Ok((
+        stats.disk_usage.total_bytes_used,
+        stats.disk_usage.exclusive_bytes_used,
+    ))
+}
+
+/// The upper a commit of container `id` would publish, or why it would not.
+pub fn upper_to_commit(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<PathBuf, Error> {
+    lamina_mount::upper_to_commit(store, mounter, id).map(|upper| upper.upper)
+}
+
+/// Whether `err` refuses a commit because the upper is on a filesystem of its own.
+pub fn upper_not_committable(err: &Error) -> bool {
+    matches!(err, RootfsError::UpperNotCommittable { .. })
+}

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::adapter::{self, Gone, Made};
 use crate::rig::Rig;
-use crate::table::{self, Expect, FaultRow, PLAIN, PoolSetup, Request, Row, Spec, Step, Teardown};
+use crate::table::{
+    self, Expect, FaultRow, PLAIN, PoolSetup, Request, Row, Spec, Step, Teardown, Upper,
+};
 
 /// A file every image-backed rootfs shows (the sample image's base layer).
 const IMAGE_FILE: &str = "etc/hosts";
@@ -347,6 +349,41 @@ fn use_and_remount(rig: &dyn Rig, made: &Made) {
             id.as_bytes(),
             "a write survives unmount + mount"
         );
+    }
+    attach_stats_and_commit(rig, made);
+}
+
+/// What a caller that mounts for itself is told (lamina mounted this rootfs: a bind of
+/// it), what the container uses, and which upper a commit would publish.
+fn attach_stats_and_commit(rig: &dyn Rig, made: &Made) {
+    let (store, m) = (rig.store(), rig.mounter());
+    let id = made.id.as_str();
+    assert_eq!(
+        adapter::attach(store, m, id).unwrap_or_else(|e| panic!("attach: {e}")),
+        adapter::Attached::Bind(made.rootfs.clone(), made.read_only),
+        "attach of a rootfs lamina mounted"
+    );
+    let (total, exclusive) = adapter::usage(store, m, id).unwrap_or_else(|e| panic!("stats: {e}"));
+    assert!(
+        total >= exclusive,
+        "stats: {total} total < {exclusive} written"
+    );
+    if made.read_only {
+        return;
+    }
+    match adapter::upper_to_commit(store, m, id) {
+        Ok(upper) => {
+            assert_eq!(made.spec.flavour.upper, Upper::Store, "committable upper");
+            assert_eq!(
+                std::fs::read(upper.join(WRITTEN)).unwrap(),
+                id.as_bytes(),
+                "the upper a commit publishes holds the container's write"
+            );
+        }
+        Err(e) => assert!(
+            adapter::upper_not_committable(&e) && made.spec.flavour.upper != Upper::Store,
+            "commit of an upper on the store's filesystem: {e}"
+        ),
     }
 }
 
