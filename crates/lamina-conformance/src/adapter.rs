@@ -192,6 +192,21 @@ pub fn create(
     lamina_mount::create(store, mounter, image, id, &create_options(request)).map(|c| made(id, c))
 }
 
+/// [`create`] for a caller that mounts the rootfs itself (Garden's `--without-mount`).
+pub fn create_without_mount(
+    store: &Store,
+    mounter: &dyn Mounter,
+    image: &Image,
+    id: &str,
+    request: &Request,
+) -> Result<Made, Error> {
+    let options = CreateOptions {
+        without_mount: true,
+        ..create_options(request)
+    };
+    lamina_mount::create(store, mounter, image, id, &options).map(|c| made(id, c))
+}
+
 /// A container that only pins the image's layers in the store (recorded, never mounted),
 /// so rows share one import.
 pub fn create_unmounted(
@@ -213,6 +228,7 @@ pub fn refusal(err: &Error) -> Option<Refusal> {
         RootfsError::PoolEmpty { .. } => Some(Refusal::PoolEmpty),
         RootfsError::PoolReadOnly => Some(Refusal::PoolReadOnly),
         RootfsError::DiskLimitNeedsIsolated { .. } => Some(Refusal::DiskLimitNeedsIsolated),
+        RootfsError::PoolWithoutMount => Some(Refusal::PoolWithoutMount),
         _ => None,
     }
 }

@@ -97,6 +97,21 @@ pub fn run(rig: &dyn Rig) -> Report {
             lifecycle(rig, row, &id)
         });
     }
+    // Each named row again for a caller that mounts the rootfs itself.
+    for (n, row) in table::lifecycle_rows().iter().enumerate() {
+        let plain_named = matches!(row.request.ask, table::Ask::Named(_))
+            && !row.request.ephemeral
+            && row.request.disk_limit.is_none()
+            && matches!(row.expect, Expect::Created { .. });
+        if !plain_named || row.request.needs_quota_store() != quota_store {
+            continue;
+        }
+        let id = format!("unmounted{n}");
+        let name = format!("{} --without-mount", row.name);
+        record(&mut report, rig, &name, None, &id, || {
+            without_mount(rig, row, &id)
+        });
+    }
     for (n, row) in table::fault_rows().iter().enumerate() {
         let id = format!("fault{n}");
         if quota_store {
@@ -307,6 +322,67 @@ fn lifecycle(rig: &dyn Rig, row: &Row, id: &str) {
                 assert_eq!(adapter::drain(store, m).unwrap(), size, "drain");
             }
         }
+    }
+    adapter::clean(store, m).unwrap();
+    assert_clean(rig, id);
+}
+
+/// A named row for a caller that mounts the rootfs itself: nothing mounted on the
+/// rootfs, and attach answers what to mount — the overlay's options, the directory a
+/// read-only provider binds, or (an overlay only lamina mounts: volatile, composefs) the
+/// rootfs, mounted now. A named `pooled` is refused: its slots are mounted already.
+fn without_mount(rig: &dyn Rig, row: &Row, id: &str) {
+    let (store, m, image) = (rig.store(), rig.mounter(), rig.image());
+    let Expect::Created {
+        spec, read_only, ..
+    } = row.expect
+    else {
+        return;
+    };
+    let created = adapter::create_without_mount(store, m, image, id, &row.request);
+    if spec.provider == table::Provider::POOLED {
+        let err = created.expect_err("a named pooled whose caller mounts is refused");
+        assert_eq!(
+            adapter::refusal(&err),
+            Some(table::Refusal::PoolWithoutMount),
+            "{err}"
+        );
+        assert!(!adapter::container_dir(store, id).exists(), "left a dir");
+    } else {
+        let made = created.unwrap_or_else(|e| panic!("create --without-mount: {e}"));
+        assert_eq!(made.spec, spec, "the strategy recorded");
+        assert!(
+            !m.is_mountpoint(&made.rootfs).unwrap(),
+            "the rootfs was mounted"
+        );
+        assert!(!adapter::recorded_mounted(store, id), "recorded as mounted");
+        let lamina_mounts = spec.flavour.volatile || spec.flavour.composefs;
+        match adapter::attach(store, m, id).unwrap_or_else(|e| panic!("attach: {e}")) {
+            adapter::Attached::Bind(source, ro) => {
+                assert_eq!(ro, read_only, "attach's read-only");
+                if lamina_mounts {
+                    assert_eq!(source, made.rootfs, "a bind of the rootfs lamina mounts");
+                    assert!(m.is_mountpoint(&made.rootfs).unwrap(), "mounted by attach");
+                } else {
+                    assert!(
+                        spec.provider != table::Provider::FRESH && source.starts_with(store.root()),
+                        "a bind of {} for {spec:?}",
+                        source.display()
+                    );
+                }
+            }
+            adapter::Attached::Overlay(options) => {
+                assert!(
+                    !lamina_mounts && spec.provider == table::Provider::FRESH,
+                    "overlay options for {spec:?}"
+                );
+                assert!(
+                    options.iter().any(|o| o.starts_with("lowerdir=")),
+                    "{options:?}"
+                );
+            }
+        }
+        delete_and_reap(rig, id, spec.teardown);
     }
     adapter::clean(store, m).unwrap();
     assert_clean(rig, id);

@@ -214,6 +214,8 @@ pub enum Refusal {
     PoolReadOnly,
     /// A disk limit without an isolated upper.
     DiskLimitNeedsIsolated,
+    /// A named `pooled` whose caller mounts the rootfs itself: a slot is mounted already.
+    PoolWithoutMount,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

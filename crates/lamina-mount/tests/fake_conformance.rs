@@ -8,7 +8,14 @@ use lamina_conformance::{FakeRig, run};
 fn every_strategy_passes_the_conformance_suite_on_the_fake() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let rig = FakeRig::new(tmp.path());
-    run(&rig).assert_passed();
+    let report = run(&rig);
+    let unmounted = report
+        .passed
+        .iter()
+        .filter(|name| name.contains(" --without-mount ["))
+        .count();
+    assert!(unmounted > 40, "{unmounted} --without-mount rows passed");
+    report.assert_passed();
 }
 
 /// The rows only a store on btrfs with quotas serves (`isolated-quota`), on a fake whose
