@@ -259,3 +259,32 @@ fn an_unknown_log_level_is_refused() {
     assert_eq!(out.code, 1, "{out:?}");
     assert!(out.stdout.contains("log level `verbose`"), "{out:?}");
 }
+
+/// `--version` says which build answers: the release, the commit it was built from (the
+/// checkout's, when built from one), the target and the profile.
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let out = run_raw(&["--version"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let line = out.stdout.trim();
+    assert!(line.starts_with("lamina 0."), "{line}");
+    assert!(line.contains("(commit "), "{line}");
+    assert!(
+        line.contains("x86_64") || line.contains("aarch64"),
+        "{line}"
+    );
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    // Built from this checkout (the tests build the binary they run, and a new commit
+    // rebuilds it): its commit.
+    if let Some(head) = head {
+        assert!(
+            line.contains(&format!("(commit {head}")),
+            "{line} (HEAD {head})"
+        );
+    }
+}
