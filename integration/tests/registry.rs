@@ -444,8 +444,13 @@ fn progress_is_bars_on_a_terminal_and_log_lines_otherwise() {
         out.stderr
             .lines()
             .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .filter(|l| l["fields"]["message"] == message)
-            .map(|l| l["fields"]["layer"].as_str().unwrap().to_string())
+            // lager's lines (the CLI's default): `lamina.<command>.<message>`.
+            .filter(|l| {
+                l["message"]
+                    .as_str()
+                    .is_some_and(|m| m.ends_with(&format!(".{message}")))
+            })
+            .map(|l| l["data"]["layer"].as_str().unwrap().to_string())
             .collect()
     };
 

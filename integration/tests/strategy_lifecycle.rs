@@ -22,9 +22,9 @@ fn created_strategy(out: &Output) -> String {
     out.stderr
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["fields"]["message"] == "created rootfs")
+        .find(|v| v["message"] == "lamina.create.created rootfs")
         .map(|v| {
-            v["fields"]["strategy"]
+            v["data"]["strategy"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string()

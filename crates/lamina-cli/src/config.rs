@@ -16,6 +16,9 @@ pub struct Config {
     pub log_level: Option<String>,
     #[serde(deserialize_with = "empty_is_none")]
     pub log_file: Option<PathBuf>,
+    /// As `--log-format`: `lager` or `json`.
+    #[serde(deserialize_with = "empty_is_none")]
+    pub log_format: Option<String>,
     /// As `--max-layer-bytes`: the per-layer cap on uncompressed bytes.
     pub max_layer_bytes: Option<u64>,
     /// As `--registry-timeout-seconds`: how long a registry may send nothing.

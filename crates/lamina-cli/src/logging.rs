@@ -1,15 +1,45 @@
 //! Structured JSON log lines from `tracing`, on stderr or in `--log-file`. stdout is
 //! reserved for results and errors (GrootFS's convention, which Garden parses).
+//!
+//! Two shapes: lager's (Cloud Foundry's logger, GrootFS's format: Garden relogs an image
+//! plugin's stderr by parsing it with lager's `chug`), the default for every command but
+//! `daemon`; and tracing's own JSON (`--log-format json`), the daemon's default.
 
 use std::io::Write;
 use std::path::Path;
 
 use indicatif::MultiProgress;
 use tracing_subscriber::filter::LevelFilter;
-use tracing_subscriber::fmt::MakeWriter;
+
+/// How log lines are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Format {
+    /// lager's lines, `source` `lamina`, each message `lamina.<command>.<event>`.
+    Lager { command: &'static str },
+    /// tracing-subscriber's JSON.
+    Json,
+}
+
+impl Format {
+    /// The format `name` asks for (`--log-format`, `log_format`), else the command's default.
+    pub fn named(name: Option<&str>, command: &'static str) -> anyhow::Result<Format> {
+        match name {
+            Some("lager") => Ok(Format::Lager { command }),
+            Some("json") => Ok(Format::Json),
+            Some(other) => anyhow::bail!("log format `{other}` is not one of lager, json"),
+            None if command == "daemon" => Ok(Format::Json),
+            None => Ok(Format::Lager { command }),
+        }
+    }
+}
 
 /// `bars`: progress bars drawn on stderr, which log lines on stderr must go above.
-pub fn init(level: &str, file: Option<&Path>, bars: Option<MultiProgress>) -> anyhow::Result<()> {
+pub fn init(
+    level: &str,
+    file: Option<&Path>,
+    bars: Option<MultiProgress>,
+    format: Format,
+) -> anyhow::Result<()> {
     // EnvFilter would take any word as a target name; only plain levels are a level.
     const LEVELS: [&str; 7] = ["off", "fatal", "error", "warn", "info", "debug", "trace"];
     let lower = level.to_ascii_lowercase();
@@ -26,24 +56,33 @@ pub fn init(level: &str, file: Option<&Path>, bars: Option<MultiProgress>) -> an
         "debug" => LevelFilter::DEBUG,
         _ => LevelFilter::TRACE,
     };
-    let builder = tracing_subscriber::fmt()
-        .json()
-        .with_max_level(filter)
-        .with_current_span(false);
-    match (file, bars) {
-        (Some(path), _) => {
-            let file = std::fs::OpenOptions::new()
+    let file = match file {
+        Some(path) => Some(std::sync::Arc::new(std::sync::Mutex::new(
+            std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(path)
-                .map_err(|e| anyhow::anyhow!("log file {}: {e}", path.display()))?;
-            let file = std::sync::Arc::new(std::sync::Mutex::new(file));
-            builder
-                .with_writer(move || Escaped(LockedFile(file.clone())))
-                .init();
-        }
-        (None, Some(bars)) => builder.with_writer(AboveBars(bars)).init(),
-        (None, None) => builder.with_writer(|| Escaped(std::io::stderr())).init(),
+                .map_err(|e| anyhow::anyhow!("log file {}: {e}", path.display()))?,
+        ))),
+        None => None,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(filter)
+        .with_writer(move || -> Box<dyn Write> {
+            match (&file, &bars) {
+                (Some(file), _) => Box::new(Escaped(LockedFile(file.clone()))),
+                (None, Some(bars)) => Box::new(Line {
+                    bars: bars.clone(),
+                    text: Vec::new(),
+                }),
+                (None, None) => Box::new(Escaped(std::io::stderr())),
+            }
+        });
+    match format {
+        Format::Lager { command } => builder
+            .event_format(crate::lager::Lager::new(command))
+            .init(),
+        Format::Json => builder.json().with_current_span(false).init(),
     }
     Ok(())
 }
@@ -87,24 +126,11 @@ impl Write for LockedFile {
     }
 }
 
-/// Writes each log line to stderr with the progress bars lifted out of the way.
-struct AboveBars(MultiProgress);
-
-/// One event's line, buffered and written whole when the event is done.
+/// One event's line, buffered and written whole when the event is done, on stderr with
+/// the progress bars lifted out of the way.
 struct Line {
     bars: MultiProgress,
     text: Vec<u8>,
-}
-
-impl<'a> MakeWriter<'a> for AboveBars {
-    type Writer = Line;
-
-    fn make_writer(&'a self) -> Line {
-        Line {
-            bars: self.0.clone(),
-            text: Vec::new(),
-        }
-    }
 }
 
 impl Write for Line {

@@ -4,6 +4,7 @@
 mod commands;
 mod config;
 mod fast_args;
+mod lager;
 mod logging;
 mod output;
 mod progress;
@@ -64,6 +65,9 @@ pub struct Globals {
     /// Append logs to this file instead of stderr
     #[arg(long, global = true)]
     log_file: Option<PathBuf>,
+    /// Log lines as `lager` (Cloud Foundry's, which Garden parses; GrootFS's format) or `json` (tracing's) [default: lager, `json` for `daemon`, or `log_format` in --config]
+    #[arg(long, global = true, value_name = "FORMAT")]
+    log_format: Option<String>,
     /// Refuse a layer that unpacks to more than this many bytes (a decompression bomb) [default: `max_layer_bytes` in --config, else 64 GiB]
     #[arg(long, global = true, value_name = "N")]
     max_layer_bytes: Option<u64>,
@@ -281,6 +285,32 @@ enum PoolCommand {
     Refill,
     /// Unmount and remove every unclaimed pool entry
     Drain,
+}
+
+impl Command {
+    /// The command's name as typed: the middle of each lager message (`lamina.create.…`).
+    fn name(&self) -> &'static str {
+        match self {
+            Command::InitStore { .. } => "init-store",
+            Command::Create(_) => "create",
+            Command::Pull { .. } => "pull",
+            Command::Check { .. } => "check",
+            Command::Delete { .. } => "delete",
+            Command::List => "list",
+            Command::DeleteStore => "delete-store",
+            Command::Reap => "reap",
+            Command::BuildMetadataImage { .. } => "build-metadata-image",
+            Command::Clean { .. } => "clean",
+            Command::Stats { .. } => "stats",
+            Command::Capacity => "capacity",
+            Command::Mount { .. } => "mount",
+            Command::Unmount { .. } => "unmount",
+            Command::Pool(_) => "pool",
+            Command::Daemon { .. } => "daemon",
+            Command::Probe { .. } => "probe",
+            Command::SampleImage { .. } => "sample-image",
+        }
+    }
 }
 
 fn main() -> ExitCode {

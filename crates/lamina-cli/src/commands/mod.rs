@@ -148,10 +148,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         .unwrap_or_else(|| "info".into());
     let log_file = cli.log_file.or(config.log_file.clone());
     let bars = crate::progress::Bars::on_terminal();
+    let format = crate::logging::Format::named(
+        cli.log_format.as_deref().or(config.log_format.as_deref()),
+        command.name(),
+    )?;
     crate::logging::init(
         &level,
         log_file.as_deref(),
         bars.as_ref().map(crate::progress::Bars::multi),
+        format,
     )?;
     let progress: Arc<dyn ImportProgress> = match bars {
         Some(bars) => Arc::new(bars),
