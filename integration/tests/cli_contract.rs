@@ -233,8 +233,9 @@ fn config_file_sets_store_and_log_file_and_flags_win() {
             .lines()
             .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
     );
+    // lager's lines (the CLI's default), at the configured level: debug and info.
     assert!(
-        logged.contains("\"DEBUG\"") || logged.contains("\"INFO\""),
+        logged.contains("\"log_level\":0") || logged.contains("\"log_level\":1"),
         "{logged}"
     );
 

@@ -3,6 +3,9 @@
 //! with Go from `integration/chug/`): a create that succeeds, one whose image fails to
 //! import, and a usage error, each read as Garden reads it.
 
+// Test helpers fail loudly: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -220,3 +220,45 @@ fn clean_keeps_the_standing_order_of_a_pool_whose_slots_all_went() {
     assert_eq!(lamina.run(&["pool", "drain"]).code, 0);
     assert!(mounts_under(&lamina.store).is_empty());
 }
+
+/// A drain that meets a fill in flight (a refill after a claim, or an operator's fill)
+/// waits for it and leaves nothing: no slot the fill adds outlives the drain, and no
+/// standing order is left for a later refill.
+#[test]
+fn a_drain_waits_for_a_fill_in_flight_and_leaves_nothing() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let (lamina, image) = setup(&fs);
+    assert_eq!(lamina.run(&["pool", "fill", "--size", "1", &image]).code, 0);
+    // A fill to two that stops with its slot made, not yet in the pool.
+    let mut fill = lamina
+        .command(&["pool", "fill", "--size", "2", &image])
+        .env("LAMINA_PAUSE_AT", "pool-slot-made")
+        .env("LAMINA_PAUSE_SECS", "2")
+        .spawn()
+        .unwrap();
+    let run = lamina.store.join("run");
+    lamina_integration::wait_until("the fill to stop at its pause point", || {
+        fs::read_dir(&run).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("paused-pool-slot-made")
+        })
+    });
+    assert_eq!(lamina.run(&["pool", "drain"]).code, 0);
+    assert!(fill.wait().unwrap().success());
+    let left: Vec<_> = fs::read_dir(lamina.store.join("pool"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left after the drain: {left:?}");
+    assert_eq!(lamina.run(&["pool", "refill"]).code, 0);
+    assert!(
+        fs::read_dir(lamina.store.join("pool"))
+            .unwrap()
+            .next()
+            .is_none()
+    );
+    assert!(mounts_under(&lamina.store).is_empty());
+}

@@ -155,12 +155,16 @@ pub fn validate_id(id: &str) -> Result<(), StoreError> {
 }
 
 /// [`validate_id`], and what a new container's ID must also be: printable on one line.
-/// A newline or an escape sequence in an ID would print as a second entry of `list`, or
-/// rewrite an operator's terminal, wherever the ID is shown. IDs already in a store are
+/// A newline, an escape sequence or a bidirectional override in an ID would print as a
+/// second entry of `list`, rewrite an operator's terminal, or show another name, wherever
+/// the ID is shown. IDs already in a store are
 /// still found by the other commands (so they can be deleted) and are shown escaped.
 pub fn validate_new_id(id: &str) -> Result<(), StoreError> {
     validate_id(id)?;
-    if id.chars().any(char::is_control) {
+    if id
+        .chars()
+        .any(|c| c.is_control() || UNPRINTABLE.contains(&c))
+    {
         return Err(StoreError::InvalidId {
             id: id.to_string(),
             why: "contains invalid characters: a control character",
@@ -169,10 +173,19 @@ pub fn validate_new_id(id: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Characters that are not control characters but still move or hide what follows when
+/// printed: line and paragraph separators, bidirectional overrides and isolates, and
+/// invisible joiners.
+const UNPRINTABLE: &[char] = &[
+    '\u{200b}', '\u{200c}', '\u{200d}', '\u{200e}', '\u{200f}', '\u{2028}', '\u{2029}', '\u{202a}',
+    '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}', '\u{2060}', '\u{2066}', '\u{2067}', '\u{2068}',
+    '\u{2069}', '\u{feff}',
+];
+
 /// `text` with each control character escaped (`\n`, `\u{1b}`), for one line of output.
 pub fn printable(text: &str) -> String {
     text.chars()
-        .map(|c| match c.is_control() {
+        .map(|c| match c.is_control() || UNPRINTABLE.contains(&c) {
             true => c.escape_default().to_string(),
             false => c.to_string(),
         })
@@ -526,7 +539,14 @@ mod tests {
         for id in ["web-1", "a b", "ünïcode"] {
             validate_new_id(id).unwrap();
         }
-        for id in ["victim\nzzz", "esc\u{1b}[31m", "tab\there", "del\u{7f}"] {
+        for id in [
+            "victim\nzzz",
+            "esc\u{1b}[31m",
+            "tab\there",
+            "del\u{7f}",
+            "rtl\u{202e}gpj.exe",
+            "line\u{2028}sep",
+        ] {
             let err = validate_new_id(id).unwrap_err().to_string();
             assert!(err.contains("a control character"), "{err}");
             assert_eq!(err.lines().count(), 1, "{err}");

@@ -343,13 +343,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let store = ctx.open_store()?;
             let id = container_id(&store, &id_or_path)?;
             lamina_mount::mount(&store, &mounter, &id)?;
-            println!("{}", store.rootfs_path(&id).display());
+            let rootfs = store.rootfs_path(&id).display().to_string();
+            println!("{}", lamina_store::printable(&rootfs));
         }
         Command::Unmount { id_or_path } => {
             let store = ctx.open_store()?;
             let id = container_id(&store, &id_or_path)?;
             lamina_mount::unmount(&store, &mounter, &id)?;
-            println!("unmounted container `{id}`");
+            println!("unmounted container `{}`", lamina_store::printable(&id));
         }
         Command::Pool(command) => pool::run(&ctx, &mounter, command)?,
         Command::Daemon {

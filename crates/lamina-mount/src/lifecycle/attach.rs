@@ -58,6 +58,7 @@ pub fn create_empty(
     source: &str,
     read_only: bool,
 ) -> Result<(), RootfsError> {
+    lamina_store::validate_new_id(id)?;
     holding_id(store, id, || {
         let claim = store.create_container_dirs(id)?;
         let access = if read_only { "ro" } else { "rw" };

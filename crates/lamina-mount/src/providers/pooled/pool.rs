@@ -181,6 +181,7 @@ pub fn fill(
             let json = serde_json::to_vec(&record)
                 .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
             store.write_durably(&path, &json)?;
+            store.pause_point("pool-slot-made");
             let slot = dir.join(lamina_store::unique_suffix());
             fs::rename(&staged.base, &slot).map_err(StoreError::io("adding to pool", &slot))?;
             Ok(())
@@ -388,6 +389,16 @@ fn release(
 ) -> Result<usize, RootfsError> {
     let mut released = 0;
     for dir in slots(&store.layout().pool()) {
+        // A drain waits out a fill of the pool in flight (it holds this lock from reading
+        // the target to its last slot), so no slot the fill adds outlives the drain, and a
+        // fill after it finds no target. `clean` does not wait: it keeps the orders.
+        let _filling = match orders {
+            Orders::Cancel => {
+                let name = dir.file_name().unwrap_or_default().to_string_lossy();
+                Some(store.lock(&format!("pool-{name}"))?)
+            }
+            Orders::Keep => None,
+        };
         for slot in slots(&dir) {
             let Some(_lock) = store.try_lock_dir(&slot)? else {
                 continue;
