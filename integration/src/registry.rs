@@ -14,6 +14,19 @@ pub struct Registry {
     creds: Option<(String, String)>,
     /// The Bearer token service, for a registry started with [`Registry::with_tokens`].
     pub token_service: Option<crate::http::HttpServer>,
+    /// skopeo's `--dest-cert-dir` for a registry that wants a client certificate.
+    push_cert_dir: Option<PathBuf>,
+}
+
+/// A registry served over HTTPS with these files (PEM), optionally asking every client for
+/// a certificate its `client_ca` signed.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    pub certificate: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+    /// What `push` presents (skopeo's cert dir: `client.cert`, `client.key`).
+    pub push_cert_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -39,7 +52,12 @@ fn free_port() -> u16 {
 impl Registry {
     /// Starts a registry storing under `dir`; with `creds`, behind htpasswd (bcrypt).
     pub fn start(dir: &Path, creds: Option<(&str, &str)>) -> Registry {
-        Registry::start_with(dir, creds, None)
+        Registry::start_with(dir, creds, None, None)
+    }
+
+    /// Starts a registry storing under `dir`, served over HTTPS as `tls` says.
+    pub fn start_tls(dir: &Path, tls: &Tls) -> Registry {
+        Registry::start_with(dir, None, None, Some(tls))
     }
 
     /// Starts a registry storing under `dir` that takes only Bearer tokens, issued by a
@@ -54,12 +72,17 @@ impl Registry {
             crate::token_service::ISSUER,
             service.certificate.display()
         );
-        let mut registry = Registry::start_with(dir, Some(creds), Some(auth));
+        let mut registry = Registry::start_with(dir, Some(creds), Some(auth), None);
         registry.token_service = Some(service.server);
         registry
     }
 
-    fn start_with(dir: &Path, creds: Option<(&str, &str)>, auth: Option<String>) -> Registry {
+    fn start_with(
+        dir: &Path,
+        creds: Option<(&str, &str)>,
+        auth: Option<String>,
+        tls: Option<&Tls>,
+    ) -> Registry {
         std::fs::create_dir_all(dir).expect("registry dir");
         let host = format!("127.0.0.1:{}", free_port());
         let mut auth = auth.unwrap_or_default();
@@ -77,8 +100,19 @@ impl Registry {
             );
         }
         let config = dir.join("config.yml");
+        let tls_yaml = tls.map_or(String::new(), |tls| {
+            let mut yaml = format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                tls.certificate.display(),
+                tls.key.display()
+            );
+            if let Some(ca) = &tls.client_ca {
+                yaml.push_str(&format!("    clientcas:\n      - {}\n", ca.display()));
+            }
+            yaml
+        });
         let yaml = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n{auth}{VALIDATION}",
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n{tls_yaml}{auth}{VALIDATION}",
             dir.join("data").display()
         );
         std::fs::write(&config, yaml).expect("registry config");
@@ -89,6 +123,7 @@ impl Registry {
             child: None,
             creds: creds.map(|(u, p)| (u.to_string(), p.to_string())),
             token_service: None,
+            push_cert_dir: tls.and_then(|t| t.push_cert_dir.clone()),
         };
         registry.restart();
         registry
@@ -135,6 +170,9 @@ impl Registry {
         ];
         if let Some((u, p)) = &self.creds {
             args.push(format!("--dest-creds={u}:{p}"));
+        }
+        if let Some(dir) = &self.push_cert_dir {
+            args.push(format!("--dest-cert-dir={}", dir.display()));
         }
         args.push(format!("oci:{}:{reference}", layout.display()));
         args.push(format!("docker://{}/{repo_tag}", self.host));

@@ -154,6 +154,7 @@ impl Line {
             "username" => g.username = text(),
             "password" => g.password = text(),
             "insecure-registry" => g.insecure_registries.push(value.to_string()),
+            "registry-certs-dir" => g.registry_certs_dir = path(),
             "registry-timeout-seconds" => {
                 g.registry_timeout_seconds = Some(digits(value).filter(|&s| s >= 1)?)
             }
@@ -333,6 +334,7 @@ mod tests {
             "--password",
             "--insecure-registry",
             "--insecure-registry=r:1",
+            "--registry-certs-dir",
             "--registry-timeout-seconds",
             "--lock-timeout-seconds",
             "--driver",

@@ -85,6 +85,9 @@ pub struct Globals {
     /// HOST[:PORT] to pull docker:// images from over plain HTTP, repeatable [default: `create.insecure_registries` in --config]
     #[arg(long = "insecure-registry", global = true, value_name = "HOST")]
     insecure_registries: Vec<String>,
+    /// Per-registry TLS files, Docker's and containerd's certs.d: DIR/HOST[:PORT]/*.crt (CAs to trust beside the system's), client.cert and client.key [default: `registry_certs_dir` in --config, else /etc/lamina/certs.d]
+    #[arg(long, global = true, value_name = "DIR")]
+    registry_certs_dir: Option<PathBuf>,
     /// Fail a registry connection, lookup or request that gets nothing, or under 1 KiB/s, for this many seconds [default: `registry_timeout_seconds` in --config, else 60]
     #[arg(long, global = true, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     registry_timeout_seconds: Option<u64>,

@@ -48,6 +48,10 @@ pub struct PullOptions {
     /// handshake included), waiting for response headers, or one read of a body may take;
     /// and the window over which a body must average [`crate::MIN_RATE`].
     pub stall_timeout: Duration,
+    /// Docker's and containerd's `certs.d`: per registry (`HOST[:PORT]`), CAs to trust
+    /// (`*.crt`) and a client certificate (`client.cert`, `client.key`); the system's CA
+    /// store is trusted for every registry ([`crate::tls_config`]).
+    pub certs_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for PullOptions {
@@ -58,6 +62,7 @@ impl Default for PullOptions {
             retries: 4,
             backoff: Duration::from_millis(250),
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            certs_dir: None,
         }
     }
 }
@@ -80,10 +85,12 @@ enum Attempt {
 }
 
 impl Client {
-    pub fn new(reference: &RegistryRef, options: &PullOptions) -> Client {
+    pub fn new(reference: &RegistryRef, options: &PullOptions) -> Result<Client, RegistryError> {
         let insecure = options.insecure_registries.contains(&reference.host);
         let scheme = if insecure { "http" } else { "https" };
+        let tls = crate::tls_config(&reference.host, options.certs_dir.as_deref())?;
         let agent: Agent = Agent::config_builder()
+            .tls_config(tls)
             .http_status_as_error(false)
             .timeout_resolve(Some(options.stall_timeout))
             .timeout_connect(Some(options.stall_timeout))
@@ -91,14 +98,14 @@ impl Client {
             .timeout_per_read(Some(options.stall_timeout))
             .build()
             .into();
-        Client {
+        Ok(Client {
             agent,
             base: format!("{scheme}://{}", reference.host),
             host: reference.host.clone(),
             repository: reference.repository.clone(),
             options: options.clone(),
             authorization: Mutex::new(None),
-        }
+        })
     }
 
     pub fn host(&self) -> &str {

@@ -13,12 +13,14 @@ mod pace;
 mod redact;
 mod reference;
 mod resolve;
+mod trust;
 
 pub use auth::Credentials;
 pub use client::{Client, DEFAULT_STALL_TIMEOUT, MAX_LAYER_URLS, PullOptions};
 pub use pace::MIN_RATE;
 pub use reference::{RegistryRef, Target};
 pub use resolve::resolve;
+pub use trust::tls_config;
 
 /// A registry failure, one line, naming the registry and what was asked of it. Never
 /// contains credentials.

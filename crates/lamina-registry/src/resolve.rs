@@ -28,7 +28,7 @@ pub fn resolve(
     options: &PullOptions,
     platform: &Platform,
 ) -> Result<Image, RegistryError> {
-    let client = Arc::new(Client::new(reference, options));
+    let client = Arc::new(Client::new(reference, options)?);
     let fail = |what: String| RegistryError::new(format!("image `{reference}`: {what}"));
 
     let (mut bytes, mut media_type) = client.document(

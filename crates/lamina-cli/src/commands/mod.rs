@@ -132,6 +132,9 @@ fn delete_store(ctx: &Ctx, mounter: &RealMounter) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where per-registry TLS files are looked for when none is configured.
+const DEFAULT_CERTS_DIR: &str = "/etc/lamina/certs.d";
+
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let Cli {
         globals: cli,
@@ -197,10 +200,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             lamina_store::DEFAULT_LOCK_TIMEOUT,
             std::time::Duration::from_secs,
         );
+    let certs_dir = cli
+        .registry_certs_dir
+        .or(config.registry_certs_dir.clone())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CERTS_DIR));
     let pull = lamina_registry::PullOptions {
         credentials,
         insecure_registries,
         stall_timeout,
+        certs_dir: Some(certs_dir),
         ..lamina_registry::PullOptions::default()
     };
     let ctx = Ctx {

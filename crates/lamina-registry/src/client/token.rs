@@ -173,7 +173,7 @@ mod tests {
             stall_timeout: Duration::from_secs(5),
             ..PullOptions::default()
         };
-        Client::new(&reference, &options)
+        Client::new(&reference, &options).unwrap()
     }
 
     /// A token realm on 127.0.0.1 that answers at most one request, within a few seconds,

@@ -1,0 +1,134 @@
+//! Whom a registry connection trusts, and what it shows of itself: the system's CA store
+//! (Debian's `ca-certificates` bundle, or `SSL_CERT_FILE`), else the bundled web PKI
+//! roots; plus, per registry, Docker's and containerd's `certs.d` convention:
+//! `<certs_dir>/<HOST[:PORT]>/*.crt` more CAs to trust for that registry alone, and
+//! `client.cert` with `client.key` a client certificate to present.
+
+use std::path::{Path, PathBuf};
+
+use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
+
+use crate::RegistryError;
+
+/// Where the system keeps its CA bundle, first found wins (`SSL_CERT_FILE` before them).
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
+
+/// No certificate file an operator keeps is this large; a larger one is refused unread.
+const MAX_PEM_BYTES: u64 = 4 << 20;
+
+/// The TLS configuration for `host` (`host` or `host:port`), with `certs_dir`'s files for
+/// it if it has a directory there. A file that is there but cannot be read or parsed is
+/// an error naming it: a registry silently trusted less than configured fails later and
+/// harder to read.
+pub fn tls_config(host: &str, certs_dir: Option<&Path>) -> Result<TlsConfig, RegistryError> {
+    let mut roots = system_roots()?;
+    let mut client = None;
+    if let Some(dir) = certs_dir.map(|d| d.join(host)).filter(|d| d.is_dir()) {
+        let mut cas = Vec::new();
+        let entries = std::fs::read_dir(&dir).map_err(|e| fail(&dir, &e.to_string()))?;
+        let mut names: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        names.sort();
+        for path in names
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "crt"))
+        {
+            cas.extend(certificates(path)?);
+        }
+        if !cas.is_empty() {
+            roots.get_or_insert_with(Vec::new).extend(cas);
+        }
+        let (cert, key) = (dir.join("client.cert"), dir.join("client.key"));
+        match (cert.exists(), key.exists()) {
+            (true, true) => {
+                let chain = certificates(&cert)?;
+                let key = PrivateKey::from_pem(&read(&key)?)
+                    .map_err(|e| fail(&key, &format!("not a private key in PEM: {e}")))?;
+                client = Some(ClientCert::new_with_certs(&chain, key));
+            }
+            (false, false) => {}
+            _ => {
+                return Err(fail(
+                    &dir,
+                    "holds one of client.cert and client.key without the other",
+                ));
+            }
+        }
+    }
+    let roots = match roots {
+        Some(certs) => RootCerts::new_with_certs(&certs),
+        None => RootCerts::WebPki,
+    };
+    Ok(TlsConfig::builder()
+        .root_certs(roots)
+        .client_cert(client)
+        .build())
+}
+
+/// The system's CA certificates, if it has a bundle; `None`: use the bundled roots.
+fn system_roots() -> Result<Option<Vec<Certificate<'static>>>, RegistryError> {
+    let from_env = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
+    let bundle = from_env
+        .into_iter()
+        .chain(SYSTEM_BUNDLES.iter().map(PathBuf::from))
+        .find(|p| p.is_file());
+    bundle.map(|path| certificates(&path)).transpose()
+}
+
+/// Every certificate in the PEM file `path`; none is an error.
+fn certificates(path: &Path) -> Result<Vec<Certificate<'static>>, RegistryError> {
+    let pem = read(path)?;
+    let mut certs = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        match item {
+            Ok(PemItem::Certificate(cert)) => certs.push(cert),
+            Ok(_) => {}
+            Err(e) => return Err(fail(path, &format!("not PEM: {e}"))),
+        }
+    }
+    if certs.is_empty() {
+        return Err(fail(path, "holds no certificate"));
+    }
+    Ok(certs)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, RegistryError> {
+    let size = std::fs::metadata(path)
+        .map_err(|e| fail(path, &e.to_string()))?
+        .len();
+    if size > MAX_PEM_BYTES {
+        return Err(fail(
+            path,
+            &format!("is {size} bytes, past {MAX_PEM_BYTES}"),
+        ));
+    }
+    std::fs::read(path).map_err(|e| fail(path, &e.to_string()))
+}
+
+fn fail(path: &Path, why: &str) -> RegistryError {
+    RegistryError::new(format!("registry TLS: {}: {why}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_half_client_pair_or_a_file_that_is_not_pem_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = dir.path().join("registry.example:5000");
+        std::fs::create_dir(&host).unwrap();
+        std::fs::write(host.join("client.cert"), b"x").unwrap();
+        let err = tls_config("registry.example:5000", Some(dir.path())).unwrap_err();
+        assert!(err.message.contains("without the other"), "{err}");
+        std::fs::remove_file(host.join("client.cert")).unwrap();
+        std::fs::write(host.join("ca.crt"), b"not a certificate").unwrap();
+        let err = tls_config("registry.example:5000", Some(dir.path())).unwrap_err();
+        assert!(err.message.contains("ca.crt"), "{err}");
+        // Another registry's directory is not read.
+        tls_config("other.example", Some(dir.path())).unwrap();
+    }
+}
