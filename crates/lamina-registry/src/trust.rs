@@ -27,7 +27,14 @@ const MAX_PEM_BYTES: u64 = 4 << 20;
 pub fn tls_config(host: &str, certs_dir: Option<&Path>) -> Result<TlsConfig, RegistryError> {
     let mut roots = system_roots()?;
     let mut client = None;
-    if let Some(dir) = certs_dir.map(|d| d.join(host)).filter(|d| d.is_dir()) {
+    // The host comes from an image reference: one name, never a path out of certs.d (a
+    // client key is presented only to the registry whose directory holds it).
+    let one_name = !host.is_empty() && host != "." && host != ".." && !host.contains(['/', '\0']);
+    if let Some(dir) = certs_dir
+        .filter(|_| one_name)
+        .map(|d| d.join(host))
+        .filter(|d| d.is_dir())
+    {
         let mut cas = Vec::new();
         let entries = std::fs::read_dir(&dir).map_err(|e| fail(&dir, &e.to_string()))?;
         let mut names: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
@@ -128,7 +135,11 @@ mod tests {
         std::fs::write(host.join("ca.crt"), b"not a certificate").unwrap();
         let err = tls_config("registry.example:5000", Some(dir.path())).unwrap_err();
         assert!(err.message.contains("ca.crt"), "{err}");
-        // Another registry's directory is not read.
+        // Another registry's directory is not read, nor one a host would name by a path.
         tls_config("other.example", Some(dir.path())).unwrap();
+        std::fs::write(dir.path().join("client.cert"), b"x").unwrap();
+        tls_config("..", Some(&host)).unwrap();
+        tls_config("registry.example:5000/..", Some(dir.path())).unwrap();
+        tls_config(".", Some(dir.path())).unwrap();
     }
 }
