@@ -71,6 +71,10 @@ impl Default for PullOptions {
 #[derive(Debug)]
 pub struct Client {
     agent: Agent,
+    /// For every other host (a layer's own URLs, which the image names; a token realm on
+    /// another host): the system's trust alone, no client certificate. What `certs.d`
+    /// holds for this registry is presented to this registry only.
+    foreign: Agent,
     base: String,
     host: String,
     repository: String,
@@ -89,17 +93,22 @@ impl Client {
         let insecure = options.insecure_registries.contains(&reference.host);
         let scheme = if insecure { "http" } else { "https" };
         let tls = crate::tls_config(&reference.host, options.certs_dir.as_deref())?;
-        let agent: Agent = Agent::config_builder()
-            .tls_config(tls)
-            .http_status_as_error(false)
-            .timeout_resolve(Some(options.stall_timeout))
-            .timeout_connect(Some(options.stall_timeout))
-            .timeout_recv_response(Some(options.stall_timeout))
-            .timeout_per_read(Some(options.stall_timeout))
-            .build()
-            .into();
+        let agent = |tls| -> Agent {
+            Agent::config_builder()
+                .tls_config(tls)
+                .http_status_as_error(false)
+                .timeout_resolve(Some(options.stall_timeout))
+                .timeout_connect(Some(options.stall_timeout))
+                .timeout_recv_response(Some(options.stall_timeout))
+                .timeout_per_read(Some(options.stall_timeout))
+                .build()
+                .into()
+        };
+        let foreign = agent(crate::tls_config(&reference.host, None)?);
+        let agent = agent(tls);
         Ok(Client {
             agent,
+            foreign,
             base: format!("{scheme}://{}", reference.host),
             host: reference.host.clone(),
             repository: reference.repository.clone(),
@@ -110,6 +119,19 @@ impl Client {
 
     pub fn host(&self) -> &str {
         &self.host
+    }
+
+    /// The agent for `url`: this registry's own (its `certs.d` CAs and client
+    /// certificate) for a URL on it, else the one for other hosts.
+    pub(crate) fn agent_for(&self, url: &str) -> &Agent {
+        let on_registry = url
+            .strip_prefix(&self.base)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        if on_registry {
+            &self.agent
+        } else {
+            &self.foreign
+        }
     }
 
     pub fn repository(&self) -> &str {
@@ -307,7 +329,7 @@ impl Client {
         authed: bool,
         challenged: &mut bool,
     ) -> Result<Attempt, RegistryError> {
-        let mut request = self.agent.get(url).header("Accept", accept);
+        let mut request = self.agent_for(url).get(url).header("Accept", accept);
         if authed && let Some(value) = self.current_authorization() {
             request = request.header("Authorization", &value);
         }
@@ -407,4 +429,27 @@ fn is_tls_failure(e: &ureq::Error) -> bool {
 fn is_http(url: &str) -> bool {
     let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
     scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `certs.d` holds for a registry (its client certificate) goes to that registry
+    /// only: a layer's own URL on another host, or one dressed up with the registry's name
+    /// as userinfo, gets the other agent.
+    #[test]
+    fn only_urls_on_the_registry_get_its_agent() {
+        let reference = RegistryRef::parse("docker://127.0.0.1:5000/app:v1")
+            .unwrap()
+            .unwrap();
+        let client = Client::new(&reference, &PullOptions::default()).unwrap();
+        let own = |url: &str| std::ptr::eq(client.agent_for(url), &client.agent);
+        assert!(own("https://127.0.0.1:5000/v2/app/blobs/sha256:00"));
+        assert!(own("https://127.0.0.1:5000"));
+        assert!(!own("https://127.0.0.1:50001/v2/"));
+        assert!(!own("https://127.0.0.1:5000@evil.example/blob"));
+        assert!(!own("https://cdn.example/blob"));
+        assert!(!own("http://127.0.0.1:5000/v2/"));
+    }
 }

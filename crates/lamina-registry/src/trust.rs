@@ -75,14 +75,19 @@ pub fn tls_config(host: &str, certs_dir: Option<&Path>) -> Result<TlsConfig, Reg
         .build())
 }
 
-/// The system's CA certificates, if it has a bundle; `None`: use the bundled roots.
+/// The system's CA certificates, if it has a bundle; `None`: use the bundled roots. An
+/// `SSL_CERT_FILE` that is set must be readable: an operator who set it to narrow trust
+/// never gets the whole system store instead.
 fn system_roots() -> Result<Option<Vec<Certificate<'static>>>, RegistryError> {
-    let from_env = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
-    let bundle = from_env
-        .into_iter()
-        .chain(SYSTEM_BUNDLES.iter().map(PathBuf::from))
-        .find(|p| p.is_file());
-    bundle.map(|path| certificates(&path)).transpose()
+    if let Some(path) = std::env::var_os("SSL_CERT_FILE").filter(|p| !p.is_empty()) {
+        return certificates(Path::new(&path)).map(Some);
+    }
+    SYSTEM_BUNDLES
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .map(certificates)
+        .transpose()
 }
 
 /// Every certificate in the PEM file `path`; none is an error.

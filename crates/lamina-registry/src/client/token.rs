@@ -50,7 +50,7 @@ impl Client {
     }
 
     fn token(&self, url: &str) -> Result<String, RegistryError> {
-        let mut request = self.agent.get(url);
+        let mut request = self.agent_for(url).get(url);
         if let Some(creds) = &self.options.credentials {
             request = request.header("Authorization", &creds.basic_header());
         }
