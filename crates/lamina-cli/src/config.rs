@@ -23,6 +23,9 @@ pub struct Config {
     pub max_layer_bytes: Option<u64>,
     /// As `--registry-timeout-seconds`: how long a registry may send nothing.
     pub registry_timeout_seconds: Option<u64>,
+    /// As `--registry-auth-file`: a Docker config.json with registry credentials.
+    #[serde(deserialize_with = "empty_is_none")]
+    pub registry_auth_file: Option<PathBuf>,
     /// As `--registry-certs-dir`: per-registry CAs and client certificates.
     #[serde(deserialize_with = "empty_is_none")]
     pub registry_certs_dir: Option<PathBuf>,

@@ -155,6 +155,7 @@ impl Line {
             "password" => g.password = text(),
             "insecure-registry" => g.insecure_registries.push(value.to_string()),
             "registry-certs-dir" => g.registry_certs_dir = path(),
+            "registry-auth-file" => g.registry_auth_file = path(),
             "registry-timeout-seconds" => {
                 g.registry_timeout_seconds = Some(digits(value).filter(|&s| s >= 1)?)
             }
@@ -335,6 +336,7 @@ mod tests {
             "--insecure-registry",
             "--insecure-registry=r:1",
             "--registry-certs-dir",
+            "--registry-auth-file",
             "--registry-timeout-seconds",
             "--lock-timeout-seconds",
             "--driver",

@@ -52,6 +52,9 @@ pub struct PullOptions {
     /// (`*.crt`) and a client certificate (`client.cert`, `client.key`); the system's CA
     /// store is trusted for every registry ([`crate::tls_config`]).
     pub certs_dir: Option<std::path::PathBuf>,
+    /// A Docker `config.json` to take credentials from when `credentials` is `None`
+    /// ([`crate::credentials_for`]).
+    pub auth_file: Option<std::path::PathBuf>,
 }
 
 impl Default for PullOptions {
@@ -63,6 +66,7 @@ impl Default for PullOptions {
             backoff: Duration::from_millis(250),
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             certs_dir: None,
+            auth_file: None,
         }
     }
 }
@@ -92,6 +96,14 @@ impl Client {
     pub fn new(reference: &RegistryRef, options: &PullOptions) -> Result<Client, RegistryError> {
         let insecure = options.insecure_registries.contains(&reference.host);
         let scheme = if insecure { "http" } else { "https" };
+        let mut options = options.clone();
+        if options.credentials.is_none()
+            && let Some(file) = &options.auth_file
+        {
+            options.credentials =
+                crate::credentials_for(file, &reference.host, options.stall_timeout)?;
+        }
+        let options = &options;
         let tls = crate::tls_config(&reference.host, options.certs_dir.as_deref())?;
         let agent = |tls| -> Agent {
             Agent::config_builder()

@@ -9,6 +9,7 @@
 mod auth;
 mod blob_stream;
 mod client;
+mod docker_config;
 mod pace;
 mod redact;
 mod reference;
@@ -17,6 +18,7 @@ mod trust;
 
 pub use auth::Credentials;
 pub use client::{Client, DEFAULT_STALL_TIMEOUT, MAX_LAYER_URLS, PullOptions};
+pub use docker_config::credentials_for;
 pub use pace::MIN_RATE;
 pub use reference::{RegistryRef, Target};
 pub use resolve::resolve;
