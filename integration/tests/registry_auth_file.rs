@@ -109,9 +109,28 @@ fn credentials_come_from_a_docker_config_and_its_credential_helpers() {
         "{out:?}"
     );
 
+    // One that answers but leaves a child holding its stdout is ended with that child.
+    helper(
+        fs.path(),
+        "lamina-linger",
+        r#"(sleep 37) & printf '{"Username":"alice","Secret":"s3cret"}'"#,
+    );
+    write_config(&config, r#"{"credsStore":"lamina-linger"}"#);
+    let out = create("lingered", &["--registry-timeout-seconds", "1"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let lingering = std::process::Command::new("pgrep")
+        .args(["-f", "sleep 37"])
+        .output()
+        .unwrap();
+    assert!(
+        lingering.stdout.is_empty(),
+        "the helper's child outlived it: {lingering:?}"
+    );
+
     for id in ["from-auths", "from-helper"] {
         lamina.delete_and_assert_gone(id, id);
     }
     assert!(!lamina.store.join("images/none").exists());
     assert!(!lamina.store.join("images/hung").exists());
+    assert!(!lamina.store.join("images/lingered").exists());
 }

@@ -85,7 +85,7 @@ pub struct Globals {
     /// HOST[:PORT] to pull docker:// images from over plain HTTP, repeatable [default: `create.insecure_registries` in --config]
     #[arg(long = "insecure-registry", global = true, value_name = "HOST")]
     insecure_registries: Vec<String>,
-    /// A Docker config.json to take registry credentials from when none are given: `auths`, `credHelpers`, `credsStore` [default: `registry_auth_file` in --config, else $DOCKER_CONFIG/config.json, else ~/.docker/config.json]
+    /// A Docker config.json to take registry credentials from when none are given: `auths`, `credHelpers`, `credsStore` (e.g. /root/.docker/config.json) [default: `registry_auth_file` in --config, else none]
     #[arg(long, global = true, value_name = "FILE")]
     registry_auth_file: Option<PathBuf>,
     /// Per-registry TLS files, Docker's and containerd's certs.d: DIR/HOST[:PORT]/*.crt (CAs to trust beside the system's), client.cert and client.key [default: `registry_certs_dir` in --config, else /etc/lamina/certs.d]

@@ -4,6 +4,7 @@
 //! stdin, as Docker runs them. Flags (`--username`/`--password`) win over the file.
 
 use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,6 +26,11 @@ pub fn credentials_for(
     host: &str,
     timeout: Duration,
 ) -> Result<Option<Credentials>, RegistryError> {
+    // The host comes from an image reference: only a plain registry name is looked up,
+    // so no helper is told (and no entry matched by) text that names another host.
+    if !plain_host(host) {
+        return Ok(None);
+    }
     let fail = |why: String| RegistryError::new(format!("{}: {why}", file.display()));
     let bytes = match std::fs::File::open(file) {
         Ok(f) => {
@@ -83,10 +89,37 @@ pub fn credentials_for(
     }))
 }
 
+/// A registry name as Docker's reference grammar has it: DNS labels (letters, digits,
+/// `-`, `.`) or a bracketed IPv6 address, and an optional numeric port; at most 255 bytes.
+fn plain_host(host: &str) -> bool {
+    let (name, port) = match host.rsplit_once(':') {
+        Some((name, _)) if !name.ends_with(']') && name.contains(':') => (host, None),
+        Some((name, port)) => (name, Some(port)),
+        None => (host, None),
+    };
+    let name_ok = match name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+        Some(v6) => !v6.is_empty() && v6.chars().all(|c| c.is_ascii_hexdigit() || c == ':'),
+        None => {
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        }
+    };
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    host.len() <= 255 && name_ok && port_ok
+}
+
+/// Docker Hub's names: its credentials are filed, and its helpers asked, under the legacy
+/// index URL.
+const HUB: &[&str] = &["registry-1.docker.io", "docker.io", "index.docker.io"];
+const HUB_SERVER: &str = "https://index.docker.io/v1/";
+
 /// The keys a config may file `host` under: itself, and Docker Hub's legacy name.
 fn names_of(host: &str) -> Vec<String> {
     let mut names = vec![host.to_string()];
-    if ["registry-1.docker.io", "docker.io", "index.docker.io"].contains(&host) {
+    if HUB.contains(&host) {
         names.extend(["index.docker.io".to_string(), "docker.io".into()]);
     }
     names
@@ -117,37 +150,70 @@ fn from_helper(
     {
         return Err(fail("its name is not a plain word".into()));
     }
+    // Told what Docker tells it: the host, or Hub's index URL.
+    let server = if HUB.contains(&host) {
+        HUB_SERVER
+    } else {
+        host
+    };
     let mut child = Command::new(&program)
         .arg("get")
+        .env_remove("LAMINA_REGISTRY_PASSWORD")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
+        // Its own process group, so a timeout ends whatever it started too.
+        .process_group(0)
         .spawn()
         .map_err(|e| fail(e.to_string()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(host.as_bytes());
-    }
+    // Stdin written and stdout read beside the clock: a helper that reads nothing, or
+    // leaves a child holding its stdout, cannot stall the pull past `timeout`.
+    let stdin = child.stdin.take();
+    let server = server.to_string();
+    std::thread::spawn(move || {
+        if let Some(mut stdin) = stdin {
+            let _ = stdin.write_all(server.as_bytes());
+        }
+    });
+    let (sender, answer) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take();
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        if let Some(stdout) = stdout {
+            let _ = stdout.take(MAX_HELPER_OUTPUT).read_to_end(&mut out);
+        }
+        let _ = sender.send(out);
+    });
     let started = Instant::now();
+    let kill = |child: &mut std::process::Child| {
+        // The group the helper leads: negative pid.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", child.id())])
+            .stderr(Stdio::null())
+            .status();
+        let _ = child.kill();
+        let _ = child.wait();
+    };
     let status = loop {
         match child.try_wait().map_err(|e| fail(e.to_string()))? {
             Some(status) => break status,
             None if started.elapsed() >= timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
+                kill(&mut child);
                 return Err(fail(format!("did not answer within {timeout:?}")));
             }
             None => std::thread::sleep(Duration::from_millis(10)),
         }
     };
+    let left = timeout.saturating_sub(started.elapsed());
+    let out = match answer.recv_timeout(left.max(Duration::from_millis(100))) {
+        Ok(out) => out,
+        Err(_) => {
+            kill(&mut child);
+            return Err(fail(format!("did not answer within {timeout:?}")));
+        }
+    };
     if !status.success() {
         return Ok(None);
-    }
-    let mut out = Vec::new();
-    if let Some(stdout) = child.stdout.take() {
-        stdout
-            .take(MAX_HELPER_OUTPUT)
-            .read_to_end(&mut out)
-            .map_err(|e| fail(e.to_string()))?;
     }
     let answer: Value =
         serde_json::from_slice(&out).map_err(|_| fail("its answer is not JSON".into()))?;
@@ -201,5 +267,19 @@ mod tests {
         std::fs::write(&file, r#"{"credsStore":"../../bin/sh"}"#).unwrap();
         let err = credentials_for(&file, "x", t).unwrap_err();
         assert!(err.message.contains("not a plain word"), "{err}");
+        // A host that is not a plain registry name asks nobody and matches nothing.
+        for host in [
+            "good.example@evil.example",
+            "a#b",
+            "x\ny",
+            "ünï.example",
+            "h:99999x",
+        ] {
+            assert!(credentials_for(&file, host, t).unwrap().is_none(), "{host}");
+        }
+        assert!(
+            plain_host("[::1]:5000") && plain_host("127.0.0.1:5000") && plain_host("reg.example")
+        );
+        assert!(!plain_host(&"a".repeat(300)));
     }
 }

@@ -132,17 +132,6 @@ fn delete_store(ctx: &Ctx, mounter: &RealMounter) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Where Docker keeps credentials: `$DOCKER_CONFIG/config.json`, else
-/// `~/.docker/config.json`.
-fn docker_config_file() -> Option<PathBuf> {
-    match std::env::var_os("DOCKER_CONFIG").filter(|d| !d.is_empty()) {
-        Some(dir) => Some(PathBuf::from(dir).join("config.json")),
-        None => std::env::var_os("HOME")
-            .filter(|h| !h.is_empty())
-            .map(|home| PathBuf::from(home).join(".docker/config.json")),
-    }
-}
-
 /// Where per-registry TLS files are looked for when none is configured.
 const DEFAULT_CERTS_DIR: &str = "/etc/lamina/certs.d";
 
@@ -215,10 +204,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         .registry_certs_dir
         .or(config.registry_certs_dir.clone())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CERTS_DIR));
-    let auth_file = cli
-        .registry_auth_file
-        .or(config.registry_auth_file.clone())
-        .or_else(docker_config_file);
+    // Only a file the operator names: root's own `docker login` must not serve whatever
+    // images tenants name.
+    let auth_file = cli.registry_auth_file.or(config.registry_auth_file.clone());
     let pull = lamina_registry::PullOptions {
         credentials,
         insecure_registries,
