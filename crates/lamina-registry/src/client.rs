@@ -50,7 +50,7 @@ pub struct PullOptions {
     pub stall_timeout: Duration,
     /// Docker's and containerd's `certs.d`: per registry (`HOST[:PORT]`), CAs to trust
     /// (`*.crt`) and a client certificate (`client.cert`, `client.key`); the system's CA
-    /// store is trusted for every registry ([`crate::tls_config`]).
+    /// store is trusted for every registry ([`crate::trust`]).
     pub certs_dir: Option<std::path::PathBuf>,
     /// A Docker `config.json` to take credentials from when `credentials` is `None`
     /// ([`crate::credentials_for`]).
@@ -104,7 +104,7 @@ impl Client {
                 crate::credentials_for(file, &reference.host, options.stall_timeout)?;
         }
         let options = &options;
-        let tls = crate::tls_config(&reference.host, options.certs_dir.as_deref())?;
+        let trust = crate::trust(&reference.host, options.certs_dir.as_deref())?;
         let agent = |tls| -> Agent {
             Agent::config_builder()
                 .tls_config(tls)
@@ -116,8 +116,8 @@ impl Client {
                 .build()
                 .into()
         };
-        let foreign = agent(crate::tls_config(&reference.host, None)?);
-        let agent = agent(tls);
+        let foreign = agent(trust.elsewhere);
+        let agent = agent(trust.registry);
         Ok(Client {
             agent,
             foreign,

@@ -22,7 +22,7 @@ pub use docker_config::credentials_for;
 pub use pace::MIN_RATE;
 pub use reference::{RegistryRef, Target};
 pub use resolve::resolve;
-pub use trust::tls_config;
+pub use trust::{Trust, trust};
 
 /// A registry failure, one line, naming the registry and what was asked of it. Never
 /// contains credentials.

@@ -20,12 +20,24 @@ const SYSTEM_BUNDLES: &[&str] = &[
 /// No certificate file an operator keeps is this large; a larger one is refused unread.
 const MAX_PEM_BYTES: u64 = 4 << 20;
 
-/// The TLS configuration for `host` (`host` or `host:port`), with `certs_dir`'s files for
-/// it if it has a directory there. A file that is there but cannot be read or parsed is
-/// an error naming it: a registry silently trusted less than configured fails later and
-/// harder to read.
-pub fn tls_config(host: &str, certs_dir: Option<&Path>) -> Result<TlsConfig, RegistryError> {
-    let mut roots = system_roots()?;
+/// The TLS configurations a pull from `host` (`host` or `host:port`) uses, the system's
+/// CA store read once for both.
+#[derive(Debug)]
+pub struct Trust {
+    /// For the registry itself: the system's trust plus `certs_dir`'s files for `host`,
+    /// if it has a directory there.
+    pub registry: TlsConfig,
+    /// For every other host: the system's trust alone, no client certificate.
+    pub elsewhere: TlsConfig,
+}
+
+/// The [`Trust`] of a pull from `host`. A file in `certs_dir` that is there but cannot be
+/// read or parsed is an error naming it: a registry silently trusted less than configured
+/// fails later and harder to read.
+pub fn trust(host: &str, certs_dir: Option<&Path>) -> Result<Trust, RegistryError> {
+    let system = system_roots()?;
+    let elsewhere = config(system.clone(), None);
+    let mut roots = system;
     let mut client = None;
     // The host comes from an image reference: one name, never a path out of certs.d (a
     // client key is presented only to the registry whose directory holds it).
@@ -65,14 +77,22 @@ pub fn tls_config(host: &str, certs_dir: Option<&Path>) -> Result<TlsConfig, Reg
             }
         }
     }
+    Ok(Trust {
+        registry: config(roots, client),
+        elsewhere,
+    })
+}
+
+/// Trusting `roots` (`None`: the bundled web PKI roots), presenting `client`.
+fn config(roots: Option<Vec<Certificate<'static>>>, client: Option<ClientCert>) -> TlsConfig {
     let roots = match roots {
         Some(certs) => RootCerts::new_with_certs(&certs),
         None => RootCerts::WebPki,
     };
-    Ok(TlsConfig::builder()
+    TlsConfig::builder()
         .root_certs(roots)
         .client_cert(client)
-        .build())
+        .build()
 }
 
 /// The system's CA certificates, if it has a bundle; `None`: use the bundled roots. An
@@ -134,17 +154,17 @@ mod tests {
         let host = dir.path().join("registry.example:5000");
         std::fs::create_dir(&host).unwrap();
         std::fs::write(host.join("client.cert"), b"x").unwrap();
-        let err = tls_config("registry.example:5000", Some(dir.path())).unwrap_err();
+        let err = trust("registry.example:5000", Some(dir.path())).unwrap_err();
         assert!(err.message.contains("without the other"), "{err}");
         std::fs::remove_file(host.join("client.cert")).unwrap();
         std::fs::write(host.join("ca.crt"), b"not a certificate").unwrap();
-        let err = tls_config("registry.example:5000", Some(dir.path())).unwrap_err();
+        let err = trust("registry.example:5000", Some(dir.path())).unwrap_err();
         assert!(err.message.contains("ca.crt"), "{err}");
         // Another registry's directory is not read, nor one a host would name by a path.
-        tls_config("other.example", Some(dir.path())).unwrap();
+        trust("other.example", Some(dir.path())).unwrap();
         std::fs::write(dir.path().join("client.cert"), b"x").unwrap();
-        tls_config("..", Some(&host)).unwrap();
-        tls_config("registry.example:5000/..", Some(dir.path())).unwrap();
-        tls_config(".", Some(dir.path())).unwrap();
+        trust("..", Some(&host)).unwrap();
+        trust("registry.example:5000/..", Some(dir.path())).unwrap();
+        trust(".", Some(dir.path())).unwrap();
     }
 }
