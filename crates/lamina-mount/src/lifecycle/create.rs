@@ -28,13 +28,12 @@ pub struct Created {
     /// Why these strategies (for `auto`, the reasoning; otherwise "requested").
     pub reason: String,
     /// Something was claimed from a pool (an overlay, or an isolated upper), which a
-    /// refill should replace.
+    /// refill should replace ([`FollowUp::RefillPools`] says so to the front-ends).
     pub claimed_from_pool: bool,
-    /// `auto` served a deep image from its layers because its composefs metadata image
-    /// is not built: the front-end builds it off this caller's path
-    /// ([`crate::lowers::composefs::auto::build_for`] the container's layers), for later creates.
-    pub build_metadata_image: bool,
-    /// What is left to do off the caller's path, in the order to start it.
+    /// What is left to do off the caller's path, in the order to start it: a refill, and
+    /// when `auto` served a deep image from its layers because its composefs metadata
+    /// image is not built, that build
+    /// ([`crate::lowers::composefs::auto::build_for`] the container's layers).
     pub follow_ups: Vec<FollowUp>,
 }
 
@@ -158,7 +157,7 @@ fn create_locked(
     let upper = crate::uppers::plan(
         store,
         &chain_ids,
-        choice.model,
+        choice.model.upper_backend(),
         options.disk_limit,
         options.disk_fs,
     )?;
@@ -238,7 +237,6 @@ fn create_locked(
         to_mount,
         reason: choice.reason,
         claimed_from_pool,
-        build_metadata_image: choice.build_metadata_image,
         follow_ups,
     })
 }

@@ -14,8 +14,8 @@ use lamina_store::{ContainerDirs, StoreError};
 use lamina_sys::{DiskFs, Mounter};
 
 use crate::RootfsError;
-use crate::model::Model;
 use crate::model::record::Container;
+use crate::model::strategy::UpperBackend;
 use isolated::{DiskLimit, UpperPlan};
 
 /// Unmounts everything beneath `dir` (deepest first), deletes a quota upper's subvolume
@@ -54,17 +54,16 @@ pub(crate) fn mount_again(
     isolated::remount(mounter, container.id(), dirs, &plan)
 }
 
-/// The upper filesystem `model` gives a container of `chain_ids`, sized by its disk limit;
-/// `None`: the upper is a directory on the store's filesystem.
+/// The upper filesystem of `backend` (a model's or a pool's: `None`, a directory on the
+/// store's filesystem) for a container of `chain_ids`, sized by its disk limit.
 pub(crate) fn plan(
     store: &Store,
     chain_ids: &[Digest],
-    model: Model,
+    backend: Option<UpperBackend>,
     disk_limit: Option<DiskLimit>,
     disk_fs: DiskFs,
 ) -> Result<Option<UpperPlan>, RootfsError> {
-    model
-        .upper_backend()
+    backend
         .map(|backend| isolated::plan_for(store, chain_ids, backend, disk_limit, disk_fs))
         .transpose()
 }

@@ -55,18 +55,13 @@ pub fn fill_for(
                 return Err(RootfsError::Refused(QUOTA_NOT_POOLED.into()));
             }
             let chain_ids = store.import(image)?;
-            let upper = flavour
-                .isolated
-                .map(|backend| {
-                    isolated::plan_for(
-                        store,
-                        &chain_ids,
-                        backend,
-                        request.disk_limit,
-                        request.disk_fs,
-                    )
-                })
-                .transpose()?;
+            let upper = crate::uppers::plan(
+                store,
+                &chain_ids,
+                flavour.isolated,
+                request.disk_limit,
+                request.disk_fs,
+            )?;
             PoolKind::overlays(&chain_ids, flavour, upper)
         }
         None => {
