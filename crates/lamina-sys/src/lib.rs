@@ -9,10 +9,11 @@
 //!   queries, the mount-API and idmapped-layer probes (with the user namespace they
 //!   make), loop-device listing and detaching, and btrfs subvolumes with qgroup limits
 //!   (create, delete, usage, "are quotas enabled"). [`RealMounter`] really does them.
-//! - [`HostFs`]: ownership and metadata a layer's files get (chown, device nodes and
-//!   whiteouts, xattrs including `trusted.*` and `security.capability`, and `lstat` to
-//!   read them back), the store's permission tightening, and the write, fsync and
-//!   syncfs of durable records, markers and layers. [`RealHost`] calls the kernel.
+//! - [`HostFs`]: ownership and metadata a layer's files get (chown, permission bits,
+//!   device nodes and whiteouts, xattrs including `trusted.*` and `security.capability`,
+//!   and `lstat` to read them back), the store's permission tightening, the write, fsync
+//!   and syncfs of durable records, markers and layers, and in-kernel copies of
+//!   composefs objects. [`RealHost`] calls the kernel.
 //!
 //! What does not, and why: plain file IO an unprivileged user can do on its own files
 //! (mkdir, rename, remove, open, read, timestamps, flock) stays
