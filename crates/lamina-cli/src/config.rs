@@ -35,6 +35,21 @@ pub struct Config {
     pub clean: CleanConfig,
     pub init: InitConfig,
     pub pool: PoolConfig,
+    pub daemon: DaemonConfig,
+}
+
+/// `lamina daemon`'s settings (the packaged /etc/lamina/config.yaml sets them).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct DaemonConfig {
+    /// As `--containerd-socket`: serve containerd's snapshots service there.
+    #[serde(deserialize_with = "empty_is_none")]
+    pub containerd_socket: Option<PathBuf>,
+    /// As `--snapshot-strategy`.
+    #[serde(deserialize_with = "empty_is_none")]
+    pub snapshot_strategy: Option<String>,
+    /// As `--interval-ms`.
+    pub interval_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -149,6 +164,19 @@ fn one_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_packaged_config_sets_the_daemon_up_for_containerd() {
+        let packaged = include_str!("../../../packaging/config.yaml");
+        let config: Config = serde_yaml_ng::from_str(packaged).unwrap();
+        assert_eq!(config.store, Some(PathBuf::from("/var/lib/lamina")));
+        assert_eq!(
+            config.daemon.containerd_socket,
+            Some(PathBuf::from("/run/lamina/snapshotter.sock"))
+        );
+        assert_eq!(config.daemon.snapshot_strategy.as_deref(), Some("auto"));
+        assert_eq!(config.daemon.interval_ms, None);
+    }
 
     #[test]
     fn grootfs_configs_parse_with_unknown_keys_ignored() {

@@ -33,14 +33,17 @@ pub enum ServeError {
 }
 
 /// Serves `snapshotter` on `socket` until `shutdown` completes, then removes the socket.
-/// A stale socket (its server died) is replaced; a live one is refused.
+/// A stale socket (its server died) is replaced; a live one is refused. `ready` runs once
+/// the socket accepts connections (a client connecting from then on is served).
 pub async fn serve(
     snapshotter: Snapshotter,
     socket: &Path,
+    ready: impl FnOnce(),
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let listener = listen(socket).await?;
     tracing::info!(socket = %socket.display(), store = %snapshotter.store().root().display(), "serving containerd snapshots");
+    ready();
     let served = Server::builder()
         .add_service(SnapshotsServer::new(Service::new(snapshotter)))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
@@ -94,7 +97,11 @@ pub async fn connect(socket: &Path) -> Result<SnapshotsClient<Channel>, tonic::t
 
 /// [`serve`] on a runtime of its own until SIGTERM or SIGINT: what `lamina daemon
 /// --containerd-socket` runs.
-pub fn serve_until_signalled(snapshotter: Snapshotter, socket: &Path) -> Result<(), ServeError> {
+pub fn serve_until_signalled(
+    snapshotter: Snapshotter,
+    socket: &Path,
+    ready: impl FnOnce(),
+) -> Result<(), ServeError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -102,7 +109,7 @@ pub fn serve_until_signalled(snapshotter: Snapshotter, socket: &Path) -> Result<
             path: socket.to_path_buf(),
             source,
         })?;
-    runtime.block_on(serve(snapshotter, socket, async {
+    runtime.block_on(serve(snapshotter, socket, ready, async {
         let Ok(mut term) =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         else {

@@ -8,10 +8,51 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::anyhow;
 use lamina_mount::Strategies;
 use lamina_snapshotter::Snapshotter;
 use lamina_store::Store;
-use lamina_sys::Mounter;
+use lamina_sys::{Mounter, RealMounter};
+
+use super::Ctx;
+
+/// `lamina daemon`'s flags; each unset one falls back to the config's `daemon:` section.
+#[derive(Debug)]
+pub struct Flags {
+    pub interval_ms: Option<u64>,
+    pub containerd_socket: Option<PathBuf>,
+    pub snapshot_strategy: Option<String>,
+}
+
+/// `lamina daemon`, as `lamina-daemon` runs it ([`super::DaemonMain`]).
+pub fn main(ctx: &Ctx, mounter: RealMounter, flags: Flags) -> anyhow::Result<()> {
+    let settings = &ctx.config.daemon;
+    let strategy = flags
+        .snapshot_strategy
+        .or(settings.snapshot_strategy.clone())
+        .unwrap_or_else(|| "auto".into());
+    let strategies =
+        Strategies::parse(&strategy).map_err(|why| anyhow!("--snapshot-strategy: {why}"))?;
+    let containerd = flags
+        .containerd_socket
+        .or(settings.containerd_socket.clone())
+        .map(|socket| Containerd { socket, strategies });
+    // Serving containerd makes the store if there is none yet, as create does.
+    let store = if containerd.is_some() {
+        Store::init(&ctx.store_path)?
+    } else {
+        Store::open(&ctx.store_path)?
+    }
+    .with_max_layer_bytes(ctx.max_layer_bytes)
+    .with_lock_timeout(ctx.lock_timeout);
+    let interval = flags.interval_ms.or(settings.interval_ms).unwrap_or(200);
+    run(
+        &store,
+        Arc::new(mounter),
+        Duration::from_millis(interval),
+        containerd,
+    )
+}
 
 /// Serving containerd, as the daemon's flags ask.
 #[derive(Debug)]
@@ -31,13 +72,26 @@ pub fn run(
 ) -> anyhow::Result<()> {
     tracing::info!(store = %store.root().display(), "daemon started");
     let Some(containerd) = containerd else {
+        tell_systemd(&[sd_notify::NotifyState::Ready]);
         work_forever(store, mounter.as_ref(), interval);
     };
     let snapshotter = Snapshotter::open(store.clone(), mounter.clone(), containerd.strategies)?;
     let background_store = store.clone();
     std::thread::spawn(move || work_forever(&background_store, mounter.as_ref(), interval));
-    lamina_snapshotter::serve_until_signalled(snapshotter, &containerd.socket)?;
+    lamina_snapshotter::serve_until_signalled(snapshotter, &containerd.socket, || {
+        tell_systemd(&[sd_notify::NotifyState::Ready])
+    })?;
+    tell_systemd(&[sd_notify::NotifyState::Stopping]);
     Ok(())
+}
+
+/// Tells a `Type=notify` unit's manager the daemon's state (nothing without
+/// `NOTIFY_SOCKET`). A failure is logged, not fatal: systemd then times the start out,
+/// which says more than a daemon that refuses to serve.
+fn tell_systemd(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        tracing::warn!(error = %e, "telling systemd the daemon's state failed");
+    }
 }
 
 fn work_forever(store: &Store, mounter: &dyn Mounter, interval: Duration) -> ! {

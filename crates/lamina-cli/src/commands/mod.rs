@@ -2,7 +2,7 @@
 
 mod background;
 mod create;
-mod daemon;
+pub(crate) mod daemon;
 mod pool;
 mod stats;
 
@@ -17,13 +17,16 @@ use lamina_sys::RealMounter;
 use crate::config::Config;
 use crate::{Cli, Command, DEFAULT_STORE};
 
+/// Runs `lamina daemon`; only `lamina-daemon` links one in (`crate::Daemon`).
+pub(crate) type DaemonMain = fn(&Ctx, RealMounter, daemon::Flags) -> anyhow::Result<()>;
+
 /// A failure whose report the command already printed: exit 1 without another line.
 #[derive(Debug, thiserror::Error)]
 #[error("already reported")]
 pub struct AlreadyReported;
 
 /// What every command needs: merged settings and the store path.
-pub struct Ctx {
+pub(crate) struct Ctx {
     pub config: Config,
     pub store_path: PathBuf,
     pub log_file: Option<PathBuf>,
@@ -135,7 +138,7 @@ fn delete_store(ctx: &Ctx, mounter: &RealMounter) -> anyhow::Result<()> {
 /// Where per-registry TLS files are looked for when none is configured.
 const DEFAULT_CERTS_DIR: &str = "/etc/lamina/certs.d";
 
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
     let Cli {
         globals: cli,
         command,
@@ -370,23 +373,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             containerd_socket,
             snapshot_strategy,
         } => {
-            let strategies = lamina_mount::Strategies::parse(&snapshot_strategy)
-                .map_err(|why| anyhow::anyhow!("--snapshot-strategy: {why}"))?;
-            let containerd =
-                containerd_socket.map(|socket| daemon::Containerd { socket, strategies });
-            // Serving containerd makes the store if there is none yet, as create does.
-            let store = if containerd.is_some() {
-                Store::init(&ctx.store_path)?
-            } else {
-                Store::open(&ctx.store_path)?
-            }
-            .with_max_layer_bytes(ctx.max_layer_bytes)
-            .with_lock_timeout(ctx.lock_timeout);
-            daemon::run(
-                &store,
-                std::sync::Arc::new(mounter),
-                std::time::Duration::from_millis(interval_ms),
-                containerd,
+            let main =
+                daemon_main.ok_or_else(|| anyhow!("daemon: this binary has no daemon built in"))?;
+            main(
+                &ctx,
+                mounter,
+                daemon::Flags {
+                    interval_ms,
+                    containerd_socket,
+                    snapshot_strategy,
+                },
             )?;
         }
         Command::Probe { refresh } => {
