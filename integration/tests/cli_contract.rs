@@ -13,7 +13,14 @@ fn create_prints_grootfs_runtime_spec_and_list_shows_it() {
     let fs = ScratchFs::tmpfs();
     let files = sample_image(&fs.path().join("image"));
     let lamina = Lamina::init(&fs.path().join("store"));
-    let out = lamina.run(&["create", &files.references()[0], "web-1"]);
+    // At info (the default is GrootFS's fatal), a create logs what it made.
+    let out = lamina.run(&[
+        "--log-level",
+        "info",
+        "create",
+        &files.references()[0],
+        "web-1",
+    ]);
     assert_eq!(out.stdout.lines().count(), 1, "{out:?}");
     let rootfs = lamina.rootfs("web-1");
     let expected = serde_json::json!({

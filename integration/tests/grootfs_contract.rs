@@ -95,6 +95,9 @@ fn grootfs_command_flags_are_accepted() {
     let clean_log = fs.path().join("clean.log");
     let rootfs = lamina.create_with(
         &[
+            // At info (the default is GrootFS's fatal) the clean says it finished.
+            "--log-level",
+            "info",
             "--with-mount",
             "--skip-layer-validation",
             "--insecure-registry",

@@ -455,7 +455,7 @@ fn progress_is_bars_on_a_terminal_and_log_lines_otherwise() {
     };
 
     let piped = Lamina::init(&fs.path().join("piped"));
-    let first = run(&piped, &registry, &["pull", &image]);
+    let first = run(&piped, &registry, &["--log-level", "info", "pull", &image]);
     assert_eq!(first.json()["layers"], 2);
     let mut fetched = log_lines(&first, "fetching layer");
     fetched.sort();
@@ -464,7 +464,7 @@ fn progress_is_bars_on_a_terminal_and_log_lines_otherwise() {
         !first.stderr.contains('\u{1b}'),
         "no terminal codes in a pipe"
     );
-    let second = run(&piped, &registry, &["pull", &image]);
+    let second = run(&piped, &registry, &["--log-level", "info", "pull", &image]);
     assert_eq!(second.json()["layers"], 2);
     assert!(log_lines(&second, "fetching layer").is_empty());
     let mut present = log_lines(&second, "layer already in the store");

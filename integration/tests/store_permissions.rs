@@ -111,7 +111,7 @@ fn a_store_left_open_is_tightened_by_the_next_command() {
     }
     assert!(nobody_reaches(&lamina.store.join("layers/.")));
 
-    let out = lamina.run(&["list"]);
+    let out = lamina.run(&["--log-level", "warn", "list"]);
     assert_eq!(out.code, 0, "{out:?}");
     for dir in ["", "layers", "images", "trash"] {
         let path = lamina.store.join(dir);

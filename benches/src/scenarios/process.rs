@@ -64,6 +64,8 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             "create p50: this build / baseline",
             "delete p50: this build / baseline",
             "create / delete vs baseline",
+            "page faults create / delete p50: this build / baseline",
+            "binary bytes: this build / baseline",
         ],
     );
     for &kind in &ctx.filesystems {
@@ -102,6 +104,8 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             let mut floor_deletes = Samples::new();
             let mut baseline_creates = Samples::new();
             let mut baseline_deletes = Samples::new();
+            // Minor page faults per call: what a process touches of its binary and heap.
+            let mut faults: [Vec<u64>; 4] = Default::default();
             for i in 0..calls {
                 spawns.push(spawn_true());
                 // With a baseline, every other round runs it first: what one call leaves
@@ -122,11 +126,15 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                     (this(), baseline())
                 };
                 let (c, d) = this_times.expect("this build's round");
-                creates.push(c);
-                deletes.push(d);
+                creates.push(c.time);
+                deletes.push(d.time);
+                faults[0].push(c.faults);
+                faults[1].push(d.faults);
                 if let Some((c, d)) = baseline_times {
-                    baseline_creates.push(c);
-                    baseline_deletes.push(d);
+                    baseline_creates.push(c.time);
+                    baseline_deletes.push(d.time);
+                    faults[2].push(c.faults);
+                    faults[3].push(d.faults);
                 }
                 let (create, delete) = floor.once();
                 floor_creates.push(create);
@@ -171,6 +179,18 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                         crate::stats::ratio(c.p50, bc.p50),
                         crate::stats::ratio(d.p50, bd.p50)
                     ),
+                    format!(
+                        "{} / {} — {} / {}",
+                        median(&mut faults[0]),
+                        median(&mut faults[1]),
+                        median(&mut faults[2]),
+                        median(&mut faults[3])
+                    ),
+                    format!(
+                        "{} / {}",
+                        file_bytes(&this_bin),
+                        baseline_bin.as_deref().map_or(0, file_bytes)
+                    ),
                 ]);
             }
         }
@@ -188,24 +208,63 @@ fn installed(from: &std::path::Path, to: &std::path::Path) -> std::path::PathBuf
     to.to_path_buf()
 }
 
+/// One call's wall time and the minor page faults its process took.
+struct Call {
+    time: Duration,
+    faults: u64,
+}
+
 /// One call of the binary at `bin` on `store`, spawned and timed as [`Lamina::run`]'s
 /// are (stdout and stderr captured); it must succeed.
-fn timed(bin: &std::path::Path, store: &std::path::Path, command: &str, args: &[&str]) -> Duration {
+fn timed(bin: &std::path::Path, store: &std::path::Path, command: &str, args: &[&str]) -> Call {
+    use std::process::Stdio;
     let t = Instant::now();
-    let out = Command::new(bin)
+    let child = Command::new(bin)
         .arg("--store")
         .arg(store)
         .arg(command)
         .args(args)
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
-    let elapsed = t.elapsed();
+    // Waited for but not reaped, so its /proc entry still holds its counts. Its output
+    // (a line or two) fits in the pipes meanwhile.
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::waitid(
+        rustix::process::WaitId::Pid(pid),
+        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+    )
+    .expect("waitid");
+    let time = t.elapsed();
+    let faults = minor_faults(child.id());
+    let out = child.wait_with_output().expect("reaping the call");
     assert!(
         out.status.success(),
         "{} {command} {args:?}: {out:?}",
         bin.display()
     );
-    elapsed
+    Call { time, faults }
+}
+
+/// `minflt` of an exited, unreaped process (proc(5): the 10th field of its stat).
+fn minor_faults(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).expect("the call's stat");
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    after_name
+        .split_whitespace()
+        .nth(7)
+        .and_then(|field| field.parse().ok())
+        .expect("minflt in stat")
+}
+
+fn median(values: &mut [u64]) -> u64 {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or(0)
+}
+
+fn file_bytes(path: &std::path::Path) -> u64 {
+    fs::metadata(path).map_or(0, |m| m.len())
 }
 
 /// `/bin/true`, spawned as [`Lamina::run`] spawns lamina.

@@ -67,7 +67,7 @@ pub struct Globals {
     /// YAML config file (GrootFS keys; unknown keys ignored; flags win)
     #[arg(long, global = true)]
     config: Option<PathBuf>,
-    /// fatal (GrootFS's default; as error here), error, warn, info, debug or trace [default: info]
+    /// fatal (GrootFS's default, and lamina's but for the daemon's info; as error here), error, warn, info, debug or trace [default: fatal; info for daemon]
     #[arg(long, global = true)]
     log_level: Option<String>,
     /// Append logs to this file instead of stderr

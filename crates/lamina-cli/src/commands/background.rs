@@ -10,10 +10,19 @@ use std::process::{Command, Stdio};
 
 use lamina_store::Store;
 
-/// Starts `lamina --store STORE ARGS...` detached. Failure to start is logged, not
+/// Where background work logs (`run/background.log` without a file) and at what level.
+#[derive(Debug, Clone, Copy)]
+pub struct Log<'a> {
+    pub file: Option<&'a Path>,
+    pub level: &'a str,
+}
+
+/// Starts `lamina --store STORE ARGS...` detached, logging as `log` says. Failure to start is logged, not
 /// fatal: `lamina clean` (or the next start) finishes the work.
-pub fn spawn(store: &Store, log_file: Option<&Path>, args: &[&str]) {
-    let log = log_file
+pub fn spawn(store: &Store, log: Log<'_>, args: &[&str]) {
+    let level = log.level;
+    let log = log
+        .file
         .map(Path::to_path_buf)
         .unwrap_or_else(|| store.layout().run().join("background.log"));
     let exe = match std::env::current_exe() {
@@ -28,6 +37,8 @@ pub fn spawn(store: &Store, log_file: Option<&Path>, args: &[&str]) {
         .arg(store.root())
         .arg("--log-file")
         .arg(&log)
+        .arg("--log-level")
+        .arg(level)
         // The child waits for locks no longer than its parent was told to.
         .arg("--lock-timeout-seconds")
         .arg(store.lock_timeout().as_secs().max(1).to_string())
@@ -46,9 +57,9 @@ pub fn spawn(store: &Store, log_file: Option<&Path>, args: &[&str]) {
 
 /// Every start: if a crash (or a reaper that could not finish) left containers in
 /// `trash/` and no reaper is running, start one.
-pub fn finish_crashed_deletes(store: &Store, log_file: Option<&Path>) {
+pub fn finish_crashed_deletes(store: &Store, log: Log<'_>) {
     let pending = store.trash_entries().is_ok_and(|t| !t.is_empty());
     if pending && store.try_lock("reaper").is_ok_and(|l| l.is_some()) {
-        spawn(store, log_file, &["reap"]);
+        spawn(store, log, &["reap"]);
     }
 }

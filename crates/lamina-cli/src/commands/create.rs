@@ -64,7 +64,10 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
             .or(ctx.config.clean.threshold_bytes)
             .unwrap_or(0)
             .to_string();
-        let log = args.clean_log_file.as_deref().or(ctx.log_file.as_deref());
+        let log = super::background::Log {
+            file: args.clean_log_file.as_deref().or(ctx.log_file.as_deref()),
+            ..ctx.background_log()
+        };
         super::background::spawn(&store, log, &["clean", "--threshold-bytes", &threshold]);
     }
 

@@ -30,6 +30,8 @@ pub(crate) struct Ctx {
     pub config: Config,
     pub store_path: PathBuf,
     pub log_file: Option<PathBuf>,
+    /// This command's log level, which the work it starts in the background logs at too.
+    pub log_level: String,
     /// Per-layer cap on uncompressed bytes for every import this command runs.
     pub max_layer_bytes: u64,
     /// How docker:// images are fetched.
@@ -47,7 +49,7 @@ impl Ctx {
             .open_bare_store()?
             .with_max_layer_bytes(self.max_layer_bytes)
             .with_import_progress(self.progress.clone());
-        background::finish_crashed_deletes(&store, self.log_file.as_deref());
+        background::finish_crashed_deletes(&store, self.background_log());
         Ok(store)
     }
 
@@ -58,7 +60,15 @@ impl Ctx {
     }
 
     pub fn spawn(&self, store: &Store, args: &[&str]) {
-        background::spawn(store, self.log_file.as_deref(), args);
+        background::spawn(store, self.background_log(), args);
+    }
+
+    /// Where and at what level work this command starts in the background logs.
+    pub fn background_log(&self) -> background::Log<'_> {
+        background::Log {
+            file: self.log_file.as_deref(),
+            level: &self.log_level,
+        }
     }
 }
 
@@ -151,7 +161,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
     let level = cli
         .log_level
         .or(config.log_level.clone())
-        .unwrap_or_else(|| "info".into());
+        .unwrap_or_else(|| default_log_level(&command).into());
     let log_file = cli.log_file.or(config.log_file.clone());
     let bars = crate::progress::Bars::on_terminal();
     let format = crate::logging::Format::named(
@@ -222,6 +232,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
         config,
         store_path,
         log_file,
+        log_level: level,
         max_layer_bytes,
         pull,
         progress,
@@ -444,6 +455,15 @@ fn delete(ctx: &Ctx, mounter: &RealMounter, id_or_path: &str) -> anyhow::Result<
 }
 
 /// One line on stdout naming what the caller gave, its control characters escaped.
+/// GrootFS's default, `fatal`, for the commands Garden and operators run per call (their
+/// failures reach stdout regardless); `info` for the daemon, whose log is all it says.
+fn default_log_level(command: &Command) -> &'static str {
+    match command {
+        Command::Daemon { .. } => "info",
+        _ => "fatal",
+    }
+}
+
 fn say(line: &str) {
     println!("{}", crate::output::error_line(line));
 }
