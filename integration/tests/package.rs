@@ -211,6 +211,11 @@ fn package_installs_runs_as_its_unit_and_purges_clean() {
         String::from_utf8_lossy(&dump.stdout).contains("[proxy_plugins.lamina]"),
         "containerd does not read the packaged snippet"
     );
+    let v2 = std::fs::read_to_string("/usr/share/doc/lamina/containerd/config-2.x.toml").unwrap();
+    assert!(
+        v2.contains("platform = \"linux/") && !v2.contains('@'),
+        "the 2.x snippet names this machine's platform: {v2}"
+    );
 
     let store = fs.path().join("store");
     let socket = fs.path().join("run/snapshotter.sock");
