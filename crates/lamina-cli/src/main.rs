@@ -201,6 +201,9 @@ enum Command {
         /// Strategies for snapshots without a containerd.io/snapshot/lamina.strategy label
         #[arg(long, default_value = "auto")]
         snapshot_strategy: String,
+        /// Serve Prometheus metrics at http://HOST:PORT/metrics (off unless given)
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_address: Option<String>,
     },
     /// Print what this kernel's overlay supports, as JSON (probed on the store's filesystem, cached per boot)
     Probe {

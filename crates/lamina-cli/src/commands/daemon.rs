@@ -22,18 +22,34 @@ pub struct Containerd {
 }
 
 /// Reaps deferred deletes as they arrive and refills pools, every `interval`; with
-/// `containerd`, also serves snapshots until SIGTERM or SIGINT.
+/// `containerd`, also serves snapshots until SIGTERM or SIGINT; with `metrics_address`,
+/// serves Prometheus metrics there.
 pub fn run(
     store: &Store,
     mounter: Arc<dyn Mounter>,
     interval: Duration,
     containerd: Option<Containerd>,
+    metrics_address: Option<&str>,
 ) -> anyhow::Result<()> {
+    // Bound first: a taken or malformed address fails the start, naming it, before any
+    // task runs or the socket is served.
+    let metrics = metrics_address
+        .map(lamina_snapshotter::metrics::bind)
+        .transpose()?;
     tracing::info!(store = %store.root().display(), "daemon started");
     let Some(containerd) = containerd else {
+        if let Some(listener) = metrics {
+            let exporter = lamina_snapshotter::metrics::Exporter::new(store.clone(), None);
+            lamina_snapshotter::metrics::spawn(listener, exporter)?;
+        }
         work_forever(store, mounter.as_ref(), interval);
     };
     let snapshotter = Snapshotter::open(store.clone(), mounter.clone(), containerd.strategies)?;
+    if let Some(listener) = metrics {
+        let exporter =
+            lamina_snapshotter::metrics::Exporter::new(store.clone(), Some(snapshotter.clone()));
+        lamina_snapshotter::metrics::spawn(listener, exporter)?;
+    }
     let background_store = store.clone();
     std::thread::spawn(move || work_forever(&background_store, mounter.as_ref(), interval));
     lamina_snapshotter::serve_until_signalled(snapshotter, &containerd.socket)?;

@@ -369,6 +369,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             interval_ms,
             containerd_socket,
             snapshot_strategy,
+            metrics_address,
         } => {
             let strategies = lamina_mount::Strategies::parse(&snapshot_strategy)
                 .map_err(|why| anyhow::anyhow!("--snapshot-strategy: {why}"))?;
@@ -387,6 +388,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 std::sync::Arc::new(mounter),
                 std::time::Duration::from_millis(interval_ms),
                 containerd,
+                metrics_address.as_deref(),
             )?;
         }
         Command::Probe { refresh } => {
