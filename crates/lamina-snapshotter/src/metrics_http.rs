@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use hyper::header::{ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::Semaphore;
 
 use crate::metrics::Exporter;
 
@@ -20,6 +21,9 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts scrapers for ever, one task per connection.
 pub(crate) async fn serve(listener: tokio::net::TcpListener, exporter: Arc<Exporter>) {
+    // One render at a time: scrapes that arrive together wait their turn without holding
+    // a blocking thread each, and the store is read by one of them at a time.
+    let turn = Arc::new(Semaphore::new(1));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -30,11 +34,11 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, exporter: Arc<Expor
                 continue;
             }
         };
-        let exporter = exporter.clone();
+        let (exporter, turn) = (exporter.clone(), turn.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
-                let exporter = exporter.clone();
-                async move { Ok::<_, Infallible>(answer(&exporter, request).await) }
+                let (exporter, turn) = (exporter.clone(), turn.clone());
+                async move { Ok::<_, Infallible>(answer(&exporter, &turn, request).await) }
             });
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -48,7 +52,11 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, exporter: Arc<Expor
     }
 }
 
-async fn answer(exporter: &Arc<Exporter>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer(
+    exporter: &Arc<Exporter>,
+    turn: &Semaphore,
+    request: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     if request.uri().path() != "/metrics" {
         return plain(StatusCode::NOT_FOUND, "only /metrics is served here\n");
     }
@@ -59,6 +67,7 @@ async fn answer(exporter: &Arc<Exporter>, request: Request<Incoming>) -> Respons
             .insert(ALLOW, hyper::header::HeaderValue::from_static("GET, HEAD"));
         return response;
     }
+    let _turn = turn.acquire().await;
     // Reading the store blocks (queries, readdirs, statfs): on the blocking pool.
     let exporter = exporter.clone();
     match tokio::task::spawn_blocking(move || exporter.render()).await {
