@@ -4,15 +4,15 @@
 //!
 //! Two sorts of number:
 //! - What the daemon did since it started — calls of the snapshots service and the layers
-//!   its commits imported — is counted as it happens ([`Activity`], atomics the service
-//!   and [`crate::observe`] bump).
+//!   its commits imported — is counted as it happens (`Activity`: atomics that commits
+//!   and the gRPC server's tower layer, `observe.rs`, bump).
 //! - What the store holds — snapshots, containers, pools, trash, bytes — is read from the
-//!   store when scraped ([`StoreCollector`]), never mirrored in memory, so a `lamina
+//!   store when scraped (`StoreCollector`), never mirrored in memory, so a `lamina
 //!   create`, `delete` or `clean` run beside the daemon shows too. Most are one query or
 //!   a readdir. Two cost a walk: the store's bytes (`du` of the whole store) and the
 //!   containers by kind (every container's record read), so each is measured off the
 //!   scrape, at most once per [`STORE_BYTES_MAX_AGE`] / [`CONTAINERS_MAX_AGE`], and a
-//!   scrape serves the last measurement ([`Measured`]): a scrape never waits on a walk
+//!   scrape serves the last measurement (`Measured`): a scrape never waits on a walk
 //!   that could take minutes on a large store, and scraping often walks no more.
 
 use std::net::TcpListener;
@@ -359,7 +359,10 @@ impl Collector for StoreCollector {
         gauge(
             &mut encoder,
             "containers",
-            "Containers in the store's images/, by who made them (containerd, garden) and their rootfs's provider; counted at most every 5 s.",
+            &format!(
+                "Containers in the store's images/, by who made them (containerd, garden) and their rootfs's provider; counted at most every {} s.",
+                CONTAINERS_MAX_AGE.as_secs()
+            ),
             None,
             self.containers(),
         )?;
@@ -370,7 +373,10 @@ impl Collector for StoreCollector {
         gauge(
             &mut encoder,
             "store",
-            "Bytes the store uses on its filesystem, as du -x counts them; measured at most every 60 s, off the scrape.",
+            &format!(
+                "Bytes the store uses on its filesystem, as du -x counts them; measured at most every {} s, off the scrape.",
+                STORE_BYTES_MAX_AGE.as_secs()
+            ),
             Some(Unit::Bytes),
             bytes.as_ref().map(|(b, _)| one(*b)),
         )?;
