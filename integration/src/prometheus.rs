@@ -361,6 +361,8 @@ pub fn scrape(address: &str) -> Exposition {
     let response = ureq::get(&url)
         .config()
         .http_status_as_error(false)
+        // A daemon that stops answering fails the test instead of hanging it.
+        .timeout_global(Some(std::time::Duration::from_secs(60)))
         .build()
         .call()
         .unwrap_or_else(|e| panic!("GET {url}: {e}"));
