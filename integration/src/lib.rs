@@ -7,6 +7,7 @@ pub mod hostile;
 pub mod hostile_registry;
 pub mod http;
 pub mod lamina;
+pub mod prometheus;
 pub mod proof;
 pub mod records;
 pub mod registry;

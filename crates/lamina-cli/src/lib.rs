@@ -209,6 +209,9 @@ enum Command {
         /// Strategies for snapshots without a containerd.io/snapshot/lamina.strategy label [default: `daemon.snapshot_strategy` in --config, else auto]
         #[arg(long)]
         snapshot_strategy: Option<String>,
+        /// Serve Prometheus metrics at http://HOST:PORT/metrics [default: `daemon.metrics_address` in --config, else off]
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_address: Option<String>,
     },
     /// Print what this kernel's overlay supports, as JSON (probed on the store's filesystem, cached per boot)
     Probe {

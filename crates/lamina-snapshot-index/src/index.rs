@@ -438,6 +438,29 @@ impl SnapshotIndex {
         )
     }
 
+    /// How many snapshots there are of each kind, every kind named (zero if none). One
+    /// aggregate query that decodes no row: the daemon's metrics ask on every scrape,
+    /// holding the connection the snapshots service shares.
+    pub fn count_by_kind(&self) -> Result<[(SnapshotKind, u64); 3], StoreError> {
+        let counted: Vec<(String, i64)> = self.collect(
+            "SELECT kind, COUNT(*) FROM snapshots GROUP BY kind",
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )?;
+        let mut counts = [
+            (SnapshotKind::Active, 0),
+            (SnapshotKind::Committed, 0),
+            (SnapshotKind::View, 0),
+        ];
+        for (kind, n) in counted {
+            let kind = SnapshotKind::parse(&kind)
+                .ok_or_else(|| self.bad(format!("a snapshot of unknown kind `{kind}`")))?;
+            if let Some(slot) = counts.iter_mut().find(|(k, _)| *k == kind) {
+                slot.1 = u64::try_from(n).unwrap_or(0);
+            }
+        }
+        Ok(counts)
+    }
+
     /// Containers that snapshots name.
     pub fn containers(&self) -> Result<HashSet<String>, StoreError> {
         self.collect(
@@ -689,6 +712,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::init(&dir.path().join("store")).unwrap();
         (dir, store)
+    }
+
+    #[test]
+    fn counts_by_kind_name_every_kind() {
+        let (_dir, store) = store();
+        let mut index = store.snapshots().unwrap();
+        let none = [
+            (SnapshotKind::Active, 0),
+            (SnapshotKind::Committed, 0),
+            (SnapshotKind::View, 0),
+        ];
+        assert_eq!(index.count_by_kind().unwrap(), none);
+        index
+            .insert("c", &record(SnapshotKind::Committed, None, Some("c")))
+            .unwrap();
+        index
+            .insert("a1", &record(SnapshotKind::Active, Some("c"), None))
+            .unwrap();
+        index
+            .insert("a2", &record(SnapshotKind::Active, Some("c"), None))
+            .unwrap();
+        assert_eq!(
+            index.count_by_kind().unwrap(),
+            [
+                (SnapshotKind::Active, 2),
+                (SnapshotKind::Committed, 1),
+                (SnapshotKind::View, 0),
+            ]
+        );
     }
 
     /// The one unsynced change leaves the connection syncing every later write, and a

@@ -85,7 +85,7 @@ impl Snapshotter {
         };
         let id = active.container.clone().unwrap_or_default();
         if !self.store.has_layer(&committing.layer) {
-            let publish = |upper: &lamina_mount::UpperToCommit| -> Result<(), SnapshotError> {
+            let publish = |upper: &lamina_mount::UpperToCommit| -> Result<bool, SnapshotError> {
                 if let Some(lowers) = &upper.metacopy_lowers {
                     let filled = complete_metacopies(&**self.store.host(), &upper.upper, lowers)
                         .map_err(|e| {
@@ -95,12 +95,21 @@ impl Snapshotter {
                         })?;
                     tracing::debug!(key, filled, "filled metadata-only copy-ups");
                 }
-                self.store
-                    .publish_layer_dir(&committing.layer, &upper.upper)?;
-                Ok(())
+                Ok(self
+                    .store
+                    .publish_layer_dir(&committing.layer, &upper.upper)?)
             };
-            lamina_mount::commit_upper(&self.store, self.mounter.as_ref(), &id, publish)??;
+            let published =
+                lamina_mount::commit_upper(&self.store, self.mounter.as_ref(), &id, publish)??;
             self.store.pause_point("commit-published");
+            if published {
+                // Its size was measured once, into its record, as it was published.
+                let bytes = self
+                    .store
+                    .layer_record(&committing.layer)
+                    .map_or(0, |r| r.size);
+                self.activity.imported(bytes);
+            }
         }
         let now = now_ns();
         let committed = SnapshotRecord {

@@ -4,7 +4,8 @@
 //! maps to the mounts containerd receives.
 //!
 //! [`Snapshotter`] holds the semantics and knows nothing of gRPC; [`Service`] adapts it;
-//! [`serve`] puts it on a unix socket.
+//! [`serve`] puts it on a unix socket; [`metrics`] shows what it and the store are doing
+//! to Prometheus.
 
 mod commit;
 mod complete;
@@ -13,6 +14,9 @@ mod filters;
 mod idmap_labels;
 mod info;
 mod metacopy_origin;
+pub mod metrics;
+mod metrics_http;
+mod observe;
 mod rebuild;
 mod serve;
 mod service;

@@ -10,6 +10,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 
+use crate::observe::ObserveLayer;
 use crate::proto::containerd::services::snapshots::v1::snapshots_client::SnapshotsClient;
 use crate::proto::containerd::services::snapshots::v1::snapshots_server::SnapshotsServer;
 use crate::{Service, Snapshotter};
@@ -21,6 +22,12 @@ pub enum ServeError {
     #[error("socket {}: {source}", path.display())]
     Socket {
         path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("metrics address {address}: {source}")]
+    Metrics {
+        address: String,
         #[source]
         source: std::io::Error,
     },
@@ -45,6 +52,7 @@ pub async fn serve(
     tracing::info!(socket = %socket.display(), store = %snapshotter.store().root().display(), "serving containerd snapshots");
     ready();
     let served = Server::builder()
+        .layer(ObserveLayer::new(snapshotter.activity.clone()))
         .add_service(SnapshotsServer::new(Service::new(snapshotter)))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await;

@@ -75,6 +75,8 @@ pub struct Snapshotter {
     /// One connection, shared by the server's threads; each use holds it for one query
     /// or one transaction, so reads are not held up behind a slow Prepare.
     index: Arc<Mutex<SnapshotIndex>>,
+    /// What it did since it was opened, for the daemon's metrics.
+    pub(crate) activity: crate::metrics::Activity,
 }
 
 impl Snapshotter {
@@ -106,6 +108,7 @@ impl Snapshotter {
             mounter,
             default_strategies,
             index,
+            activity: Default::default(),
         };
         snapshotter.recover()?;
         Ok(snapshotter)

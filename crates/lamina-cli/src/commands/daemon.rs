@@ -22,6 +22,7 @@ pub struct Flags {
     pub interval_ms: Option<u64>,
     pub containerd_socket: Option<PathBuf>,
     pub snapshot_strategy: Option<String>,
+    pub metrics_address: Option<String>,
 }
 
 /// `lamina daemon`, as `lamina-daemon` runs it ([`super::DaemonMain`]).
@@ -46,11 +47,13 @@ pub fn main(ctx: &Ctx, mounter: RealMounter, flags: Flags) -> anyhow::Result<()>
     .with_max_layer_bytes(ctx.max_layer_bytes)
     .with_lock_timeout(ctx.lock_timeout);
     let interval = flags.interval_ms.or(settings.interval_ms).unwrap_or(200);
+    let metrics_address = flags.metrics_address.or(settings.metrics_address.clone());
     run(
         &store,
         Arc::new(mounter),
         Duration::from_millis(interval),
         containerd,
+        metrics_address.as_deref(),
     )
 }
 
@@ -63,19 +66,35 @@ pub struct Containerd {
 }
 
 /// Reaps deferred deletes as they arrive and refills pools, every `interval`; with
-/// `containerd`, also serves snapshots until SIGTERM or SIGINT.
+/// `containerd`, also serves snapshots until SIGTERM or SIGINT; with `metrics_address`,
+/// serves Prometheus metrics there.
 pub fn run(
     store: &Store,
     mounter: Arc<dyn Mounter>,
     interval: Duration,
     containerd: Option<Containerd>,
+    metrics_address: Option<&str>,
 ) -> anyhow::Result<()> {
+    // Bound first: a taken or malformed address fails the start, naming it, before any
+    // task runs or the socket is served.
+    let metrics = metrics_address
+        .map(lamina_snapshotter::metrics::bind)
+        .transpose()?;
     tracing::info!(store = %store.root().display(), "daemon started");
     let Some(containerd) = containerd else {
+        if let Some(listener) = metrics {
+            let exporter = lamina_snapshotter::metrics::Exporter::new(store.clone(), None);
+            lamina_snapshotter::metrics::spawn(listener, exporter)?;
+        }
         tell_systemd(&[sd_notify::NotifyState::Ready]);
         work_forever(store, mounter.as_ref(), interval);
     };
     let snapshotter = Snapshotter::open(store.clone(), mounter.clone(), containerd.strategies)?;
+    if let Some(listener) = metrics {
+        let exporter =
+            lamina_snapshotter::metrics::Exporter::new(store.clone(), Some(snapshotter.clone()));
+        lamina_snapshotter::metrics::spawn(listener, exporter)?;
+    }
     let background_store = store.clone();
     std::thread::spawn(move || work_forever(&background_store, mounter.as_ref(), interval));
     lamina_snapshotter::serve_until_signalled(snapshotter, &containerd.socket, || {

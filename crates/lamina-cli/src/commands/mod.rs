@@ -383,6 +383,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
             interval_ms,
             containerd_socket,
             snapshot_strategy,
+            metrics_address,
         } => {
             let main =
                 daemon_main.ok_or_else(|| anyhow!("daemon: this binary has no daemon built in"))?;
@@ -393,6 +394,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
                     interval_ms,
                     containerd_socket,
                     snapshot_strategy,
+                    metrics_address,
                 },
             )?;
         }

@@ -137,6 +137,41 @@ pub fn ready(store: &Store, kind: &PoolKind) -> bool {
         .is_some_and(|name| unsorted_slots(&pool_dir(store, &name)).next().is_some())
 }
 
+/// One pool as it stands, for the daemon's metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Depth {
+    /// Its directory under `pool/`: the image's top chain ID and the flavour, or
+    /// `upper-…` for bare upper filesystems.
+    pub name: String,
+    /// The top layer of the image its slots are overlays of, as its target names it;
+    /// none for bare upper filesystems (or a pool without a readable target).
+    pub image: Option<Digest>,
+    /// Its slots: ready, being claimed, or unmounted by a reboot (until `clean` removes
+    /// them), as `fill` counts them.
+    pub slots: usize,
+    /// The size its target asks refills to restore, if it has one.
+    pub target: Option<usize>,
+}
+
+/// Every pool, sorted by name: a readdir of `pool/` and one of each pool, and each
+/// target read. Nothing is locked or mounted, so a pool being filled or claimed from
+/// shows as it was a moment ago.
+pub fn depths(store: &Store) -> Vec<Depth> {
+    slots(&store.layout().pool())
+        .into_iter()
+        .filter_map(|dir| {
+            let name = dir.file_name()?.to_str()?.to_string();
+            let target = read_target(&dir.with_extension("target"));
+            Some(Depth {
+                image: target.as_ref().and_then(|t| t.layers.last().cloned()),
+                target: target.map(|t| t.size),
+                slots: unsorted_slots(&dir).count(),
+                name,
+            })
+        })
+        .collect()
+}
+
 /// Mounts slots until the pool holds `size` of them. Layers must be imported. `size` is
 /// remembered as the pool's target; `None` (a refill after a claim) restores it.
 pub fn fill(
