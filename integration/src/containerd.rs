@@ -1,38 +1,67 @@
-//! A real containerd (Debian's package) of the test's own: its config, root, state and
-//! socket all under one directory, lamina registered as a proxy snapshotter, the CRI
-//! plugin off. Stopped (SIGTERM) on drop.
+//! A real containerd of the test's own — Debian's 1.6, or the 2.x that scripts/containerd2
+//! builds — its config, root, state and socket all under one directory, lamina registered
+//! as a proxy snapshotter, the CRI plugin off. Stopped (SIGTERM) on drop.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use crate::Output;
 
-#[derive(Debug)]
-pub struct Containerd {
-    pub dir: PathBuf,
-    pub socket: PathBuf,
-    child: Child,
+/// Where scripts/test puts the directory of scripts/containerd2's build.
+pub const CONTAINERD2_ENV: &str = "LAMINA_CONTAINERD2_BIN";
+
+/// Which containerd a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// Debian's package (1.6): `containerd`, `ctr`, the shim and runc 1.1 from `PATH`.
+    Debian,
+    /// containerd 2.4 with its shim, ctr and runc 1.5, from scripts/containerd2's build.
+    V2,
 }
 
-impl Containerd {
-    /// Starts containerd under `dir` with `[proxy_plugins.lamina]` at `snapshotter`.
-    pub fn start(dir: &Path, snapshotter: &Path) -> Containerd {
-        Containerd::start_with(dir, &[("lamina", snapshotter)])
+impl Release {
+    /// A short name, for IDs that must not collide between releases running at once.
+    pub fn name(self) -> &'static str {
+        match self {
+            Release::Debian => "v1",
+            Release::V2 => "v2",
+        }
     }
 
-    /// Starts containerd under `dir` with a proxy snapshotter for each (name, socket).
-    pub fn start_with(dir: &Path, proxies: &[(&str, &Path)]) -> Containerd {
-        assert!(
-            Command::new("containerd").arg("--version").output().is_ok(),
-            "containerd is missing: install Debian's containerd (scripts/test does)"
-        );
-        std::fs::create_dir_all(dir).expect("containerd dir");
-        let socket = dir.join("containerd.sock");
-        let config = format!(
-            r#"version = 2
+    /// The directory of containerd 2.x's binaries, put first on containerd's `PATH` so its
+    /// shim and runc are found there.
+    fn bin_dir(self) -> Option<PathBuf> {
+        match self {
+            Release::Debian => None,
+            Release::V2 => Some(PathBuf::from(std::env::var_os(CONTAINERD2_ENV).unwrap_or_else(
+                || {
+                    panic!(
+                        "{CONTAINERD2_ENV} is unset: run `export {CONTAINERD2_ENV}=$(scripts/containerd2)` (scripts/test does)"
+                    )
+                },
+            ))),
+        }
+    }
+
+    fn program(self, name: &str) -> PathBuf {
+        self.bin_dir()
+            .map_or_else(|| PathBuf::from(name), |dir| dir.join(name))
+    }
+
+    /// The config file's text for this release.
+    fn config(self, dir: &Path, socket: &Path, proxies: &[(&str, &Path)]) -> String {
+        let (version, cri) = match self {
+            Release::Debian => (2, r#""io.containerd.grpc.v1.cri""#),
+            Release::V2 => (
+                3,
+                r#""io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime""#,
+            ),
+        };
+        let mut config = format!(
+            r#"version = {version}
 root = "{root}"
 state = "{state}"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
+disabled_plugins = [{cri}]
 
 [grpc]
   address = "{socket}"
@@ -41,22 +70,76 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
   address = "{socket}.ttrpc"
 
 [proxy_plugins]
-{proxies}"#,
+"#,
             root = dir.join("root").display(),
             state = dir.join("state").display(),
             socket = socket.display(),
-            proxies = proxies
-                .iter()
-                .map(|(name, address)| format!(
-                    "  [proxy_plugins.{name}]\n    type = \"snapshot\"\n    address = \"{}\"\n",
-                    address.display()
-                ))
-                .collect::<String>(),
         );
+        for (name, address) in proxies {
+            config.push_str(&format!(
+                "  [proxy_plugins.{name}]\n    type = \"snapshot\"\n    address = \"{}\"\n",
+                address.display()
+            ));
+        }
+        if self == Release::V2 {
+            // 2.x's transfer service (what `ctr images import` uses) unpacks only for the
+            // snapshotters listed with a platform.
+            let arch = match std::env::consts::ARCH {
+                "x86_64" => "amd64",
+                "aarch64" => "arm64",
+                other => other,
+            };
+            for (name, _) in proxies {
+                config.push_str(&format!(
+                    "\n[[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]\n  platform = \"linux/{arch}\"\n  snapshotter = \"{name}\"\n"
+                ));
+            }
+        }
+        config
+    }
+}
+
+#[derive(Debug)]
+pub struct Containerd {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub release: Release,
+    child: Child,
+}
+
+impl Containerd {
+    /// Starts Debian's containerd under `dir` with `[proxy_plugins.lamina]` at `snapshotter`.
+    pub fn start(dir: &Path, snapshotter: &Path) -> Containerd {
+        Containerd::start_with(dir, &[("lamina", snapshotter)])
+    }
+
+    /// Starts Debian's containerd under `dir` with a proxy snapshotter for each (name, socket).
+    pub fn start_with(dir: &Path, proxies: &[(&str, &Path)]) -> Containerd {
+        Containerd::start_release(Release::Debian, dir, proxies)
+    }
+
+    /// Starts `release` under `dir` with a proxy snapshotter for each (name, socket).
+    pub fn start_release(release: Release, dir: &Path, proxies: &[(&str, &Path)]) -> Containerd {
+        let containerd = release.program("containerd");
+        assert!(
+            Command::new(&containerd).arg("--version").output().is_ok(),
+            "{} is missing: install Debian's containerd, or build 2.x with scripts/containerd2 (scripts/test does both)",
+            containerd.display()
+        );
+        std::fs::create_dir_all(dir).expect("containerd dir");
+        let socket = dir.join("containerd.sock");
         let config_path = dir.join("config.toml");
-        std::fs::write(&config_path, config).expect("containerd config");
+        std::fs::write(&config_path, release.config(dir, &socket, proxies))
+            .expect("containerd config");
         let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd log");
-        let child = Command::new("containerd")
+        let mut command = Command::new(&containerd);
+        if let Some(bin) = release.bin_dir() {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let mut dirs = vec![bin];
+            dirs.extend(std::env::split_paths(&path));
+            command.env("PATH", std::env::join_paths(dirs).expect("PATH"));
+        }
+        let child = command
             .arg("--config")
             .arg(&config_path)
             .stdout(Stdio::null())
@@ -66,6 +149,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         let containerd = Containerd {
             dir: dir.to_path_buf(),
             socket,
+            release,
             child,
         };
         crate::wait_until("containerd to answer", || {
@@ -79,11 +163,17 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         self.child.id()
     }
 
+    /// `ctr --address <socket>` of this release, to add arguments to.
+    pub fn ctr_command(&self) -> Command {
+        let mut command = Command::new(self.release.program("ctr"));
+        command.arg("--address").arg(&self.socket);
+        command
+    }
+
     /// `ctr --address <socket> ARGS...`.
     pub fn ctr(&self, args: &[&str]) -> Output {
-        let out = Command::new("ctr")
-            .arg("--address")
-            .arg(&self.socket)
+        let out = self
+            .ctr_command()
             .args(args)
             .stdin(Stdio::null())
             .output()

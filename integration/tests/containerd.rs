@@ -1,5 +1,6 @@
-//! The real containerd (Debian's package) running containers on lamina as its proxy
-//! snapshotter: `ctr images import` and `ctr run --snapshotter lamina`, two containers at
+//! The real containerd running containers on lamina as its proxy snapshotter —
+//! Debian's 1.6, and for the lifecycle also the 2.4 scripts/containerd2 builds (with its
+//! runc 1.5): `ctr images import` and `ctr run --snapshotter lamina`, two containers at
 //! once, the snapshotter killed and restarted while a container runs, and everything
 //! removed with nothing left mounted.
 
@@ -7,9 +8,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-use lamina_integration::containerd::Containerd;
+use lamina_integration::containerd::{Containerd, Release};
 use lamina_integration::proof::{EXPECTED as MERGED, SCRIPT as PROOF};
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::snapshotter::Daemon;
@@ -73,14 +74,29 @@ fn import(ctd: &Containerd, name: &str, archive: &std::path::Path) {
 }
 
 #[test]
-fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
+fn containerd_1_6_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
+    containers_through_a_restart(Release::Debian);
+}
+
+#[test]
+fn containerd_2_4_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
+    containers_through_a_restart(Release::V2);
+}
+
+fn containers_through_a_restart(release: Release) {
     require_root();
     // Dropped last to first: containerd, the snapshotter, then the filesystem.
     let fs = ScratchFs::ext4(1024);
     let files = sample_image(&fs.path().join("image"));
     let store = fs.path().join("store");
     let mut daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
-    let ctd = Containerd::start(&fs.path().join("containerd"), &daemon.socket);
+    let ctd = Containerd::start_release(
+        release,
+        &fs.path().join("containerd"),
+        &[("lamina", daemon.socket.as_path())],
+    );
+    // runc's state of every containerd here is in one place: IDs differ by release.
+    let id = |name: &str| format!("{}-{name}", release.name());
 
     import(&ctd, "docker.io/lamina/sample", &files.oci_archive);
     // Each image layer was committed into the store as a lamina layer, named by chain ID.
@@ -89,25 +105,24 @@ fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
     assert_eq!(snapshots.matches("Committed").count(), 2, "{snapshots}");
 
     // The merged image: top-layer files, whiteouts and opaque dirs honoured.
-    let out = run_on_lamina(&ctd, "proof", PROOF);
+    let out = run_on_lamina(&ctd, &id("proof"), PROOF);
     assert_eq!(out, MERGED);
 
     // Two containers at once, each seeing only its own writes.
-    let runs: Vec<_> = ["left", "right"]
+    let names = [id("left"), id("right")];
+    let runs: Vec<_> = names
         .iter()
         .map(|id| {
             let script =
                 format!("echo {id} > /mine; sleep 1; cat /mine; test ! -e /theirs && echo alone");
-            Command::new("ctr")
-                .arg("--address")
-                .arg(&ctd.socket)
+            ctd.ctr_command()
                 .args(run_args(id, &script))
                 .stdin(Stdio::null())
                 .output()
                 .expect("ctr run")
         })
         .collect();
-    for (id, out) in ["left", "right"].iter().zip(runs) {
+    for (id, out) in names.iter().zip(runs) {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{id}: {out:?}");
         assert_eq!(stdout, format!("{id}\nalone\n"), "{id}");
@@ -115,13 +130,14 @@ fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
 
     // A running container survives the snapshotter being killed and restarted, and is
     // torn down through the new one.
+    let long = id("long");
     ctd.ctr_ok(&[
         "run",
         "-d",
         "--snapshotter",
         "lamina",
         IMAGE,
-        "long",
+        &long,
         "sh",
         "-c",
         "echo before > /marker; sleep 300",
@@ -139,17 +155,17 @@ fn ctr_runs_containers_on_lamina_through_a_restart_and_leaves_nothing() {
         "exec",
         "--exec-id",
         "check",
-        "long",
+        &long,
         "cat",
         "/marker",
     ]);
     assert_eq!(out, "before\n");
-    ctd.ctr_ok(&["task", "kill", "--signal", "SIGKILL", "long"]);
+    ctd.ctr_ok(&["task", "kill", "--signal", "SIGKILL", &long]);
     wait_until("the long container to stop", || {
-        ctd.ctr(&["task", "delete", "long"]).code == 0
+        ctd.ctr(&["task", "delete", &long]).code == 0
     });
-    ctd.ctr_ok(&["containers", "delete", "long"]);
-    let out = run_on_lamina(&ctd, "after", PROOF);
+    ctd.ctr_ok(&["containers", "delete", &long]);
+    let out = run_on_lamina(&ctd, &id("after"), PROOF);
     assert_eq!(out, MERGED, "containers run after the restart");
 
     // Removing the image lets containerd's GC remove every snapshot; its Cleanup call
