@@ -1,6 +1,7 @@
 //! The Debian package (scripts/package), built from this build's binaries: installed with
 //! dpkg, its unit checked by systemd-analyze, its daemon started as the unit starts it
-//! (`Type=notify`: READY=1 once the snapshotter socket accepts), stopped and started again
+//! (`Type=notify`: READY=1 once the snapshotter socket accepts) and running a container
+//! for containerd (`ctr run`), stopped and started again
 //! with the store's mounts intact, and purged with nothing of it left.
 //!
 //! It installs into the host's /usr, /lib and /etc, so it refuses to run where a lamina
@@ -13,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lamina_integration::containerd::Containerd;
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::{ScratchFs, require_root, sample_image};
 
@@ -230,6 +232,34 @@ fn package_installs_runs_as_its_unit_and_purges_clean() {
     let rootfs = store.join("images/kept/rootfs");
     let mounted = || mounts_under(&store).contains(&rootfs);
     assert!(mounted());
+
+    // containerd with lamina as its proxy snapshotter, as the packaged snippet registers
+    // it, runs a container on the service.
+    {
+        let ctd = Containerd::start(&fs.path().join("containerd"), &socket);
+        ctd.ctr_ok(&[
+            "images",
+            "import",
+            "--snapshotter",
+            "lamina",
+            "--base-name",
+            "docker.io/lamina/sample",
+            image.oci_archive.to_str().unwrap(),
+        ]);
+        let out = ctd.ctr_ok(&[
+            "run",
+            "--rm",
+            "--snapshotter",
+            "lamina",
+            "docker.io/lamina/sample:latest",
+            "package-test",
+            "sh",
+            "-c",
+            "echo hi from the package",
+        ]);
+        assert_eq!(out, "hi from the package\n");
+        ctd.ctr_ok(&["images", "rm", "--sync", "docker.io/lamina/sample:latest"]);
+    }
 
     service.stop();
     assert!(mounted(), "a stopped service keeps the store's mounts");
