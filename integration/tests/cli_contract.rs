@@ -1,6 +1,8 @@
 //! The CLI surface Garden and operators' scripts rely on: output shapes, one-line errors
 //! on stdout, exit codes, config and logs.
 
+#![allow(clippy::unwrap_used)]
+
 use std::process::Command;
 
 use lamina_integration::lamina::run_raw;
@@ -295,4 +297,64 @@ fn version_names_the_commit_it_was_built_from() {
             "{line} (HEAD {head})"
         );
     }
+}
+
+/// `lamina daemon` execs `lamina-daemon` from `lamina`'s own directory, and only one that
+/// no one but root (or lamina's owner) could have put there.
+#[test]
+fn daemon_runs_only_a_trusted_lamina_daemon_beside_lamina() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let dir = fs.path().join("bin");
+    std::fs::create_dir(&dir).unwrap();
+    let lamina = dir.join("lamina");
+    std::fs::copy(lamina_integration::lamina::binary(), &lamina).unwrap();
+    let daemon = |dir_mode: u32| {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(dir_mode)).unwrap();
+        let out = Command::new(&lamina)
+            .args([
+                "--store",
+                fs.path().join("store").to_str().unwrap(),
+                "daemon",
+            ])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+
+    let (code, stdout) = daemon(0o755);
+    assert_eq!(code, Some(1));
+    assert!(
+        stdout.contains("lamina-daemon is not installed beside this lamina"),
+        "{stdout}"
+    );
+
+    // A directory anyone may add files to, as a shared sticky directory is.
+    let planted = dir.join("lamina-daemon");
+    std::fs::write(&planted, "#!/bin/sh\necho planted\n").unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, stdout) = daemon(0o1777);
+    assert_eq!(code, Some(1));
+    assert!(!stdout.contains("planted"), "{stdout}");
+    assert!(
+        stdout.contains("writable by its group or others"),
+        "{stdout}"
+    );
+
+    // Owned by someone else.
+    std::os::unix::fs::chown(&planted, Some(65534), None).unwrap();
+    let (code, stdout) = daemon(0o755);
+    assert_eq!(code, Some(1));
+    assert!(stdout.contains("owned by uid 65534"), "{stdout}");
+
+    // Root's own, in root's own directory: run, keeping the arguments.
+    std::os::unix::fs::chown(&planted, Some(0), None).unwrap();
+    std::fs::write(&planted, "#!/bin/sh\necho \"$@\"\n").unwrap();
+    let (code, stdout) = daemon(0o755);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.trim_end().ends_with("daemon"), "{stdout}");
 }

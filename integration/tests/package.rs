@@ -148,7 +148,7 @@ fn package_installs_runs_as_its_unit_and_purges_clean() {
     require_root();
     assert!(
         !installed(),
-        "a lamina package is installed on this machine; this test installs and purges its own, so it will not run here"
+        "a lamina package is installed on this machine; this test installs and purges its own, so it will not run here (if a killed run of this test left it, `dpkg --purge lamina`)"
     );
     let fs = ScratchFs::ext4(512);
     let profile = lamina_integration::lamina::binary()
@@ -193,7 +193,21 @@ fn package_installs_runs_as_its_unit_and_purges_clean() {
         );
     }
 
+    // Nothing of an operator's own lamina may be in the way: dpkg would overwrite it, take
+    // its config as the package's, and the purge would then remove it.
+    for path in files.iter().map(PathBuf::as_path).chain([
+        Path::new("/etc/lamina"),
+        Path::new("/etc/systemd/system/lamina.service"),
+    ]) {
+        assert!(
+            !path.exists(),
+            "{} exists: this test installs and purges a lamina package, and will not run over a lamina installed by other means",
+            path.display()
+        );
+    }
     let guard = Installed;
+    run("dpkg", &["-i", &deb]);
+    // Again: the maintainer scripts' upgrade path (prerm upgrade, postinst configure OLD).
     run("dpkg", &["-i", &deb]);
     run("systemd-analyze", &["verify", UNIT]);
     let version =

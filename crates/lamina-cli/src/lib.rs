@@ -15,7 +15,7 @@ mod output;
 mod progress;
 mod usage;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -373,8 +373,9 @@ pub fn main(daemon: Daemon) -> ExitCode {
 /// when that fails, having said why.
 fn exec_daemon() -> ExitCode {
     use std::os::unix::process::CommandExt;
-    let beside = std::env::current_exe()
-        .ok()
+    let exe = std::env::current_exe().ok();
+    let beside = exe
+        .as_deref()
         .and_then(|exe| Some(exe.parent()?.join(DAEMON_BINARY)));
     let Some(daemon) = beside.filter(|path| path.is_file()) else {
         println!(
@@ -385,6 +386,10 @@ fn exec_daemon() -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
+    if let Err(why) = trusted_beside(exe.as_deref(), &daemon) {
+        println!("{}", output::error_line(&format!("daemon: {why}")));
+        return ExitCode::FAILURE;
+    }
     let error = std::process::Command::new(&daemon)
         .args(std::env::args_os().skip(1))
         .exec();
@@ -393,6 +398,34 @@ fn exec_daemon() -> ExitCode {
         output::error_line(&format!("daemon: running {}: {error}", daemon.display()))
     );
     ExitCode::FAILURE
+}
+
+/// `lamina-daemon` runs as whoever runs `lamina`, root mostly: it, and the directory it
+/// is in, must be owned by root or by `lamina`'s own owner and writable by no one else —
+/// else anyone who may add a file beside a root-owned `lamina` could have root run it.
+fn trusted_beside(exe: Option<&Path>, daemon: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = exe
+        .and_then(|exe| std::fs::metadata(exe).ok())
+        .map_or(0, |meta| meta.uid());
+    for path in [daemon, daemon.parent().unwrap_or(Path::new("/"))] {
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if meta.uid() != 0 && meta.uid() != owner {
+            return Err(format!(
+                "{} is owned by uid {}, neither root nor lamina's owner: not running it",
+                path.display(),
+                meta.uid()
+            ));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(format!(
+                "{} is writable by its group or others (mode {:o}): not running {DAEMON_BINARY} from it",
+                path.display(),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The error and its causes on one line. Our errors already name their cause in their

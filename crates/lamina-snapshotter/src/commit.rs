@@ -38,6 +38,20 @@ impl Snapshotter {
             .index()
             .get(key)?
             .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
+        // A commit of this snapshot that failed in this daemon after its layer was
+        // published (see `settle_failed_commit`): the same commit again finishes it, with
+        // the layer and labels first recorded; another name is refused rather than
+        // dropping the layer that holds the snapshot's files.
+        if let Some(in_flight) = &active.committing {
+            if in_flight.name == name {
+                tracing::info!(key, name, "finishing a commit that failed before");
+                return self.finish_commit(key, active);
+            }
+            return Err(SnapshotError::FailedPrecondition(format!(
+                "snapshot `{key}` is being committed as `{}`: commit it under that name (its files are in layer {} already)",
+                in_flight.name, in_flight.layer
+            )));
+        }
         if active.kind != SnapshotKind::Active {
             return Err(SnapshotError::FailedPrecondition(format!(
                 "snapshot `{key}` is {}: only an active snapshot can be committed",
@@ -74,7 +88,49 @@ impl Snapshotter {
             labels,
         });
         self.index().update(key, &active)?;
-        self.finish_commit(key, active)
+        let finished = self.finish_commit(key, active);
+        if finished.is_err() {
+            self.settle_failed_commit(key);
+        }
+        finished
+    }
+
+    /// After a failed commit, in the running daemon rather than at the next start: the
+    /// snapshot is either still committing with its layer published (a write after the
+    /// publish failed; the same commit again, or the next start, finishes it) or put back
+    /// as it was — its upper restored, its intent cleared. Whatever fails here is left to
+    /// the next start's `recover`, which does the same from the intent recorded.
+    fn settle_failed_commit(&self, key: &str) {
+        let undone = (|| -> Result<bool, SnapshotError> {
+            let Some(mut active) = self.index().get(key)? else {
+                return Ok(false);
+            };
+            let Some(committing) = active.committing.clone() else {
+                return Ok(false);
+            };
+            if self.store.has_layer(&committing.layer) {
+                return Ok(false);
+            }
+            self.restore_upper(&active, &committing.layer)?;
+            let id = active.container.clone().unwrap_or_default();
+            lamina_store::sync_dir(&self.store.layout().container(&id))?;
+            active.committing = None;
+            self.index().update(key, &active)?;
+            Ok(true)
+        })();
+        match undone {
+            Ok(true) => tracing::warn!(
+                key,
+                "a commit failed before its layer was published: undone, the snapshot is active as before"
+            ),
+            Ok(false) => tracing::warn!(
+                key,
+                "a commit failed after its layer was published: committing the snapshot again under the same name finishes it"
+            ),
+            Err(e) => {
+                tracing::error!(key, error = %e, "a failed commit could not be undone now: the next start of the daemon finishes or undoes it")
+            }
+        }
     }
 
     /// Publishes the upper of active `key` (whose intent is recorded) as its layer, then
@@ -134,8 +190,11 @@ impl Snapshotter {
             .replace_unsynced(key, &committing.name, &committed)?;
         tracing::info!(key, name = %committing.name, layer = %committing.layer, "committed snapshot");
         // What is left of the active container (its work dir) goes; a crash before this
-        // leaves an unreferenced container that `recover` removes.
-        lamina_mount::delete(&self.store, self.mounter.as_ref(), &id)?;
+        // leaves an unreferenced container that `recover` removes. The commit is recorded
+        // either way: failing it now would have containerd retry a commit that happened.
+        if let Err(e) = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id) {
+            tracing::warn!(key, container = %id, error = %e, "removing a committed snapshot's container failed: the daemon's next start removes it");
+        }
         Ok(())
     }
 

@@ -117,16 +117,24 @@ pub fn serve_until_signalled(
             path: socket.to_path_buf(),
             source,
         })?;
-    runtime.block_on(serve(snapshotter, socket, ready, async {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            return std::future::pending().await;
+    runtime.block_on(async {
+        // Handlers in place before the socket is served and readiness is told: a SIGTERM
+        // right after READY=1 must stop the daemon cleanly, not kill it.
+        let signal = |kind| {
+            tokio::signal::unix::signal(kind).map_err(|source| ServeError::Socket {
+                path: socket.to_path_buf(),
+                source,
+            })
         };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        tracing::info!("signalled: stopping");
-    }))
+        let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt())?;
+        serve(snapshotter, socket, ready, async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+            tracing::info!("signalled: stopping");
+        })
+        .await
+    })
 }

@@ -10,7 +10,8 @@ use std::process::{Command, Stdio};
 
 use lamina_store::Store;
 
-/// Where background work logs (`run/background.log` without a file) and at what level.
+/// Where background work logs (`run/background.log` without a file) and at what level
+/// (never quieter than `warn`).
 #[derive(Debug, Clone, Copy)]
 pub struct Log<'a> {
     pub file: Option<&'a Path>,
@@ -20,7 +21,13 @@ pub struct Log<'a> {
 /// Starts `lamina --store STORE ARGS...` detached, logging as `log` says. Failure to start is logged, not
 /// fatal: `lamina clean` (or the next start) finishes the work.
 pub fn spawn(store: &Store, log: Log<'_>, args: &[&str]) {
-    let level = log.level;
+    // Work in the background says what went wrong only in its log (a container the reaper
+    // could not remove stays in trash until someone reads why): warnings at least, even
+    // where the command that started it logs only what is fatal.
+    let level = match log.level {
+        "off" | "fatal" | "error" => "warn",
+        more => more,
+    };
     let log = log
         .file
         .map(Path::to_path_buf)

@@ -456,7 +456,6 @@ fn delete(ctx: &Ctx, mounter: &RealMounter, id_or_path: &str) -> anyhow::Result<
     Ok(())
 }
 
-/// One line on stdout naming what the caller gave, its control characters escaped.
 /// GrootFS's default, `fatal`, for the commands Garden and operators run per call (their
 /// failures reach stdout regardless); `info` for the daemon, whose log is all it says.
 fn default_log_level(command: &Command) -> &'static str {
@@ -466,6 +465,7 @@ fn default_log_level(command: &Command) -> &'static str {
     }
 }
 
+/// One line on stdout naming what the caller gave, its control characters escaped.
 fn say(line: &str) {
     println!("{}", crate::output::error_line(line));
 }
