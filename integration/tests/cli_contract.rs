@@ -302,6 +302,8 @@ fn version_names_the_commit_it_was_built_from() {
 /// `lamina daemon` execs `lamina-daemon` from `lamina`'s own directory, and only one that
 /// no one but root (or lamina's owner) could have put there.
 #[test]
+// The test plants files as another user would, outside lamina's seam.
+#[allow(clippy::disallowed_methods)]
 fn daemon_runs_only_a_trusted_lamina_daemon_beside_lamina() {
     use std::os::unix::fs::PermissionsExt;
     require_root();

@@ -219,7 +219,7 @@ struct Call {
 fn timed(bin: &std::path::Path, store: &std::path::Path, command: &str, args: &[&str]) -> Call {
     use std::process::Stdio;
     let t = Instant::now();
-    let child = Command::new(bin)
+    let mut child = Command::new(bin)
         .arg("--store")
         .arg(store)
         .arg(command)
@@ -228,8 +228,20 @@ fn timed(bin: &std::path::Path, store: &std::path::Path, command: &str, args: &[
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
-    // Waited for but not reaped, so its /proc entry still holds its counts. Its output
-    // (a line or two) fits in the pipes meanwhile.
+    // Read as it comes, however much a call writes (`--log-level debug`), so the call
+    // never waits on a full pipe.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = std::io::Read::read_to_end(&mut pipe, &mut text);
+            }
+            text
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    // Waited for but not reaped, so its /proc entry still holds its counts.
     let pid = rustix::process::Pid::from_child(&child);
     rustix::process::waitid(
         rustix::process::WaitId::Pid(pid),
@@ -238,11 +250,17 @@ fn timed(bin: &std::path::Path, store: &std::path::Path, command: &str, args: &[
     .expect("waitid");
     let time = t.elapsed();
     let faults = minor_faults(child.id());
-    let out = child.wait_with_output().expect("reaping the call");
+    let status = child.wait().expect("reaping the call");
+    let (stdout, stderr) = (
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default(),
+    );
     assert!(
-        out.status.success(),
-        "{} {command} {args:?}: {out:?}",
-        bin.display()
+        status.success(),
+        "{} {command} {args:?}: {status}\n{}\n{}",
+        bin.display(),
+        String::from_utf8_lossy(&stdout),
+        String::from_utf8_lossy(&stderr)
     );
     Call { time, faults }
 }

@@ -173,8 +173,8 @@ struct Measured<T> {
 struct MeasuredState<T> {
     /// The last value and when it was measured.
     value: Option<(T, SystemTime)>,
-    /// When the last measurement started; one running has not finished.
-    started: Option<Instant>,
+    /// When the last measurement ended; one running has not finished.
+    ended: Option<Instant>,
     running: bool,
 }
 
@@ -184,7 +184,7 @@ impl<T: Clone + Send + 'static> Measured<T> {
             max_age,
             state: Arc::new(Mutex::new(MeasuredState {
                 value: None,
-                started: None,
+                ended: None,
                 running: false,
             })),
         }
@@ -199,17 +199,20 @@ impl<T: Clone + Send + 'static> Measured<T> {
         measure: impl FnOnce() -> Result<T, String> + Send + 'static,
     ) -> Option<(T, SystemTime)> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let due = !state.running && state.started.is_none_or(|s| s.elapsed() >= self.max_age);
+        // From the end of the last one: a walk longer than `max_age` (a big store) is not
+        // followed straight away by the next.
+        let due = !state.running && state.ended.is_none_or(|s| s.elapsed() >= self.max_age);
         if due {
             state.running = true;
-            state.started = Some(Instant::now());
             let shared = self.state.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("metrics-{what}"))
                 .spawn(move || {
+                    // Marks the measurement over however it ends, a panic included.
+                    let over = Over(shared.clone());
                     let measured = measure();
+                    drop(over);
                     let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
-                    state.running = false;
                     match measured {
                         Ok(value) => state.value = Some((value, SystemTime::now())),
                         Err(e) => tracing::warn!(error = %e, "measuring {what} for metrics failed"),
@@ -221,6 +224,17 @@ impl<T: Clone + Send + 'static> Measured<T> {
             }
         }
         state.value.clone()
+    }
+}
+
+/// Ends a measurement in its state when dropped.
+struct Over<T>(Arc<Mutex<MeasuredState<T>>>);
+
+impl<T> Drop for Over<T> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        state.running = false;
+        state.ended = Some(Instant::now());
     }
 }
 
@@ -445,7 +459,15 @@ pub fn bind(address: &str) -> Result<TcpListener, crate::ServeError> {
         address: address.to_string(),
         source,
     };
-    let listener = TcpListener::bind(address).map_err(fail)?;
+    // An IP and a port, not a name: a name would be looked up through NSS, which a static
+    // binary can do only with the glibc it was built against (docs/security.md).
+    let parsed: std::net::SocketAddr = address.parse().map_err(|_| {
+        fail(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not an IP address and port (e.g. 127.0.0.1:9464 or [::1]:9464)",
+        ))
+    })?;
+    let listener = TcpListener::bind(parsed).map_err(fail)?;
     listener.set_nonblocking(true).map_err(fail)?;
     Ok(listener)
 }

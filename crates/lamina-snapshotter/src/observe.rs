@@ -74,23 +74,44 @@ where
         let started = Instant::now();
         let answer = self.inner.call(request);
         Box::pin(async move {
+            // Counted as cancelled if the future is dropped unfinished: a call past its
+            // deadline, or whose client went away, is among the slowest of all.
+            let mut pending = Pending {
+                method,
+                activity,
+                started,
+                code: None,
+            };
             let answer = answer.await;
-            let elapsed = started.elapsed();
-            let code = match &answer {
+            pending.code = Some(match &answer {
                 Ok(response) => code_of(response.headers()),
                 // The transport failed the call before any status: gRPC's catch-all.
                 Err(_) => Code::Unknown,
-            };
-            let code = code_name(code);
-            activity.call(method, code, elapsed);
-            tracing::debug!(
-                method,
-                code,
-                ms = elapsed.as_secs_f64() * 1000.0,
-                "snapshots call"
-            );
+            });
             answer
         })
+    }
+}
+
+/// One call, counted and logged when dropped: with the code it answered, or `Cancelled`.
+struct Pending {
+    method: &'static str,
+    activity: Activity,
+    started: Instant,
+    code: Option<Code>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let elapsed = self.started.elapsed();
+        let code = code_name(self.code.unwrap_or(Code::Cancelled));
+        self.activity.call(self.method, code, elapsed);
+        tracing::debug!(
+            method = self.method,
+            code,
+            ms = elapsed.as_secs_f64() * 1000.0,
+            "snapshots call"
+        );
     }
 }
 

@@ -25,8 +25,12 @@ pub fn disk_usage_and_inodes(dir: &Path) -> Result<(u64, u64), StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
         Err(e) => return Err(StoreError::io("measuring", dir)(e)),
     };
+    // Only inodes that could be met twice are remembered — directories (a bind mount of
+    // the same filesystem inside) and files with more than one link — so a tenant's
+    // million single-link files cost a count, not a set entry each.
     let mut seen = HashSet::new();
     seen.insert(root.ino());
+    let mut inodes = 1u64;
     let mut total = root.blocks() * 512;
     // Walked beneath `dir`, no symlink followed: a live upper's container can swap a
     // directory for a symlink to `/` while containerd asks for its usage.
@@ -38,14 +42,19 @@ pub fn disk_usage_and_inodes(dir: &Path) -> Result<(u64, u64), StoreError> {
     };
     tree.walk(|entry| {
         let stat = entry.stat;
-        if stat.st_dev != root.dev() || !seen.insert(stat.st_ino) {
+        if stat.st_dev != root.dev() {
             return Ok(false);
         }
+        let is_dir = stat.st_mode & 0o170000 == 0o040000;
+        if (is_dir || stat.st_nlink > 1) && !seen.insert(stat.st_ino) {
+            return Ok(false);
+        }
+        inodes += 1;
         total += stat.st_blocks as u64 * 512;
         Ok(true)
     })
     .map_err(StoreError::io("measuring", dir))?;
-    Ok((total, seen.len() as u64))
+    Ok((total, inodes))
 }
 
 /// Garden's `stats`: what a container uses.
