@@ -1271,3 +1271,96 @@ fn the_max_size_label_limits_what_a_snapshot_writes() {
 fn libc_enospc() -> i32 {
     28
 }
+
+/// Fills the filesystem `file` is on to its last block (root may use the reserved ones
+/// too), so that what is written next fails with ENOSPC.
+fn fill(file: &Path) {
+    use std::io::Write;
+    let mut out = fs::File::create(file).unwrap();
+    for chunk in [1 << 20, 4096, 512] {
+        let bytes = vec![0u8; chunk];
+        while out.write_all(&bytes).is_ok() {}
+    }
+    let _ = out.sync_all();
+}
+
+/// A commit on a nearly full store fails at whichever step runs out of space first, and
+/// never loses or strands what the snapshot wrote: the same commit, once space is freed,
+/// succeeds and a view of it reads the files; meanwhile `check` reports a commit left
+/// unfinished rather than calling the store sound. Tried with several amounts of space
+/// left, so the failure falls on different steps (recording the intent, staging the
+/// layer, its record, the rename, the committed row).
+#[test]
+fn a_commit_that_fails_on_a_full_store_is_finished_by_the_same_commit_again() {
+    let f = fixture_on(ScratchFs::ext4(64));
+    let store = f.fs.path().join("store");
+    let lamina = Lamina::new(&store);
+    let filler = f.fs.path().join("filler");
+    let mut failures = 0;
+    for (round, free_kib) in [0u64, 4, 8, 16, 32, 64, 128].into_iter().enumerate() {
+        let (key, name) = (format!("w{round}"), format!("c{round}"));
+        let mounts = f.api.prepare(&key, "", classic()).unwrap();
+        {
+            let mounted = Mounted::new(&mounts);
+            fs::create_dir(mounted.path().join("dir")).unwrap();
+            for n in 0..20 {
+                fs::write(
+                    mounted.path().join(format!("dir/{n}")),
+                    format!("{round}:{n}"),
+                )
+                .unwrap();
+            }
+        }
+        fill(&filler);
+        let len = fs::metadata(&filler).unwrap().len();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&filler)
+            .unwrap()
+            .set_len(len.saturating_sub(free_kib * 1024))
+            .unwrap();
+        if let Err(status) = f.api.commit(&name, &key, none()) {
+            failures += 1;
+            let check = lamina.run(&["check"]);
+            let unfinished = check.stdout.contains("unfinished_commit");
+            let record_says_committing = {
+                let store = lamina_store::Store::open(&store).unwrap();
+                let row = store
+                    .snapshots_if_any()
+                    .unwrap()
+                    .unwrap()
+                    .get(&key)
+                    .unwrap();
+                row.is_some_and(|row| row.committing.is_some())
+            };
+            assert_eq!(
+                unfinished, record_says_committing,
+                "round {round} ({status:?}): check and the snapshot's record disagree: {check:?}"
+            );
+            fs::remove_file(&filler).unwrap();
+            f.api.commit(&name, &key, none()).unwrap_or_else(|e| {
+                panic!(
+                    "round {round}: the same commit again failed: {e:?}\n{}",
+                    f.daemon.log()
+                )
+            });
+        } else {
+            fs::remove_file(&filler).unwrap();
+        }
+        let view = f.api.view(&format!("v{round}"), &name).unwrap();
+        let mounted = Mounted::new(&view);
+        for n in 0..20 {
+            assert_eq!(
+                read(&mounted.path().join(format!("dir/{n}"))),
+                format!("{round}:{n}"),
+                "round {round}: a file of the commit"
+            );
+        }
+    }
+    assert!(
+        failures >= 2,
+        "only {failures} rounds failed: the store was never full enough"
+    );
+    let check = lamina.run(&["check"]);
+    assert_eq!(check.code, 0, "{check:?}");
+}

@@ -19,7 +19,8 @@ use crate::{RootfsError, gc::clean, lifecycle::delete};
 pub struct Problem {
     /// `tmp_abandoned`, `crashed_create`, `pending_delete`, `missing_layer`, `bad_layer`,
     /// `bad_record`, `orphan_mount`, `rootfs_not_mounted`, `leaked_loop_device`,
-    /// `snapshot_missing_layer`, `snapshot_missing_container`; with `--verify`,
+    /// `snapshot_missing_layer`, `snapshot_missing_container`, `snapshot_missing_upper`,
+    /// `unfinished_commit`; with `--verify`,
     /// `bad_composefs_image`, `bad_object`, `missing_object`; `missing_composefs_image`.
     pub kind: &'static str,
     pub path: PathBuf,
@@ -178,8 +179,47 @@ pub fn check_verified(
     }
 
     if let Some(snapshots) = store.snapshots_if_any()? {
+        // A commit holds this lock from its start to its end: what is committing below is
+        // a commit that stopped, not one in flight.
+        let _snapshots_still = store.lock_snapshots()?;
         referenced.extend(snapshots.layers()?);
         snapshots.for_each(|key, snapshot| {
+            if let Some(committing) = &snapshot.committing {
+                let published = store.has_layer(&committing.layer);
+                let (path, holds) = if published {
+                    (store.layout().layer(&committing.layer), "its files are in that layer")
+                } else {
+                    (
+                        store
+                            .layout()
+                            .container(snapshot.container.as_deref().unwrap_or_default()),
+                        "its files are still its container's",
+                    )
+                };
+                let detail = format!(
+                    "containerd snapshot `{key}` has an unfinished commit to `{}` (layer {}; {holds}): committing it again under that name, or the daemon's next start, finishes or undoes it",
+                    committing.name, committing.layer
+                );
+                findings
+                    .problems
+                    .push(found("unfinished_commit", &path, &detail));
+            } else if let Some(id) = &snapshot.container
+                && snapshot.kind == lamina_snapshot_index::SnapshotKind::Active
+                && scan
+                    .containers
+                    .iter()
+                    .any(|c| c.id() == id && c.model().upper_in_container_dir())
+                && !store.container_dirs(id).upper.exists()
+            {
+                let detail = format!(
+                    "containerd snapshot `{key}` is active, but its container `{id}` has no upper directory: what was written to it is not there"
+                );
+                findings.problems.push(found(
+                    "snapshot_missing_upper",
+                    &store.container_dirs(id).upper,
+                    &detail,
+                ));
+            }
             if let Some(layer) = &snapshot.layer
                 && !store.has_layer(layer)
             {

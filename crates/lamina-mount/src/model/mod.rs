@@ -221,6 +221,12 @@ impl Model {
         self.flavour().and_then(|f| f.isolated)
     }
 
+    /// An overlay whose upper is a plain directory of its container's (`upper/`), not on a
+    /// filesystem of its own: what is there whether or not anything is mounted.
+    pub fn upper_in_container_dir(&self) -> bool {
+        self.flavour().is_some_and(|f| f.isolated.is_none())
+    }
+
     /// An overlay only lamina mounts (a caller binds it): a volatile one (see
     /// [`Model::volatile`]), or a composefs one, whose lower is lamina's own EROFS mount.
     pub fn mounted_by_lamina_only(&self) -> bool {
