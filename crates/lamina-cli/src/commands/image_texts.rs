@@ -15,8 +15,9 @@ pub fn check_local(reference: &ImageRef) -> anyhow::Result<()> {
             // Go's text for the stat GrootFS makes, which create_tar_test.go reads.
             anyhow::bail!("stat {shown_path}: no such file or directory")
         }
+        // GrootFS's words, then lamina's own (which earlier lamina printed alone).
         (Err(e), _) if e.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
-            "Image source doesn't exist: {}",
+            "Image source doesn't exist: image `{}`: {shown_path} does not exist",
             shown(&reference.to_string())
         ),
         // Exactly GrootFS's line: create_tar_test.go matches the whole of it.
@@ -44,7 +45,7 @@ mod tests {
         );
         assert_eq!(
             refusal("oci:///no/such/layout:latest"),
-            "Image source doesn't exist: oci:///no/such/layout:latest"
+            "Image source doesn't exist: image `oci:///no/such/layout:latest`: /no/such/layout does not exist"
         );
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(
