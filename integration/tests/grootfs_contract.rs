@@ -2,11 +2,10 @@
 //! `integration/*_test.go`) state it, driven through the `lamina` binary: the flags
 //! GrootFS accepts, its usage errors (one line on stdout, exit 1), the messages operators
 //! grep for, its config conventions and its output shapes. Each test names the spec file
-//! its expectations come from, as issue 22 lists them. Of GrootFS's sources only
-//! `integration/delete_test.go`, `commands/create.go` and `commands/config/builder.go`
-//! could be read here (the texts checked against them are exact); the `It`/`Context`
-//! wording quoted for the other spec files is a paraphrase, to be checked against the
-//! repository. Local images only.
+//! its expectations come from and its `Context`/`It` wording, as in cloudfoundry/grootfs
+//! (checked at its commit d6def04). `scripts/grootfs-suite` runs those specs themselves
+//! against lamina (docs/garden.md); these tests keep what they found in our own CI.
+//! Local images only.
 
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
@@ -122,9 +121,10 @@ fn grootfs_command_flags_are_accepted() {
     assert!(!lamina.store.exists());
 }
 
-/// Usage errors: create_test.go ("when two arguments are not given", "when the disk limit
-/// value is negative", "when --with-clean and --without-clean are given"), clean_test.go
-/// ("when the threshold is negative"), delete_test.go ("when the id is not provided").
+/// Usage errors: create_tar_test.go ("when required args are not provided"),
+/// create_test.go ("when the disk limit value is invalid", "when both without-clean and
+/// with-clean flags are given"), clean_test.go ("but it lower than 0"), stats_test.go
+/// ("when the image id is not provided"), delete_test.go ("when the id is not provided").
 /// GrootFS prints one line on stdout and exits 1; `--help` and `--version` still succeed.
 #[test]
 fn usage_errors_are_one_line_on_stdout_with_exit_1() {
@@ -190,12 +190,13 @@ fn usage_errors_are_one_line_on_stdout_with_exit_1() {
 }
 
 /// The messages operators grep for, where GrootFS prints them: create_test.go ("when the
-/// image id already exists", "when the id contains invalid characters", "when the store
-/// is not initialised", "when a directory is given instead of a tar", "when the disk
-/// limit is smaller than the image"), delete_test.go ("when the image ID doesn't exist",
-/// "when a path to an image does not exist", "when the path provided doesn't belong to
-/// the `--store` provided"), stats_test.go ("when the image does not exist"),
-/// clean_test.go ("when the store size is under the threshold").
+/// id is already being used", "when the id contains invalid characters", "when the store
+/// isn't initialized"), create_tar_test.go ("when the provided base image is a
+/// directory"), create_oci_test.go ("when the total size of compressed layers is greater
+/// than the quota"), delete_test.go ("when the image ID doesn't exist", "when a path to an
+/// image does not exist", "when the path provided doesn't belong to the `--store`
+/// provided"), stats_test.go ("when the image id doesn't exist"), clean_test.go ("and the
+/// total is less than the threshold").
 #[test]
 fn messages_operators_grep_for() {
     require_root();
@@ -269,10 +270,10 @@ fn messages_operators_grep_for() {
     lamina.delete_and_assert_gone("taken", "messages");
 }
 
-/// Config conventions: create_test.go/GrootFS's config builder ("when a config file is
-/// given"): every key present, empty strings meaning unset; capacity_test.go: `capacity`
-/// answers from `init.store_size_bytes` before `init-store`; delete_test.go ("when the
-/// store doesn't exist"): `delete` succeeds.
+/// Config conventions: create_test.go ("--config global flag") and GrootFS's config
+/// builder: every key present, empty strings meaning unset; capacity_test.go ("emits init
+/// store size"): `capacity` answers from `init.store_size_bytes` before `init-store`;
+/// delete_test.go ("when the store doesn't exist"): `delete` succeeds.
 #[test]
 fn config_keys_that_are_empty_are_unset_and_missing_stores_are_fine() {
     require_root();
@@ -306,10 +307,10 @@ fn config_keys_that_are_empty_are_unset_and_missing_stores_are_fine() {
     assert!(stats.stderr.contains("command failed"), "{stats:?}");
 }
 
-/// Output shapes: list_test.go ("lists all images in the store", "when the store is
-/// empty"), stats_test.go (`disk_usage` with the quota and committed space, with and
-/// without a disk limit), init_store_test.go ("creates the store directory ... owned by
-/// the caller").
+/// Output shapes: list_test.go ("lists all images in the store path", "when there are no
+/// existing images"), stats_test.go (`disk_usage` with the quota and committed space, with
+/// and without a disk limit), init_store_test.go ("returns a newly created store path",
+/// "sets the ownership to the caller user").
 #[test]
 fn list_stats_and_init_store_have_grootfs_shapes() {
     require_root();
