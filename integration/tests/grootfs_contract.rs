@@ -575,3 +575,41 @@ fn init_store_refuses_non_root_and_logs_a_store_already_there() {
         "{again:?}"
     );
 }
+
+/// Where lamina differs (docs/garden.md): delete_test.go's "when it fails to delete the
+/// image" and "when it fails to unmount the rootfs directory" bind a directory into the
+/// container's directory and into its mounted rootfs, and GrootFS fails the delete.
+/// lamina detaches those mounts and removes the container, and never removes a file
+/// through them: what they showed is still there.
+#[test]
+fn delete_detaches_mounts_in_a_container_and_keeps_their_files() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let host = fs.path().join("host-data");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("precious"), "kept\n").unwrap();
+    for (id, beneath) in [("beside", "mnt"), ("inside", "rootfs/mnt")] {
+        lamina.create(&files.references()[3], id);
+        let target = lamina.store.join("images").join(id).join(beneath);
+        std::fs::create_dir(&target).unwrap();
+        let bound = std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(&host)
+            .arg(&target)
+            .status()
+            .unwrap();
+        assert!(bound.success());
+        lamina.delete_and_assert_gone(id, "a mount in the container");
+        assert_eq!(
+            std::fs::read_to_string(host.join("precious")).unwrap(),
+            "kept\n",
+            "{id}"
+        );
+    }
+    assert!(
+        mounts_under(&lamina.store).is_empty(),
+        "nothing left mounted"
+    );
+}
