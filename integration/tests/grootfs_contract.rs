@@ -613,3 +613,25 @@ fn delete_detaches_mounts_in_a_container_and_keeps_their_files() {
         "nothing left mounted"
     );
 }
+
+/// Where lamina differs (docs/garden.md): stats_test.go's "when the image has no quotas"
+/// expects 0 exclusive bytes, GrootFS's answer when no project quota measures the
+/// container. lamina reports what a container without a limit wrote, and the image plus
+/// that as its total.
+#[test]
+fn stats_without_a_limit_counts_what_the_container_wrote() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let files = sample_image(&fs.path().join("image"));
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let rootfs = lamina.create(&files.references()[3], "writer");
+    let usage = || lamina.run(&["stats", "writer"]).json()["disk_usage"].clone();
+    let before = usage();
+    std::fs::write(rootfs.join("written"), vec![7u8; 4 << 20]).unwrap();
+    let after = usage();
+    let grew = |key: &str| after[key].as_u64().unwrap() - before[key].as_u64().unwrap();
+    assert!(grew("exclusive_bytes_used") >= 4 << 20, "{before} {after}");
+    assert_eq!(grew("total_bytes_used"), grew("exclusive_bytes_used"));
+    assert_eq!(after["quota_size_bytes"], 0, "{after}");
+    lamina.delete_and_assert_gone("writer", "stats without a limit");
+}
