@@ -8,9 +8,11 @@ use serde::{Deserialize, Deserializer};
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct Config {
-    /// Never empty: every command, `delete-store` among them, would act on the default
-    /// store, where an operator running two stores from two configs meant another.
-    #[serde(default, deserialize_with = "not_empty")]
+    /// Kept even when empty: GrootFS's tooling writes every key, `store: ""` among them,
+    /// beside a `--store` flag. With no flag, an empty store is refused where the store
+    /// path is settled ([`Config::store_path`]), not taken as the default store: every
+    /// command, `delete-store` among them, would act on it, where an operator running two
+    /// stores from two configs meant another.
     pub store: Option<PathBuf>,
     #[serde(deserialize_with = "empty_is_none")]
     pub log_level: Option<String>,
@@ -124,6 +126,18 @@ impl CreateConfig {
 }
 
 impl Config {
+    /// The store `flag` names, else this config's, else `default`; an empty `store` key
+    /// with no flag is an error (see [`Config::store`]).
+    pub fn store_path(&self, flag: Option<PathBuf>, default: &str) -> anyhow::Result<PathBuf> {
+        match flag.or_else(|| self.store.clone()) {
+            Some(path) if path.as_os_str().is_empty() => Err(anyhow::anyhow!(
+                "`store` is empty in the config: name the store, or leave the key out for the default"
+            )),
+            Some(path) => Ok(path),
+            None => Ok(PathBuf::from(default)),
+        }
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
@@ -144,20 +158,6 @@ where
 {
     let text: Option<String> = Option::deserialize(deserializer)?;
     Ok(text.filter(|t| !t.is_empty()).map(T::from))
-}
-
-/// A path that must not be empty when the key is present.
-fn not_empty<'de, D>(deserializer: D) -> Result<Option<PathBuf>, D::Error>
-where
-    D: Deserializer<'de>,
-{
-    let text: Option<String> = Option::deserialize(deserializer)?;
-    match text {
-        Some(t) if t.is_empty() => Err(serde::de::Error::custom(
-            "`store` is empty: name the store, or leave the key out for the default",
-        )),
-        other => Ok(other.map(PathBuf::from)),
-    }
 }
 
 fn one_line(s: &str) -> String {
@@ -215,9 +215,19 @@ mod tests {
         assert_eq!(config.log_file, None);
         assert_eq!(config.log_level, None);
         assert_eq!(config.create.strategy, None);
+        // An empty store is refused unless a flag names one (GrootFS's runner passes
+        // `--store` beside a config that says `store: ""`).
         std::fs::write(tmp.path(), "store: \"\"\n").unwrap();
-        let err = Config::load(tmp.path()).unwrap_err();
+        let config = Config::load(tmp.path()).unwrap();
+        let err = config.store_path(None, "/default").unwrap_err();
         assert!(format!("{err:#}").contains("`store` is empty"), "{err:#}");
+        let flag = Some(PathBuf::from("/flag"));
+        assert_eq!(
+            config.store_path(flag, "/default").unwrap(),
+            Path::new("/flag")
+        );
+        let unset = Config::default().store_path(None, "/default").unwrap();
+        assert_eq!(unset, Path::new("/default"));
     }
 
     #[test]

@@ -39,12 +39,18 @@ pub struct Mount {
 }
 
 impl Mount {
+    /// The overlay's data options as one comma-joined string, the first option, as
+    /// GrootFS prints it (create_test.go, "Mount json output"): callers hand
+    /// `options[0]` to mount(2) as its data. A flag (`ro`) follows as an option of its
+    /// own, which runc reads as a mount flag.
     pub fn overlay(options: Vec<String>) -> Self {
+        let (flags, data): (Vec<String>, Vec<String>) =
+            options.into_iter().partition(|o| o == "ro");
         Mount {
             destination: "/",
             kind: "overlay",
             source: "overlay".into(),
-            options,
+            options: std::iter::once(data.join(",")).chain(flags).collect(),
         }
     }
 
@@ -175,12 +181,18 @@ mod tests {
             vec![],
             "/r".into(),
             false,
-            Some(vec![Mount::overlay(vec!["lowerdir=/l".into()])]),
+            Some(vec![Mount::overlay(vec![
+                "lowerdir=/l".into(),
+                "upperdir=/u".into(),
+                "workdir=/w".into(),
+            ])]),
         );
         assert_eq!(
             serde_json::to_string(&spec).unwrap(),
-            r#"{"ociVersion":"1.0.2","process":{"env":[]},"root":{"path":"/r"},"mounts":[{"destination":"/","type":"overlay","source":"overlay","options":["lowerdir=/l"]}]}"#
+            r#"{"ociVersion":"1.0.2","process":{"env":[]},"root":{"path":"/r"},"mounts":[{"destination":"/","type":"overlay","source":"overlay","options":["lowerdir=/l,upperdir=/u,workdir=/w"]}]}"#
         );
+        let read_only = Mount::overlay(vec!["lowerdir=/a:/b".into(), "ro".into()]);
+        assert_eq!(read_only.options, ["lowerdir=/a:/b", "ro"]);
         let spec = RuntimeSpec::new(
             vec![],
             "/r".into(),

@@ -109,8 +109,10 @@ fn line_for(e: &clap::Error, command: Option<&str>) -> String {
         // create_test.go, "when two arguments are not given": `invalid arguments`.
         (ErrorKind::MissingRequiredArgument, Some("create")) => CREATE_USAGE.into(),
         (ErrorKind::UnknownArgument, Some("create")) if positional => CREATE_USAGE.into(),
+        // stats_test.go, "when the image id is not provided": `invalid arguments`.
+        (ErrorKind::MissingRequiredArgument, Some("stats")) => STATS_USAGE.into(),
         // delete_test.go, "when the id is not provided": `id was not specified`.
-        (ErrorKind::MissingRequiredArgument, Some("delete" | "stats" | "mount" | "unmount")) => {
+        (ErrorKind::MissingRequiredArgument, Some("delete" | "mount" | "unmount")) => {
             "id was not specified".into()
         }
         (ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand, _) => {
@@ -152,14 +154,16 @@ fn check(command: &Command) -> Result<(), String> {
         Command::Clean { threshold_bytes } if threshold_bytes.is_some_and(|b| b < 0) => {
             Err(NEGATIVE_THRESHOLD.into())
         }
-        Command::Delete { id_or_path } | Command::Stats { id_or_path } if id_or_path.is_empty() => {
+        Command::Delete { id_or_path } if id_or_path.is_empty() => {
             Err("id was not specified".into())
         }
+        Command::Stats { id_or_path } if id_or_path.is_empty() => Err(STATS_USAGE.into()),
         _ => Ok(()),
     }
 }
 
 const CREATE_USAGE: &str = "invalid arguments - usage: create [options] <image> <id>";
+const STATS_USAGE: &str = "invalid arguments - usage: stats [options] <id|image path>";
 const NEGATIVE_THRESHOLD: &str = "invalid argument: clean threshold cannot be negative";
 
 /// A byte count [`check`] has already refused if negative.

@@ -35,7 +35,8 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
         idmap: None,
         remake: false,
     };
-    let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)?;
+    let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)
+        .map_err(|e| quota_text(e, &image))?;
 
     for follow_up in &created.follow_ups {
         match follow_up {
@@ -86,4 +87,26 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
     );
     println!("{}", crate::output::json_line(&spec)?);
     Ok(())
+}
+
+/// GrootFS words a limit the image fills in two ways (create_oci_test.go): `layers exceed
+/// disk quota` when the layers as stored already exceed it, `uncompressed layer size
+/// exceeds quota` when only their unpacked size does. lamina checks the unpacked size
+/// alone, and takes GrootFS's wording from the stored sizes the image declares.
+fn quota_text(error: lamina_mount::RootfsError, image: &lamina_image::Image) -> anyhow::Error {
+    let lamina_mount::RootfsError::DiskLimitTooSmall {
+        limit,
+        image: unpacked,
+    } = error
+    else {
+        return error.into();
+    };
+    // Only where every layer declares its stored size (a plain rootfs tar declares none).
+    let stored: Option<u64> = image.layers.iter().map(|l| l.size).sum();
+    let Some(stored) = stored.filter(|stored| *stored <= limit) else {
+        return error.into();
+    };
+    anyhow!(
+        "uncompressed layer size exceeds quota: disk limit of {limit} bytes leaves no room to write: the image unpacks to {unpacked} bytes, {stored} as stored (raise the limit, or pass --exclude-image-from-quota)"
+    )
 }

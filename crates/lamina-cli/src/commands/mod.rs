@@ -1,8 +1,10 @@
 //! One function per subcommand, after flags and config are merged.
 
+mod absent;
 mod background;
 mod create;
 pub(crate) mod daemon;
+mod image_texts;
 mod pool;
 mod stats;
 
@@ -102,9 +104,22 @@ fn init_store(
         shared_file_content: share_file_content || init.share_file_content,
     };
     let path = &ctx.store_path;
+    // GrootFS's text (init_store_test.go, "when the user is not root"): a store is made
+    // private to root, with root's chowns and mounts.
+    if !lamina_sys::HostFs::may_chown(&lamina_sys::RealHost) {
+        anyhow::bail!(
+            "store {} can only be initialized by Root user",
+            path.display()
+        );
+    }
+    let existed = Store::open(path).is_ok();
     let properties = lamina_mount::init_store(path, properties)?
         .properties()
         .clone();
+    if existed {
+        // GrootFS's event name, which init_store_test.go reads in the log.
+        tracing::info!(store = %path.display(), "store-already-initialized");
+    }
     let how = if properties.idmaps_layers() {
         " (layers idmapped at mount)"
     } else if properties.chowns_layers() {
@@ -178,11 +193,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
         Some(bars) => Arc::new(bars),
         None => Arc::new(crate::progress::LogLines::default()),
     };
-    let store_path = absolute(
-        cli.store
-            .or(config.store.clone())
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE)),
-    )?;
+    let store_path = absolute(config.store_path(cli.store, DEFAULT_STORE)?)?;
     let max_layer_bytes = cli
         .max_layer_bytes
         .or(config.max_layer_bytes)
@@ -288,6 +299,9 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
             }
         }
         Command::List => {
+            if !ctx.store_path.exists() {
+                anyhow::bail!(absent::no_store(&ctx.store_path));
+            }
             let store = ctx.open_store()?;
             let scan = lamina_mount::record::scan(&store)?;
             // GrootFS's list_test.go: each image's directory, or `Store empty`.
@@ -344,20 +358,15 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
             println!("{}", crate::output::json_line(&reaped)?);
         }
         Command::Clean { threshold_bytes } => {
-            let store = ctx.open_bare_store()?;
             let threshold =
                 crate::usage::bytes(threshold_bytes).or(ctx.config.clean.threshold_bytes);
-            let report = lamina_mount::clean(&store, &mounter, threshold)?;
+            let report = match absent::clean(&ctx, threshold) {
+                Some(nothing) => nothing,
+                None => lamina_mount::clean(&ctx.open_bare_store()?, &mounter, threshold)?,
+            };
             println!("{}", crate::output::json_line(&report)?);
         }
-        Command::Stats { id_or_path } => {
-            let store = ctx.open_store()?;
-            let id = container_id(&store, &id_or_path)?;
-            println!(
-                "{}",
-                crate::output::json_line(&lamina_mount::stats(&store, &mounter, &id)?)?
-            );
-        }
+        Command::Stats { id_or_path } => stats::run(&ctx, &mounter, &id_or_path)?,
         Command::Capacity => {
             let capacity = stats::capacity(&ctx, ctx.config.init.store_size_bytes)?;
             println!(
@@ -426,7 +435,13 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
 /// a line saying why nothing was done.
 fn delete(ctx: &Ctx, mounter: &RealMounter, id_or_path: &str) -> anyhow::Result<()> {
     let outside = || format!("path `{id_or_path}` is outside store path");
+    // Each skip is logged with the ID or path asked about, as GrootFS logs it
+    // (delete_test.go, "when the store doesn't exist").
+    let skipped = |why: &str| {
+        tracing::info!(id = %lamina_image::shown(id_or_path), why, "nothing to delete");
+    };
     if !ctx.store_path.exists() {
+        skipped(&absent::no_store(&ctx.store_path));
         match id_or_path.contains('/') {
             true => say(&outside()),
             false => say(&format!("Image `{id_or_path}` not found. Skipping delete.")),
@@ -441,6 +456,7 @@ fn delete(ctx: &Ctx, mounter: &RealMounter, id_or_path: &str) -> anyhow::Result<
         // delete that silently did nothing.
         Err(e) if std::path::Path::new(id_or_path).exists() => return Err(e),
         Err(_) => {
+            skipped("outside the store");
             say(&outside());
             return Ok(());
         }
@@ -451,7 +467,10 @@ fn delete(ctx: &Ctx, mounter: &RealMounter, id_or_path: &str) -> anyhow::Result<
             ctx.spawn(&store, &["reap"]);
             say(&format!("deleted container `{id}`"));
         }
-        Deleted::NotFound => say(&format!("Image `{id}` not found. Skipping delete.")),
+        Deleted::NotFound => {
+            skipped("not found");
+            say(&format!("Image `{id}` not found. Skipping delete."));
+        }
     }
     Ok(())
 }
@@ -513,8 +532,10 @@ impl Ctx {
                 &platform,
             )?);
         }
+        let reference = lamina_image::ImageRef::parse(image)?;
+        image_texts::check_local(&reference)?;
         Ok(lamina_image::resolve_limited(
-            &lamina_image::ImageRef::parse(image)?,
+            &reference,
             &platform,
             self.max_layer_bytes,
         )?)
