@@ -373,15 +373,16 @@ fn a_missing_store_is_reported_with_what_was_asked() {
     let missing = Lamina::new(&fs.path().join("invalid-store"));
     let store = missing.store.display().to_string();
     let no_store = format!("no store found at {store}");
+    // At debug, as GrootFS's suite runs every command (groot_suite_test.go).
 
-    let list = missing.run(&["list"]);
+    let list = missing.run(&["--log-level", "debug", "list"]);
     assert_fails_with(&list, &no_store);
     assert!(
         list.stderr.contains(&format!(r#""error":"{no_store}""#)),
         "{list:?}"
     );
 
-    let clean = missing.run(&["clean", "--threshold-bytes", "0"]);
+    let clean = missing.run(&["--log-level", "debug", "clean", "--threshold-bytes", "0"]);
     assert_eq!(clean.code, 0, "{clean:?}");
     assert!(clean.stderr.contains(&no_store), "{clean:?}");
     let report = clean.json();
@@ -390,14 +391,14 @@ fn a_missing_store_is_reported_with_what_was_asked() {
 
     let asked = "/path/to/random-id";
     let logged_id = format!(r#""id":"{asked}""#);
-    let stats = missing.run(&["stats", asked]);
+    let stats = missing.run(&["--log-level", "debug", "stats", asked]);
     assert_fails_with(&stats, &format!("path `{asked}` is outside store path"));
     assert!(stats.stderr.contains(&logged_id), "{stats:?}");
-    let stats = missing.run(&["stats", "some-id"]);
+    let stats = missing.run(&["--log-level", "debug", "stats", "some-id"]);
     assert_fails_with(&stats, "Image `some-id` not found.");
     assert!(stats.stderr.contains(r#""id":"some-id""#), "{stats:?}");
 
-    let delete = missing.run(&["delete", asked]);
+    let delete = missing.run(&["--log-level", "debug", "delete", asked]);
     assert_says(&delete, &format!("path `{asked}` is outside store path"));
     assert!(delete.stderr.contains(&logged_id), "{delete:?}");
     assert!(!missing.store.exists(), "nothing was made");
@@ -571,7 +572,7 @@ fn init_store_refuses_non_root_and_logs_a_store_already_there() {
     assert!(!store.exists(), "nothing was made");
 
     let lamina = Lamina::init(&store);
-    let again = lamina.run(&["init-store"]);
+    let again = lamina.run(&["--log-level", "debug", "init-store"]);
     assert_eq!(again.code, 0, "{again:?}");
     assert!(
         again.stderr.contains("store-already-initialized"),
