@@ -169,3 +169,29 @@ fn writes_survive_unmount_and_a_restart_on_disk_and_are_refused_as_lost_in_memor
         lamina.delete_and_assert_gone(strategy, strategy);
     }
 }
+
+/// A memory-backed upper is bounded by memory, not only by the limit asked: a limit past
+/// half the host's memory is refused before anything is mounted, naming both numbers.
+#[test]
+fn a_memory_upper_larger_than_half_the_hosts_memory_is_refused() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let (lamina, image) = store_with_sample(&fs);
+    let out = lamina.run(&[
+        "create",
+        "--strategy",
+        "isolated-memory",
+        "--exclude-image-from-quota",
+        "--disk-limit-size-bytes",
+        "1125899906842624",
+        &image,
+        "huge",
+    ]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stdout.contains("more than half this host's memory"),
+        "{out:?}"
+    );
+    assert_eq!(lamina.run(&["list"]).stdout, "Store empty");
+    assert!(lamina_integration::scratch::mounts_under(&lamina.store).is_empty());
+}

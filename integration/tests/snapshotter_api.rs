@@ -1364,3 +1364,30 @@ fn a_commit_that_fails_on_a_full_store_is_finished_by_the_same_commit_again() {
     let check = lamina.run(&["check"]);
     assert_eq!(check.code, 0, "{check:?}");
 }
+
+/// Labels a pod author sets reach the snapshotter through CRI: one snapshot's are bounded
+/// in bytes, and `List` answers stay within what a client receives in one message (here
+/// tonic's 4 MiB default; containerd's for proxy plugins is 16 MiB) however large the
+/// labels of many snapshots are together.
+#[test]
+fn label_bytes_are_bounded_and_list_messages_fit_a_clients_limit() {
+    let f = fixture();
+    let sized = |count: usize| -> Labels {
+        (0..count)
+            .map(|n| (format!("containerd.io/snapshot/pod.{n:03}"), "v".repeat(4000)))
+            .collect()
+    };
+    let refused = f.api.prepare("too-many", "", sized(66)).unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("too-many"), "{refused:?}");
+    for n in 0..40 {
+        f.api.prepare(&format!("big-{n}"), "", sized(64)).unwrap();
+    }
+    let listed = f.api.list(&[]).unwrap();
+    assert_eq!(listed.len(), 40);
+    // Update may not grow them past the bound either.
+    let mut info = f.api.stat("big-0").unwrap();
+    info.labels.insert("containerd.io/snapshot/pod.more".into(), "v".repeat(8000));
+    let refused = f.api.update(info, &["labels"]).unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+}

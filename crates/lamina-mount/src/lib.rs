@@ -94,6 +94,10 @@ pub enum RootfsError {
     )]
     DiskLimitTooSmall { limit: u64, image: u64 },
     #[error(
+        "a memory-backed upper of {limit} bytes is more than half this host's memory ({ceiling} bytes): lower the limit, or use strategy `isolated` (on disk)"
+    )]
+    MemoryUpperTooLarge { limit: u64, ceiling: u64 },
+    #[error(
         "a disk limit needs strategy `isolated`, `isolated-memory` or (on a btrfs store with quotas enabled) `isolated-quota`; `{strategies}` cannot enforce one"
     )]
     DiskLimitNeedsIsolated { strategies: String },

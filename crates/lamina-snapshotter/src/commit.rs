@@ -31,6 +31,7 @@ impl Snapshotter {
                 "a committed snapshot needs a name".into(),
             ));
         }
+        crate::label_bounds::check(name, &labels)?;
         if self.index().contains(name)? {
             return Err(SnapshotError::AlreadyExists(name.into()));
         }

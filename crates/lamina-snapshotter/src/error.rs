@@ -44,7 +44,8 @@ impl From<SnapshotError> for tonic::Status {
                 RootfsError::Refused(_)
                 | RootfsError::PoolReadOnly
                 | RootfsError::PoolWithoutMount
-                | RootfsError::DiskLimitNeedsIsolated { .. },
+                | RootfsError::DiskLimitNeedsIsolated { .. }
+                | RootfsError::MemoryUpperTooLarge { .. },
             ) => tonic::Status::invalid_argument(message),
             SnapshotError::Rootfs(_) | SnapshotError::Store(_) => tonic::Status::unknown(message),
         }

@@ -84,6 +84,7 @@ impl Snapshotter {
                 None => record.labels.remove(key),
             };
         }
+        crate::label_bounds::check(&info.name, &record.labels)?;
         record.updated_ns = now_ns();
         index.update(&info.name, &record)?;
         Ok(Info::of(&info.name, &record))

@@ -13,6 +13,7 @@ mod error;
 mod filters;
 mod idmap_labels;
 mod info;
+mod label_bounds;
 mod metacopy_origin;
 pub mod metrics;
 mod metrics_http;
@@ -25,6 +26,7 @@ mod snapshotter;
 pub use error::SnapshotError;
 pub use filters::{Fields, Filters};
 pub use info::{Info, Usage};
+pub use label_bounds::MAX_LABEL_BYTES;
 pub use serve::{ServeError, connect, serve, serve_until_signalled};
 pub use service::Service;
 pub use snapshotter::{

@@ -14,8 +14,13 @@ use crate::proto::containerd::types::Mount;
 use crate::{Info, MountSpec, SnapshotError, Snapshotter};
 use lamina_snapshot_index::SnapshotKind;
 
-/// How many snapshots one `List` response message carries.
+/// How many snapshots one `List` response message carries at most.
 const LIST_CHUNK: usize = 100;
+
+/// The most encoded bytes one `List` response message carries (one snapshot's labels are
+/// bounded well below it, `MAX_LABEL_BYTES`): a quarter of containerd's 16 MiB receive
+/// limit for proxy plugins, and tonic's own 4 MiB default on our side.
+const LIST_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 
 /// The gRPC face of a [`Snapshotter`].
 #[derive(Debug, Clone)]
@@ -203,12 +208,7 @@ impl Snapshots for Service {
     ) -> Result<Response<Self::ListStream>, Status> {
         let filters = request.into_inner().filters;
         let infos = self.run("list", move |s| s.list(&filters)).await?;
-        let mut chunks = Vec::new();
-        let mut infos = infos.into_iter().map(to_api).peekable();
-        while infos.peek().is_some() {
-            let info = infos.by_ref().take(LIST_CHUNK).collect();
-            chunks.push(Ok(api::ListSnapshotsResponse { info }));
-        }
+        let chunks = list_chunks(infos.into_iter().map(to_api)).map(Ok);
         Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
     }
 
@@ -230,5 +230,59 @@ impl Snapshots for Service {
     ) -> Result<Response<()>, Status> {
         self.run("cleanup", |s| s.cleanup().map(|_| ())).await?;
         Ok(Response::new(()))
+    }
+}
+
+/// `infos` as `List` messages of at most [`LIST_CHUNK`] snapshots and, but for a single
+/// snapshot larger than it, [`LIST_CHUNK_BYTES`] encoded.
+fn list_chunks(
+    infos: impl Iterator<Item = api::Info>,
+) -> impl Iterator<Item = api::ListSnapshotsResponse> {
+    use prost::Message;
+    let mut chunks = Vec::new();
+    let mut info = Vec::new();
+    let mut bytes = 0;
+    for one in infos {
+        // A field of a message: its tag and length prefix besides its own bytes.
+        let size = one.encoded_len() + 8;
+        if !info.is_empty() && (info.len() == LIST_CHUNK || bytes + size > LIST_CHUNK_BYTES) {
+            chunks.push(api::ListSnapshotsResponse {
+                info: std::mem::take(&mut info),
+            });
+            bytes = 0;
+        }
+        bytes += size;
+        info.push(one);
+    }
+    if !info.is_empty() {
+        chunks.push(api::ListSnapshotsResponse { info });
+    }
+    chunks.into_iter()
+}
+
+#[cfg(test)]
+mod list_tests {
+    use super::*;
+
+    fn info(name: &str, label_bytes: usize) -> api::Info {
+        api::Info {
+            name: name.into(),
+            labels: [("l".to_string(), "x".repeat(label_bytes))].into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn list_messages_are_bounded_by_count_and_by_bytes() {
+        use prost::Message;
+        let small: Vec<_> = list_chunks((0..250).map(|n| info(&n.to_string(), 10))).collect();
+        assert_eq!(small.iter().map(|c| c.info.len()).collect::<Vec<_>>(), [100, 100, 50]);
+        let large: Vec<_> =
+            list_chunks((0..100).map(|n| info(&n.to_string(), 200 * 1024))).collect();
+        assert!(large.len() >= 5, "{}", large.len());
+        assert_eq!(large.iter().map(|c| c.info.len()).sum::<usize>(), 100);
+        for chunk in &large {
+            assert!(chunk.encoded_len() <= LIST_CHUNK_BYTES, "{}", chunk.encoded_len());
+        }
     }
 }

@@ -153,6 +153,7 @@ impl Snapshotter {
                 "a snapshot key must not be empty".into(),
             ));
         }
+        crate::label_bounds::check(key, &labels)?;
         let _lock = self.store.lock_snapshots()?;
         // Held until the metadata names the layers: collection never takes them meanwhile.
         let _layers_in_use = self.store.use_layers()?;
@@ -469,7 +470,7 @@ pub(crate) fn extraction_target(key: &str, labels: &BTreeMap<String, String>) ->
 /// sandbox, from pod annotations, so the value is bounded: from the smallest upper
 /// filesystem lamina can make (8 MiB) to the size of the store's own filesystem. Above
 /// that a sparse image would still cost minutes of mkfs and gigabytes of metadata under
-/// the snapshot lock, and a tmpfs upper could take all of the host's memory.
+/// the snapshot lock, and a memory-backed upper is bounded by memory besides (`MemoryUpperTooLarge`: half the host's).
 fn max_size(
     kind: SnapshotKind,
     extraction: bool,

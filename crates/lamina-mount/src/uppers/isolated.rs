@@ -140,7 +140,31 @@ pub fn plan_for(
             }
         }
     };
+    if backend == UpperBackend::Memory
+        && let Some(limit) = size
+        && let Some(ceiling) = memory_ceiling()
+        && limit > ceiling
+    {
+        // A tmpfs is charged to whoever mounted it (lamina, not the container), and what
+        // it holds cannot be swapped out on a host without swap: past half the host's
+        // memory (tmpfs's own default size) one container could take the rest.
+        return Err(RootfsError::MemoryUpperTooLarge { limit, ceiling });
+    }
     Ok(UpperPlan::new(backend, size, disk_fs))
+}
+
+/// Half of the host's memory (`MemTotal`), the most one memory-backed upper may hold.
+fn memory_ceiling() -> Option<u64> {
+    let meminfo = fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024 / 2)
 }
 
 /// Parses a disk filesystem name as the config and pool targets spell it.
