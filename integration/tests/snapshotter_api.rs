@@ -1374,7 +1374,12 @@ fn label_bytes_are_bounded_and_list_messages_fit_a_clients_limit() {
     let f = fixture();
     let sized = |count: usize| -> Labels {
         (0..count)
-            .map(|n| (format!("containerd.io/snapshot/pod.{n:03}"), "v".repeat(4000)))
+            .map(|n| {
+                (
+                    format!("containerd.io/snapshot/pod.{n:03}"),
+                    "v".repeat(4000),
+                )
+            })
             .collect()
     };
     let refused = f.api.prepare("too-many", "", sized(66)).unwrap_err();
@@ -1387,7 +1392,8 @@ fn label_bytes_are_bounded_and_list_messages_fit_a_clients_limit() {
     assert_eq!(listed.len(), 40);
     // Update may not grow them past the bound either.
     let mut info = f.api.stat("big-0").unwrap();
-    info.labels.insert("containerd.io/snapshot/pod.more".into(), "v".repeat(8000));
+    info.labels
+        .insert("containerd.io/snapshot/pod.more".into(), "v".repeat(8000));
     let refused = f.api.update(info, &["labels"]).unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
 }

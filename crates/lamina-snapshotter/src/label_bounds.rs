@@ -36,6 +36,9 @@ mod tests {
         assert!(check("s", &labels).is_ok());
         labels.insert("k63".into(), "v".repeat(4096));
         let err = check("s", &labels).unwrap_err().to_string();
-        assert!(err.contains("snapshot `s`") && err.contains("262144"), "{err}");
+        assert!(
+            err.contains("snapshot `s`") && err.contains("262144"),
+            "{err}"
+        );
     }
 }

@@ -276,13 +276,20 @@ mod list_tests {
     fn list_messages_are_bounded_by_count_and_by_bytes() {
         use prost::Message;
         let small: Vec<_> = list_chunks((0..250).map(|n| info(&n.to_string(), 10))).collect();
-        assert_eq!(small.iter().map(|c| c.info.len()).collect::<Vec<_>>(), [100, 100, 50]);
+        assert_eq!(
+            small.iter().map(|c| c.info.len()).collect::<Vec<_>>(),
+            [100, 100, 50]
+        );
         let large: Vec<_> =
             list_chunks((0..100).map(|n| info(&n.to_string(), 200 * 1024))).collect();
         assert!(large.len() >= 5, "{}", large.len());
         assert_eq!(large.iter().map(|c| c.info.len()).sum::<usize>(), 100);
         for chunk in &large {
-            assert!(chunk.encoded_len() <= LIST_CHUNK_BYTES, "{}", chunk.encoded_len());
+            assert!(
+                chunk.encoded_len() <= LIST_CHUNK_BYTES,
+                "{}",
+                chunk.encoded_len()
+            );
         }
     }
 }
