@@ -32,6 +32,8 @@ pub struct Daemon {
     args: Vec<String>,
     /// `LAMINA_PAUSE_AT` for the next start only.
     pause_at: Option<String>,
+    /// `LAMINA_FAIL_ONCE_AT` for the next start only.
+    fail_once_at: Option<String>,
     child: Option<Child>,
 }
 
@@ -44,6 +46,7 @@ impl Daemon {
             socket: socket.to_path_buf(),
             args: extra.iter().map(|s| s.to_string()).collect(),
             pause_at: None,
+            fail_once_at: None,
             child: None,
         };
         daemon.spawn();
@@ -58,6 +61,22 @@ impl Daemon {
             socket: socket.to_path_buf(),
             args: Vec::new(),
             pause_at: Some(point.to_string()),
+            fail_once_at: None,
+            child: None,
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    /// [`Daemon::start`], with the step at fault point `point` failing the first time
+    /// this daemon reaches it (`LAMINA_FAIL_ONCE_AT`; not after a restart).
+    pub fn start_failing_once_at(store: &Path, socket: &Path, point: &str) -> Daemon {
+        let mut daemon = Daemon {
+            store: store.to_path_buf(),
+            socket: socket.to_path_buf(),
+            args: Vec::new(),
+            pause_at: None,
+            fail_once_at: Some(point.to_string()),
             child: None,
         };
         daemon.spawn();
@@ -73,6 +92,9 @@ impl Daemon {
         let mut command = Command::new(binary());
         if let Some(point) = self.pause_at.take() {
             command.env("LAMINA_PAUSE_AT", point);
+        }
+        if let Some(point) = self.fail_once_at.take() {
+            command.env("LAMINA_FAIL_ONCE_AT", point);
         }
         let child = command
             .arg("--store")

@@ -1397,3 +1397,97 @@ fn label_bytes_are_bounded_and_list_messages_fit_a_clients_limit() {
     let refused = f.api.update(info, &["labels"]).unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
 }
+
+/// Prepares `key` with twenty files written through a real mount.
+fn prepare_with_files(api: &Api, key: &str) {
+    let mounts = api.prepare(key, "", classic()).unwrap();
+    let mounted = Mounted::new(&mounts);
+    fs::create_dir(mounted.path().join("dir")).unwrap();
+    for n in 0..20 {
+        fs::write(
+            mounted.path().join(format!("dir/{n}")),
+            format!("{key}:{n}"),
+        )
+        .unwrap();
+    }
+}
+
+/// A view of committed `name` holds the files [`prepare_with_files`] wrote under `key`.
+fn assert_committed_files(api: &Api, name: &str, key: &str) {
+    let view = api.view(&format!("view-of-{name}"), name).unwrap();
+    let mounted = Mounted::new(&view);
+    for n in 0..20 {
+        assert_eq!(
+            read(&mounted.path().join(format!("dir/{n}"))),
+            format!("{key}:{n}"),
+            "{name}: a file of the commit"
+        );
+    }
+}
+
+/// A Commit that fails once its layer is published (the committed row not written, as
+/// on a full disk) stays a commit in flight: `check` names it, `Cleanup` keeps its layer,
+/// and a Commit again — under a new name, as containerd's retry comes (`ns/<seq>/name`) —
+/// finishes it; no other snapshot may take the name it holds meanwhile. After a restart
+/// instead, the daemon finishes it under the name it holds.
+#[test]
+fn a_commit_that_fails_after_its_layer_is_published_is_finished_not_lost() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let store = fs.path().join("store");
+    let socket = fs.path().join("lamina.sock");
+    let lamina = Lamina::new(&store);
+    {
+        let daemon = Daemon::start_failing_once_at(&store, &socket, "commit-published");
+        let api = Api::connect(&daemon.socket);
+        prepare_with_files(&api, "k");
+        let failed = api.commit("ns/1/c", "k", none()).unwrap_err();
+        assert_eq!(failed.code(), Code::Unknown, "{failed:?}");
+        let check = lamina.run(&["check"]);
+        assert_eq!(check.code, 1, "{check:?}");
+        assert!(check.stdout.contains("unfinished_commit"), "{check:?}");
+        assert!(
+            check.stdout.contains("its files are in that layer"),
+            "{check:?}"
+        );
+        // The name the commit holds is nobody else's meanwhile.
+        let taken = api.prepare("ns/1/c", "", none()).unwrap_err();
+        assert_eq!(taken.code(), Code::AlreadyExists, "{taken:?}");
+        api.cleanup().unwrap();
+        api.commit("ns/2/c", "k", none()).unwrap();
+        assert_eq!(api.stat("ns/1/c").unwrap_err().code(), Code::NotFound);
+        assert_eq!(api.stat("k").unwrap_err().code(), Code::NotFound);
+        assert_committed_files(&api, "ns/2/c", "k");
+    }
+    {
+        let mut daemon = Daemon::start_failing_once_at(&store, &socket, "commit-published");
+        let api = Api::connect(&daemon.socket);
+        prepare_with_files(&api, "r");
+        api.commit("ns/3/r", "r", none()).unwrap_err();
+        daemon.crash_and_restart();
+        let api = Api::connect(&daemon.socket);
+        assert_committed_files(&api, "ns/3/r", "r");
+    }
+    let check = lamina.run(&["check"]);
+    assert_eq!(check.code, 0, "{check:?}");
+}
+
+/// A Commit that fails before its layer is published is undone at once: the snapshot is
+/// active as it was (no unfinished commit), and the same Commit again succeeds.
+#[test]
+fn a_commit_that_fails_before_the_publish_is_undone_at_once() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let store = fs.path().join("store");
+    let daemon =
+        Daemon::start_failing_once_at(&store, &fs.path().join("lamina.sock"), "commit-publish");
+    let api = Api::connect(&daemon.socket);
+    prepare_with_files(&api, "u");
+    let failed = api.commit("ns/1/u", "u", none()).unwrap_err();
+    assert_eq!(failed.code(), Code::Unknown, "{failed:?}");
+    let check = Lamina::new(&store).run(&["check"]);
+    assert_eq!(check.code, 0, "{check:?}");
+    assert_eq!(api.stat("u").unwrap().kind, Kind::Active as i32);
+    api.commit("ns/2/u", "u", none()).unwrap();
+    assert_committed_files(&api, "ns/2/u", "u");
+}

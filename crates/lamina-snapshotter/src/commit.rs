@@ -24,34 +24,44 @@ impl Snapshotter {
         key: &str,
         labels: BTreeMap<String, String>,
     ) -> Result<(), SnapshotError> {
-        let _lock = self.store.lock_snapshots()?;
-        let _layers_in_use = self.store.use_layers()?;
         if name.is_empty() {
             return Err(SnapshotError::InvalidArgument(
                 "a committed snapshot needs a name".into(),
             ));
         }
         crate::label_bounds::check(name, &labels)?;
-        if self.index().contains(name)? {
+        let _lock = self.store.lock_snapshots()?;
+        let _layers_in_use = self.store.use_layers()?;
+        if self.name_taken(name, Some(key))? {
             return Err(SnapshotError::AlreadyExists(name.into()));
         }
         let mut active = self
             .index()
             .get(key)?
             .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
-        // A commit of this snapshot that failed in this daemon after its layer was
-        // published (see `settle_failed_commit`): the same commit again finishes it, with
-        // the layer and labels first recorded; another name is refused rather than
-        // dropping the layer that holds the snapshot's files.
-        if let Some(in_flight) = &active.committing {
-            if in_flight.name == name {
-                tracing::info!(key, name, "finishing a commit that failed before");
-                return self.finish_commit(key, active);
+        // A commit of this snapshot that failed in this daemon (see `settle_failed_commit`):
+        // a Commit again finishes it with the layer first recorded. containerd names each
+        // attempt anew (`ns/<sequence>/name`), so a retry may come under another name; the
+        // name and labels are only the row's, and the new ones are taken.
+        if let Some(mut in_flight) = active.committing.clone() {
+            let id = active.container.clone().unwrap_or_default();
+            if !self.store.has_layer(&in_flight.layer) {
+                // Its upper is back in place (the undo's last write failed): no writer
+                // may hold it while it is published.
+                lamina_mount::refuse_upper_in_use(&self.store, self.mounter.as_ref(), &id)?;
             }
-            return Err(SnapshotError::FailedPrecondition(format!(
-                "snapshot `{key}` is being committed as `{}`: commit it under that name (its files are in layer {} already)",
-                in_flight.name, in_flight.layer
-            )));
+            if in_flight.name != name || in_flight.labels != labels {
+                in_flight.name = name.to_string();
+                in_flight.labels = labels;
+                active.committing = Some(in_flight);
+                self.index().update(key, &active)?;
+            }
+            tracing::info!(key, name, "finishing a commit that failed before");
+            let finished = self.finish_commit(key, active);
+            if finished.is_err() {
+                self.settle_failed_commit(key);
+            }
+            return finished;
         }
         if active.kind != SnapshotKind::Active {
             return Err(SnapshotError::FailedPrecondition(format!(
@@ -143,6 +153,7 @@ impl Snapshotter {
         let id = active.container.clone().unwrap_or_default();
         if !self.store.has_layer(&committing.layer) {
             let publish = |upper: &lamina_mount::UpperToCommit| -> Result<bool, SnapshotError> {
+                self.store.fail_point("commit-publish")?;
                 if let Some(lowers) = &upper.metacopy_lowers {
                     let filled = complete_metacopies(&**self.store.host(), &upper.upper, lowers)
                         .map_err(|e| {
@@ -159,6 +170,7 @@ impl Snapshotter {
             let published =
                 lamina_mount::commit_upper(&self.store, self.mounter.as_ref(), &id, publish)??;
             self.store.pause_point("commit-published");
+            self.store.fail_point("commit-published")?;
             if published {
                 // Its size was measured once, into its record, as it was published.
                 let bytes = self
@@ -268,7 +280,11 @@ impl Snapshotter {
             };
             if self.store.has_layer(&committing.layer) {
                 tracing::info!(key, "finishing an interrupted commit");
-                self.finish_commit(&key, active)?;
+                // Left as it is on failure (`check` reports it; the next start or a
+                // Commit again finishes it): one snapshot must not stop every start.
+                if let Err(e) = self.finish_commit(&key, active) {
+                    tracing::error!(key, error = %e, "finishing an interrupted commit failed; it stays unfinished");
+                }
                 continue;
             }
             let dir = self
@@ -293,6 +309,30 @@ impl Snapshotter {
             self.index().update(&key, &active)?;
         }
         Ok(())
+    }
+
+    /// Whether `name` is a snapshot's, or the name a recorded commit intent will give one
+    /// (but `except`'s own): either way no other snapshot may take it.
+    pub(crate) fn name_taken(
+        &self,
+        name: &str,
+        except: Option<&str>,
+    ) -> Result<bool, SnapshotError> {
+        let index = self.index();
+        if index.contains(name)? {
+            return Ok(true);
+        }
+        for key in index.interrupted_commits()? {
+            if Some(key.as_str()) != except
+                && index
+                    .get(&key)?
+                    .and_then(|row| row.committing)
+                    .is_some_and(|c| c.name == name)
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Snapshot containers no row names.

@@ -157,7 +157,7 @@ impl Snapshotter {
         let _lock = self.store.lock_snapshots()?;
         // Held until the metadata names the layers: collection never takes them meanwhile.
         let _layers_in_use = self.store.use_layers()?;
-        if self.index().contains(key)? {
+        if self.name_taken(key, None)? {
             return Err(SnapshotError::AlreadyExists(key.into()));
         }
         let parent = (!parent.is_empty()).then(|| parent.to_string());

@@ -215,7 +215,12 @@ impl Store {
         let staged_diff = staging.join("diff");
         fs::rename(diff, &staged_diff).map_err(StoreError::io("moving", diff))?;
         if let Err(e) = self.publish_staged(&staging, &staging_dir, &record, None) {
-            let _ = fs::rename(&staged_diff, diff);
+            if let Err(back) = fs::rename(&staged_diff, diff) {
+                // The files are only in the staging directory now: it stays, for the
+                // caller's recovery to move back (a commit's intent names it).
+                guard.0 = None;
+                tracing::error!(staged = %staged_diff.display(), error = %back, "a failed publish could not move its files back; they stay staged");
+            }
             return Err(e);
         }
         guard.0 = None;

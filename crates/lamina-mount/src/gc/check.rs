@@ -37,9 +37,9 @@ pub struct CheckReport {
     pub message: String,
 }
 
-/// Checks the store; with `repair`, fixes what is safe to fix. Holds the clean lock
-/// throughout, so no clean runs alongside; creates and deletes may, and what they have in
-/// flight (held locks) is never reported.
+/// Checks the store; with `repair`, fixes what is safe to fix. Holds the clean lock while
+/// it judges `tmp/` and crashed creates, so no clean removes them alongside; creates and
+/// deletes may run, and what they have in flight (held locks) is never reported.
 pub fn check(
     store: &Store,
     mounter: &dyn Mounter,
@@ -186,8 +186,14 @@ pub fn check_verified(
         snapshots.for_each(|key, snapshot| {
             if let Some(committing) = &snapshot.committing {
                 let published = store.has_layer(&committing.layer);
+                let staged = store
+                    .layout()
+                    .tmp()
+                    .join(format!("layer-{}", committing.layer.hex()));
                 let (path, holds) = if published {
                     (store.layout().layer(&committing.layer), "its files are in that layer")
+                } else if staged.exists() {
+                    (staged, "its files are staged there, on their way to that layer")
                 } else {
                     (
                         store

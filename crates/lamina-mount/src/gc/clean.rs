@@ -5,6 +5,7 @@
 use std::fs;
 use std::path::Path;
 
+use lamina_snapshot_index::StoreSnapshots;
 use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
 use serde::Serialize;
@@ -250,7 +251,9 @@ fn is_abandoned(store: &Store, path: &Path) -> Result<bool, RootfsError> {
         let hex = rest.split('-').next().unwrap_or_default();
         store.try_lock(&format!("composefs-{hex}"))?.is_some()
     } else if let Some(hex) = name.strip_prefix("layer-") {
-        store.try_lock(&format!("layer-{hex}"))?.is_some()
+        // An interrupted commit's upper waits here for the daemon's next start to put it
+        // back or publish it: the snapshot's files, however free the lock.
+        store.try_lock(&format!("layer-{hex}"))?.is_some() && !committing_to(store, hex)?
     } else if name.starts_with(collect::DOOMED_PREFIX) {
         true // collected; we hold the clean lock, so no other clean is removing it
     } else if let Some(pid) = name.strip_prefix("probe-") {
@@ -263,6 +266,21 @@ fn is_abandoned(store: &Store, path: &Path) -> Result<bool, RootfsError> {
         name.starts_with("delete-") // an older lamina's removals
     };
     Ok(free && path.symlink_metadata().is_ok())
+}
+
+/// Whether a containerd snapshot's recorded commit intent names layer `hex`.
+fn committing_to(store: &Store, hex: &str) -> Result<bool, RootfsError> {
+    let Some(snapshots) = store.snapshots_if_any()? else {
+        return Ok(false);
+    };
+    for key in snapshots.interrupted_commits()? {
+        if let Some(committing) = snapshots.get(&key)?.and_then(|row| row.committing)
+            && committing.layer.hex() == hex
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

@@ -145,9 +145,10 @@ pub fn plan_for(
         && let Some(ceiling) = memory_ceiling()
         && limit > ceiling
     {
-        // A tmpfs is charged to whoever mounted it (lamina, not the container), and what
-        // it holds cannot be swapped out on a host without swap: past half the host's
-        // memory (tmpfs's own default size) one container could take the rest.
+        // What a tmpfs holds is memory that cannot be dropped, only swapped (on a host
+        // with swap): past half the host's memory (tmpfs's own default size) one
+        // container could take the rest. The bound is per upper; a container's memory
+        // cgroup, which its writes are charged to, bounds it further.
         return Err(RootfsError::MemoryUpperTooLarge { limit, ceiling });
     }
     Ok(UpperPlan::new(backend, size, disk_fs))

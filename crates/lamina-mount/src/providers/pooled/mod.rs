@@ -63,7 +63,9 @@ pub(crate) struct Ready<'a> {
 }
 
 impl Ready<'_> {
-    fn planned_upper(&self, backend: UpperBackend) -> UpperPlan {
+    /// The upper a create would plan; `None` where it would refuse one (an image larger
+    /// than the limit, a memory upper past the host's bound): no pool is ready for it.
+    fn planned_upper(&self, backend: UpperBackend) -> Option<UpperPlan> {
         isolated::plan_for(
             self.store,
             self.chain_ids,
@@ -71,12 +73,18 @@ impl Ready<'_> {
             self.disk_limit,
             self.disk_fs,
         )
-        .unwrap_or_else(|_| UpperPlan::new(backend, None, self.disk_fs))
+        .ok()
     }
 
     /// A pre-mounted overlay of `flavour` is ready.
     pub(crate) fn overlays(&self, flavour: Flavour) -> bool {
-        let upper = flavour.isolated.map(|b| self.planned_upper(b));
+        let upper = match flavour.isolated {
+            Some(backend) => match self.planned_upper(backend) {
+                Some(plan) => Some(plan),
+                None => return false,
+            },
+            None => None,
+        };
         pool::ready(
             self.store,
             &PoolKind::overlays(self.chain_ids, flavour, upper),
@@ -85,6 +93,7 @@ impl Ready<'_> {
 
     /// A bare upper filesystem of `backend` is ready.
     pub(crate) fn uppers(&self, backend: UpperBackend) -> bool {
-        pool::ready(self.store, &PoolKind::uppers(self.planned_upper(backend)))
+        self.planned_upper(backend)
+            .is_some_and(|plan| pool::ready(self.store, &PoolKind::uppers(plan)))
     }
 }
