@@ -256,11 +256,23 @@ impl Api {
     }
 
     pub fn commit(&self, name: &str, key: &str, labels: Labels) -> Result<(), Status> {
+        self.commit_onto(name, key, "", labels)
+    }
+
+    /// Commit with containerd 2.x's `parent` (a rebase), `""` for none.
+    pub fn commit_onto(
+        &self,
+        name: &str,
+        key: &str,
+        parent: &str,
+        labels: Labels,
+    ) -> Result<(), Status> {
         let request = api::CommitSnapshotRequest {
             snapshotter: self.snapshotter.clone(),
             name: name.into(),
             key: key.into(),
             labels,
+            parent: parent.into(),
         };
         let mut client = self.client.clone();
         self.runtime

@@ -1491,3 +1491,25 @@ fn a_commit_that_fails_before_the_publish_is_undone_at_once() {
     api.commit("ns/2/u", "u", none()).unwrap();
     assert_committed_files(&api, "ns/2/u", "u");
 }
+
+/// containerd 2.x sends a Commit's `parent` to rebase a snapshot prepared without it
+/// (parallel unpack, to snapshotters declaring `rebase`). lamina declares no `rebase`: the
+/// parent it was prepared on commits as before, another is refused rather than dropped.
+#[test]
+fn a_commit_onto_another_parent_is_refused_and_onto_its_own_goes_through() {
+    let f = fixture();
+    commit_with(&f.api, "base", "base-key", "", |root| {
+        fs::write(root.join("base"), "b").unwrap();
+    });
+    commit_with(&f.api, "other", "other-key", "", |_| {});
+    f.api.prepare("top-key", "base", none()).unwrap();
+    let refused = f
+        .api
+        .commit_onto("top", "top-key", "other", none())
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("rebase"), "{refused:?}");
+    assert_eq!(f.api.stat("top-key").unwrap().kind, Kind::Active as i32);
+    f.api.commit_onto("top", "top-key", "base", none()).unwrap();
+    assert_eq!(f.api.stat("top").unwrap().parent, "base");
+}

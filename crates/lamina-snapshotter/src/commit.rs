@@ -144,6 +144,29 @@ impl Snapshotter {
         }
     }
 
+    /// containerd 2.x's `parent` on a Commit asks to rebase the snapshot onto another
+    /// parent than the one it was prepared on (parallel unpack, for a snapshotter that
+    /// declares `rebase`). lamina does not declare it, and does not rebase: a parent other
+    /// than the recorded one is refused, not dropped (the layer would sit on the wrong
+    /// chain). The recorded parent itself, or none, commits as before.
+    pub fn refuse_rebase(&self, key: &str, parent: &str) -> Result<(), SnapshotError> {
+        if parent.is_empty() {
+            return Ok(());
+        }
+        let recorded = self
+            .index()
+            .get(key)?
+            .ok_or_else(|| SnapshotError::NotFound(key.into()))?
+            .parent;
+        if recorded.as_deref() == Some(parent) {
+            return Ok(());
+        }
+        Err(SnapshotError::FailedPrecondition(format!(
+            "snapshot `{key}` was prepared on `{}`: committing it onto `{parent}` would rebase it, which lamina does not (it declares no `rebase` capability)",
+            recorded.as_deref().unwrap_or("")
+        )))
+    }
+
     /// Publishes the upper of active `key` (whose intent is recorded) as its layer, then
     /// records the committed snapshot and removes the active one's container.
     fn finish_commit(&self, key: &str, active: SnapshotRecord) -> Result<(), SnapshotError> {
