@@ -1513,3 +1513,44 @@ fn a_commit_onto_another_parent_is_refused_and_onto_its_own_goes_through() {
     f.api.commit_onto("top", "top-key", "base", none()).unwrap();
     assert_eq!(f.api.stat("top").unwrap().parent, "base");
 }
+
+/// An operator decides which strategies a snapshot's strategy label may name
+/// (`--label-strategies`): through CRI a pod author sets the label. Another is refused
+/// with `InvalidArgument`, naming it and what is allowed; snapshots without the label get
+/// the daemon's own default whatever the list.
+#[test]
+fn label_strategies_bound_what_a_strategy_label_may_choose() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let daemon = Daemon::start(
+        &fs.path().join("store"),
+        &fs.path().join("lamina.sock"),
+        &["--label-strategies", "auto, classic,metacopy"],
+    );
+    let api = Api::connect(&daemon.socket);
+    let strategy = |list: &str| labels(&[("containerd.io/snapshot/lamina.strategy", list)]);
+    let refused = api
+        .prepare("pooled", "", strategy("metacopy,pooled"))
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("`pooled`")
+            && refused.message().contains("auto, classic, metacopy"),
+        "{refused:?}"
+    );
+    api.prepare("allowed", "", strategy("metacopy")).unwrap();
+    api.prepare("unlabelled", "", none()).unwrap();
+    drop(api);
+    drop(daemon);
+
+    // A list naming no strategy fails the start, naming it.
+    let out = Lamina::new(&fs.path().join("store")).run(&[
+        "daemon",
+        "--containerd-socket",
+        fs.path().join("other.sock").to_str().unwrap(),
+        "--label-strategies",
+        "classic,fastest",
+    ]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stdout.contains("unknown strategy `fastest`"), "{out:?}");
+}

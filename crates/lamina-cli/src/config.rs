@@ -52,6 +52,9 @@ pub struct DaemonConfig {
     pub snapshot_strategy: Option<String>,
     /// As `--interval-ms`.
     pub interval_ms: Option<u64>,
+    /// As `--label-strategies`: what a snapshot's strategy label may name.
+    #[serde(deserialize_with = "empty_is_none")]
+    pub label_strategies: Option<String>,
     /// As `--metrics-address`: HOST:PORT of the Prometheus endpoint (off without it).
     #[serde(deserialize_with = "empty_is_none")]
     pub metrics_address: Option<String>,

@@ -209,6 +209,9 @@ enum Command {
         /// Strategies for snapshots without a containerd.io/snapshot/lamina.strategy label [default: `daemon.snapshot_strategy` in --config, else auto]
         #[arg(long)]
         snapshot_strategy: Option<String>,
+        /// The strategies a snapshot's containerd.io/snapshot/lamina.strategy label may name, comma-separated (through CRI, pod authors set it) [default: `daemon.label_strategies` in --config, else every one]
+        #[arg(long, value_name = "LIST")]
+        label_strategies: Option<String>,
         /// Serve Prometheus metrics at http://HOST:PORT/metrics [default: `daemon.metrics_address` in --config, else off]
         #[arg(long, value_name = "HOST:PORT")]
         metrics_address: Option<String>,

@@ -72,6 +72,9 @@ pub struct Snapshotter {
     pub(crate) mounter: Arc<dyn Mounter>,
     /// For snapshots without a strategy label (not unpacks: those are always classic).
     pub(crate) default_strategies: Strategies,
+    /// The strategies a `lamina.strategy` label may name (`None`: every one), which the
+    /// operator sets: through CRI a pod author sets the label.
+    label_strategies: Option<std::collections::BTreeSet<String>>,
     /// One connection, shared by the server's threads; each use holds it for one query
     /// or one transaction, so reads are not held up behind a slow Prepare.
     index: Arc<Mutex<SnapshotIndex>>,
@@ -107,11 +110,52 @@ impl Snapshotter {
             store,
             mounter,
             default_strategies,
+            label_strategies: None,
             index,
             activity: Default::default(),
         };
         snapshotter.recover()?;
         Ok(snapshotter)
+    }
+
+    /// Only `names` (strategy names, as `--strategy` takes them) may a snapshot's
+    /// `lamina.strategy` label name; the daemon's own default is not bound by them.
+    pub fn with_label_strategies(
+        mut self,
+        names: std::collections::BTreeSet<String>,
+    ) -> Result<Self, SnapshotError> {
+        if let Some(unknown) = names
+            .iter()
+            .find(|n| !lamina_mount::model::strategy::NAMES.contains(&n.as_str()))
+        {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "unknown strategy `{unknown}` (available: {})",
+                lamina_mount::model::strategy::NAMES.join(", ")
+            )));
+        }
+        self.label_strategies = Some(names);
+        Ok(self)
+    }
+
+    /// Refuses a `lamina.strategy` label naming a strategy the operator did not allow.
+    fn check_strategy_label(&self, labels: &BTreeMap<String, String>) -> Result<(), SnapshotError> {
+        let (Some(allowed), Some(list)) = (&self.label_strategies, labels.get(STRATEGY_LABEL))
+        else {
+            return Ok(());
+        };
+        if let Some(name) = list
+            .split(',')
+            .map(str::trim)
+            .find(|n| !allowed.contains(*n))
+        {
+            let allowed: Vec<&str> = allowed.iter().map(String::as_str).collect();
+            return Err(SnapshotError::InvalidArgument(format!(
+                "{STRATEGY_LABEL}: strategy `{}` is not one a label may choose on this node (the daemon's label strategies: {})",
+                lamina_image::shown(name),
+                allowed.join(", ")
+            )));
+        }
+        Ok(())
     }
 
     pub fn store(&self) -> &Store {
@@ -154,6 +198,7 @@ impl Snapshotter {
             ));
         }
         crate::label_bounds::check(key, &labels)?;
+        self.check_strategy_label(&labels)?;
         let _lock = self.store.lock_snapshots()?;
         // Held until the metadata names the layers: collection never takes them meanwhile.
         let _layers_in_use = self.store.use_layers()?;

@@ -22,6 +22,7 @@ pub struct Flags {
     pub interval_ms: Option<u64>,
     pub containerd_socket: Option<PathBuf>,
     pub snapshot_strategy: Option<String>,
+    pub label_strategies: Option<String>,
     pub metrics_address: Option<String>,
 }
 
@@ -34,10 +35,23 @@ pub fn main(ctx: &Ctx, mounter: RealMounter, flags: Flags) -> anyhow::Result<()>
         .unwrap_or_else(|| "auto".into());
     let strategies =
         Strategies::parse(&strategy).map_err(|why| anyhow!("--snapshot-strategy: {why}"))?;
+    let label_strategies = flags
+        .label_strategies
+        .or(settings.label_strategies.clone())
+        .map(|list| {
+            list.split(',')
+                .map(|name| name.trim().to_string())
+                .filter(|name| !name.is_empty())
+                .collect()
+        });
     let containerd = flags
         .containerd_socket
         .or(settings.containerd_socket.clone())
-        .map(|socket| Containerd { socket, strategies });
+        .map(|socket| Containerd {
+            socket,
+            strategies,
+            label_strategies,
+        });
     // Serving containerd makes the store if there is none yet, as create does.
     let store = if containerd.is_some() {
         Store::init(&ctx.store_path)?
@@ -63,6 +77,8 @@ pub struct Containerd {
     pub socket: PathBuf,
     /// For snapshots without a `containerd.io/snapshot/lamina.strategy` label.
     pub strategies: Strategies,
+    /// What that label may name (`None`: every strategy).
+    pub label_strategies: Option<std::collections::BTreeSet<String>>,
 }
 
 /// Reaps deferred deletes as they arrive and refills pools, every `interval`; with
@@ -89,7 +105,12 @@ pub fn run(
         tell_systemd(&[sd_notify::NotifyState::Ready]);
         work_forever(store, mounter.as_ref(), interval);
     };
-    let snapshotter = Snapshotter::open(store.clone(), mounter.clone(), containerd.strategies)?;
+    let mut snapshotter = Snapshotter::open(store.clone(), mounter.clone(), containerd.strategies)?;
+    if let Some(names) = containerd.label_strategies {
+        snapshotter = snapshotter
+            .with_label_strategies(names)
+            .map_err(|e| anyhow!("--label-strategies: {e}"))?;
+    }
     if let Some(listener) = metrics {
         let exporter =
             lamina_snapshotter::metrics::Exporter::new(store.clone(), Some(snapshotter.clone()));

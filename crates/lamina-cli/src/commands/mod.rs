@@ -392,6 +392,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
             interval_ms,
             containerd_socket,
             snapshot_strategy,
+            label_strategies,
             metrics_address,
         } => {
             let main =
@@ -403,6 +404,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
                     interval_ms,
                     containerd_socket,
                     snapshot_strategy,
+                    label_strategies,
                     metrics_address,
                 },
             )?;
