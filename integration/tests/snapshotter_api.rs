@@ -1554,3 +1554,26 @@ fn label_strategies_bound_what_a_strategy_label_may_choose() {
     assert_eq!(out.code, 1, "{out:?}");
     assert!(out.stdout.contains("unknown strategy `fastest`"), "{out:?}");
 }
+
+/// A snapshot's upper takes the owner of its parent's root, as containerd's overlayfs
+/// gives it, so the merged root keeps the image's owner: what `ctr run --uidmap` needs of
+/// an image chowned for its user namespace (its root must be writable by the mapped root).
+#[test]
+fn an_active_snapshots_root_keeps_its_parents_owner() {
+    let f = fixture();
+    commit_with(&f.api, "chowned", "chowned-key", "", |root| {
+        fs::write(root.join("f"), "x").unwrap();
+        std::os::unix::fs::chown(root, Some(100000), Some(100000)).unwrap();
+    });
+    let mounts = f.api.prepare("child", "chowned", none()).unwrap();
+    let mounted = Mounted::new(&mounts);
+    let root = fs::metadata(mounted.path()).unwrap();
+    assert_eq!((root.uid(), root.gid()), (100000, 100000));
+    // A snapshot of an image owned by root stays root's.
+    commit_with(&f.api, "plain", "plain-key", "", |root| {
+        fs::write(root.join("f"), "x").unwrap();
+    });
+    let mounts = f.api.prepare("plain-child", "plain", none()).unwrap();
+    let mounted = Mounted::new(&mounts);
+    assert_eq!(fs::metadata(mounted.path()).unwrap().uid(), 0);
+}

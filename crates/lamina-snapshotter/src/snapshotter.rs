@@ -137,6 +137,44 @@ impl Snapshotter {
         Ok(self)
     }
 
+    /// An active snapshot's upper takes the owner of its parent's root, as containerd's
+    /// overlayfs gives it: an overlay's root shows its upper's owner, and a container in a
+    /// user namespace (`ctr run --uidmap` on an image chowned for it) could not write its
+    /// own root if that were always root's. Only for an upper containerd mounts (an
+    /// `upperdir=` option); an idmapped snapshot lamina mounts has its owner already.
+    fn upper_owned_as_parent(
+        &self,
+        kind: SnapshotKind,
+        chain: &[Digest],
+        mounts: Vec<MountSpec>,
+    ) -> Result<Vec<MountSpec>, SnapshotError> {
+        let Some(top) = chain.last().filter(|_| kind == SnapshotKind::Active) else {
+            return Ok(mounts);
+        };
+        let root = self.store.layout().layer_diff(top);
+        let owner = std::fs::symlink_metadata(&root)
+            .map(|meta| {
+                use std::os::unix::fs::MetadataExt;
+                (meta.uid(), meta.gid())
+            })
+            .map_err(lamina_store::StoreError::io("reading the owner of", &root))?;
+        if owner == (0, 0) {
+            return Ok(mounts);
+        }
+        let upper = mounts
+            .iter()
+            .flat_map(|m| m.options.iter())
+            .find_map(|o| o.strip_prefix("upperdir="));
+        if let Some(upper) = upper {
+            let upper = std::path::Path::new(upper);
+            self.store
+                .host()
+                .chown(lamina_sys::At::Path(upper), owner.0, owner.1)
+                .map_err(|e| lamina_store::StoreError::errno("owning", upper)(e))?;
+        }
+        Ok(mounts)
+    }
+
     /// Refuses a `lamina.strategy` label naming a strategy the operator did not allow.
     fn check_strategy_label(&self, labels: &BTreeMap<String, String>) -> Result<(), SnapshotError> {
         let (Some(allowed), Some(list)) = (&self.label_strategies, labels.get(STRATEGY_LABEL))
@@ -227,7 +265,10 @@ impl Snapshotter {
         let (number, id) = self.make_numbered(key, kind, &chain, &shape, false)?;
         // What containerd will mount is worked out before the snapshot is recorded: a
         // chain too deep for one page of mount options is refused and leaves nothing.
-        let mounts = match self.mounts_of(&id) {
+        let mounts = match self
+            .mounts_of(&id)
+            .and_then(|mounts| self.upper_owned_as_parent(kind, &chain, mounts))
+        {
             Ok(mounts) => mounts,
             Err(e) => {
                 let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
