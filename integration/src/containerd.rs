@@ -185,6 +185,20 @@ impl Containerd {
         }
     }
 
+    /// `ctr images import --snapshotter SNAPSHOTTER --base-name NAME ARCHIVE`, asserting
+    /// it succeeded.
+    pub fn import(&self, snapshotter: &str, name: &str, archive: &Path) {
+        self.ctr_ok(&[
+            "images",
+            "import",
+            "--snapshotter",
+            snapshotter,
+            "--base-name",
+            name,
+            archive.to_str().expect("utf-8 archive path"),
+        ]);
+    }
+
     /// `ctr ARGS...`, asserting it succeeded; its stdout.
     pub fn ctr_ok(&self, args: &[&str]) -> String {
         let out = self.ctr(args);

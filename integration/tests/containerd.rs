@@ -62,15 +62,7 @@ fn run_on_lamina(ctd: &Containerd, id: &str, script: &str) -> String {
 
 /// `ctr images import --snapshotter lamina --base-name NAME ARCHIVE`.
 fn import(ctd: &Containerd, name: &str, archive: &std::path::Path) {
-    ctd.ctr_ok(&[
-        "images",
-        "import",
-        "--snapshotter",
-        "lamina",
-        "--base-name",
-        name,
-        archive.to_str().unwrap(),
-    ]);
+    ctd.import("lamina", name, archive);
 }
 
 #[test]

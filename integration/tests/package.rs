@@ -251,15 +251,7 @@ fn package_installs_runs_as_its_unit_and_purges_clean() {
     // it, runs a container on the service.
     {
         let ctd = Containerd::start(&fs.path().join("containerd"), &socket);
-        ctd.ctr_ok(&[
-            "images",
-            "import",
-            "--snapshotter",
-            "lamina",
-            "--base-name",
-            "docker.io/lamina/sample",
-            image.oci_archive.to_str().unwrap(),
-        ]);
+        ctd.import("lamina", "docker.io/lamina/sample", &image.oci_archive);
         let out = ctd.ctr_ok(&[
             "run",
             "--rm",

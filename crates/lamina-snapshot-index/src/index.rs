@@ -438,6 +438,17 @@ impl SnapshotIndex {
         )
     }
 
+    /// Each recorded commit intent, by the key of the active it commits.
+    pub fn commit_intents(&self) -> Result<Vec<(String, Committing)>, StoreError> {
+        let mut intents = Vec::new();
+        for key in self.interrupted_commits()? {
+            if let Some(committing) = self.get(&key)?.and_then(|row| row.committing) {
+                intents.push((key, committing));
+            }
+        }
+        Ok(intents)
+    }
+
     /// How many snapshots there are of each kind, every kind named (zero if none). One
     /// aggregate query that decodes no row: the daemon's metrics ask on every scrape,
     /// holding the connection the snapshots service shares.

@@ -57,11 +57,7 @@ impl Snapshotter {
                 self.index().update(key, &active)?;
             }
             tracing::info!(key, name, "finishing a commit that failed before");
-            let finished = self.finish_commit(key, active);
-            if finished.is_err() {
-                self.settle_failed_commit(key);
-            }
-            return finished;
+            return self.finish_or_settle(key, active);
         }
         if active.kind != SnapshotKind::Active {
             return Err(SnapshotError::FailedPrecondition(format!(
@@ -99,6 +95,11 @@ impl Snapshotter {
             labels,
         });
         self.index().update(key, &active)?;
+        self.finish_or_settle(key, active)
+    }
+
+    /// [`Self::finish_commit`], settling what a failure left at once.
+    fn finish_or_settle(&self, key: &str, active: SnapshotRecord) -> Result<(), SnapshotError> {
         let finished = self.finish_commit(key, active);
         if finished.is_err() {
             self.settle_failed_commit(key);
@@ -345,17 +346,10 @@ impl Snapshotter {
         if index.contains(name)? {
             return Ok(true);
         }
-        for key in index.interrupted_commits()? {
-            if Some(key.as_str()) != except
-                && index
-                    .get(&key)?
-                    .and_then(|row| row.committing)
-                    .is_some_and(|c| c.name == name)
-            {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        Ok(index
+            .commit_intents()?
+            .iter()
+            .any(|(key, committing)| Some(key.as_str()) != except && committing.name == name))
     }
 
     /// Snapshot containers no row names.

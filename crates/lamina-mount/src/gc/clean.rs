@@ -273,14 +273,10 @@ fn committing_to(store: &Store, hex: &str) -> Result<bool, RootfsError> {
     let Some(snapshots) = store.snapshots_if_any()? else {
         return Ok(false);
     };
-    for key in snapshots.interrupted_commits()? {
-        if let Some(committing) = snapshots.get(&key)?.and_then(|row| row.committing)
-            && committing.layer.hex() == hex
-        {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    Ok(snapshots
+        .commit_intents()?
+        .iter()
+        .any(|(_, committing)| committing.layer.hex() == hex))
 }
 
 #[cfg(test)]
