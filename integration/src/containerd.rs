@@ -1,6 +1,7 @@
 //! A real containerd of the test's own — Debian's 1.6, or the 2.x that scripts/containerd2
 //! builds — its config, root, state and socket all under one directory, lamina registered
-//! as a proxy snapshotter, the CRI plugin off. Stopped (SIGTERM) on drop.
+//! as a proxy snapshotter, the CRI plugin off unless a test runs a node (see [`crate::cri`]).
+//! Stopped (SIGTERM) on drop.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -43,25 +44,32 @@ impl Release {
         }
     }
 
-    fn program(self, name: &str) -> PathBuf {
+    pub(crate) fn program(self, name: &str) -> PathBuf {
         self.bin_dir()
             .map_or_else(|| PathBuf::from(name), |dir| dir.join(name))
     }
 
     /// The config file's text for this release.
-    fn config(self, dir: &Path, socket: &Path, proxies: &[(&str, &Path)]) -> String {
-        let (version, cri) = match self {
+    fn config(
+        self,
+        dir: &Path,
+        socket: &Path,
+        proxies: &[Proxy<'_>],
+        cri: Option<&Cri<'_>>,
+    ) -> String {
+        let (version, cri_plugins) = match self {
             Release::Debian => (2, r#""io.containerd.grpc.v1.cri""#),
             Release::V2 => (
                 3,
                 r#""io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime""#,
             ),
         };
+        let disabled = if cri.is_some() { "" } else { cri_plugins };
         let mut config = format!(
             r#"version = {version}
 root = "{root}"
 state = "{state}"
-disabled_plugins = [{cri}]
+disabled_plugins = [{disabled}]
 
 [grpc]
   address = "{socket}"
@@ -75,28 +83,108 @@ disabled_plugins = [{cri}]
             state = dir.join("state").display(),
             socket = socket.display(),
         );
-        for (name, address) in proxies {
+        for proxy in proxies {
             config.push_str(&format!(
-                "  [proxy_plugins.{name}]\n    type = \"snapshot\"\n    address = \"{}\"\n",
-                address.display()
+                "  [proxy_plugins.{}]\n    type = \"snapshot\"\n    address = \"{}\"\n",
+                proxy.name,
+                proxy.socket.display()
             ));
+            if !proxy.capabilities.is_empty() {
+                let list: Vec<String> = proxy
+                    .capabilities
+                    .iter()
+                    .map(|c| format!("\"{c}\""))
+                    .collect();
+                config.push_str(&format!("    capabilities = [{}]\n", list.join(", ")));
+            }
+            if let Some(root) = proxy.exports_root {
+                config.push_str(&format!(
+                    "    exports = {{ root = \"{}\" }}\n",
+                    root.display()
+                ));
+            }
         }
         if self == Release::V2 {
-            // 2.x's transfer service (what `ctr images import` uses) unpacks only for the
-            // snapshotters listed with a platform.
+            // 2.x's transfer service (`ctr images import`, CRI's pulls) unpacks only for the
+            // snapshotters listed with a platform; none listed means overlayfs alone.
             let arch = match std::env::consts::ARCH {
                 "x86_64" => "amd64",
                 "aarch64" => "arm64",
                 other => other,
             };
-            for (name, _) in proxies {
+            for proxy in proxies {
                 config.push_str(&format!(
-                    "\n[[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]\n  platform = \"linux/{arch}\"\n  snapshotter = \"{name}\"\n"
+                    "\n[[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]\n  platform = \"linux/{arch}\"\n  snapshotter = \"{}\"\n",
+                    proxy.name
+                ));
+            }
+        }
+        if let Some(cri) = cri {
+            assert_eq!(self, Release::V2, "CRI tests run on containerd 2.x");
+            // Host-network pods need no CNI; this VM refuses a container's OOM score below
+            // containerd's own unless CRI clamps it (restrict_oom_score_adj).
+            config.push_str(&format!(
+                r#"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "{snapshotter}"
+  max_concurrent_downloads = {downloads}
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{sandbox}"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{registry_config}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+"#,
+                snapshotter = cri.snapshotter,
+                downloads = cri.max_concurrent_downloads,
+                sandbox = cri.sandbox_image,
+                registry_config = dir.join("certs.d").display(),
+            ));
+            if let Some(unpacks) = cri.max_concurrent_unpacks {
+                config.push_str(&format!(
+                    "\n[plugins.\"io.containerd.transfer.v1.local\"]\n  max_concurrent_uploaded_layers = 3\n  max_concurrent_downloads = {}\n  max_concurrent_unpacks = {unpacks}\n",
+                    cri.max_concurrent_downloads
                 ));
             }
         }
         config
     }
+}
+
+/// A proxy snapshotter containerd is told of: its name, socket, the capabilities its
+/// config entry lists (`remap-ids`, `rebase`) and the root it exports (CRI's image
+/// filesystem).
+#[derive(Debug, Clone, Copy)]
+pub struct Proxy<'a> {
+    pub name: &'a str,
+    pub socket: &'a Path,
+    pub capabilities: &'a [&'a str],
+    pub exports_root: Option<&'a Path>,
+}
+
+impl<'a> Proxy<'a> {
+    /// A proxy with no capabilities and no exports.
+    pub fn plain(name: &'a str, socket: &'a Path) -> Proxy<'a> {
+        Proxy {
+            name,
+            socket,
+            capabilities: &[],
+            exports_root: None,
+        }
+    }
+}
+
+/// The CRI plugin's settings, for a containerd run as a Kubernetes node runs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Cri<'a> {
+    /// The snapshotter CRI keeps images and containers in (`lamina`, `overlayfs`).
+    pub snapshotter: &'a str,
+    /// The pinned sandbox (pause) image, imported before pods run.
+    pub sandbox_image: &'a str,
+    pub max_concurrent_downloads: u32,
+    /// The transfer service's unpack concurrency; `None` keeps containerd's default.
+    pub max_concurrent_unpacks: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -120,6 +208,21 @@ impl Containerd {
 
     /// Starts `release` under `dir` with a proxy snapshotter for each (name, socket).
     pub fn start_release(release: Release, dir: &Path, proxies: &[(&str, &Path)]) -> Containerd {
+        let proxies: Vec<Proxy<'_>> = proxies
+            .iter()
+            .map(|(name, socket)| Proxy::plain(name, socket))
+            .collect();
+        Containerd::start_configured(release, dir, &proxies, None)
+    }
+
+    /// Starts `release` under `dir` with `proxies`, and with the CRI plugin as `cri` says
+    /// (off when `None`).
+    pub fn start_configured(
+        release: Release,
+        dir: &Path,
+        proxies: &[Proxy<'_>],
+        cri: Option<&Cri<'_>>,
+    ) -> Containerd {
         let containerd = release.program("containerd");
         assert!(
             Command::new(&containerd).arg("--version").output().is_ok(),
@@ -129,7 +232,7 @@ impl Containerd {
         std::fs::create_dir_all(dir).expect("containerd dir");
         let socket = dir.join("containerd.sock");
         let config_path = dir.join("config.toml");
-        std::fs::write(&config_path, release.config(dir, &socket, proxies))
+        std::fs::write(&config_path, release.config(dir, &socket, proxies, cri))
             .expect("containerd config");
         let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd log");
         let mut command = Command::new(&containerd);

@@ -3,6 +3,7 @@
 //! All of it needs root.
 
 pub mod containerd;
+pub mod cri;
 pub mod hostile;
 pub mod hostile_registry;
 pub mod http;

@@ -26,8 +26,20 @@ pub struct BuiltImage {
     pub layers: Vec<(Digest, Vec<u8>)>,
 }
 
-/// Builds an image for `platform` from `layers` with environment `env`.
+/// Builds an image for `platform` from `layers` with environment `env` and command
+/// `/bin/sh`.
 pub fn build_image(layers: &[Layer], env: &[&str], platform: &Platform) -> io::Result<BuiltImage> {
+    build_image_with_cmd(layers, env, &["/bin/sh"], platform)
+}
+
+/// Builds an image for `platform` from `layers` with environment `env` and command `cmd`
+/// (what a runtime runs when its caller names none, as CRI's sandbox image is run).
+pub fn build_image_with_cmd(
+    layers: &[Layer],
+    env: &[&str],
+    cmd: &[&str],
+    platform: &Platform,
+) -> io::Result<BuiltImage> {
     let mut blobs = BTreeMap::new();
     let mut layer_descs = Vec::new();
     let mut diff_ids = Vec::new();
@@ -50,7 +62,7 @@ pub fn build_image(layers: &[Layer], env: &[&str], platform: &Platform) -> io::R
         ..ImageConfig::default()
     };
     config.config.env = Some(env.iter().map(|s| s.to_string()).collect());
-    config.config.cmd = Some(vec!["/bin/sh".into()]);
+    config.config.cmd = Some(cmd.iter().map(|s| s.to_string()).collect());
     let config_bytes = serde_json::to_vec(&config)?;
     let config_digest = Digest::of(&config_bytes);
     let manifest = Manifest {

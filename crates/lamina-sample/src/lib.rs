@@ -14,7 +14,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use image::{
-    BuiltImage, Layer, build_image, descriptor, tar_dir, write_docker_archive, write_oci_layout,
+    BuiltImage, Layer, build_image, build_image_with_cmd, descriptor, tar_dir,
+    write_docker_archive, write_oci_layout,
 };
 use lamina_image::{Compression, Platform};
 pub use layer::{LayerBuilder, SAMPLE_MTIME};

@@ -21,7 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use lamina_image::Digest;
 use lamina_mount::{Attach, CreateOptions, FollowUp, Layers, StoredLayers, Strategies};
-use lamina_store::Store;
+use lamina_store::{IdMap, Store};
 use lamina_sys::Mounter;
 
 use crate::SnapshotError;
@@ -151,13 +151,7 @@ impl Snapshotter {
         let Some(top) = chain.last().filter(|_| kind == SnapshotKind::Active) else {
             return Ok(mounts);
         };
-        let root = self.store.layout().layer_diff(top);
-        let owner = std::fs::symlink_metadata(&root)
-            .map(|meta| {
-                use std::os::unix::fs::MetadataExt;
-                (meta.uid(), meta.gid())
-            })
-            .map_err(lamina_store::StoreError::io("reading the owner of", &root))?;
+        let owner = self.root_owner(top)?;
         if owner == (0, 0) {
             return Ok(mounts);
         }
@@ -173,6 +167,28 @@ impl Snapshotter {
                 .map_err(|e| lamina_store::StoreError::errno("owning", upper)(e))?;
         }
         Ok(mounts)
+    }
+
+    /// The owner (uid, gid) of layer `top`'s root directory.
+    fn root_owner(&self, top: &Digest) -> Result<(u32, u32), SnapshotError> {
+        let root = self.store.layout().layer_diff(top);
+        let meta = std::fs::symlink_metadata(&root)
+            .map_err(lamina_store::StoreError::io("reading the owner of", &root))?;
+        use std::os::unix::fs::MetadataExt;
+        Ok((meta.uid(), meta.gid()))
+    }
+
+    /// Whether the image under `chain` was already chowned for `map`: containerd does
+    /// that to a copy of the image (its slow-chown path) when the proxy's config lists no
+    /// `remap-ids`, and still passes the mapping labels, which lamina must then not apply
+    /// a second time. Its sign is a root owned by the mapping's root; an image whose own
+    /// root belongs to that host ID cannot be told apart, and shows its files unmapped.
+    fn chowned_for(&self, map: &IdMap, chain: &[Digest]) -> Result<bool, SnapshotError> {
+        let Some(top) = chain.last() else {
+            return Ok(false);
+        };
+        let mapped_root = (map.host_uid(0), map.host_gid(0));
+        Ok(mapped_root != (0, 0) && self.root_owner(top)? == mapped_root)
     }
 
     /// Refuses a `lamina.strategy` label naming a strategy the operator did not allow.
@@ -386,7 +402,10 @@ impl Snapshotter {
         let extraction = kind == SnapshotKind::Active && extraction_target(key, labels).is_some();
         // Checked whatever the snapshot, even one it does not limit.
         let disk_limit = max_size(kind, extraction, labels, &self.store)?;
-        let idmap = crate::idmap_labels::idmap(extraction, labels)?;
+        let idmap = match crate::idmap_labels::idmap(extraction, labels)? {
+            Some(map) if self.chowned_for(&map, chain)? => None,
+            idmap => idmap,
+        };
         let read_only = kind == SnapshotKind::View;
         if chain.is_empty() {
             return self.create_empty(id, key, read_only);

@@ -1,0 +1,246 @@
+//! containerd 2.4 as a Kubernetes node with lamina as its CRI snapshotter, driven by
+//! crictl as the kubelet drives it, each scenario run against containerd's own overlayfs
+//! in the same test: lamina must pass what overlayfs passes.
+
+#![allow(clippy::unwrap_used)]
+
+use lamina_integration::cri::{self, Node, NodeSnapshotter, container_config, pod_config};
+use lamina_integration::require_root;
+use lamina_integration::scratch::ScratchFs;
+use lamina_integration::snapshotter::Daemon;
+
+const IMAGE: &str = "lamina.test/busybox:1";
+
+/// A lamina node's parts, dropped node first: pods, containerd, the daemon, the disk.
+struct LaminaNode {
+    node: Node,
+    _daemon: Daemon,
+}
+
+fn lamina_node(fs: &ScratchFs, capabilities: Vec<&'static str>) -> LaminaNode {
+    let store = fs.path().join("store");
+    let daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
+    let pause = cri::pause_image(&fs.path().join("images"));
+    let node = Node::start(
+        &fs.path().join("containerd-lamina"),
+        NodeSnapshotter::Lamina {
+            socket: daemon.socket.clone(),
+            store,
+            capabilities,
+        },
+        &pause,
+    );
+    LaminaNode {
+        node,
+        _daemon: daemon,
+    }
+}
+
+fn overlayfs_node(fs: &ScratchFs) -> Node {
+    let pause = cri::pause_image(&fs.path().join("images"));
+    Node::start(
+        &fs.path().join("containerd-overlayfs"),
+        NodeSnapshotter::Overlayfs,
+        &pause,
+    )
+}
+
+/// A pod's lifecycle as the kubelet runs it; what each step showed.
+fn pod_lifecycle(node: &Node, fs: &ScratchFs) -> Vec<String> {
+    let name = node.snapshotter.name();
+    let image = cri::image_archive(&fs.path().join("images"), IMAGE, &["/bin/sh"]);
+    node.import(&image);
+    let mut seen = Vec::new();
+    let logs = fs.path().join(format!("logs-{name}"));
+    let pod = pod_config(&format!("life-{name}"), &logs, None);
+    let pod_id = node.run_pod(&pod);
+    let container = container_config(
+        "main",
+        IMAGE,
+        "echo started; echo written > /mine; cat /top.txt; sleep 300",
+        &pod,
+    );
+    let id = node.start_container(&pod_id, &pod, &container);
+    seen.push(node.exec(&id, "cat /mine; ls /"));
+    lamina_integration::wait_until("the container's log", || {
+        node.crictl(&["logs", &id]).stdout.contains("started")
+    });
+    seen.push(node.crictl_ok(&["logs", &id]));
+    let stats = node.crictl_ok(&["stats", "-o", "json", &id]);
+    seen.push(format!(
+        "stats has writable layer: {}",
+        stats.contains("writableLayer")
+    ));
+    node.crictl_ok(&["stop", "-t", "1", &id]);
+    node.crictl_ok(&["rm", &id]);
+    node.remove_pod(&pod_id);
+    node.crictl_ok(&["rmi", IMAGE]);
+    seen
+}
+
+#[test]
+fn a_pod_lives_and_goes_on_lamina_as_on_overlayfs() {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let expected = {
+        let node = overlayfs_node(&fs);
+        pod_lifecycle(&node, &fs)
+    };
+    let lamina = lamina_node(&fs, vec![]);
+    let seen = pod_lifecycle(&lamina.node, &fs);
+    assert_eq!(seen, expected);
+    assert!(seen[0].starts_with("written\n"), "{seen:?}");
+    assert!(seen[1].contains("from the top layer"), "{seen:?}");
+    eprintln!("{}", lamina.node.crictl_ok(&["imagefsinfo", "-o", "json"]));
+}
+
+/// The upper directory of the overlay at container `id`'s rootfs, from this host's mount
+/// table: where the container's writes land.
+fn upper_of(node: &Node, id: &str) -> std::path::PathBuf {
+    let rootfs = node
+        .containerd
+        .dir
+        .join("state/io.containerd.runtime.v2.task/k8s.io")
+        .join(id)
+        .join("rootfs")
+        .display()
+        .to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(rootfs.as_str()))
+        .unwrap_or_else(|| panic!("{rootfs} is not mounted"));
+    let upper = line
+        .split([' ', ','])
+        .find_map(|o| o.strip_prefix("upperdir="))
+        .unwrap_or_else(|| panic!("no upperdir in {line}"));
+    std::path::PathBuf::from(upper)
+}
+
+/// Two pods in user namespaces of their own: what each container shows of the image's
+/// owners inside, and who owns its writes on the host.
+fn userns_pods(node: &Node, fs: &ScratchFs) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let name = node.snapshotter.name();
+    let image = cri::image_archive(&fs.path().join("images"), IMAGE, &["/bin/sh"]);
+    node.import(&image);
+    let logs = fs.path().join(format!("logs-userns-{name}"));
+    let mut seen = Vec::new();
+    for (n, host) in [(1, 100_000u32), (2, 200_000)] {
+        let pod = pod_config(&format!("userns{n}-{name}"), &logs, Some(host));
+        let pod_id = node.run_pod(&pod);
+        let script = "echo mine > /mine; mkdir -p /made; sleep 300";
+        let id = node.start_container(
+            &pod_id,
+            &pod,
+            &container_config("main", IMAGE, script, &pod),
+        );
+        lamina_integration::wait_until("the container's write", || {
+            node.crictl(&["exec", &id, "test", "-e", "/made"]).code == 0
+        });
+        seen.push(node.exec(
+            &id,
+            "cat /proc/self/uid_map | tr -s ' '; stat -c '%n %u:%g' / /bin/sh /top.txt /mine /usr/local/bin/suid-tool; cat /top.txt",
+        ));
+        let upper = upper_of(node, &id);
+        let mine = std::fs::metadata(upper.join("mine")).unwrap();
+        seen.push(format!(
+            "host owner of /mine: {}:{}",
+            mine.uid(),
+            mine.gid()
+        ));
+    }
+    seen
+}
+
+#[test]
+fn user_namespaced_pods_see_image_owners_and_write_as_their_mapped_ids() {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let expected = {
+        let node = overlayfs_node(&fs);
+        userns_pods(&node, &fs)
+    };
+    assert!(expected[0].contains("/bin/sh 0:0\n"), "{expected:?}");
+    assert_eq!(expected[1], "host owner of /mine: 100000:100000");
+    assert_eq!(expected[3], "host owner of /mine: 200000:200000");
+    {
+        let lamina = lamina_node(&fs, vec!["remap-ids"]);
+        assert_eq!(userns_pods(&lamina.node, &fs), expected);
+        // Both pods run on the image's two layers as stored once, not a chowned copy each.
+        assert_eq!(
+            std::fs::read_dir(fs.path().join("store/layers"))
+                .unwrap()
+                .count(),
+            2
+        );
+    }
+    // Without `remap-ids` containerd chowns a copy of the image per mapping and still
+    // passes the mapping labels; lamina must not map that copy a second time.
+    let fs = ScratchFs::ext4(1024);
+    let lamina = lamina_node(&fs, vec![]);
+    assert_eq!(userns_pods(&lamina.node, &fs), expected);
+}
+
+/// Snapshots the node's snapshotter holds in CRI's namespace, by kind.
+fn snapshot_kinds(node: &Node) -> Vec<String> {
+    let out = node.containerd.ctr_ok(&[
+        "-n",
+        "k8s.io",
+        "snapshots",
+        "--snapshotter",
+        node.snapshotter.name(),
+        "ls",
+    ]);
+    let mut kinds: Vec<String> = out
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+/// A container mounting another image read-only at `/vol` (a CRI image volume): what it
+/// reads there, whether it can write there, and the snapshots before and after its pod.
+fn image_volume(node: &Node, fs: &ScratchFs) -> Vec<String> {
+    let name = node.snapshotter.name();
+    let images = fs.path().join("images");
+    node.import(&cri::image_archive(&images, IMAGE, &["/bin/sh"]));
+    let volume = "lamina.test/volume:1";
+    node.import(&cri::volume_image(&images, volume));
+    let mut seen = vec![format!("before: {:?}", snapshot_kinds(node))];
+    let pod = pod_config(
+        &format!("volume-{name}"),
+        &fs.path().join(format!("logs-vol-{name}")),
+        None,
+    );
+    let pod_id = node.run_pod(&pod);
+    let mut container = container_config("main", IMAGE, "sleep 300", &pod);
+    container["mounts"] = serde_json::json!([
+        { "container_path": "/vol", "image": { "image": volume }, "readonly": true }
+    ]);
+    let id = node.start_container(&pod_id, &pod, &container);
+    seen.push(node.exec(
+        &id,
+        "cat /vol/volume.txt; ls /vol; touch /vol/x 2>/dev/null || echo read-only",
+    ));
+    seen.push(format!("running: {:?}", snapshot_kinds(node)));
+    node.remove_pod(&pod_id);
+    seen.push(format!("after: {:?}", snapshot_kinds(node)));
+    seen
+}
+
+#[test]
+fn an_image_volume_is_mounted_read_only_and_released_with_its_pod() {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let expected = {
+        let node = overlayfs_node(&fs);
+        image_volume(&node, &fs)
+    };
+    let lamina = lamina_node(&fs, vec![]);
+    let seen = image_volume(&lamina.node, &fs);
+    eprintln!("{seen:?}");
+    assert_eq!(seen, expected);
+}
