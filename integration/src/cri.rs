@@ -115,6 +115,20 @@ impl Node {
         node
     }
 
+    /// Has the node pull from `host` (a test registry) over plain HTTP, as a
+    /// `certs.d/HOST/hosts.toml` would for a node's own mirror.
+    pub fn trust_registry(&self, host: &str) {
+        let dir = self.containerd.dir.join("certs.d").join(host);
+        std::fs::create_dir_all(&dir).expect("certs.d");
+        std::fs::write(
+            dir.join("hosts.toml"),
+            format!(
+                "server = \"http://{host}\"\n\n[host.\"http://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )
+        .expect("hosts.toml");
+    }
+
     /// `ctr -n k8s.io images import` into the node's snapshotter, as images a node was
     /// given are.
     pub fn import(&self, archive: &Path) {
@@ -255,27 +269,32 @@ pub fn container_config(
     })
 }
 
-/// Writes the pause image (the sample's busybox layer, its command a long sleep) as a
-/// docker archive tagged [`PAUSE_IMAGE`] under `dir`; its path.
+/// Writes the pause image (the sample's busybox layer alone, its command a long sleep)
+/// as a docker archive tagged [`PAUSE_IMAGE`] under `dir`; its path. It shares the
+/// sample's base layer, not its top one, which a test's pull must unpack itself.
 pub fn pause_image(dir: &Path) -> PathBuf {
-    image_archive(dir, PAUSE_IMAGE, &["/bin/sleep", "2147483647"])
+    write_archive(dir, PAUSE_IMAGE, &["/bin/sleep", "2147483647"], false)
 }
 
-/// Writes the sample image's base layer with command `cmd`, tagged `tag`, as a docker
+/// Writes the sample image's two layers with command `cmd`, tagged `tag`, as a docker
 /// archive under `dir`; its path.
 pub fn image_archive(dir: &Path, tag: &str, cmd: &[&str]) -> PathBuf {
+    write_archive(dir, tag, cmd, true)
+}
+
+fn write_archive(dir: &Path, tag: &str, cmd: &[&str], with_top: bool) -> PathBuf {
     let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX)
         .expect("Debian's busybox-static (scripts/test installs it)");
-    let layers = [
-        lamina_sample::Layer {
-            tar: lamina_sample::base_layer(&busybox).expect("base layer"),
-            compression: lamina_image::Compression::Gzip,
-        },
-        lamina_sample::Layer {
+    let mut layers = vec![lamina_sample::Layer {
+        tar: lamina_sample::base_layer(&busybox).expect("base layer"),
+        compression: lamina_image::Compression::Gzip,
+    }];
+    if with_top {
+        layers.push(lamina_sample::Layer {
             tar: lamina_sample::top_layer().expect("top layer"),
             compression: lamina_image::Compression::Zstd,
-        },
-    ];
+        });
+    }
     let image = lamina_sample::build_image_with_cmd(
         &layers,
         &["PATH=/bin"],

@@ -244,3 +244,78 @@ fn an_image_volume_is_mounted_read_only_and_released_with_its_pod() {
     eprintln!("{seen:?}");
     assert_eq!(seen, expected);
 }
+
+/// Pulls the sample image (whiteouts and an opaque directory in its second layer) from
+/// `registry` with layers unpacked in parallel, and runs the proof script in it.
+fn parallel_pull(node: &Node, registry: &lamina_integration::registry::Registry) -> String {
+    let name = node.snapshotter.name();
+    node.trust_registry(&registry.host);
+    let image = format!("{}/lamina/sample:latest", registry.host);
+    node.crictl_ok(&["pull", &image]);
+    let pod = pod_config(
+        &format!("pull-{name}"),
+        &node.containerd.dir.join("pod-logs"),
+        None,
+    );
+    let pod_id = node.run_pod(&pod);
+    let script = format!("{}; sleep 300", lamina_integration::proof::SCRIPT);
+    let id = node.start_container(
+        &pod_id,
+        &pod,
+        &container_config("main", &image, &script, &pod),
+    );
+    lamina_integration::wait_until("the proof's output", || {
+        node.crictl(&["logs", &id]).stdout.contains("busybox")
+    });
+    let out = node.crictl_ok(&["logs", &id]);
+    node.remove_pod(&pod_id);
+    out
+}
+
+#[test]
+fn parallel_unpack_rebases_layers_and_keeps_their_whiteouts() {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let files = lamina_integration::sample_image(&fs.path().join("sample"));
+    let registry = lamina_integration::registry::Registry::start(&fs.path().join("registry"), None);
+    registry.push(
+        &files.oci_layout,
+        lamina_sample::SAMPLE_REF,
+        "lamina/sample:latest",
+    );
+    let parallel = cri::Pulls {
+        downloads: 3,
+        unpacks: Some(4),
+    };
+    let pause = cri::pause_image(&fs.path().join("images"));
+    let expected = {
+        let node = Node::start_with(
+            &fs.path().join("containerd-overlayfs"),
+            NodeSnapshotter::Overlayfs,
+            &pause,
+            parallel,
+        );
+        parallel_pull(&node, &registry)
+    };
+    assert_eq!(format!("{expected}\n"), lamina_integration::proof::EXPECTED);
+    let store = fs.path().join("store");
+    let daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
+    let node = Node::start_with(
+        &fs.path().join("containerd-lamina"),
+        NodeSnapshotter::Lamina {
+            socket: daemon.socket.clone(),
+            store,
+            capabilities: vec!["rebase"],
+        },
+        &pause,
+        parallel,
+    );
+    assert_eq!(parallel_pull(&node, &registry), expected);
+    assert!(
+        daemon.log().contains("rebased onto its parent"),
+        "no layer was unpacked in parallel: {}\n{}\n{}",
+        daemon.log(),
+        std::fs::read_to_string(node.containerd.dir.join("config.toml")).unwrap(),
+        std::fs::read_to_string(node.containerd.dir.join("containerd.log")).unwrap()
+    );
+}

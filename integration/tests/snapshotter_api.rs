@@ -1493,8 +1493,9 @@ fn a_commit_that_fails_before_the_publish_is_undone_at_once() {
 }
 
 /// containerd 2.x sends a Commit's `parent` to rebase a snapshot prepared without it
-/// (parallel unpack, to snapshotters declaring `rebase`). lamina declares no `rebase`: the
-/// parent it was prepared on commits as before, another is refused rather than dropped.
+/// (parallel unpack, to snapshotters listing `rebase`). The parent a snapshot was prepared
+/// on commits as before; a snapshot prepared on another parent, or one that is not an
+/// unpack, is refused rather than moved.
 #[test]
 fn a_commit_onto_another_parent_is_refused_and_onto_its_own_goes_through() {
     let f = fixture();
@@ -1508,10 +1509,125 @@ fn a_commit_onto_another_parent_is_refused_and_onto_its_own_goes_through() {
         .commit_onto("top", "top-key", "other", none())
         .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
-    assert!(refused.message().contains("rebase"), "{refused:?}");
+    assert!(
+        refused.message().contains("prepared on `base`"),
+        "{refused:?}"
+    );
     assert_eq!(f.api.stat("top-key").unwrap().kind, Kind::Active as i32);
     f.api.commit_onto("top", "top-key", "base", none()).unwrap();
     assert_eq!(f.api.stat("top").unwrap().parent, "base");
+
+    f.api.prepare("loose-key", "", none()).unwrap();
+    let refused = f
+        .api
+        .commit_onto("loose", "loose-key", "base", none())
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("not one"), "{refused:?}");
+}
+
+/// An unpack's labels as containerd 2.x's unpacker sends them for layer `diff` on a
+/// parent whose chain ID is `parent_chain` (none for the first layer), named
+/// `chain`.
+fn unpack_labels(
+    chain: &lamina_image::Digest,
+    diff: &lamina_image::Digest,
+    parent_chain: Option<&lamina_image::Digest>,
+) -> Labels {
+    let mut pairs = vec![
+        ("containerd.io/snapshot.ref".to_string(), chain.to_string()),
+        (
+            "containerd.io/snapshot/diff-id".to_string(),
+            diff.to_string(),
+        ),
+    ];
+    if let Some(parent) = parent_chain {
+        pairs.push((
+            "containerd.io/snapshot/parent-chain-id".to_string(),
+            parent.to_string(),
+        ));
+    }
+    pairs.into_iter().collect()
+}
+
+/// Parallel unpack: a layer prepared without its parent is answered as an overlay of its
+/// upper alone (containerd writes whiteouts into `upperdir=` only for an overlay), and
+/// committed onto the parent its chain ID was made from — never onto another.
+#[test]
+fn an_unpack_prepared_without_its_parent_is_rebased_onto_the_parent_of_its_chain() {
+    use lamina_image::{Digest, next_chain_id};
+    let f = fixture();
+    let base_diff = Digest::of(b"base layer");
+    let base_chain = next_chain_id(None, &base_diff);
+    let base_key = format!("ns/1/extract-1 {base_chain}");
+    let mounts = f
+        .api
+        .prepare(&base_key, "", unpack_labels(&base_chain, &base_diff, None))
+        .unwrap();
+    assert_eq!(mounts[0].r#type, "bind", "{mounts:?}");
+    {
+        let mounted = Mounted::new(&mounts);
+        fs::write(mounted.path().join("gone"), "base").unwrap();
+    }
+    f.api.commit("base", &base_key, none()).unwrap();
+
+    let top_diff = Digest::of(b"top layer");
+    let top_chain = next_chain_id(Some(&base_chain), &top_diff);
+    let top_key = format!("ns/2/extract-2 {top_chain}");
+    let labels = unpack_labels(&top_chain, &top_diff, Some(&base_chain));
+    let mounts = f.api.prepare(&top_key, "", labels.clone()).unwrap();
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    assert_eq!(mounts[0].r#type, "overlay", "{mounts:?}");
+    let upper = mounts[0]
+        .options
+        .iter()
+        .find_map(|o| o.strip_prefix("upperdir="))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("no upperdir: {mounts:?}"));
+    assert!(!mounts[0].options.iter().any(|o| o == "ro"), "{mounts:?}");
+    assert_eq!(f.api.mounts(&top_key).unwrap(), mounts);
+    // What containerd's applier writes for `.wh.gone`: a 0/0 device, straight in.
+    let made = std::process::Command::new("mknod")
+        .arg(upper.join("gone"))
+        .args(["c", "0", "0"])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    fs::write(upper.join("top"), "top").unwrap();
+
+    // Another chain's layer name does not go onto this parent.
+    let stray_diff = Digest::of(b"stray layer");
+    let stray_chain = next_chain_id(Some(&top_chain), &stray_diff);
+    let stray_key = format!("ns/3/extract-3 {stray_chain}");
+    f.api
+        .prepare(
+            &stray_key,
+            "",
+            unpack_labels(&stray_chain, &stray_diff, Some(&top_chain)),
+        )
+        .unwrap();
+    let refused = f
+        .api
+        .commit_onto("stray", &stray_key, "base", none())
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains(&stray_chain.to_string()),
+        "{refused:?}"
+    );
+
+    f.api.commit_onto("top", &top_key, "base", none()).unwrap();
+    assert_eq!(f.api.stat("top").unwrap().parent, "base");
+    let mounts = f.api.view("top-view", "top").unwrap();
+    let mounted = Mounted::new(&mounts);
+    assert!(
+        !mounted.path().join("gone").exists(),
+        "the whiteout was lost"
+    );
+    assert_eq!(
+        fs::read_to_string(mounted.path().join("top")).unwrap(),
+        "top"
+    );
 }
 
 /// An operator decides which strategies a snapshot's strategy label may name

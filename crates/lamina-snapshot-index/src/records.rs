@@ -76,6 +76,10 @@ pub struct Committing {
     pub layer: Digest,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The parent the committed snapshot takes when the commit rebases an unpack's
+    /// parentless snapshot (containerd 2.x's parallel unpack); none keeps the active one's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 /// The store's snapshots: how the snapshotter, `clean` and `check` reach them.

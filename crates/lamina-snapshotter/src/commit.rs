@@ -24,6 +24,19 @@ impl Snapshotter {
         key: &str,
         labels: BTreeMap<String, String>,
     ) -> Result<(), SnapshotError> {
+        self.commit_onto(name, key, labels, "")
+    }
+
+    /// Commit with containerd 2.x's `parent`: empty, or the parent `key` was prepared on,
+    /// commits as [`Snapshotter::commit`]; another parent rebases the snapshot onto it,
+    /// which only an unpack's parentless snapshot may ask (see [`crate::rebase`]).
+    pub fn commit_onto(
+        &self,
+        name: &str,
+        key: &str,
+        labels: BTreeMap<String, String>,
+        parent: &str,
+    ) -> Result<(), SnapshotError> {
         if name.is_empty() {
             return Err(SnapshotError::InvalidArgument(
                 "a committed snapshot needs a name".into(),
@@ -44,6 +57,7 @@ impl Snapshotter {
         // attempt anew (`ns/<sequence>/name`), so a retry may come under another name; the
         // name and labels are only the row's, and the new ones are taken.
         if let Some(mut in_flight) = active.committing.clone() {
+            crate::rebase::refuse_other_parent(key, &active, &in_flight, parent)?;
             let id = active.container.clone().unwrap_or_default();
             if !self.store.has_layer(&in_flight.layer) {
                 // Its upper is back in place (the undo's last write failed): no writer
@@ -88,11 +102,13 @@ impl Snapshotter {
             Ok(_) => {}
         }
         lamina_mount::refuse_upper_in_use(&self.store, self.mounter.as_ref(), &id)?;
+        let rebase_onto = self.rebase_onto(key, &active, parent)?;
         let layer = commit_layer(name, key, &labels, &active.labels);
         active.committing = Some(Committing {
             name: name.to_string(),
             layer,
             labels,
+            parent: rebase_onto,
         });
         self.index().update(key, &active)?;
         self.finish_or_settle(key, active)
@@ -145,29 +161,6 @@ impl Snapshotter {
         }
     }
 
-    /// containerd 2.x's `parent` on a Commit asks to rebase the snapshot onto another
-    /// parent than the one it was prepared on (parallel unpack, for a snapshotter that
-    /// declares `rebase`). lamina does not declare it, and does not rebase: a parent other
-    /// than the recorded one is refused, not dropped (the layer would sit on the wrong
-    /// chain). The recorded parent itself, or none, commits as before.
-    pub fn refuse_rebase(&self, key: &str, parent: &str) -> Result<(), SnapshotError> {
-        if parent.is_empty() {
-            return Ok(());
-        }
-        let recorded = self
-            .index()
-            .get(key)?
-            .ok_or_else(|| SnapshotError::NotFound(key.into()))?
-            .parent;
-        if recorded.as_deref() == Some(parent) {
-            return Ok(());
-        }
-        Err(SnapshotError::FailedPrecondition(format!(
-            "snapshot `{key}` was prepared on `{}`: committing it onto `{parent}` would rebase it, which lamina does not (it declares no `rebase` capability)",
-            recorded.as_deref().unwrap_or("")
-        )))
-    }
-
     /// Publishes the upper of active `key` (whose intent is recorded) as its layer, then
     /// records the committed snapshot and removes the active one's container.
     fn finish_commit(&self, key: &str, active: SnapshotRecord) -> Result<(), SnapshotError> {
@@ -207,7 +200,7 @@ impl Snapshotter {
         let now = now_ns();
         let committed = SnapshotRecord {
             kind: SnapshotKind::Committed,
-            parent: active.parent,
+            parent: committing.parent.clone().or(active.parent),
             labels: committing.labels,
             created_ns: now,
             updated_ns: now,
@@ -225,7 +218,14 @@ impl Snapshotter {
         // journal commit above waits on it.
         self.index()
             .replace_unsynced(key, &committing.name, &committed)?;
-        tracing::info!(key, name = %committing.name, layer = %committing.layer, "committed snapshot");
+        match &committing.parent {
+            Some(parent) => {
+                tracing::info!(key, name = %committing.name, layer = %committing.layer, parent, "committed snapshot, rebased onto its parent")
+            }
+            None => {
+                tracing::info!(key, name = %committing.name, layer = %committing.layer, "committed snapshot")
+            }
+        }
         // What is left of the active container (its work dir) goes; a crash before this
         // leaves an unreferenced container that `recover` removes. The commit is recorded
         // either way: failing it now would have containerd retry a commit that happened.

@@ -18,6 +18,7 @@ mod metacopy_origin;
 pub mod metrics;
 mod metrics_http;
 mod observe;
+mod rebase;
 mod rebuild;
 mod serve;
 mod service;

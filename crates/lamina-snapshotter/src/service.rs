@@ -157,8 +157,7 @@ impl Snapshots for Service {
     ) -> Result<Response<()>, Status> {
         let r = request.into_inner();
         self.run("commit", move |s| {
-            s.refuse_rebase(&r.key, &r.parent)?;
-            s.commit(&r.name, &r.key, labels(r.labels))
+            s.commit_onto(&r.name, &r.key, labels(r.labels), &r.parent)
         })
         .await?;
         Ok(Response::new(()))

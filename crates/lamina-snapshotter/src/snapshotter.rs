@@ -265,7 +265,11 @@ impl Snapshotter {
             None => Vec::new(),
         };
         let extraction = kind == SnapshotKind::Active && extraction_target(key, &labels).is_some();
+        let for_rebase = crate::rebase::unpacks_for_rebase(kind, key, parent.as_deref(), &labels);
+        // A layer already stored is reused only on its own chain, which an unpack for
+        // rebase does not name until its commit.
         if extraction
+            && !for_rebase
             && labels.contains_key(REF_LABEL)
             && self.reuse_layer(key, parent.as_deref(), &chain, &labels)?
         {
@@ -284,7 +288,10 @@ impl Snapshotter {
         let mounts = match self
             .mounts_of(&id)
             .and_then(|mounts| self.upper_owned_as_parent(kind, &chain, mounts))
-        {
+            .map(|mounts| match for_rebase {
+                true => crate::rebase::as_upper_only_overlay(mounts),
+                false => mounts,
+            }) {
             Ok(mounts) => mounts,
             Err(e) => {
                 let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
@@ -524,7 +531,19 @@ impl Snapshotter {
             Some(id) if !self.owns(key, id) => Err(SnapshotError::NotFound(format!(
                 "{key}: its container `{id}` was lost in a crash and the name is another's now"
             ))),
-            Some(id) => self.mounts_of(id),
+            Some(id) => {
+                let mounts = self.mounts_of(id)?;
+                let for_rebase = crate::rebase::unpacks_for_rebase(
+                    snapshot.kind,
+                    key,
+                    snapshot.parent.as_deref(),
+                    &snapshot.labels,
+                );
+                Ok(match for_rebase {
+                    true => crate::rebase::as_upper_only_overlay(mounts),
+                    false => mounts,
+                })
+            }
             None => Err(SnapshotError::FailedPrecondition(format!(
                 "snapshot `{key}` is committed: only active snapshots and views have mounts"
             ))),
