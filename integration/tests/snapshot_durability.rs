@@ -404,6 +404,7 @@ fn a_commit_whose_final_row_was_lost_is_finished_without_its_container() {
         name: "top".into(),
         layer: layer.clone(),
         labels: labels.clone(),
+        parent: None,
     });
     let store = lamina_store::Store::open(&root).unwrap();
     store
@@ -538,6 +539,7 @@ fn a_lost_container_that_cannot_be_made_again_does_not_stop_the_start() {
             name: "committed".into(),
             layer: lamina_image::Digest::of(b"never published"),
             labels: BTreeMap::new(),
+            parent: None,
         });
         index.update("active", &row).unwrap();
     }
@@ -702,6 +704,7 @@ fn a_garden_create_in_flight_at_the_next_number_stays_gardens() {
                 name: "committed".into(),
                 layer,
                 labels: BTreeMap::new(),
+                parent: None,
             });
             index.update("active", &row).unwrap();
         }

@@ -817,6 +817,7 @@ mod tests {
             name: "c".into(),
             layer: Digest::of(b"b"),
             labels: BTreeMap::new(),
+            parent: None,
         });
         index.update("p", &active).unwrap();
         assert_eq!(index.shape("p").unwrap().as_deref(), Some("{}"), "kept");
