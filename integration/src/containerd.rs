@@ -121,13 +121,15 @@ disabled_plugins = [{disabled}]
         }
         if let Some(cri) = cri {
             assert_eq!(self, Release::V2, "CRI tests run on containerd 2.x");
-            // Host-network pods need no CNI; this VM refuses a container's OOM score below
+            // Host-network pods need no CNI; snapshot usage is polled every second, not
+            // ten, for tests that read ImageFsInfo; this VM refuses a container's OOM score below
             // containerd's own unless CRI clamps it (restrict_oom_score_adj).
             config.push_str(&format!(
                 r#"
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "{snapshotter}"
   max_concurrent_downloads = {downloads}
+  stats_collect_period = 1
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{sandbox}"
   [plugins."io.containerd.cri.v1.images".registry]
@@ -234,31 +236,29 @@ impl Containerd {
         let config_path = dir.join("config.toml");
         std::fs::write(&config_path, release.config(dir, &socket, proxies, cri))
             .expect("containerd config");
-        let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd log");
-        let mut command = Command::new(&containerd);
-        if let Some(bin) = release.bin_dir() {
-            let path = std::env::var_os("PATH").unwrap_or_default();
-            let mut dirs = vec![bin];
-            dirs.extend(std::env::split_paths(&path));
-            command.env("PATH", std::env::join_paths(dirs).expect("PATH"));
-        }
-        let child = command
-            .arg("--config")
-            .arg(&config_path)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting containerd");
         let containerd = Containerd {
             dir: dir.to_path_buf(),
             socket,
             release,
-            child,
+            child: spawn(release, dir),
         };
         crate::wait_until("containerd to answer", || {
             containerd.ctr(&["version"]).code == 0
         });
         containerd
+    }
+
+    /// Stops containerd (SIGTERM; its shims and containers keep running, as under
+    /// systemd's restart) and starts it again on the same config and root.
+    pub fn restart(&mut self) {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+        self.child = spawn(self.release, &self.dir);
+        crate::wait_until("containerd to answer after a restart", || {
+            self.ctr(&["version"]).code == 0
+        });
     }
 
     /// containerd's process ID (for its memory, in benchmarks).
@@ -315,6 +315,30 @@ impl Containerd {
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
+}
+
+/// Starts `release`'s containerd on `dir/config.toml`, its log appended to
+/// `dir/containerd.log`.
+fn spawn(release: Release, dir: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("containerd.log"))
+        .expect("containerd log");
+    let mut command = Command::new(release.program("containerd"));
+    if let Some(bin) = release.bin_dir() {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut dirs = vec![bin];
+        dirs.extend(std::env::split_paths(&path));
+        command.env("PATH", std::env::join_paths(dirs).expect("PATH"));
+    }
+    command
+        .arg("--config")
+        .arg(dir.join("config.toml"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starting containerd")
 }
 
 impl Drop for Containerd {

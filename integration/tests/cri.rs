@@ -14,7 +14,7 @@ const IMAGE: &str = "lamina.test/busybox:1";
 /// A lamina node's parts, dropped node first: pods, containerd, the daemon, the disk.
 struct LaminaNode {
     node: Node,
-    _daemon: Daemon,
+    daemon: Daemon,
 }
 
 fn lamina_node(fs: &ScratchFs, capabilities: Vec<&'static str>) -> LaminaNode {
@@ -30,10 +30,7 @@ fn lamina_node(fs: &ScratchFs, capabilities: Vec<&'static str>) -> LaminaNode {
         },
         &pause,
     );
-    LaminaNode {
-        node,
-        _daemon: daemon,
-    }
+    LaminaNode { node, daemon }
 }
 
 fn overlayfs_node(fs: &ScratchFs) -> Node {
@@ -91,7 +88,30 @@ fn a_pod_lives_and_goes_on_lamina_as_on_overlayfs() {
     assert_eq!(seen, expected);
     assert!(seen[0].starts_with("written\n"), "{seen:?}");
     assert!(seen[1].contains("from the top layer"), "{seen:?}");
-    eprintln!("{}", lamina.node.crictl_ok(&["imagefsinfo", "-o", "json"]));
+    // The kubelet sizes image GC and eviction from ImageFsInfo: lamina's store, and what
+    // its snapshots hold (containerd sums each one's Usage).
+    let store = fs.path().join("store");
+    lamina_integration::wait_until("ImageFsInfo to count the store", || {
+        let info: serde_json::Value =
+            serde_json::from_str(&lamina.node.crictl_ok(&["imagefsinfo", "-o", "json"])).unwrap();
+        let image_fs = &info["status"]["imageFilesystems"][0];
+        assert_eq!(
+            image_fs["fsId"]["mountpoint"],
+            store.display().to_string(),
+            "{info}"
+        );
+        let used: u64 = image_fs["usedBytes"]["value"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let inodes: u64 = image_fs["inodesUsed"]["value"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        used > 1_000_000 && inodes > 10
+    });
 }
 
 /// The upper directory of the overlay at container `id`'s rootfs, from this host's mount
@@ -318,4 +338,88 @@ fn parallel_unpack_rebases_layers_and_keeps_their_whiteouts() {
         std::fs::read_to_string(node.containerd.dir.join("config.toml")).unwrap(),
         std::fs::read_to_string(node.containerd.dir.join("containerd.log")).unwrap()
     );
+}
+
+/// A pod through restarts, as a node lives them: containerd restarted with the pod
+/// running, then the snapshotter (`restart_snapshotter`), then a second container in
+/// the pod, the pod's removal and its image's; what each step showed.
+fn through_restarts(
+    node: &mut Node,
+    fs: &ScratchFs,
+    restart_snapshotter: impl FnOnce(),
+) -> Vec<String> {
+    let name = node.snapshotter.name();
+    node.import(&cri::image_archive(
+        &fs.path().join("images"),
+        IMAGE,
+        &["/bin/sh"],
+    ));
+    let mut seen = vec![format!("before: {:?}", snapshot_kinds(node))];
+    let pod = pod_config(
+        &format!("restarts-{name}"),
+        &fs.path().join(format!("logs-restarts-{name}")),
+        None,
+    );
+    let pod_id = node.run_pod(&pod);
+    let first = node.start_container(
+        &pod_id,
+        &pod,
+        &container_config("first", IMAGE, "echo before > /mine; sleep 300", &pod),
+    );
+    lamina_integration::wait_until("the first container's write", || {
+        node.crictl(&["exec", &first, "test", "-e", "/mine"]).code == 0
+    });
+    node.containerd.restart();
+    lamina_integration::wait_until("CRI after containerd's restart", || {
+        node.crictl(&["exec", &first, "cat", "/mine"]).code == 0
+    });
+    seen.push(node.exec(&first, "cat /mine"));
+    restart_snapshotter();
+    // containerd redials the snapshotter within its gRPC backoff; the kubelet retries a
+    // create that fails meanwhile, as this does.
+    let second = container_config("second", IMAGE, "cat /top.txt; sleep 300", &pod);
+    let pod_file = node.containerd.dir.join("pod-restarts.json");
+    std::fs::write(&pod_file, pod.to_string()).unwrap();
+    let file = node.containerd.dir.join("container-second.json");
+    std::fs::write(&file, second.to_string()).unwrap();
+    let mut second_id = String::new();
+    lamina_integration::wait_until(
+        "a container created after the snapshotter's restart",
+        || {
+            let out = node.crictl(&[
+                "create",
+                &pod_id,
+                file.to_str().unwrap(),
+                pod_file.to_str().unwrap(),
+            ]);
+            second_id = out.stdout.trim().to_string();
+            out.code == 0
+        },
+    );
+    node.crictl_ok(&["start", &second_id]);
+    seen.push(node.exec(&second_id, "cat /top.txt; test -e /mine || echo not-first"));
+    seen.push(node.exec(&first, "cat /mine"));
+    seen.push(format!("running: {:?}", snapshot_kinds(node)));
+    node.remove_pod(&pod_id);
+    node.crictl_ok(&["rmi", IMAGE]);
+    lamina_integration::wait_until("the image's snapshots to go", || {
+        snapshot_kinds(node).len() == 1
+    });
+    seen.push(format!("after: {:?}", snapshot_kinds(node)));
+    seen
+}
+
+#[test]
+fn pods_live_through_restarts_of_containerd_and_of_the_snapshotter() {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let expected = {
+        let mut node = overlayfs_node(&fs);
+        through_restarts(&mut node, &fs, || {})
+    };
+    assert_eq!(expected[1], "before");
+    let mut lamina = lamina_node(&fs, vec![]);
+    let daemon = &mut lamina.daemon;
+    let seen = through_restarts(&mut lamina.node, &fs, || daemon.crash_and_restart());
+    assert_eq!(seen, expected);
 }
