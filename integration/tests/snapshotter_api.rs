@@ -490,6 +490,42 @@ fn usage_counts_what_a_snapshot_wrote() {
     assert_eq!(f.api.usage("nope").unwrap_err().code(), Code::NotFound);
 }
 
+/// containerd asks every active snapshot's Usage every 10 s. A walked upper's answer is
+/// reused for a while (30 s at least), so many containers writing many files cost a
+/// bounded share of the daemon; an upper with a filesystem of its own answers exactly,
+/// every time, from its statfs.
+#[test]
+fn a_walked_usage_is_reused_and_an_isolated_upper_answers_each_time() {
+    let f = fixture();
+    commit_with(&f.api, "base", "base-key", "", |root| {
+        fs::write(root.join("b"), "b").unwrap()
+    });
+    let write_files = |key: &str, from: usize| {
+        let mounts = f.api.mounts(key).unwrap();
+        let mounted = Mounted::new(&mounts);
+        for i in from..from + 20 {
+            fs::write(mounted.path().join(format!("f{i}")), vec![1u8; 4096]).unwrap();
+        }
+    };
+    f.api.prepare("walked", "base", none()).unwrap();
+    write_files("walked", 0);
+    let first = f.api.usage("walked").unwrap();
+    write_files("walked", 20);
+    assert_eq!(f.api.usage("walked").unwrap(), first, "reused");
+    // A snapshot made again under the key is measured anew.
+    f.api.remove("walked").unwrap();
+    f.api.prepare("walked", "base", none()).unwrap();
+    assert!(f.api.usage("walked").unwrap().1 < first.1);
+
+    let isolated = labels(&[("containerd.io/snapshot/lamina.strategy", "isolated-memory")]);
+    f.api.prepare("own", "base", isolated).unwrap();
+    write_files("own", 0);
+    let before = f.api.usage("own").unwrap();
+    write_files("own", 20);
+    let after = f.api.usage("own").unwrap();
+    assert!(after.1 >= before.1 + 20, "{before:?} then {after:?}");
+}
+
 #[test]
 fn stat_and_update_change_labels_only() {
     let f = fixture();

@@ -218,6 +218,7 @@ impl Snapshotter {
         // journal commit above waits on it.
         self.index()
             .replace_unsynced(key, &committing.name, &committed)?;
+        self.usage_cache.forget(key);
         match &committing.parent {
             Some(parent) => {
                 tracing::info!(key, name = %committing.name, layer = %committing.layer, parent, "committed snapshot, rebased onto its parent")
@@ -248,6 +249,7 @@ impl Snapshotter {
         }
         let container = snapshot.container;
         self.index().remove(key)?;
+        self.usage_cache.forget(key);
         // A committed snapshot's layer stays until `Cleanup` (or `lamina clean`) finds
         // nothing naming it; an active's container goes now, or to the reaper if its
         // strategy defers deletes.

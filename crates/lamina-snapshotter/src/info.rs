@@ -114,12 +114,21 @@ impl Snapshotter {
             (Some(layer), _) => self.store.layout().layer_diff(layer),
             (None, Some(_)) if record.kind == SnapshotKind::View => return Ok(Usage::default()),
             (None, Some(id)) => {
-                // Its own filesystem's or qgroup's account where it has one, not a walk.
+                // Its own filesystem's or qgroup's account where it has one; a walk's
+                // answer is reused for a while (see `usage_cache`).
+                if let Some(usage) = self.usage_cache.get(key, id) {
+                    return Ok(usage);
+                }
+                let started = std::time::Instant::now();
                 let written = lamina_mount::written(&self.store, self.mounter.as_ref(), id)?;
-                return Ok(Usage {
+                let usage = Usage {
                     bytes: written.bytes,
                     inodes: written.inodes,
-                });
+                };
+                if written.walked {
+                    self.usage_cache.put(key, id, usage, started.elapsed());
+                }
+                return Ok(usage);
             }
             (None, None) => return Ok(Usage::default()),
         };

@@ -23,6 +23,7 @@ mod rebuild;
 mod serve;
 mod service;
 mod snapshotter;
+mod usage_cache;
 
 pub use error::SnapshotError;
 pub use filters::{Fields, Filters};

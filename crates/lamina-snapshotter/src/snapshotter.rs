@@ -80,6 +80,8 @@ pub struct Snapshotter {
     index: Arc<Mutex<SnapshotIndex>>,
     /// What it did since it was opened, for the daemon's metrics.
     pub(crate) activity: crate::metrics::Activity,
+    /// Usage answers that cost a walk, reused for a while.
+    pub(crate) usage_cache: Arc<crate::usage_cache::UsageCache>,
 }
 
 impl Snapshotter {
@@ -113,6 +115,7 @@ impl Snapshotter {
             label_strategies: None,
             index,
             activity: Default::default(),
+            usage_cache: Default::default(),
         };
         snapshotter.recover()?;
         Ok(snapshotter)

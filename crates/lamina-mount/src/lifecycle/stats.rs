@@ -81,6 +81,9 @@ pub fn stats(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Stats, Ro
 pub struct Written {
     pub bytes: u64,
     pub inodes: u64,
+    /// Whether any of it came from walking the upper, a cost that grows with what the
+    /// container wrote (no filesystem or qgroup of its own counted it).
+    pub walked: bool,
 }
 
 /// What container `id` wrote, from the cheapest exact account its upper has, since
@@ -101,13 +104,18 @@ pub fn written(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Written
     let account = holding_id(store, id, || account_of(store, mounter, id))?;
     let walk = |dir: &std::path::Path| -> Result<Written, RootfsError> {
         let (bytes, inodes) = lamina_store::disk_usage_and_inodes(dir)?;
-        Ok(Written { bytes, inodes })
+        Ok(Written {
+            bytes,
+            inodes,
+            walked: true,
+        })
     };
     match account {
         Account::Counted(written) => Ok(written),
         Account::Bytes(bytes, upper) => Ok(Written {
             bytes,
             inodes: walk(&upper)?.inodes,
+            walked: true,
         }),
         Account::Walk(upper) => walk(&upper),
     }
@@ -139,6 +147,7 @@ fn account_of(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Account,
             Account::Counted(Written {
                 bytes: fs.f_blocks.saturating_sub(fs.f_bfree) * fs.f_frsize,
                 inodes: fs.f_files.saturating_sub(fs.f_ffree),
+                walked: false,
             })
         }
         // Quotas turned off: the qgroup is gone.
