@@ -15,9 +15,9 @@
 //!   API: the first sweep and the next ones.
 //!
 //! Prints its tables as markdown (docs/benchmarks.md, "A Kubernetes node on containerd
-//! 2.4"). `cargo bench -p lamina-benches --bench cri`; under `cargo test` it runs at tiny
-//! sizes, to prove it still runs. Needs root and `LAMINA_CONTAINERD2_BIN`
-//! (`scripts/containerd2`).
+//! 2.4"). `cargo bench -p lamina-benches --bench cri [-- --only pods|pulls|usage]`;
+//! under `cargo test` it runs at tiny sizes, to prove it still runs. Needs root and
+//! `LAMINA_CONTAINERD2_BIN` (`scripts/containerd2`).
 
 // A benchmark that cannot set up must stop loudly, not measure something else.
 #![allow(clippy::unwrap_used)]
@@ -69,10 +69,23 @@ fn main() {
             sweeps: 2,
         }
     };
+    // `--only pods|pulls|usage` runs one table.
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
+    let runs = |table: &str| only.as_deref().is_none_or(|o| o == table);
     let fs = ScratchFs::ext4(if full { 12 * 1024 } else { 2048 });
-    pod_start(&fs, &sizes);
-    pulls(&fs, &sizes);
-    usage(&fs, &sizes);
+    if runs("pods") {
+        pod_start(&fs, &sizes);
+    }
+    if runs("pulls") {
+        pulls(&fs, &sizes);
+    }
+    if runs("usage") {
+        usage(&fs, &sizes);
+    }
 }
 
 /// A lamina daemon on `fs` (its store under `name`), for a node.
@@ -363,7 +376,10 @@ fn usage(fs: &ScratchFs, sizes: &Sizes) {
             std::fs::create_dir_all(&target).unwrap();
             for i in 0..n {
                 let key = format!("u{i}");
-                let mounts = api.prepare(&key, &top, Default::default()).unwrap();
+                // A root for containerd's GC: made outside a lease, it would be collected.
+                let root =
+                    lamina_integration::snapshotter::labels(&[("containerd.io/gc.root", "bench")]);
+                let mounts = api.prepare(&key, &top, root).unwrap();
                 mount_all(&mounts, &target);
                 for f in 0..sizes.usage_files {
                     std::fs::write(target.join(format!("w{f}")), b"written by a container\n")

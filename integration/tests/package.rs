@@ -232,6 +232,31 @@ fn package_installs_runs_as_its_unit_and_purges_clean() {
         v2.contains("platform = \"linux/") && !v2.contains('@'),
         "the 2.x snippet names this machine's platform: {v2}"
     );
+    // And containerd 2.4 reads the 2.x one, capabilities and parallel unpack included.
+    let containerd2 = std::env::var(lamina_integration::containerd::CONTAINERD2_ENV)
+        .map(|dir| Path::new(&dir).join("containerd"))
+        .expect("LAMINA_CONTAINERD2_BIN (scripts/test exports it)");
+    let dump = run(
+        containerd2.to_str().unwrap(),
+        &[
+            "--config",
+            "/usr/share/doc/lamina/containerd/config-2.x.toml",
+            "config",
+            "dump",
+        ],
+    );
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    for expected in [
+        "[proxy_plugins.lamina]",
+        "capabilities = ['remap-ids', 'rebase']",
+        "max_concurrent_unpacks = 4",
+        "snapshotter = 'lamina'",
+    ] {
+        assert!(
+            dump.contains(expected),
+            "containerd 2.4 reads no {expected}: {dump}"
+        );
+    }
 
     let store = fs.path().join("store");
     let socket = fs.path().join("run/snapshotter.sock");

@@ -786,6 +786,44 @@ fn metadata_survives_restarts_and_a_crash_mid_commit() {
     drop(daemon);
 }
 
+/// Without `remap-ids` containerd chowns a copy of the image for the mapping — every
+/// owner shifted by it, the root's too — commits it over the image, and prepares the
+/// container on it with the mapping labels still on. lamina does not map that copy a
+/// second time, whatever owns the image's root; an image not so chowned is mapped.
+#[test]
+fn an_image_containerd_chowned_for_a_mapping_is_not_mapped_again() {
+    use std::os::unix::fs::{MetadataExt, chown};
+    let f = fixture();
+    let owner = |path: &Path| {
+        let m = fs::metadata(path).unwrap();
+        (m.uid(), m.gid())
+    };
+    commit_with(&f.api, "image", "p", "", |root| {
+        fs::write(root.join("file"), "x").unwrap();
+        chown(root.join("file"), Some(0), Some(0)).unwrap();
+        chown(root, Some(1000), Some(1000)).unwrap();
+    });
+    commit_with(&f.api, "chowned", "q", "image", |root| {
+        chown(root.join("file"), Some(100_000), Some(100_000)).unwrap();
+        chown(root, Some(101_000), Some(101_000)).unwrap();
+    });
+    let mapping = labels(&[
+        ("containerd.io/snapshot/uidmapping", "0:100000:65536"),
+        ("containerd.io/snapshot/gidmapping", "0:100000:65536"),
+    ]);
+    let on_copy = f.api.prepare("c", "chowned", mapping.clone()).unwrap();
+    {
+        let m = Mounted::new(&on_copy);
+        assert_eq!(owner(&m.path().join("file")), (100_000, 100_000));
+        assert_eq!(owner(m.path()), (101_000, 101_000));
+    }
+    // On the image itself the mapping applies: its root-owned file is the mapped root's
+    // (and so is `/`, an idmapped snapshot's upper root).
+    let on_image = f.api.prepare("d", "image", mapping).unwrap();
+    let m = Mounted::new(&on_image);
+    assert_eq!(owner(&m.path().join("file")), (100_000, 100_000));
+}
+
 /// containerd's `uidmapping`/`gidmapping` labels (containerd 2.x's `remap-ids`): the
 /// snapshot shows its layers through idmapped mounts — a file the image gives to root is
 /// the mapped root's, with no chowned copy of the image — mounted by lamina and bound by
@@ -1610,8 +1648,8 @@ fn an_unpack_prepared_without_its_parent_is_rebased_onto_the_parent_of_its_chain
     let top_diff = Digest::of(b"top layer");
     let top_chain = next_chain_id(Some(&base_chain), &top_diff);
     let top_key = format!("ns/2/extract-2 {top_chain}");
-    let labels = unpack_labels(&top_chain, &top_diff, Some(&base_chain));
-    let mounts = f.api.prepare(&top_key, "", labels.clone()).unwrap();
+    let top_labels = unpack_labels(&top_chain, &top_diff, Some(&base_chain));
+    let mounts = f.api.prepare(&top_key, "", top_labels).unwrap();
     assert_eq!(mounts.len(), 1, "{mounts:?}");
     assert_eq!(mounts[0].r#type, "overlay", "{mounts:?}");
     let upper = mounts[0]
@@ -1652,6 +1690,33 @@ fn an_unpack_prepared_without_its_parent_is_rebased_onto_the_parent_of_its_chain
         "{refused:?}"
     );
 
+    // A Commit naming another layer than its Prepare did is checked as that layer.
+    let renamed = labels(&[("containerd.io/snapshot.ref", &stray_chain.to_string())]);
+    let refused = f
+        .api
+        .commit_onto("top", &top_key, "base", renamed)
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    // An unpack answered as a bind (no parent-chain-id: its whiteouts were applied as
+    // deletions) is not rebased, whatever its labels say since.
+    let bound_key = format!("ns/4/extract-4 {top_chain}");
+    let mut bound_labels = unpack_labels(&top_chain, &top_diff, None);
+    let mounts = f.api.prepare(&bound_key, "", bound_labels.clone()).unwrap();
+    assert_eq!(mounts[0].r#type, "bind", "{mounts:?}");
+    let mut info = f.api.stat(&bound_key).unwrap();
+    bound_labels.insert(
+        "containerd.io/snapshot/parent-chain-id".into(),
+        base_chain.to_string(),
+    );
+    info.labels = bound_labels;
+    f.api.update(info, &[]).unwrap();
+    let refused = f
+        .api
+        .commit_onto("bound", &bound_key, "base", none())
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("parent-chain-id"), "{refused:?}");
+
     f.api.commit_onto("top", &top_key, "base", none()).unwrap();
     assert_eq!(f.api.stat("top").unwrap().parent, "base");
     let mounts = f.api.view("top-view", "top").unwrap();
@@ -1664,6 +1729,44 @@ fn an_unpack_prepared_without_its_parent_is_rebased_onto_the_parent_of_its_chain
         fs::read_to_string(mounted.path().join("top")).unwrap(),
         "top"
     );
+}
+
+/// A rebase whose commit failed after its layer was published stands as an intent onto
+/// its parent: the parent cannot be removed under it, and the commit, retried, lands on it.
+#[test]
+fn the_parent_of_an_unfinished_rebase_cannot_be_removed() {
+    use lamina_image::{Digest, next_chain_id};
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let (store, socket) = (fs.path().join("store"), fs.path().join("lamina.sock"));
+    let base_diff = Digest::of(b"base layer");
+    let base_chain = next_chain_id(None, &base_diff);
+    {
+        let daemon = Daemon::start(&store, &socket, &[]);
+        let api = Api::connect(&daemon.socket);
+        let base_key = format!("ns/1/extract-1 {base_chain}");
+        api.prepare(&base_key, "", unpack_labels(&base_chain, &base_diff, None))
+            .unwrap();
+        api.commit("base", &base_key, none()).unwrap();
+    }
+    let daemon = Daemon::start_failing_once_at(&store, &socket, "commit-published");
+    let api = Api::connect(&daemon.socket);
+    let top_diff = Digest::of(b"top layer");
+    let top_chain = next_chain_id(Some(&base_chain), &top_diff);
+    let top_key = format!("ns/2/extract-2 {top_chain}");
+    api.prepare(
+        &top_key,
+        "",
+        unpack_labels(&top_chain, &top_diff, Some(&base_chain)),
+    )
+    .unwrap();
+    assert!(api.commit_onto("top", &top_key, "base", none()).is_err());
+    let refused = api.remove("base").unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains(&top_key), "{refused:?}");
+    // A retry naming no parent finishes the commit onto the one its intent recorded.
+    api.commit("top", &top_key, none()).unwrap();
+    assert_eq!(api.stat("top").unwrap().parent, "base");
 }
 
 /// An operator decides which strategies a snapshot's strategy label may name

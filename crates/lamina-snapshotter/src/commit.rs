@@ -102,8 +102,8 @@ impl Snapshotter {
             Ok(_) => {}
         }
         lamina_mount::refuse_upper_in_use(&self.store, self.mounter.as_ref(), &id)?;
-        let rebase_onto = self.rebase_onto(key, &active, parent)?;
         let layer = commit_layer(name, key, &labels, &active.labels);
+        let rebase_onto = self.rebase_onto(key, &active, parent, &layer)?;
         active.committing = Some(Committing {
             name: name.to_string(),
             layer,
@@ -197,6 +197,11 @@ impl Snapshotter {
                 self.activity.imported(bytes);
             }
         }
+        if let Some(parent) = &committing.parent {
+            // Remove refuses it while this intent stands; a store changed behind the
+            // daemon's back keeps the commit unfinished rather than orphaned.
+            crate::snapshotter::layer_chain(&self.index(), parent)?;
+        }
         let now = now_ns();
         let committed = SnapshotRecord {
             kind: SnapshotKind::Committed,
@@ -247,6 +252,7 @@ impl Snapshotter {
                 "snapshot `{key}` has children (`{child}`): remove them first"
             )));
         }
+        self.refuse_removing_a_rebase_parent(key)?;
         let container = snapshot.container;
         self.index().remove(key)?;
         self.usage_cache.forget(key);

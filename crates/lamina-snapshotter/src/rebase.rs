@@ -74,14 +74,24 @@ pub(crate) fn refuse_other_parent(
 }
 
 impl Snapshotter {
-    /// The parent a Commit naming `parent` rebases active `key` onto: none when `parent`
-    /// is empty or the one it was prepared on; refused unless `key` is an unpack prepared
-    /// without a parent whose layer name is the chain `parent` and its diff ID make.
+    /// Whether active `key` (`row`) was prepared as an unpack for rebase, by the labels its
+    /// Prepare recorded (an Update cannot change what its mounts were answered as).
+    pub(crate) fn prepared_for_rebase(&self, key: &str, row: &SnapshotRecord) -> bool {
+        self.shape_of(key, row).is_ok_and(|shape| {
+            unpacks_for_rebase(row.kind, key, row.parent.as_deref(), &shape.labels)
+        })
+    }
+
+    /// The parent a Commit naming `parent` rebases active `key` onto, publishing `layer`:
+    /// none when `parent` is empty or the one it was prepared on; refused unless `key` was
+    /// prepared as an unpack for rebase (answered as an upper-only overlay) and `layer` is
+    /// the chain ID `parent`'s chain and its diff ID make.
     pub(crate) fn rebase_onto(
         &self,
         key: &str,
         active: &SnapshotRecord,
         parent: &str,
+        layer: &lamina_image::Digest,
     ) -> Result<Option<String>, SnapshotError> {
         if parent.is_empty() || active.parent.as_deref() == Some(parent) {
             return Ok(None);
@@ -96,10 +106,13 @@ impl Snapshotter {
                 "it was prepared on `{prepared_on}`, and its upper holds changes to that parent's tree"
             ));
         }
-        let Some(layer) = extraction_target(key, &active.labels) else {
-            return refused("only an unpack's snapshot is rebased, and this is not one".into());
-        };
-        let Some(diff_id) = active
+        if !self.prepared_for_rebase(key, active) {
+            return refused(format!(
+                "only an unpack prepared with a {PARENT_CHAIN_LABEL} label is rebased (its whiteouts written in overlay's form), and this is not one"
+            ));
+        }
+        let Some(diff_id) = self
+            .shape_of(key, active)?
             .labels
             .get(DIFF_ID_LABEL)
             .and_then(|d| lamina_image::Digest::parse(d).ok())
@@ -108,13 +121,32 @@ impl Snapshotter {
                 "it has no {DIFF_ID_LABEL} label to check its chain with"
             ));
         };
-        let chain = layer_chain(&self.index(), parent)?;
+        let chain = layer_chain(&self.index(), parent).map_err(|e| match e {
+            SnapshotError::NotFound(what) => SnapshotError::FailedPrecondition(format!(
+                "snapshot `{key}` cannot be committed onto `{parent}`: {what} does not exist"
+            )),
+            e => e,
+        })?;
         let expected = lamina_image::next_chain_id(chain.last(), &diff_id);
-        if expected != layer {
+        if expected != *layer {
             return refused(format!(
                 "its layer is {layer}, but that parent and its diff ID {diff_id} make {expected}"
             ));
         }
         Ok(Some(parent.to_string()))
+    }
+
+    /// Refuses removing `key` while a commit in flight will land on it.
+    pub(crate) fn refuse_removing_a_rebase_parent(&self, key: &str) -> Result<(), SnapshotError> {
+        let intents = self.index().commit_intents()?;
+        match intents
+            .iter()
+            .find(|(_, intent)| intent.parent.as_deref() == Some(key))
+        {
+            Some((child, _)) => Err(SnapshotError::FailedPrecondition(format!(
+                "snapshot `{key}` has children (`{child}`, a commit in flight onto it): finish or remove them first"
+            ))),
+            None => Ok(()),
+        }
     }
 }

@@ -154,7 +154,7 @@ impl Snapshotter {
     }
 
     /// The shape snapshot `key`'s Prepare recorded, if it is this row's.
-    fn shape_of(&self, key: &str, row: &SnapshotRecord) -> Result<Shape, SnapshotError> {
+    pub(crate) fn shape_of(&self, key: &str, row: &SnapshotRecord) -> Result<Shape, SnapshotError> {
         let shape = self.index().shape(key)?;
         shape
             .and_then(|shape| serde_json::from_str::<Shape>(&shape).ok())

@@ -183,15 +183,22 @@ impl Snapshotter {
 
     /// Whether the image under `chain` was already chowned for `map`: containerd does
     /// that to a copy of the image (its slow-chown path) when the proxy's config lists no
-    /// `remap-ids`, and still passes the mapping labels, which lamina must then not apply
-    /// a second time. Its sign is a root owned by the mapping's root; an image whose own
-    /// root belongs to that host ID cannot be told apart, and shows its files unmapped.
+    /// `remap-ids`, committed as a layer over the image's, and still passes the mapping
+    /// labels, which lamina must then not apply a second time. Its sign is a top layer
+    /// whose root is owned by the mapping of the owner of the root below it; an image
+    /// whose own layers differ so cannot be told apart, and shows its files unmapped.
     fn chowned_for(&self, map: &IdMap, chain: &[Digest]) -> Result<bool, SnapshotError> {
-        let Some(top) = chain.last() else {
+        let [.., below, top] = chain else {
             return Ok(false);
         };
-        let mapped_root = (map.host_uid(0), map.host_gid(0));
-        Ok(mapped_root != (0, 0) && self.root_owner(top)? == mapped_root)
+        let (uid, gid) = self.root_owner(below)?;
+        let host = |ranges: &[lamina_store::IdMapping], id: u32| {
+            ranges.iter().find_map(|range| range.to_host(id))
+        };
+        let (Some(host_uid), Some(host_gid)) = (host(&map.uids, uid), host(&map.gids, gid)) else {
+            return Ok(false);
+        };
+        Ok((host_uid, host_gid) != (uid, gid) && self.root_owner(top)? == (host_uid, host_gid))
     }
 
     /// Refuses a `lamina.strategy` label naming a strategy the operator did not allow.
@@ -536,13 +543,7 @@ impl Snapshotter {
             ))),
             Some(id) => {
                 let mounts = self.mounts_of(id)?;
-                let for_rebase = crate::rebase::unpacks_for_rebase(
-                    snapshot.kind,
-                    key,
-                    snapshot.parent.as_deref(),
-                    &snapshot.labels,
-                );
-                Ok(match for_rebase {
+                Ok(match self.prepared_for_rebase(key, &snapshot) {
                     true => crate::rebase::as_upper_only_overlay(mounts),
                     false => mounts,
                 })
