@@ -120,15 +120,41 @@ disabled_plugins = [{disabled}]
             }
         }
         if let Some(cri) = cri {
-            assert_eq!(self, Release::V2, "CRI tests run on containerd 2.x");
-            // Host-network pods need no CNI; snapshot usage is polled every second, not
-            // ten, for tests that read ImageFsInfo; this VM refuses a container's OOM score below
-            // containerd's own unless CRI clamps it (restrict_oom_score_adj).
-            config.push_str(&format!(
+            config.push_str(&self.cri_config(dir, cri));
+        }
+        config
+    }
+}
+
+impl Release {
+    /// The CRI plugin's sections. Host-network pods need no CNI; snapshot usage is polled
+    /// every second, not ten, for tests that read ImageFsInfo; this VM refuses a
+    /// container's OOM score below containerd's own unless CRI clamps it
+    /// (`restrict_oom_score_adj`).
+    fn cri_config(self, dir: &Path, cri: &Cri<'_>) -> String {
+        let registry_config = dir.join("certs.d");
+        let registry_config = registry_config.display();
+        let (snapshotter, sandbox) = (cri.snapshotter, cri.sandbox_image);
+        match self {
+            Release::Debian => format!(
                 r#"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox}"
+  restrict_oom_score_adj = true
+  stats_collect_period = 1
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "{snapshotter}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{registry_config}"
+"#
+            ),
+            Release::V2 => {
+                // Pull settings go to the transfer service: one CRI takes no transfer for
+                // (its own max_concurrent_downloads among them) makes CRI pull by itself.
+                let mut text = format!(
+                    r#"
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "{snapshotter}"
-  max_concurrent_downloads = {downloads}
   stats_collect_period = 1
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{sandbox}"
@@ -137,20 +163,18 @@ disabled_plugins = [{disabled}]
 
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
+
+[plugins."io.containerd.transfer.v1.local"]
+  max_concurrent_downloads = {downloads}
 "#,
-                snapshotter = cri.snapshotter,
-                downloads = cri.max_concurrent_downloads,
-                sandbox = cri.sandbox_image,
-                registry_config = dir.join("certs.d").display(),
-            ));
-            if let Some(unpacks) = cri.max_concurrent_unpacks {
-                config.push_str(&format!(
-                    "\n[plugins.\"io.containerd.transfer.v1.local\"]\n  max_concurrent_uploaded_layers = 3\n  max_concurrent_downloads = {}\n  max_concurrent_unpacks = {unpacks}\n",
-                    cri.max_concurrent_downloads
-                ));
+                    downloads = cri.max_concurrent_downloads,
+                );
+                if let Some(unpacks) = cri.max_concurrent_unpacks {
+                    text.push_str(&format!("  max_concurrent_unpacks = {unpacks}\n"));
+                }
+                text
             }
         }
-        config
     }
 }
 

@@ -1,4 +1,4 @@
-//! containerd 2.4 run as a Kubernetes node runs it: the CRI plugin on, its images and
+//! containerd run as a Kubernetes node runs it (2.4, or Debian's 1.6): the CRI plugin on, its images and
 //! containers in one snapshotter (lamina through the proxy, or containerd's own
 //! overlayfs), host-network pods (no CNI), and crictl driving it as the kubelet would.
 //! Pods still present when the node drops are stopped and removed first, so no sandbox
@@ -41,7 +41,7 @@ impl NodeSnapshotter {
     }
 }
 
-/// A CRI node: containerd 2.4 with its CRI plugin, and crictl pointed at it.
+/// A CRI node: containerd with its CRI plugin, and crictl (1.37) pointed at it.
 #[derive(Debug)]
 pub struct Node {
     pub containerd: Containerd,
@@ -79,6 +79,18 @@ impl Node {
         pause_archive: &Path,
         pulls: Pulls,
     ) -> Node {
+        Node::start_release(Release::V2, dir, snapshotter, pause_archive, pulls)
+    }
+
+    /// [`Node::start_with`] on containerd `release` (1.6's CRI takes no pull settings, no
+    /// capabilities, no exports, no user namespaces and no image volumes).
+    pub fn start_release(
+        release: Release,
+        dir: &Path,
+        snapshotter: NodeSnapshotter,
+        pause_archive: &Path,
+        pulls: Pulls,
+    ) -> Node {
         let cri = Cri {
             snapshotter: snapshotter.name(),
             sandbox_image: PAUSE_IMAGE,
@@ -97,14 +109,14 @@ impl Node {
                     capabilities,
                     exports_root: Some(store),
                 };
-                Containerd::start_configured(Release::V2, dir, &[proxy], Some(&cri))
+                Containerd::start_configured(release, dir, &[proxy], Some(&cri))
             }
             NodeSnapshotter::Overlayfs => {
-                Containerd::start_configured(Release::V2, dir, &[], Some(&cri))
+                Containerd::start_configured(release, dir, &[], Some(&cri))
             }
             NodeSnapshotter::OtherProxy { name, socket } => {
                 let proxy = Proxy::plain(name, socket);
-                Containerd::start_configured(Release::V2, dir, &[proxy], Some(&cri))
+                Containerd::start_configured(release, dir, &[proxy], Some(&cri))
             }
         };
         let crictl_config = dir.join("crictl.yaml");
