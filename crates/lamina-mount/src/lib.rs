@@ -41,7 +41,7 @@ pub use lifecycle::delete::{Deleted, Reaped, delete, reap};
 pub use lifecycle::delete_store::delete_store;
 pub use lifecycle::init_store::init_store;
 pub use lifecycle::remount::{mount, unmount};
-pub use lifecycle::stats::{DiskUsage, Stats, Written, stats, written};
+pub use lifecycle::stats::{DiskUsage, Stats, Walked, Written, stats, written};
 pub use model::record::{Container, RootfsRecord, UpperFsRecord};
 pub use model::strategy::{Strategies, UpperBackend};
 pub use model::{Flavour, Model, Provider, Teardown};

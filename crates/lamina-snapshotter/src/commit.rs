@@ -168,6 +168,16 @@ impl Snapshotter {
             return Ok(());
         };
         let id = active.container.clone().unwrap_or_default();
+        if let Some(parent) = &committing.parent {
+            // Remove refuses it while this intent stands; a store changed behind the
+            // daemon's back keeps the commit unfinished, before anything is published,
+            // rather than orphaned.
+            crate::snapshotter::layer_chain(&self.index(), parent).map_err(|e| {
+                SnapshotError::FailedPrecondition(format!(
+                    "snapshot `{key}` is being committed onto `{parent}`, which is gone: {e}"
+                ))
+            })?;
+        }
         if !self.store.has_layer(&committing.layer) {
             let publish = |upper: &lamina_mount::UpperToCommit| -> Result<bool, SnapshotError> {
                 self.store.fail_point("commit-publish")?;
@@ -196,11 +206,6 @@ impl Snapshotter {
                     .map_or(0, |r| r.size);
                 self.activity.imported(bytes);
             }
-        }
-        if let Some(parent) = &committing.parent {
-            // Remove refuses it while this intent stands; a store changed behind the
-            // daemon's back keeps the commit unfinished rather than orphaned.
-            crate::snapshotter::layer_chain(&self.index(), parent)?;
         }
         let now = now_ns();
         let committed = SnapshotRecord {
@@ -252,7 +257,9 @@ impl Snapshotter {
                 "snapshot `{key}` has children (`{child}`): remove them first"
             )));
         }
-        self.refuse_removing_a_rebase_parent(key)?;
+        if snapshot.kind == SnapshotKind::Committed {
+            self.refuse_removing_a_rebase_parent(key)?;
+        }
         let container = snapshot.container;
         self.index().remove(key)?;
         self.usage_cache.forget(key);

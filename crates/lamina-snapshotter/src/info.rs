@@ -114,25 +114,30 @@ impl Snapshotter {
             (Some(layer), _) => self.store.layout().layer_diff(layer),
             (None, Some(_)) if record.kind == SnapshotKind::View => return Ok(Usage::default()),
             (None, Some(id)) => {
-                // Its own filesystem's or qgroup's account where it has one; a walk's
-                // answer is reused for a while (see `usage_cache`).
-                if let Some(usage) = self.usage_cache.get(key, id) {
-                    return Ok(usage);
+                // Its own filesystem's or qgroup's account where it has one, read anew;
+                // a walk is reused for a while (see `usage_cache`).
+                let store_used = store_used_bytes(&self.store);
+                let earlier = self.usage_cache.get(key, id, store_used);
+                let written =
+                    lamina_mount::written(&self.store, self.mounter.as_ref(), id, earlier)?;
+                if let Some(walk) = written.walk {
+                    self.usage_cache.put(key, id, walk, store_used);
                 }
-                let started = std::time::Instant::now();
-                let written = lamina_mount::written(&self.store, self.mounter.as_ref(), id)?;
-                let usage = Usage {
+                return Ok(Usage {
                     bytes: written.bytes,
                     inodes: written.inodes,
-                };
-                if written.walked {
-                    self.usage_cache.put(key, id, usage, started.elapsed());
-                }
-                return Ok(usage);
+                });
             }
             (None, None) => return Ok(Usage::default()),
         };
         let (bytes, inodes) = lamina_store::disk_usage_and_inodes(&dir)?;
         Ok(Usage { bytes, inodes })
     }
+}
+
+/// The bytes the store's filesystem uses (`statvfs`); 0 if it cannot be asked, which ends
+/// no reuse early.
+fn store_used_bytes(store: &lamina_store::Store) -> u64 {
+    rustix::fs::statvfs(store.root())
+        .map_or(0, |fs| fs.f_blocks.saturating_sub(fs.f_bfree) * fs.f_frsize)
 }

@@ -81,9 +81,18 @@ pub fn stats(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Stats, Ro
 pub struct Written {
     pub bytes: u64,
     pub inodes: u64,
-    /// Whether any of it came from walking the upper, a cost that grows with what the
-    /// container wrote (no filesystem or qgroup of its own counted it).
-    pub walked: bool,
+    /// The walk of the upper this answer made now (none when a filesystem of its own
+    /// counted everything, or the caller's earlier walk was used).
+    pub walk: Option<Walked>,
+}
+
+/// What a walk of an upper counted, and how long it took: its cost grows with what the
+/// container wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Walked {
+    pub bytes: u64,
+    pub inodes: u64,
+    pub took: std::time::Duration,
 }
 
 /// What container `id` wrote, from the cheapest exact account its upper has, since
@@ -99,25 +108,47 @@ pub struct Written {
 ///
 /// The record is read and the filesystem asked while holding the ID; a walk, which can
 /// take seconds on a large upper, runs after it is released, so a `Remove` or `Mounts`
-/// of the container never waits for it.
-pub fn written(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Written, RootfsError> {
+/// of the container never waits for it. `earlier`, a walk of this container's upper the
+/// caller still trusts, stands in for a walk; what a filesystem or qgroup of its own
+/// counts is always read anew.
+pub fn written(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+    earlier: Option<Walked>,
+) -> Result<Written, RootfsError> {
     let account = holding_id(store, id, || account_of(store, mounter, id))?;
-    let walk = |dir: &std::path::Path| -> Result<Written, RootfsError> {
+    let walk = |dir: &std::path::Path| -> Result<(Walked, Option<Walked>), RootfsError> {
+        if let Some(earlier) = earlier {
+            return Ok((earlier, None));
+        }
+        let started = std::time::Instant::now();
         let (bytes, inodes) = lamina_store::disk_usage_and_inodes(dir)?;
-        Ok(Written {
+        let walked = Walked {
             bytes,
             inodes,
-            walked: true,
-        })
+            took: started.elapsed(),
+        };
+        Ok((walked, Some(walked)))
     };
     match account {
         Account::Counted(written) => Ok(written),
-        Account::Bytes(bytes, upper) => Ok(Written {
-            bytes,
-            inodes: walk(&upper)?.inodes,
-            walked: true,
-        }),
-        Account::Walk(upper) => walk(&upper),
+        Account::Bytes(bytes, upper) => {
+            let (walked, walk) = walk(&upper)?;
+            Ok(Written {
+                bytes,
+                inodes: walked.inodes,
+                walk,
+            })
+        }
+        Account::Walk(upper) => {
+            let (walked, walk) = walk(&upper)?;
+            Ok(Written {
+                bytes: walked.bytes,
+                inodes: walked.inodes,
+                walk,
+            })
+        }
     }
 }
 
@@ -147,7 +178,7 @@ fn account_of(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Account,
             Account::Counted(Written {
                 bytes: fs.f_blocks.saturating_sub(fs.f_bfree) * fs.f_frsize,
                 inodes: fs.f_files.saturating_sub(fs.f_ffree),
-                walked: false,
+                walk: None,
             })
         }
         // Quotas turned off: the qgroup is gone.
