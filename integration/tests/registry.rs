@@ -494,3 +494,41 @@ fn progress_is_bars_on_a_terminal_and_log_lines_otherwise() {
         "{screen}"
     );
 }
+
+/// Lazy pulling reads parts of a layer: the registry serves a byte range of a blob (206
+/// with its Content-Range), and a range past the blob's end, empty or too long is refused
+/// before any request.
+#[test]
+fn a_blob_is_read_by_byte_range() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_sample(&registry, &fs, "sample:latest");
+    let reference = lamina_registry::RegistryRef::parse(&registry.reference("sample:latest"))
+        .unwrap()
+        .unwrap();
+    let options = lamina_registry::PullOptions {
+        insecure_registries: vec![registry.host.clone()],
+        ..Default::default()
+    };
+    let client = lamina_registry::Client::new(&reference, &options).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&registry.manifest("sample:latest")).unwrap();
+    let layer = &manifest["layers"][0];
+    let digest = layer["digest"].as_str().unwrap().to_string();
+    let size = layer["size"].as_u64().unwrap();
+    let blob = fs::read(registry.blob_file(&digest)).unwrap();
+    assert_eq!(blob.len() as u64, size);
+    let got = client.read_range(&digest, size, 100, 4096).unwrap();
+    assert_eq!(got, blob[100..4196]);
+    let tail = client.read_range(&digest, size, size - 51, 51).unwrap();
+    assert_eq!(tail, blob[blob.len() - 51..]);
+    for (start, len) in [
+        (size - 10, 11),
+        (0, 0),
+        (0, lamina_registry::MAX_RANGE_BYTES + 1),
+    ] {
+        let err = client.read_range(&digest, size, start, len).unwrap_err();
+        assert!(err.to_string().contains(&digest), "{err}");
+    }
+}

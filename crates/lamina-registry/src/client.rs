@@ -21,7 +21,10 @@ use crate::blob_stream::BlobStream;
 use crate::pace::{MinRate, read_failure};
 use crate::{RegistryError, RegistryRef, redact};
 
+mod range;
 mod token;
+
+pub use range::MAX_RANGE_BYTES;
 
 /// How long a registry may send nothing (no headers, no body bytes) before a request
 /// fails, unless [`PullOptions::stall_timeout`] says otherwise. A slow registry is fine;
@@ -169,7 +172,7 @@ impl Client {
             )));
         }
         let url = format!("{}/v2/{}/{path}", self.base, self.repository);
-        let response = self.get(&url, accept, true)?;
+        let response = self.get(&url, accept, true, None)?;
         let content_type = response
             .headers()
             .get("content-type")
@@ -253,7 +256,9 @@ impl Client {
             }
         }
         let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.repository);
-        let response = self.get(&url, "*/*", true).map_err(io::Error::other)?;
+        let response = self
+            .get(&url, "*/*", true, None)
+            .map_err(io::Error::other)?;
         self.blob_stream(response, digest, size, format!("registry {}", self.host))
     }
 
@@ -292,7 +297,7 @@ impl Client {
     /// One unauthenticated GET of a URL outside the registry; an error says why it failed.
     fn get_once(&self, url: &str) -> Result<Response<ureq::Body>, String> {
         let mut unused = false;
-        match self.attempt(url, "*/*", false, &mut unused) {
+        match self.attempt(url, "*/*", false, None, &mut unused) {
             Ok(Attempt::Done(response)) => Ok(response),
             Ok(Attempt::Retry(why)) => Err(why),
             Err(e) => Err(e.to_string()),
@@ -306,12 +311,13 @@ impl Client {
         url: &str,
         accept: &str,
         authed: bool,
+        range: Option<(u64, u64)>,
     ) -> Result<Response<ureq::Body>, RegistryError> {
         let mut challenged = false;
         let mut delay = self.options.backoff;
         let mut attempt = 0;
         loop {
-            match self.attempt(url, accept, authed, &mut challenged)? {
+            match self.attempt(url, accept, authed, range, &mut challenged)? {
                 Attempt::Done(response) => return Ok(response),
                 Attempt::Retry(why) if attempt < self.options.retries => {
                     tracing::warn!(
@@ -339,9 +345,13 @@ impl Client {
         url: &str,
         accept: &str,
         authed: bool,
+        range: Option<(u64, u64)>,
         challenged: &mut bool,
     ) -> Result<Attempt, RegistryError> {
         let mut request = self.agent_for(url).get(url).header("Accept", accept);
+        if let Some((first, last)) = range {
+            request = request.header("Range", &format!("bytes={first}-{last}"));
+        }
         if authed && let Some(value) = self.current_authorization() {
             request = request.header("Authorization", &value);
         }
@@ -377,7 +387,7 @@ impl Client {
                     .to_string();
                 self.authenticate(&header)?;
                 // Authenticated: go again at once, without counting a retry.
-                self.attempt(url, accept, authed, challenged)
+                self.attempt(url, accept, authed, range, challenged)
             }
             401 | 403 => Err(self.error(&if self.options.credentials.is_some() {
                 format!(

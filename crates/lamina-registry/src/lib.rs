@@ -17,7 +17,7 @@ mod resolve;
 mod trust;
 
 pub use auth::Credentials;
-pub use client::{Client, DEFAULT_STALL_TIMEOUT, MAX_LAYER_URLS, PullOptions};
+pub use client::{Client, DEFAULT_STALL_TIMEOUT, MAX_LAYER_URLS, MAX_RANGE_BYTES, PullOptions};
 pub use docker_config::credentials_for;
 pub use pace::MIN_RATE;
 pub use reference::{RegistryRef, Target};
