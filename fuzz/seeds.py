@@ -184,3 +184,24 @@ cap_v3 = bytes.fromhex("01000003" "00200000" "00000000" "00000000" "00000000" "0
 write("unpack_layer", "file-capability-v3", tar([("xattr", "bin/ping", {"SCHILY.xattr.security.capability": cap_v3.decode("latin-1")})]))
 huge_layer = dict(manifest, layers=[dict(manifest["layers"][0], size=1 << 40)])
 write("oci_documents", "layer-declares-a-tebibyte", doc(index) + b"\0" + doc(huge_layer) + b"\0" + doc(config))
+
+# eStargz TOCs (the JSON a layer's index holds): one valid, one whose chunks leave a gap,
+# one with a chunk past the TOC, one with a chunk's member offset near 2^64.
+os.makedirs(os.path.join(HERE, "corpus", "estargz_index"), exist_ok=True)
+def toc_entry(name, kind, **fields):
+    e = {"name": name, "type": kind}; e.update(fields); return e
+hello = digest(b"hello")
+valid_toc = {"version": 1, "entries": [
+    toc_entry("etc", "dir", mode=0o755),
+    toc_entry("etc/hello", "reg", size=10, offset=512, digest=hello, chunkSize=5, chunkDigest=hello),
+    toc_entry("etc/hello", "chunk", offset=600, chunkOffset=5, chunkSize=5, chunkDigest=hello),
+    toc_entry("link", "symlink", linkName="etc/hello"),
+    toc_entry(".wh.gone", "reg"),
+]}
+write("estargz_index", "valid", json.dumps(valid_toc).encode())
+gap = json.loads(json.dumps(valid_toc)); gap["entries"][2]["chunkOffset"] = 6
+write("estargz_index", "chunk-gap", json.dumps(gap).encode())
+past = json.loads(json.dumps(valid_toc)); past["entries"][2]["offset"] = 1 << 31
+write("estargz_index", "chunk-past-the-toc", json.dumps(past).encode())
+huge = json.loads(json.dumps(valid_toc)); huge["entries"][1]["offset"] = (1 << 64) - 1
+write("estargz_index", "offset-near-2-64", json.dumps(huge).encode())

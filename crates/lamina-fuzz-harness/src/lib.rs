@@ -6,10 +6,12 @@
 //! is expected to be refused).
 
 mod documents;
+mod estargz;
 mod layer;
 mod record;
 mod scratch;
 
 pub use documents::{docker_archive, oci_documents};
+pub use estargz::estargz_index;
 pub use layer::unpack_layer;
 pub use record::container_record;

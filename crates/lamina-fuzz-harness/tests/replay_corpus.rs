@@ -64,4 +64,10 @@ fn valid_seeds_resolve() {
     assert!(lamina_fuzz_harness::container_record(&seed(
         "container_record"
     )));
+    assert!(lamina_fuzz_harness::estargz_index(&seed("estargz_index")));
+}
+
+#[test]
+fn estargz_index_corpus() {
+    replay("estargz_index", lamina_fuzz_harness::estargz_index);
 }

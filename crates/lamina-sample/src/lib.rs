@@ -13,6 +13,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+pub mod estargz;
 pub use image::{
     BuiltImage, Layer, build_image, build_image_with_cmd, descriptor, tar_dir,
     write_docker_archive, write_oci_layout,

@@ -1,0 +1,339 @@
+//! eStargz: a gzip layer whose members split at file-chunk boundaries, with an index (the
+//! TOC, `stargz.index.json`) in its last member before a fixed-size footer that locates
+//! it. A lazy pull reads the footer and the TOC with two ranges, checks the TOC against
+//! the digest the manifest's layer annotation gives, and from then on can fetch any
+//! file's chunk by itself and check it against the TOC's digest for it. The whole blob is
+//! still an ordinary gzip tar (the TOC is its last entry), so a full pull reads it as any
+//! other layer.
+//!
+//! Everything read here comes from a registry: the footer's offset, the TOC's size and
+//! every entry are bounded and checked before use, and a TOC that fails a check is refused
+//! whole (the caller pulls the layer whole instead).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Digest;
+
+/// The layer annotation giving the digest of the uncompressed TOC JSON.
+pub const TOC_DIGEST_ANNOTATION: &str = "containerd.io/snapshot/stargz/toc.digest";
+/// The TOC's name in the layer's tar.
+pub const TOC_NAME: &str = "stargz.index.json";
+/// The footer's length: an empty gzip member whose extra field holds the TOC's offset.
+pub const FOOTER_SIZE: u64 = 51;
+/// The most TOC JSON lamina reads (compressed or not): an index of a layer, not a layer.
+pub const MAX_TOC_BYTES: u64 = 64 << 20;
+/// The most entries a TOC may list.
+pub const MAX_TOC_ENTRIES: usize = 1 << 20;
+/// The most bytes one chunk, its offset in its member, or its member may hold: a chunk
+/// is fetched and decompressed whole, so this bounds what one read costs.
+pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
+
+/// Why a layer's eStargz index cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EstargzError {
+    #[error("eStargz footer: {0}")]
+    Footer(String),
+    #[error("eStargz TOC: {0}")]
+    Toc(String),
+}
+
+fn toc_error(why: impl Into<String>) -> EstargzError {
+    EstargzError::Toc(why.into())
+}
+
+/// The offset of the TOC's gzip member, from the blob's last [`FOOTER_SIZE`] bytes: a
+/// gzip header with an extra field `SG` holding 16 hex digits and `STARGZ`.
+pub fn toc_offset(footer: &[u8], blob_size: u64) -> Result<u64, EstargzError> {
+    let bad = |why: &str| Err(EstargzError::Footer(why.into()));
+    if footer.len() as u64 != FOOTER_SIZE {
+        return bad("not 51 bytes");
+    }
+    // ID1 ID2 CM FLG(FEXTRA) MTIME(4) XFL OS XLEN(2) SI1 SI2 LEN(2) DATA(22)
+    if footer[..4] != [0x1f, 0x8b, 8, 4] || footer[10..12] != [26, 0] {
+        return bad("not a gzip header with one extra field");
+    }
+    if footer[12..16] != [b'S', b'G', 22, 0] || &footer[32..38] != b"STARGZ" {
+        return bad("its extra field is not eStargz's");
+    }
+    let hex = std::str::from_utf8(&footer[16..32])
+        .map_err(|_| EstargzError::Footer("offset is not hex".into()))?;
+    let offset = u64::from_str_radix(hex, 16)
+        .map_err(|_| EstargzError::Footer("offset is not hex".into()))?;
+    if offset >= blob_size.saturating_sub(FOOTER_SIZE) {
+        return bad("its TOC offset is past the blob");
+    }
+    if blob_size - FOOTER_SIZE - offset > MAX_TOC_BYTES {
+        return bad("its TOC is larger than lamina reads");
+    }
+    Ok(offset)
+}
+
+/// One TOC entry, as eStargz writes it (Go's field names).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TocEntry {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mod_time: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub link_name: String,
+    #[serde(default)]
+    pub mode: u32,
+    #[serde(default)]
+    pub uid: u32,
+    #[serde(default)]
+    pub gid: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub user_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub group_name: String,
+    /// For a regular file or chunk: where the gzip member holding its bytes starts.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub offset: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dev_major: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dev_minor: u64,
+    /// Values base64, as Go's encoding/json writes `[]byte`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
+    /// The whole file's digest, on its first entry.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub chunk_offset: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub chunk_size: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub chunk_digest: String,
+    /// Where in its member's decompressed bytes the chunk starts (0 when it starts it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inner_offset: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The TOC document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Toc {
+    pub version: u32,
+    pub entries: Vec<TocEntry>,
+}
+
+/// A regular file's bytes, as chunks in the blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    /// Where its gzip member starts in the blob, and where the next member starts.
+    pub member: (u64, u64),
+    /// Where in the member's decompressed bytes it starts.
+    pub inner_offset: u64,
+    /// Its place in the file.
+    pub file_offset: u64,
+    pub size: u64,
+    pub digest: Digest,
+}
+
+/// A regular file of the layer and the chunks that hold it, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LazyFile {
+    pub name: String,
+    pub size: u64,
+    pub digest: Digest,
+    pub chunks: Vec<Chunk>,
+}
+
+/// The TOC of a layer, checked against `expected` (the layer's annotation), from `member`:
+/// the blob's bytes from the TOC's offset to the footer (one gzip member holding the TOC's
+/// tar entry and the tar's end).
+pub fn read_toc(member: &[u8], expected: &Digest) -> Result<Toc, EstargzError> {
+    let mut tar_bytes = Vec::new();
+    flate2::read::GzDecoder::new(member)
+        .take(MAX_TOC_BYTES + 2048)
+        .read_to_end(&mut tar_bytes)
+        .map_err(|e| toc_error(format!("not gzip: {e}")))?;
+    let mut archive = tar::Archive::new(&tar_bytes[..]);
+    let mut entries = archive
+        .entries()
+        .map_err(|e| toc_error(format!("not a tar: {e}")))?;
+    let mut entry = entries
+        .next()
+        .ok_or_else(|| toc_error("empty"))?
+        .map_err(|e| toc_error(format!("not a tar: {e}")))?;
+    let name = entry.path_bytes().into_owned();
+    if name != TOC_NAME.as_bytes() {
+        return Err(toc_error(format!(
+            "its entry is `{}`, not {TOC_NAME}",
+            String::from_utf8_lossy(&name)
+        )));
+    }
+    let size = entry.size();
+    if size > MAX_TOC_BYTES {
+        return Err(toc_error("larger than lamina reads"));
+    }
+    let mut json = Vec::new();
+    entry
+        .read_to_end(&mut json)
+        .map_err(|e| toc_error(format!("reading it: {e}")))?;
+    let digest = Digest::of(&json);
+    if digest != *expected {
+        return Err(toc_error(format!(
+            "its digest is {digest}, the layer's annotation says {expected}"
+        )));
+    }
+    let toc: Toc = serde_json::from_slice(&json).map_err(|e| toc_error(format!("{e}")))?;
+    if toc.version != 1 {
+        return Err(toc_error(format!(
+            "version {} (lamina reads 1)",
+            toc.version
+        )));
+    }
+    if toc.entries.len() > MAX_TOC_ENTRIES {
+        return Err(toc_error(format!(
+            "{} entries, more than {MAX_TOC_ENTRIES}",
+            toc.entries.len()
+        )));
+    }
+    Ok(toc)
+}
+
+impl Toc {
+    /// The regular files it lists with their chunks, each checked: chunks in order from
+    /// 0 to the file's size, in members before the TOC (`toc_offset`), each with a digest;
+    /// a file listed twice, or a chunk of no file, refuses the TOC.
+    pub fn files(&self, toc_offset: u64) -> Result<Vec<LazyFile>, EstargzError> {
+        let mut files: Vec<LazyFile> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        // Each chunk's member ends where the next member of the blob starts.
+        let mut starts: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|e| e.kind == "reg" || e.kind == "chunk")
+            .filter(|e| e.kind == "chunk" || e.size > 0)
+            .map(|e| e.offset)
+            .collect();
+        starts.push(toc_offset);
+        starts.sort_unstable();
+        starts.dedup();
+        let member_end = |start: u64| -> u64 {
+            let at = starts.partition_point(|s| *s <= start);
+            starts.get(at).copied().unwrap_or(toc_offset)
+        };
+        for entry in &self.entries {
+            let chunk_of = match entry.kind.as_str() {
+                "reg" => {
+                    if !seen.insert(entry.name.clone()) {
+                        return Err(toc_error(format!("`{}` is listed twice", entry.name)));
+                    }
+                    let digest = if entry.size == 0 {
+                        Digest::of(b"")
+                    } else {
+                        parse_digest(&entry.name, &entry.digest)?
+                    };
+                    files.push(LazyFile {
+                        name: entry.name.clone(),
+                        size: entry.size,
+                        digest,
+                        chunks: Vec::new(),
+                    });
+                    if entry.size == 0 {
+                        continue;
+                    }
+                    files.last_mut()
+                }
+                "chunk" => files.last_mut().filter(|f| f.name == entry.name),
+                _ => continue,
+            };
+            let Some(file) = chunk_of else {
+                return Err(toc_error(format!(
+                    "a chunk of `{}` follows no entry of that file",
+                    entry.name
+                )));
+            };
+            let expected_offset = file.chunks.last().map_or(0, |c| c.file_offset + c.size);
+            let size = if entry.chunk_size == 0 {
+                file.size.saturating_sub(entry.chunk_offset)
+            } else {
+                entry.chunk_size
+            };
+            if entry.chunk_offset != expected_offset
+                || size == 0
+                || entry.chunk_offset + size > file.size
+            {
+                return Err(toc_error(format!(
+                    "`{}`: a chunk at {}+{} does not continue the file ({} bytes) at {expected_offset}",
+                    entry.name, entry.chunk_offset, size, file.size
+                )));
+            }
+            if entry.offset >= toc_offset {
+                return Err(toc_error(format!(
+                    "`{}`: a chunk's member at {} is not before the TOC",
+                    entry.name, entry.offset
+                )));
+            }
+            let member = (entry.offset, member_end(entry.offset));
+            if size > MAX_CHUNK_BYTES
+                || entry.inner_offset > MAX_CHUNK_BYTES
+                || member.1 - member.0 > MAX_CHUNK_BYTES
+            {
+                return Err(toc_error(format!(
+                    "`{}`: a chunk or its member is larger than {MAX_CHUNK_BYTES} bytes",
+                    entry.name
+                )));
+            }
+            let digest = parse_digest(&entry.name, &entry.chunk_digest)?;
+            file.chunks.push(Chunk {
+                member,
+                inner_offset: entry.inner_offset,
+                file_offset: entry.chunk_offset,
+                size,
+                digest,
+            });
+        }
+        if let Some(short) = files
+            .iter()
+            .find(|f| f.chunks.last().map_or(0, |c| c.file_offset + c.size) != f.size)
+        {
+            return Err(toc_error(format!(
+                "`{}`: its chunks do not cover its {} bytes",
+                short.name, short.size
+            )));
+        }
+        Ok(files)
+    }
+}
+
+fn parse_digest(name: &str, text: &str) -> Result<Digest, EstargzError> {
+    Digest::parse(text).map_err(|e| toc_error(format!("`{name}`: digest `{text}`: {e}")))
+}
+
+/// Decompresses one chunk's member (`member`, exactly its bytes) and returns the chunk's
+/// bytes, checked against its digest. [`Toc::files`] bounded what that decompresses.
+pub fn chunk_bytes(member: &[u8], chunk: &Chunk) -> Result<Vec<u8>, EstargzError> {
+    let want = chunk.inner_offset + chunk.size;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(member)
+        .take(want)
+        .read_to_end(&mut out)
+        .map_err(|e| toc_error(format!("a chunk's member is not gzip: {e}")))?;
+    if (out.len() as u64) < want {
+        return Err(toc_error("a chunk's member is shorter than its chunk"));
+    }
+    let bytes = out.split_off(chunk.inner_offset as usize);
+    let digest = Digest::of(&bytes);
+    if digest != chunk.digest {
+        return Err(toc_error(format!(
+            "a chunk's bytes hash to {digest}, its TOC entry says {}",
+            chunk.digest
+        )));
+    }
+    Ok(bytes)
+}
