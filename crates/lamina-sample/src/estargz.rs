@@ -168,6 +168,24 @@ pub fn estargz(tar: &[u8], chunk_size: u64) -> io::Result<EstargzLayer> {
     })
 }
 
+impl EstargzLayer {
+    /// The layer as an image stores it: a gzip layer annotated with its TOC's digest.
+    /// `tar` is what it was written from.
+    pub fn stored(&self, tar: &[u8]) -> crate::StoredLayer {
+        crate::StoredLayer {
+            blob: self.blob.clone(),
+            media_type: "application/vnd.oci.image.layer.v1.tar+gzip",
+            diff_id: self.diff_id.clone(),
+            annotations: [(
+                lamina_image::estargz::TOC_DIGEST_ANNOTATION.to_string(),
+                self.toc_digest.to_string(),
+            )]
+            .into(),
+            tar: tar.to_vec(),
+        }
+    }
+}
+
 /// The 51-byte footer: an empty gzip member whose extra field `SG` says where the TOC's
 /// member starts.
 pub fn footer(toc_offset: u64) -> Vec<u8> {

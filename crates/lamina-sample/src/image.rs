@@ -40,17 +40,54 @@ pub fn build_image_with_cmd(
     cmd: &[&str],
     platform: &Platform,
 ) -> io::Result<BuiltImage> {
+    let stored = layers
+        .iter()
+        .map(|layer| {
+            let (blob, media_type) = compress(&layer.tar, layer.compression)?;
+            Ok(StoredLayer {
+                blob,
+                media_type,
+                diff_id: Digest::of(&layer.tar),
+                annotations: BTreeMap::new(),
+                tar: layer.tar.clone(),
+            })
+        })
+        .collect::<io::Result<Vec<_>>>()?;
+    build_image_from(stored, env, cmd, platform)
+}
+
+/// A layer as the registry holds it: its blob, media type and annotations, and the diff ID
+/// and tar it stands for.
+#[derive(Debug, Clone)]
+pub struct StoredLayer {
+    pub blob: Vec<u8>,
+    pub media_type: &'static str,
+    pub diff_id: Digest,
+    pub annotations: BTreeMap<String, String>,
+    /// The uncompressed tar (for eStargz, without its TOC entry).
+    pub tar: Vec<u8>,
+}
+
+/// Builds an image for `platform` from layers already stored, with environment `env` and
+/// command `cmd`.
+pub fn build_image_from(
+    layers: Vec<StoredLayer>,
+    env: &[&str],
+    cmd: &[&str],
+    platform: &Platform,
+) -> io::Result<BuiltImage> {
     let mut blobs = BTreeMap::new();
     let mut layer_descs = Vec::new();
     let mut diff_ids = Vec::new();
     let mut stored = Vec::new();
     for layer in layers {
-        let (blob, media_type) = compress(&layer.tar, layer.compression)?;
-        let digest = Digest::of(&blob);
-        layer_descs.push(descriptor(media_type, &digest, blob.len()));
-        diff_ids.push(Digest::of(&layer.tar));
-        stored.push((digest.clone(), layer.tar.clone()));
-        blobs.insert(digest, blob);
+        let digest = Digest::of(&layer.blob);
+        let mut desc = descriptor(layer.media_type, &digest, layer.blob.len());
+        desc.annotations = layer.annotations;
+        layer_descs.push(desc);
+        diff_ids.push(layer.diff_id);
+        stored.push((digest.clone(), layer.tar));
+        blobs.insert(digest, layer.blob);
     }
     let mut config = ImageConfig {
         architecture: platform.architecture.clone(),

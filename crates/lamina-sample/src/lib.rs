@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 
 pub mod estargz;
 pub use image::{
-    BuiltImage, Layer, build_image, build_image_with_cmd, descriptor, tar_dir,
-    write_docker_archive, write_oci_layout,
+    BuiltImage, Layer, StoredLayer, build_image, build_image_from, build_image_with_cmd,
+    descriptor, tar_dir, write_docker_archive, write_oci_layout,
 };
 use lamina_image::{Compression, Platform};
 pub use layer::{LayerBuilder, SAMPLE_MTIME};

@@ -1,0 +1,135 @@
+//! An eStargz image in a real registry (Debian's docker-registry, pushed with skopeo): its
+//! index read with two byte ranges and checked against the manifest's annotation, a file's
+//! chunks fetched by themselves and checked; and the same image pulled whole as any gzip
+//! layer, its rootfs what the tars say (the TOC's own entry aside).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+
+use lamina_image::Digest;
+use lamina_image::estargz::{
+    FOOTER_SIZE, TOC_DIGEST_ANNOTATION, chunk_bytes, read_toc, toc_offset,
+};
+use lamina_integration::registry::Registry;
+use lamina_integration::{Bundle, Lamina, ScratchFs, require_root};
+use lamina_sample::LayerBuilder;
+use lamina_sample::estargz::estargz;
+
+/// 300 KiB of data no two chunks of which are alike.
+fn big() -> Vec<u8> {
+    (0..300 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+/// Pushes busybox's sample layer and a layer holding `/data/big` (and a whiteout of
+/// `/etc/hosts`), both eStargz with 64 KiB chunks, as `lazy/image:v1`.
+fn push_lazy_image(registry: &Registry, dir: &Path) {
+    let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).unwrap();
+    let base = lamina_sample::base_layer(&busybox).unwrap();
+    let top = LayerBuilder::new()
+        .dir("data", 0o755)
+        .and_then(|b| b.file("data/big", 0o644, &big()))
+        .and_then(|b| b.file("data/small", 0o600, b"small\n"))
+        .and_then(|b| b.whiteout("etc/hosts"))
+        .and_then(LayerBuilder::finish)
+        .unwrap();
+    let layers = [&base, &top]
+        .iter()
+        .map(|tar| estargz(tar, 64 * 1024).unwrap().stored(tar))
+        .collect();
+    let image = lamina_sample::build_image_from(
+        layers,
+        &["PATH=/bin"],
+        &["/bin/sh"],
+        &lamina_image::Platform::host(),
+    )
+    .unwrap();
+    let layout = dir.join("layout");
+    lamina_sample::write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))])
+        .unwrap();
+    registry.push(&layout, "v1", "lazy/image:v1");
+}
+
+#[test]
+fn an_estargz_index_is_read_by_ranges_and_a_file_fetched_chunk_by_chunk() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_lazy_image(&registry, fs.path());
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&registry.manifest("lazy/image:v1")).unwrap();
+    let layer = &manifest["layers"][1];
+    let digest = layer["digest"].as_str().unwrap();
+    let size = layer["size"].as_u64().unwrap();
+    let annotation = layer["annotations"][TOC_DIGEST_ANNOTATION]
+        .as_str()
+        .unwrap();
+
+    let reference = lamina_registry::RegistryRef::parse(&registry.reference("lazy/image:v1"))
+        .unwrap()
+        .unwrap();
+    let options = lamina_registry::PullOptions {
+        insecure_registries: vec![registry.host.clone()],
+        ..Default::default()
+    };
+    let client = lamina_registry::Client::new(&reference, &options).unwrap();
+    let footer = client
+        .read_range(digest, size, size - FOOTER_SIZE, FOOTER_SIZE)
+        .unwrap();
+    let offset = toc_offset(&footer, size).unwrap();
+    let member = client
+        .read_range(digest, size, offset, size - FOOTER_SIZE - offset)
+        .unwrap();
+    let toc = read_toc(&member, &Digest::parse(annotation).unwrap()).unwrap();
+    let files = toc.files(offset).unwrap();
+    let file = files.iter().find(|f| f.name == "data/big").unwrap();
+    assert_eq!(file.chunks.len(), 5, "300 KiB in 64 KiB chunks");
+    let mut read = Vec::new();
+    for chunk in &file.chunks {
+        let (start, end) = chunk.member;
+        let member = client.read_range(digest, size, start, end - start).unwrap();
+        read.extend(chunk_bytes(&member, chunk).unwrap());
+    }
+    assert_eq!(read, big());
+    // What was fetched: the index and that file's members, a part of the layer.
+    let fetched: u64 = FOOTER_SIZE
+        + (size - FOOTER_SIZE - offset)
+        + file
+            .chunks
+            .iter()
+            .map(|c| c.member.1 - c.member.0)
+            .sum::<u64>();
+    assert!(fetched <= size, "{fetched} of {size}");
+
+    // A TOC the annotation does not name is refused.
+    assert!(read_toc(&member, &Digest::of(b"another index")).is_err());
+}
+
+#[test]
+fn an_estargz_image_pulled_whole_is_an_ordinary_image() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_lazy_image(&registry, fs.path());
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let reference = registry.reference("lazy/image:v1");
+    let out = lamina.run(&[
+        "--insecure-registry",
+        &registry.host,
+        "create",
+        &reference,
+        "whole",
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let rootfs = lamina.rootfs("whole");
+    assert_eq!(std::fs::read(rootfs.join("data/big")).unwrap(), big());
+    assert!(!rootfs.join("etc/hosts").exists(), "the whiteout applies");
+    // The TOC is an entry of the layer's tar: a whole pull unpacks it, as containerd's
+    // applier does (a lazy view must then show it too, to be the same layer).
+    assert!(rootfs.join("stargz.index.json").exists());
+    let booted = Bundle::new(&rootfs, false).run("whole", "cat /data/small");
+    assert_eq!(booted.stdout, "small\n", "{booted:?}");
+    lamina.delete_and_assert_gone("whole", "lazy_index");
+}
