@@ -205,3 +205,21 @@ past = json.loads(json.dumps(valid_toc)); past["entries"][2]["offset"] = 1 << 31
 write("estargz_index", "chunk-past-the-toc", json.dumps(past).encode())
 huge = json.loads(json.dumps(valid_toc)); huge["entries"][1]["offset"] = (1 << 64) - 1
 write("estargz_index", "offset-near-2-64", json.dumps(huge).encode())
+
+# zstd:chunked manifests: one valid (a file in two chunks, the second all zeros), one
+# with chunks out of order, one with a file's data past the manifest.
+os.makedirs(os.path.join(HERE, "corpus", "zstd_chunked_manifest"), exist_ok=True)
+valid_manifest = {"version": 1, "entries": [
+    {"type": "dir", "name": "etc", "mode": 0o755},
+    {"type": "reg", "name": "etc/hello", "size": 10, "digest": hello, "offset": 100, "endOffset": 300,
+     "chunkSize": 5, "chunkOffset": 0, "chunkDigest": hello},
+    {"type": "chunk", "name": "etc/hello", "offset": 200, "chunkSize": 5, "chunkOffset": 5,
+     "chunkDigest": hello, "chunkType": "zeros"},
+    {"type": "reg", "name": "one-chunk", "size": 3, "digest": hello, "offset": 300, "endOffset": 340},
+    {"type": "symlink", "name": "link", "linkName": "etc/hello"},
+]}
+write("zstd_chunked_manifest", "valid", json.dumps(valid_manifest).encode())
+swapped = json.loads(json.dumps(valid_manifest)); swapped["entries"][2]["offset"] = 50
+write("zstd_chunked_manifest", "chunks-out-of-order", json.dumps(swapped).encode())
+past_end = json.loads(json.dumps(valid_manifest)); past_end["entries"][3]["endOffset"] = (1 << 30) + 1
+write("zstd_chunked_manifest", "data-past-the-manifest", json.dumps(past_end).encode())

@@ -155,6 +155,18 @@ impl Registry {
         }
     }
 
+    /// lamina's registry client for `repo_and_target`, speaking plain HTTP to this registry.
+    pub fn client(&self, repo_and_target: &str) -> lamina_registry::Client {
+        let reference = lamina_registry::RegistryRef::parse(&self.reference(repo_and_target))
+            .expect("a docker:// reference")
+            .expect("a valid reference");
+        let options = lamina_registry::PullOptions {
+            insecure_registries: vec![self.host.clone()],
+            ..Default::default()
+        };
+        lamina_registry::Client::new(&reference, &options).expect("a registry client")
+    }
+
     /// `docker://HOST/REPO:TAG` (or `@DIGEST`).
     pub fn reference(&self, repo_and_target: &str) -> String {
         format!("docker://{}/{repo_and_target}", self.host)

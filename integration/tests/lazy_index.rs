@@ -1,20 +1,20 @@
-//! An eStargz image in a real registry (Debian's docker-registry, pushed with skopeo): its
-//! index read with two byte ranges and checked against the manifest's annotation, a file's
-//! chunks fetched by themselves and checked; and the same image pulled whole as any gzip
-//! layer, its rootfs what the tars say (the TOC's own entry aside).
+//! Images with indexed layers in a real registry (Debian's docker-registry, pushed with
+//! skopeo), eStargz and zstd:chunked: each index read with byte ranges and checked against
+//! the image manifest's annotations, a file's chunks fetched by themselves and checked;
+//! and each image pulled whole as any gzip or zstd layer, its rootfs what the tars say.
 
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
 
 use lamina_image::Digest;
-use lamina_image::estargz::{
-    FOOTER_SIZE, TOC_DIGEST_ANNOTATION, chunk_bytes, read_toc, toc_offset,
-};
+use lamina_image::lazy::chunk_bytes;
+use lamina_image::lazy::estargz::{FOOTER_SIZE, TOC_DIGEST_ANNOTATION, read_toc, toc_offset};
 use lamina_integration::registry::Registry;
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root};
 use lamina_sample::LayerBuilder;
 use lamina_sample::estargz::estargz;
+use lamina_sample::zstd_chunked::zstd_chunked;
 
 /// 300 KiB of data no two chunks of which are alike.
 fn big() -> Vec<u8> {
@@ -23,9 +23,20 @@ fn big() -> Vec<u8> {
         .collect()
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Format {
+    Estargz,
+    ZstdChunked,
+}
+
 /// Pushes busybox's sample layer and a layer holding `/data/big` (and a whiteout of
 /// `/etc/hosts`), both eStargz with 64 KiB chunks, as `lazy/image:v1`.
 fn push_lazy_image(registry: &Registry, dir: &Path) {
+    push_image(registry, dir, Format::Estargz, "lazy/image:v1");
+}
+
+/// [`push_lazy_image`] in `format`, as `repo_tag`.
+fn push_image(registry: &Registry, dir: &Path, format: Format, repo_tag: &str) {
     let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).unwrap();
     let base = lamina_sample::base_layer(&busybox).unwrap();
     let top = LayerBuilder::new()
@@ -37,7 +48,10 @@ fn push_lazy_image(registry: &Registry, dir: &Path) {
         .unwrap();
     let layers = [&base, &top]
         .iter()
-        .map(|tar| estargz(tar, 64 * 1024).unwrap().stored(tar))
+        .map(|tar| match format {
+            Format::Estargz => estargz(tar, 64 * 1024).unwrap().stored(tar),
+            Format::ZstdChunked => zstd_chunked(tar, 64 * 1024).unwrap().stored(tar),
+        })
         .collect();
     let image = lamina_sample::build_image_from(
         layers,
@@ -46,10 +60,27 @@ fn push_lazy_image(registry: &Registry, dir: &Path) {
         &lamina_image::Platform::host(),
     )
     .unwrap();
-    let layout = dir.join("layout");
+    let layout = dir.join(format!("layout-{}", repo_tag.replace(['/', ':'], "-")));
     lamina_sample::write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))])
         .unwrap();
-    registry.push(&layout, "v1", "lazy/image:v1");
+    registry.push(&layout, "v1", repo_tag);
+}
+
+/// `file`'s bytes, each chunk fetched by itself from blob `digest` (`size` bytes) and
+/// checked.
+fn fetch(
+    client: &lamina_registry::Client,
+    digest: &str,
+    size: u64,
+    file: &lamina_image::lazy::LazyFile,
+) -> Vec<u8> {
+    let mut read = Vec::new();
+    for chunk in &file.chunks {
+        let (start, end) = chunk.member;
+        let member = client.read_range(digest, size, start, end - start).unwrap();
+        read.extend(chunk_bytes(&member, chunk).unwrap());
+    }
+    read
 }
 
 #[test]
@@ -67,14 +98,7 @@ fn an_estargz_index_is_read_by_ranges_and_a_file_fetched_chunk_by_chunk() {
         .as_str()
         .unwrap();
 
-    let reference = lamina_registry::RegistryRef::parse(&registry.reference("lazy/image:v1"))
-        .unwrap()
-        .unwrap();
-    let options = lamina_registry::PullOptions {
-        insecure_registries: vec![registry.host.clone()],
-        ..Default::default()
-    };
-    let client = lamina_registry::Client::new(&reference, &options).unwrap();
+    let client = registry.client("lazy/image:v1");
     let footer = client
         .read_range(digest, size, size - FOOTER_SIZE, FOOTER_SIZE)
         .unwrap();
@@ -86,13 +110,7 @@ fn an_estargz_index_is_read_by_ranges_and_a_file_fetched_chunk_by_chunk() {
     let files = toc.files(offset).unwrap();
     let file = files.iter().find(|f| f.name == "data/big").unwrap();
     assert_eq!(file.chunks.len(), 5, "300 KiB in 64 KiB chunks");
-    let mut read = Vec::new();
-    for chunk in &file.chunks {
-        let (start, end) = chunk.member;
-        let member = client.read_range(digest, size, start, end - start).unwrap();
-        read.extend(chunk_bytes(&member, chunk).unwrap());
-    }
-    assert_eq!(read, big());
+    assert_eq!(fetch(&client, digest, size, file), big());
     // What was fetched: the index and that file's members, a part of the layer.
     let fetched: u64 = FOOTER_SIZE
         + (size - FOOTER_SIZE - offset)
@@ -108,13 +126,55 @@ fn an_estargz_index_is_read_by_ranges_and_a_file_fetched_chunk_by_chunk() {
 }
 
 #[test]
+fn a_zstd_chunked_manifest_is_read_by_range_and_a_file_fetched_chunk_by_chunk() {
+    use lamina_image::lazy::zstd_chunked::{
+        MANIFEST_CHECKSUM_ANNOTATION, MANIFEST_POSITION_ANNOTATION, ManifestPosition, read_manifest,
+    };
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::ZstdChunked, "lazy/zstd:v1");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&registry.manifest("lazy/zstd:v1")).unwrap();
+    let layer = &manifest["layers"][1];
+    let digest = layer["digest"].as_str().unwrap();
+    let size = layer["size"].as_u64().unwrap();
+    let annotations = &layer["annotations"];
+    let position = ManifestPosition::parse(
+        annotations[MANIFEST_POSITION_ANNOTATION].as_str().unwrap(),
+        size,
+    )
+    .unwrap();
+    let checksum =
+        Digest::parse(annotations[MANIFEST_CHECKSUM_ANNOTATION].as_str().unwrap()).unwrap();
+    let client = registry.client("lazy/zstd:v1");
+    let compressed = client
+        .read_range(digest, size, position.offset, position.length)
+        .unwrap();
+    let index = read_manifest(&compressed, &position, &checksum).unwrap();
+    let files = index.files(position.offset).unwrap();
+    let file = files.iter().find(|f| f.name == "data/big").unwrap();
+    assert_eq!(file.chunks.len(), 5, "300 KiB in 64 KiB chunks");
+    assert_eq!(fetch(&client, digest, size, file), big());
+}
+
+#[test]
+fn a_zstd_chunked_image_pulled_whole_is_an_ordinary_image() {
+    pulled_whole(Format::ZstdChunked, "lazy/zstd:v1");
+}
+
+#[test]
 fn an_estargz_image_pulled_whole_is_an_ordinary_image() {
+    pulled_whole(Format::Estargz, "lazy/image:v1");
+}
+
+fn pulled_whole(format: Format, repo_tag: &str) {
     require_root();
     let fs = ScratchFs::ext4(512);
     let registry = Registry::start(&fs.path().join("registry"), None);
-    push_lazy_image(&registry, fs.path());
+    push_image(&registry, fs.path(), format, repo_tag);
     let lamina = Lamina::init(&fs.path().join("store"));
-    let reference = registry.reference("lazy/image:v1");
+    let reference = registry.reference(repo_tag);
     let out = lamina.run(&[
         "--insecure-registry",
         &registry.host,
@@ -126,9 +186,13 @@ fn an_estargz_image_pulled_whole_is_an_ordinary_image() {
     let rootfs = lamina.rootfs("whole");
     assert_eq!(std::fs::read(rootfs.join("data/big")).unwrap(), big());
     assert!(!rootfs.join("etc/hosts").exists(), "the whiteout applies");
-    // The TOC is an entry of the layer's tar: a whole pull unpacks it, as containerd's
-    // applier does (a lazy view must then show it too, to be the same layer).
-    assert!(rootfs.join("stargz.index.json").exists());
+    // eStargz's TOC is an entry of the layer's tar: a whole pull unpacks it, as
+    // containerd's applier does (a lazy view must then show it too, to be the same
+    // layer); zstd:chunked keeps its manifest out of the tar.
+    assert_eq!(
+        rootfs.join("stargz.index.json").exists(),
+        format == Format::Estargz
+    );
     let booted = Bundle::new(&rootfs, false).run("whole", "cat /data/small");
     assert_eq!(booted.stdout, "small\n", "{booted:?}");
     lamina.delete_and_assert_gone("whole", "lazy_index");

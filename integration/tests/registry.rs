@@ -504,14 +504,7 @@ fn a_blob_is_read_by_byte_range() {
     let fs = ScratchFs::ext4(256);
     let registry = Registry::start(&fs.path().join("registry"), None);
     push_sample(&registry, &fs, "sample:latest");
-    let reference = lamina_registry::RegistryRef::parse(&registry.reference("sample:latest"))
-        .unwrap()
-        .unwrap();
-    let options = lamina_registry::PullOptions {
-        insecure_registries: vec![registry.host.clone()],
-        ..Default::default()
-    };
-    let client = lamina_registry::Client::new(&reference, &options).unwrap();
+    let client = registry.client("sample:latest");
     let manifest: serde_json::Value =
         serde_json::from_slice(&registry.manifest("sample:latest")).unwrap();
     let layer = &manifest["layers"][0];

@@ -12,6 +12,6 @@ mod record;
 mod scratch;
 
 pub use documents::{docker_archive, oci_documents};
-pub use estargz::estargz_index;
+pub use estargz::{estargz_index, zstd_chunked_manifest};
 pub use layer::unpack_layer;
 pub use record::container_record;

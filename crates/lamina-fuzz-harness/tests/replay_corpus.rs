@@ -65,9 +65,20 @@ fn valid_seeds_resolve() {
         "container_record"
     )));
     assert!(lamina_fuzz_harness::estargz_index(&seed("estargz_index")));
+    assert!(lamina_fuzz_harness::zstd_chunked_manifest(&seed(
+        "zstd_chunked_manifest"
+    )));
 }
 
 #[test]
 fn estargz_index_corpus() {
     replay("estargz_index", lamina_fuzz_harness::estargz_index);
+}
+
+#[test]
+fn zstd_chunked_manifest_corpus() {
+    replay(
+        "zstd_chunked_manifest",
+        lamina_fuzz_harness::zstd_chunked_manifest,
+    );
 }

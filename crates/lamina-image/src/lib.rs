@@ -8,7 +8,7 @@ pub mod compression;
 mod digest;
 mod docker_archive;
 pub mod documents;
-pub mod estargz;
+pub mod lazy;
 mod oci;
 mod platform;
 mod reference;

@@ -7,7 +7,8 @@
 use std::io::Read;
 
 use lamina_image::Digest;
-use lamina_image::estargz::{EstargzError, FOOTER_SIZE, Toc, chunk_bytes, read_toc, toc_offset};
+use lamina_image::lazy::estargz::{FOOTER_SIZE, Toc, read_toc, toc_offset};
+use lamina_image::lazy::{IndexError, chunk_bytes};
 use lamina_sample::LayerBuilder;
 use lamina_sample::estargz::{EstargzLayer, estargz, footer};
 
@@ -97,7 +98,7 @@ fn a_toc_other_than_its_annotation_says_is_refused() {
     let member = &blob[offset as usize..(len - FOOTER_SIZE) as usize];
     let err = read_toc(member, &Digest::of(b"another")).unwrap_err();
     assert!(
-        matches!(err, EstargzError::Toc(ref why) if why.contains("annotation")),
+        matches!(err, IndexError::Index(ref why) if why.contains("annotation")),
         "{err}"
     );
 }
@@ -108,17 +109,14 @@ fn a_footer_that_is_not_estargz_or_points_past_the_blob_is_refused() {
     let len = layer.blob.len() as u64;
     let mut bad = layer.blob[(len - FOOTER_SIZE) as usize..].to_vec();
     bad[33] = b'X';
-    assert!(matches!(
-        toc_offset(&bad, len),
-        Err(EstargzError::Footer(_))
-    ));
+    assert!(matches!(toc_offset(&bad, len), Err(IndexError::Footer(_))));
     assert!(matches!(
         toc_offset(&footer(len), len),
-        Err(EstargzError::Footer(_))
+        Err(IndexError::Footer(_))
     ));
     assert!(matches!(
         toc_offset(&footer(0)[..50], len),
-        Err(EstargzError::Footer(_))
+        Err(IndexError::Footer(_))
     ));
 }
 
@@ -171,4 +169,41 @@ fn chunks_that_do_not_cover_their_file_or_lie_past_the_toc_are_refused() {
         toc
     };
     assert!(twice.files(offset).is_err(), "a file listed twice");
+    let overlapping = {
+        let mut toc = toc.clone();
+        let first = toc.entries.iter().position(|e| e.name == "big").unwrap();
+        toc.entries[first + 1].offset = toc.entries[first].offset;
+        toc
+    };
+    assert!(
+        overlapping.files(offset).is_err(),
+        "two chunks in one place"
+    );
+}
+
+/// An index whose JSON lists more entries than lamina keeps is refused while it is
+/// parsed: a small member cannot make a gigabyte of entries in memory first.
+#[test]
+fn a_toc_listing_too_many_entries_is_refused() {
+    use std::io::Write;
+    let count = lamina_image::lazy::MAX_INDEX_ENTRIES + 1;
+    let mut json = br#"{"version":1,"entries":["#.to_vec();
+    for i in 0..count {
+        if i > 0 {
+            json.push(b',');
+        }
+        json.extend_from_slice(br#"{"name":"","type":""}"#);
+    }
+    json.extend_from_slice(b"]}");
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_ustar();
+    header.set_path("stargz.index.json").unwrap();
+    header.set_size(json.len() as u64);
+    header.set_cksum();
+    tar.append(&header, &json[..]).unwrap();
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gzip.write_all(&tar.into_inner().unwrap()).unwrap();
+    let member = gzip.finish().unwrap();
+    let err = read_toc(&member, &Digest::of(&json)).unwrap_err();
+    assert!(err.to_string().contains("entries"), "{err}");
 }

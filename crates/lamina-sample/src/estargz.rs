@@ -1,13 +1,13 @@
 //! eStargz layers, written deterministically from an ordinary tar: each entry's headers in
 //! a gzip member of their own, each regular file's bytes in members of at most
 //! `chunk_size` bytes, then the TOC's member and the footer (see
-//! `lamina_image::estargz`). The blob decompresses to the same tar with the TOC as its
+//! `lamina_image::lazy::estargz`). The blob decompresses to the same tar with the TOC as its
 //! last entry, so a full pull reads it as any gzip layer.
 
 use std::io::{self, Read, Write};
 
 use lamina_image::Digest;
-use lamina_image::estargz::{TOC_NAME, Toc, TocEntry};
+use lamina_image::lazy::estargz::{TOC_NAME, Toc, TocEntry};
 
 /// An eStargz layer: its blob, the digest its layer annotation gives the TOC, and its
 /// diff ID (the digest of the tar the blob decompresses to).
@@ -50,20 +50,7 @@ pub fn estargz(tar: &[u8], chunk_size: u64) -> io::Result<EstargzLayer> {
         uncompressed.extend_from_slice(headers);
 
         let header = entry.header().clone();
-        let kind = match header.entry_type() {
-            tar::EntryType::Regular | tar::EntryType::Continuous => "reg",
-            tar::EntryType::Directory => "dir",
-            tar::EntryType::Symlink => "symlink",
-            tar::EntryType::Link => "hardlink",
-            tar::EntryType::Char => "char",
-            tar::EntryType::Block => "block",
-            tar::EntryType::Fifo => "fifo",
-            other => {
-                return Err(io::Error::other(format!(
-                    "entry type {other:?} in an eStargz sample"
-                )));
-            }
-        };
+        let kind = index_kind(header.entry_type())?;
         let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         let link_name = entry
             .link_name_bytes()
@@ -86,7 +73,10 @@ pub fn estargz(tar: &[u8], chunk_size: u64) -> io::Result<EstargzLayer> {
             name,
             kind: kind.into(),
             size,
-            mod_time: "1970-01-01T00:00:00Z".into(),
+            mod_time: humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(header.mtime()?),
+            )
+            .to_string(),
             link_name,
             mode: header.mode()?,
             uid: header.uid()? as u32,
@@ -131,7 +121,9 @@ pub fn estargz(tar: &[u8], chunk_size: u64) -> io::Result<EstargzLayer> {
             };
             chunk_entry.offset = blob.len() as u64;
             chunk_entry.chunk_offset = at;
-            chunk_entry.chunk_size = len;
+            // As eStargz's own writer does: a last chunk shorter than the others runs to
+            // the file's end, its size left out.
+            chunk_entry.chunk_size = if last && len < chunk_size { 0 } else { len };
             chunk_entry.chunk_digest = Digest::of(chunk).to_string();
             entries.push(chunk_entry);
             blob.extend(gzip(&member)?);
@@ -177,13 +169,31 @@ impl EstargzLayer {
             media_type: "application/vnd.oci.image.layer.v1.tar+gzip",
             diff_id: self.diff_id.clone(),
             annotations: [(
-                lamina_image::estargz::TOC_DIGEST_ANNOTATION.to_string(),
+                lamina_image::lazy::estargz::TOC_DIGEST_ANNOTATION.to_string(),
                 self.toc_digest.to_string(),
             )]
             .into(),
             tar: tar.to_vec(),
         }
     }
+}
+
+/// The word eStargz's TOC and zstd:chunked's manifest give an entry of this type.
+pub(crate) fn index_kind(kind: tar::EntryType) -> io::Result<&'static str> {
+    Ok(match kind {
+        tar::EntryType::Regular | tar::EntryType::Continuous => "reg",
+        tar::EntryType::Directory => "dir",
+        tar::EntryType::Symlink => "symlink",
+        tar::EntryType::Link => "hardlink",
+        tar::EntryType::Char => "char",
+        tar::EntryType::Block => "block",
+        tar::EntryType::Fifo => "fifo",
+        other => {
+            return Err(io::Error::other(format!(
+                "entry type {other:?} in an indexed sample layer"
+            )));
+        }
+    })
 }
 
 /// The 51-byte footer: an empty gzip member whose extra field `SG` says where the TOC's

@@ -14,6 +14,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub mod estargz;
+pub mod zstd_chunked;
 pub use image::{
     BuiltImage, Layer, StoredLayer, build_image, build_image_from, build_image_with_cmd,
     descriptor, tar_dir, write_docker_archive, write_oci_layout,

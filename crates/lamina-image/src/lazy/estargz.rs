@@ -16,6 +16,10 @@ use std::io::Read;
 use serde::{Deserialize, Serialize};
 
 use crate::Digest;
+use crate::lazy::{
+    Chunk, Codec, IndexError, LazyFile, MAX_CHUNK_BYTES, MAX_INDEX_BYTES, MAX_INDEX_ENTRIES,
+    check_chunks, index_error, parse_digest,
+};
 
 /// The layer annotation giving the digest of the uncompressed TOC JSON.
 pub const TOC_DIGEST_ANNOTATION: &str = "containerd.io/snapshot/stargz/toc.digest";
@@ -23,31 +27,14 @@ pub const TOC_DIGEST_ANNOTATION: &str = "containerd.io/snapshot/stargz/toc.diges
 pub const TOC_NAME: &str = "stargz.index.json";
 /// The footer's length: an empty gzip member whose extra field holds the TOC's offset.
 pub const FOOTER_SIZE: u64 = 51;
-/// The most TOC JSON lamina reads (compressed or not): an index of a layer, not a layer.
-pub const MAX_TOC_BYTES: u64 = 64 << 20;
-/// The most entries a TOC may list.
-pub const MAX_TOC_ENTRIES: usize = 1 << 20;
-/// The most bytes one chunk, its offset in its member, or its member may hold: a chunk
-/// is fetched and decompressed whole, so this bounds what one read costs.
-pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
-
-/// Why a layer's eStargz index cannot be used.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum EstargzError {
-    #[error("eStargz footer: {0}")]
-    Footer(String),
-    #[error("eStargz TOC: {0}")]
-    Toc(String),
-}
-
-fn toc_error(why: impl Into<String>) -> EstargzError {
-    EstargzError::Toc(why.into())
+fn toc_error(why: impl Into<String>) -> IndexError {
+    index_error(format!("eStargz TOC: {}", why.into()))
 }
 
 /// The offset of the TOC's gzip member, from the blob's last [`FOOTER_SIZE`] bytes: a
 /// gzip header with an extra field `SG` holding 16 hex digits and `STARGZ`.
-pub fn toc_offset(footer: &[u8], blob_size: u64) -> Result<u64, EstargzError> {
-    let bad = |why: &str| Err(EstargzError::Footer(why.into()));
+pub fn toc_offset(footer: &[u8], blob_size: u64) -> Result<u64, IndexError> {
+    let bad = |why: &str| Err(IndexError::Footer(why.into()));
     if footer.len() as u64 != FOOTER_SIZE {
         return bad("not 51 bytes");
     }
@@ -59,13 +46,13 @@ pub fn toc_offset(footer: &[u8], blob_size: u64) -> Result<u64, EstargzError> {
         return bad("its extra field is not eStargz's");
     }
     let hex = std::str::from_utf8(&footer[16..32])
-        .map_err(|_| EstargzError::Footer("offset is not hex".into()))?;
-    let offset = u64::from_str_radix(hex, 16)
-        .map_err(|_| EstargzError::Footer("offset is not hex".into()))?;
+        .map_err(|_| IndexError::Footer("offset is not hex".into()))?;
+    let offset =
+        u64::from_str_radix(hex, 16).map_err(|_| IndexError::Footer("offset is not hex".into()))?;
     if offset >= blob_size.saturating_sub(FOOTER_SIZE) {
         return bad("its TOC offset is past the blob");
     }
-    if blob_size - FOOTER_SIZE - offset > MAX_TOC_BYTES {
+    if blob_size - FOOTER_SIZE - offset > MAX_INDEX_BYTES {
         return bad("its TOC is larger than lamina reads");
     }
     Ok(offset)
@@ -80,7 +67,8 @@ pub struct TocEntry {
     pub kind: String,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub size: u64,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// RFC 3339 (Go's `modtime`, all lower case).
+    #[serde(default, rename = "modtime", skip_serializing_if = "String::is_empty")]
     pub mod_time: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub link_name: String,
@@ -118,6 +106,12 @@ pub struct TocEntry {
     pub inner_offset: u64,
 }
 
+impl crate::lazy::IndexEntry for TocEntry {
+    fn xattr_count(&self) -> usize {
+        self.xattrs.len()
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
@@ -126,38 +120,17 @@ fn is_zero(n: &u64) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Toc {
     pub version: u32,
+    #[serde(deserialize_with = "crate::lazy::bounded_entries")]
     pub entries: Vec<TocEntry>,
-}
-
-/// A regular file's bytes, as chunks in the blob.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Chunk {
-    /// Where its gzip member starts in the blob, and where the next member starts.
-    pub member: (u64, u64),
-    /// Where in the member's decompressed bytes it starts.
-    pub inner_offset: u64,
-    /// Its place in the file.
-    pub file_offset: u64,
-    pub size: u64,
-    pub digest: Digest,
-}
-
-/// A regular file of the layer and the chunks that hold it, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LazyFile {
-    pub name: String,
-    pub size: u64,
-    pub digest: Digest,
-    pub chunks: Vec<Chunk>,
 }
 
 /// The TOC of a layer, checked against `expected` (the layer's annotation), from `member`:
 /// the blob's bytes from the TOC's offset to the footer (one gzip member holding the TOC's
 /// tar entry and the tar's end).
-pub fn read_toc(member: &[u8], expected: &Digest) -> Result<Toc, EstargzError> {
+pub fn read_toc(member: &[u8], expected: &Digest) -> Result<Toc, IndexError> {
     let mut tar_bytes = Vec::new();
     flate2::read::GzDecoder::new(member)
-        .take(MAX_TOC_BYTES + 2048)
+        .take(MAX_INDEX_BYTES + 2048)
         .read_to_end(&mut tar_bytes)
         .map_err(|e| toc_error(format!("not gzip: {e}")))?;
     let mut archive = tar::Archive::new(&tar_bytes[..]);
@@ -176,7 +149,7 @@ pub fn read_toc(member: &[u8], expected: &Digest) -> Result<Toc, EstargzError> {
         )));
     }
     let size = entry.size();
-    if size > MAX_TOC_BYTES {
+    if size > MAX_INDEX_BYTES {
         return Err(toc_error("larger than lamina reads"));
     }
     let mut json = Vec::new();
@@ -196,9 +169,9 @@ pub fn read_toc(member: &[u8], expected: &Digest) -> Result<Toc, EstargzError> {
             toc.version
         )));
     }
-    if toc.entries.len() > MAX_TOC_ENTRIES {
+    if toc.entries.len() > MAX_INDEX_ENTRIES {
         return Err(toc_error(format!(
-            "{} entries, more than {MAX_TOC_ENTRIES}",
+            "{} entries, more than {MAX_INDEX_ENTRIES}",
             toc.entries.len()
         )));
     }
@@ -209,7 +182,7 @@ impl Toc {
     /// The regular files it lists with their chunks, each checked: chunks in order from
     /// 0 to the file's size, in members before the TOC (`toc_offset`), each with a digest;
     /// a file listed twice, or a chunk of no file, refuses the TOC.
-    pub fn files(&self, toc_offset: u64) -> Result<Vec<LazyFile>, EstargzError> {
+    pub fn files(&self, toc_offset: u64) -> Result<Vec<LazyFile>, IndexError> {
         let mut files: Vec<LazyFile> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         // Each chunk's member ends where the next member of the blob starts.
@@ -227,6 +200,8 @@ impl Toc {
             let at = starts.partition_point(|s| *s <= start);
             starts.get(at).copied().unwrap_or(toc_offset)
         };
+        // Where the last chunk ended: (its member, its end in the member).
+        let mut last_end = (0u64, 0u64);
         for entry in &self.entries {
             let chunk_of = match entry.kind.as_str() {
                 "reg" => {
@@ -266,7 +241,10 @@ impl Toc {
             };
             if entry.chunk_offset != expected_offset
                 || size == 0
-                || entry.chunk_offset + size > file.size
+                || entry
+                    .chunk_offset
+                    .checked_add(size)
+                    .is_none_or(|end| end > file.size)
             {
                 return Err(toc_error(format!(
                     "`{}`: a chunk at {}+{} does not continue the file ({} bytes) at {expected_offset}",
@@ -289,51 +267,29 @@ impl Toc {
                     entry.name
                 )));
             }
+            // Chunks lie in the blob in the TOC's order, none overlapping another: no
+            // member is fetched or inflated for more chunks than it holds.
+            if (entry.offset, entry.inner_offset) < last_end {
+                return Err(toc_error(format!(
+                    "`{}`: a chunk at {}+{} is not after the chunk before it",
+                    entry.name, entry.offset, entry.inner_offset
+                )));
+            }
+            last_end = (entry.offset, entry.inner_offset + size);
             let digest = parse_digest(&entry.name, &entry.chunk_digest)?;
             file.chunks.push(Chunk {
                 member,
+                codec: Codec::Gzip,
+                zeros: false,
                 inner_offset: entry.inner_offset,
                 file_offset: entry.chunk_offset,
                 size,
                 digest,
             });
         }
-        if let Some(short) = files
-            .iter()
-            .find(|f| f.chunks.last().map_or(0, |c| c.file_offset + c.size) != f.size)
-        {
-            return Err(toc_error(format!(
-                "`{}`: its chunks do not cover its {} bytes",
-                short.name, short.size
-            )));
+        for file in &files {
+            check_chunks(file)?;
         }
         Ok(files)
     }
-}
-
-fn parse_digest(name: &str, text: &str) -> Result<Digest, EstargzError> {
-    Digest::parse(text).map_err(|e| toc_error(format!("`{name}`: digest `{text}`: {e}")))
-}
-
-/// Decompresses one chunk's member (`member`, exactly its bytes) and returns the chunk's
-/// bytes, checked against its digest. [`Toc::files`] bounded what that decompresses.
-pub fn chunk_bytes(member: &[u8], chunk: &Chunk) -> Result<Vec<u8>, EstargzError> {
-    let want = chunk.inner_offset + chunk.size;
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(member)
-        .take(want)
-        .read_to_end(&mut out)
-        .map_err(|e| toc_error(format!("a chunk's member is not gzip: {e}")))?;
-    if (out.len() as u64) < want {
-        return Err(toc_error("a chunk's member is shorter than its chunk"));
-    }
-    let bytes = out.split_off(chunk.inner_offset as usize);
-    let digest = Digest::of(&bytes);
-    if digest != chunk.digest {
-        return Err(toc_error(format!(
-            "a chunk's bytes hash to {digest}, its TOC entry says {}",
-            chunk.digest
-        )));
-    }
-    Ok(bytes)
 }
