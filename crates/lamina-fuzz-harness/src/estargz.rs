@@ -40,6 +40,8 @@ pub fn estargz_index(data: &[u8]) -> bool {
         return false;
     };
     assert_sound(&files, toc_offset);
+    // The tree of the same index: refused or built, never a panic.
+    let _ = toc.tree(toc_offset);
     true
 }
 
@@ -81,6 +83,7 @@ pub fn zstd_chunked_manifest(data: &[u8]) -> bool {
         return false;
     };
     assert_sound(&files, manifest_offset);
+    let _ = manifest.tree(manifest_offset);
     true
 }
 

@@ -56,19 +56,7 @@ pub fn estargz(tar: &[u8], chunk_size: u64) -> io::Result<EstargzLayer> {
             .link_name_bytes()
             .map(|l| String::from_utf8_lossy(&l).into_owned())
             .unwrap_or_default();
-        let mut xattrs = std::collections::BTreeMap::new();
-        if let Some(extensions) = entry.pax_extensions()? {
-            for extension in extensions {
-                let extension = extension?;
-                if let Some(key) = extension
-                    .key()
-                    .map_err(io::Error::other)?
-                    .strip_prefix("SCHILY.xattr.")
-                {
-                    xattrs.insert(key.to_string(), base64(extension.value_bytes()));
-                }
-            }
-        }
+        let xattrs = xattrs_of(&mut entry)?;
         let base = TocEntry {
             name,
             kind: kind.into(),
@@ -176,6 +164,27 @@ impl EstargzLayer {
             tar: tar.to_vec(),
         }
     }
+}
+
+/// An entry's extended attributes (its PAX `SCHILY.xattr.` records), values base64, as
+/// both indexes give them.
+pub(crate) fn xattrs_of<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+) -> io::Result<std::collections::BTreeMap<String, String>> {
+    let mut xattrs = std::collections::BTreeMap::new();
+    if let Some(extensions) = entry.pax_extensions()? {
+        for extension in extensions {
+            let extension = extension?;
+            if let Some(key) = extension
+                .key()
+                .map_err(io::Error::other)?
+                .strip_prefix("SCHILY.xattr.")
+            {
+                xattrs.insert(key.to_string(), base64(extension.value_bytes()));
+            }
+        }
+    }
+    Ok(xattrs)
 }
 
 /// The word eStargz's TOC and zstd:chunked's manifest give an entry of this type.

@@ -43,11 +43,12 @@ pub fn zstd_chunked(tar: &[u8], chunk_size: u64) -> io::Result<ZstdChunkedLayer>
     // headers, as containers/storage writes it.
     let mut previous_end = 0usize;
     for entry in tar::Archive::new(tar).entries()? {
-        let entry = entry?;
+        let mut entry = entry?;
         let data_at = entry.raw_file_position() as usize;
         let size = entry.size();
         blob.extend(frame(&tar[previous_end..data_at])?);
         previous_end = data_at + size as usize;
+        let xattrs = crate::estargz::xattrs_of(&mut entry)?;
         let header = entry.header();
         let kind = crate::estargz::index_kind(header.entry_type())?;
         let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
@@ -60,6 +61,9 @@ pub fn zstd_chunked(tar: &[u8], chunk_size: u64) -> io::Result<ZstdChunkedLayer>
         });
         if let Some(link) = entry.link_name_bytes() {
             main["linkName"] = String::from_utf8_lossy(&link).into_owned().into();
+        }
+        if !xattrs.is_empty() {
+            main["xattrs"] = serde_json::json!(xattrs);
         }
         if kind != "reg" || size == 0 {
             entries.push(main);

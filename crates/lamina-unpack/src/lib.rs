@@ -16,6 +16,7 @@ mod resolve;
 mod unpacker;
 
 pub use entry_path::{EntryPath, PathRejection, shown};
+pub use metadata::is_reserved_xattr;
 pub use records::{Described, Kind, Member, Pending, Refusal};
 pub use unpacker::{UnpackSummary, unpack, unpack_limited, unpack_with};
 

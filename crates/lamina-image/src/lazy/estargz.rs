@@ -293,3 +293,28 @@ impl Toc {
         Ok(files)
     }
 }
+
+impl Toc {
+    /// The changes the layer makes, with its files' chunks (see [`crate::lazy::tree`]).
+    pub fn tree(&self, toc_offset: u64) -> Result<crate::lazy::tree::LayerTree, IndexError> {
+        let files = self.files(toc_offset)?;
+        let entries = self.entries.iter().map(crate::lazy::tree::RawEntry::from);
+        crate::lazy::tree::build(entries, files)
+    }
+}
+
+impl<'a> From<&'a TocEntry> for crate::lazy::tree::RawEntry<'a> {
+    fn from(e: &'a TocEntry) -> Self {
+        crate::lazy::tree::RawEntry {
+            name: &e.name,
+            kind: &e.kind,
+            link_name: &e.link_name,
+            mode: e.mode,
+            uid: e.uid,
+            gid: e.gid,
+            dev: (e.dev_major, e.dev_minor),
+            mtime: &e.mod_time,
+            xattrs: &e.xattrs,
+        }
+    }
+}

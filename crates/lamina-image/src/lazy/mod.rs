@@ -10,6 +10,7 @@ use std::io::Read;
 use crate::Digest;
 
 pub mod estargz;
+pub mod tree;
 pub mod zstd_chunked;
 
 /// The most bytes one chunk, its offset in its member, or its member may hold: a chunk

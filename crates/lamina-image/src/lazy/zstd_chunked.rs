@@ -88,6 +88,9 @@ pub struct ManifestEntry {
     pub uid: u32,
     #[serde(default)]
     pub gid: u32,
+    /// RFC 3339.
+    #[serde(default)]
+    pub modtime: String,
     #[serde(default)]
     pub dev_major: u64,
     #[serde(default)]
@@ -287,4 +290,29 @@ fn chunk(entry: &ManifestEntry, size: u64, digest: Digest) -> Result<Chunk, Inde
         size,
         digest,
     })
+}
+
+impl Manifest {
+    /// The changes the layer makes, with its files' chunks (see [`crate::lazy::tree`]).
+    pub fn tree(&self, manifest_offset: u64) -> Result<crate::lazy::tree::LayerTree, IndexError> {
+        let files = self.files(manifest_offset)?;
+        let entries = self.entries.iter().map(crate::lazy::tree::RawEntry::from);
+        crate::lazy::tree::build(entries, files)
+    }
+}
+
+impl<'a> From<&'a ManifestEntry> for crate::lazy::tree::RawEntry<'a> {
+    fn from(e: &'a ManifestEntry) -> Self {
+        crate::lazy::tree::RawEntry {
+            name: &e.name,
+            kind: &e.kind,
+            link_name: &e.link_name,
+            mode: e.mode,
+            uid: e.uid,
+            gid: e.gid,
+            dev: (e.dev_major, e.dev_minor),
+            mtime: &e.modtime,
+            xattrs: &e.xattrs,
+        }
+    }
 }
