@@ -1769,6 +1769,41 @@ fn the_parent_of_an_unfinished_rebase_cannot_be_removed() {
     assert_eq!(api.stat("top").unwrap().parent, "base");
 }
 
+/// A snapshot whose parent row is gone (a database changed behind the daemon's back) has
+/// no layers below it: `check` names it.
+#[test]
+fn check_names_a_snapshot_whose_parent_is_gone() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let store = fs.path().join("store");
+    {
+        let daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
+        let api = Api::connect(&daemon.socket);
+        commit_with(&api, "base", "base-key", "", |root| {
+            fs::write(root.join("b"), "b").unwrap()
+        });
+        commit_with(&api, "top", "top-key", "base", |root| {
+            fs::write(root.join("t"), "t").unwrap()
+        });
+    }
+    // (What the daemon's reaper had not torn down yet shows as pending deletes.)
+    let before = Lamina::new(&store).run(&["check"]);
+    assert!(
+        !before.stdout.contains("snapshot_missing_parent"),
+        "{before:?}"
+    );
+    {
+        let opened = lamina_store::Store::open(&store).unwrap();
+        let mut index = opened.snapshots().unwrap();
+        index.remove("base").unwrap();
+    }
+    let check = Lamina::new(&store).run(&["check"]);
+    assert_ne!(check.code, 0, "{check:?}");
+    let said = format!("{}{}", check.stdout, check.stderr);
+    assert!(said.contains("snapshot_missing_parent"), "{check:?}");
+    assert!(said.contains("`top`"), "{check:?}");
+}
+
 /// An operator decides which strategies a snapshot's strategy label may name
 /// (`--label-strategies`): through CRI a pod author sets the label. Another is refused
 /// with `InvalidArgument`, naming it and what is allowed; snapshots without the label get

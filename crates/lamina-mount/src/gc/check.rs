@@ -20,7 +20,7 @@ pub struct Problem {
     /// `tmp_abandoned`, `crashed_create`, `pending_delete`, `missing_layer`, `bad_layer`,
     /// `bad_record`, `orphan_mount`, `rootfs_not_mounted`, `leaked_loop_device`,
     /// `snapshot_missing_layer`, `snapshot_missing_container`, `snapshot_missing_upper`,
-    /// `unfinished_commit`; with `--verify`,
+    /// `snapshot_missing_parent`, `unfinished_commit`; with `--verify`,
     /// `bad_composefs_image`, `bad_object`, `missing_object`; `missing_composefs_image`.
     pub kind: &'static str,
     pub path: PathBuf,
@@ -183,7 +183,15 @@ pub fn check_verified(
         // a commit that stopped, not one in flight.
         let _snapshots_still = store.lock_snapshots()?;
         referenced.extend(snapshots.layers()?);
+        let mut keys = std::collections::HashSet::new();
+        // (snapshot, the parent it names): its own, or the one its commit goes onto.
+        let mut parents = Vec::new();
         snapshots.for_each(|key, snapshot| {
+            keys.insert(key.to_string());
+            let rebase = snapshot.committing.as_ref().and_then(|c| c.parent.clone());
+            for parent in snapshot.parent.iter().cloned().chain(rebase) {
+                parents.push((key.to_string(), parent));
+            }
             if let Some(committing) = &snapshot.committing {
                 let published = store.has_layer(&committing.layer);
                 let staged = store
@@ -251,6 +259,16 @@ pub fn check_verified(
                 ));
             }
         })?;
+        for (key, parent) in parents.iter().filter(|(_, p)| !keys.contains(p)) {
+            let detail = format!(
+                "containerd snapshot `{key}` stands on `{parent}`, which is gone: its layers below cannot be found"
+            );
+            findings.problems.push(found(
+                "snapshot_missing_parent",
+                &store.layout().snapshot_db(),
+                &detail,
+            ));
+        }
     }
 
     for (dir, why) in bad_layers(store)? {
