@@ -62,6 +62,18 @@ fn layer() -> (Vec<u8>, Vec<LazyFile>) {
     (layer.blob, files)
 }
 
+/// One object per file, named by its digest, its sparse copy in `copies`.
+fn objects_of(files: &[LazyFile], copies: &Path) -> Vec<LazyObject> {
+    files
+        .iter()
+        .map(|file| LazyObject {
+            name: file.digest.hex().into(),
+            file: file.clone(),
+            copy: copies.join(file.digest.hex()),
+        })
+        .collect()
+}
+
 /// Unmounts `target` when dropped (a test that fails leaves no mount).
 struct Mounted(PathBuf);
 
@@ -119,14 +131,7 @@ fn a_lazy_file_is_read_through_fuse_overlay_and_a_mapping_and_fails_with_eio() {
     });
     let copies = fs.path().join("copies");
     std::fs::create_dir_all(&copies).unwrap();
-    let objects: Vec<LazyObject> = files
-        .iter()
-        .map(|file| LazyObject {
-            name: file.digest.hex().into(),
-            file: file.clone(),
-            copy: copies.join(file.digest.hex()),
-        })
-        .collect();
+    let objects: Vec<LazyObject> = objects_of(&files, &copies);
     let big_file = files.iter().find(|f| f.name == "big").unwrap();
     let big_name = big_file.digest.hex().to_string();
     let mountpoint = fs.path().join("objects");
@@ -173,6 +178,86 @@ fn a_lazy_file_is_read_through_fuse_overlay_and_a_mapping_and_fails_with_eio() {
     drop(session);
 }
 
+/// The same path from a real registry: the index read by ranges, each chunk fetched by
+/// range the first time it is read; the registry stopped, a chunk never fetched fails its
+/// read with EIO once the client's retries give up.
+#[test]
+fn a_lazy_layer_is_served_from_the_registry_and_fails_with_eio_once_it_stops() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let mut registry =
+        lamina_integration::registry::Registry::start(&fs.path().join("registry"), None);
+    let tar = LayerBuilder::new()
+        .file("big", 0o755, &big())
+        .and_then(|b| b.file("small", 0o644, b"small\n"))
+        .and_then(LayerBuilder::finish)
+        .unwrap();
+    let stored = lamina_sample::estargz::estargz(&tar, 64 * 1024)
+        .unwrap()
+        .stored(&tar);
+    let image = lamina_sample::build_image_from(
+        vec![stored],
+        &[],
+        &["/big"],
+        &lamina_image::Platform::host(),
+    )
+    .unwrap();
+    let layout = fs.path().join("layout");
+    lamina_sample::write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))])
+        .unwrap();
+    registry.push(&layout, "v1", "lazy/fuse:v1");
+
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&registry.manifest("lazy/fuse:v1")).unwrap();
+    let layer = &manifest["layers"][0];
+    let digest = layer["digest"].as_str().unwrap().to_string();
+    let size = layer["size"].as_u64().unwrap();
+    let client = registry.client("lazy/fuse:v1");
+    let footer = client
+        .read_range(&digest, size, size - FOOTER_SIZE, FOOTER_SIZE)
+        .unwrap();
+    let offset = toc_offset(&footer, size).unwrap();
+    let member = client
+        .read_range(&digest, size, offset, size - FOOTER_SIZE - offset)
+        .unwrap();
+    let annotation = layer["annotations"][lamina_image::lazy::estargz::TOC_DIGEST_ANNOTATION]
+        .as_str()
+        .unwrap();
+    let toc = read_toc(&member, &lamina_image::Digest::parse(annotation).unwrap()).unwrap();
+    let files = toc.files(offset).unwrap();
+
+    let copies = fs.path().join("copies");
+    std::fs::create_dir_all(&copies).unwrap();
+    let objects = objects_of(&files, &copies);
+    let source = Arc::new(lamina_lazy::RegistryBlob {
+        client,
+        digest,
+        size,
+    });
+    let mountpoint = fs.path().join("objects");
+    std::fs::create_dir_all(&mountpoint).unwrap();
+    let session = ObjectsFs::new(objects, source)
+        .unwrap()
+        .mount(&mountpoint)
+        .unwrap();
+    let big_file = files.iter().find(|f| f.name == "big").unwrap();
+    let overlay = overlay_over(
+        fs.path(),
+        &mountpoint,
+        "big",
+        big_file.digest.hex(),
+        big_file.size,
+    );
+    assert_eq!(std::fs::read(overlay.0.join("big")).unwrap(), big());
+
+    registry.stop();
+    let small = files.iter().find(|f| f.name == "small").unwrap();
+    let err = std::fs::read(mountpoint.join(small.digest.hex())).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(5), "EIO: {err}");
+    drop(overlay);
+    drop(session);
+}
+
 /// The environment variable that makes [`serves_when_asked`] a server (a directory to
 /// mount in), for the test that kills it.
 const SERVE_IN: &str = "LAMINA_LAZY_SERVE_IN";
@@ -191,14 +276,7 @@ fn serves_when_asked() {
         fetches: AtomicU64::new(0),
         failing: AtomicBool::new(false),
     });
-    let objects = files
-        .iter()
-        .map(|file| LazyObject {
-            name: file.digest.hex().into(),
-            file: file.clone(),
-            copy: dir.join(file.digest.hex()),
-        })
-        .collect();
+    let objects = objects_of(&files, &dir);
     let _session = ObjectsFs::new(objects, blob)
         .unwrap()
         .mount(&dir.join("objects"))

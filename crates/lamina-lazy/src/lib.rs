@@ -15,3 +15,7 @@
 mod objects_fs;
 
 pub use objects_fs::{ChunkSource, LazyObject, ObjectsFs};
+
+mod registry_blob;
+
+pub use registry_blob::RegistryBlob;
