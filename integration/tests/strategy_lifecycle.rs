@@ -158,6 +158,20 @@ fn chattr(flag: &str, path: &std::path::Path) {
     assert!(ok, "chattr {flag} {}", path.display());
 }
 
+/// Whether a `lamina ... reap` of `store` runs (the background reaper a deferred delete
+/// starts), by the command lines in /proc.
+fn background_reaper_running(store: &std::path::Path) -> bool {
+    let store = store.to_string_lossy();
+    fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        args.iter().any(|a| a == "reap") && args.iter().any(|a| *a == store)
+    })
+}
+
 #[test]
 fn check_repair_says_repaired_only_when_a_pending_delete_is_gone() {
     require_root();
@@ -178,6 +192,12 @@ fn check_repair_says_repaired_only_when_a_pending_delete_is_gone() {
         .path()
         .join("upper/etc/pinned");
 
+    // The reaper `delete` started in the background may not have run yet (under load it
+    // can start after the `reap` above): while it holds its lock, its queue is in flight,
+    // which check does not report. Wait for it to end.
+    lamina_integration::wait_until("the background reaper to end", || {
+        !background_reaper_running(&lamina.store)
+    });
     let report = lamina.run(&["check", "--repair"]);
     assert_eq!(report.code, 1, "{report:?}");
     let json: serde_json::Value = serde_json::from_str(&report.stdout).unwrap();
