@@ -14,7 +14,7 @@ use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
     OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request,
 };
-use lamina_image::lazy::{Chunk, LazyFile, chunk_bytes};
+use lamina_image::lazy::{LazyFile, chunk_bytes};
 
 /// Where a layer's chunks come from: the bytes `start..end` of its blob (a registry's
 /// byte range in production).
@@ -31,11 +31,12 @@ pub struct LazyObject {
     pub copy: PathBuf,
 }
 
-/// An object and which of its chunks its copy holds.
+/// An object and which of its chunks its copy holds (for the life of this server: a
+/// restarted one fetches again). The copy is opened per use, so a layer of many files
+/// holds no descriptor per file.
 #[derive(Debug)]
 struct Served {
     object: LazyObject,
-    copy: File,
     present: Mutex<Vec<bool>>,
 }
 
@@ -59,29 +60,34 @@ const TTL: Duration = Duration::from_secs(3600);
 const ROOT: INodeNo = INodeNo::ROOT;
 
 impl ObjectsFs {
-    /// Serves `objects` (their copies created, sparse, if missing), fetching from
-    /// `source`. A name given twice is refused.
+    /// Serves `objects`, their copies made anew (sparse, empty) at their paths, fetching
+    /// from `source`. Refused: a name or a copy given twice (the caller gives files of one
+    /// content one object), and a file whose chunks do not run in order over all of it.
+    /// A copy must be this server's alone: another writer could change checked bytes.
     pub fn new(objects: Vec<LazyObject>, source: Arc<dyn ChunkSource>) -> io::Result<Self> {
         let mut by_name = HashMap::new();
+        let mut copies = std::collections::HashSet::new();
         let mut served = Vec::new();
         for (n, object) in objects.into_iter().enumerate() {
-            if by_name.insert(object.name.clone(), n).is_some() {
+            if by_name.insert(object.name.clone(), n).is_some()
+                || !copies.insert(object.copy.clone())
+            {
                 return Err(io::Error::other(format!(
-                    "object {:?} given twice",
-                    object.name
+                    "object {:?} (copy {}) given twice",
+                    object.name,
+                    object.copy.display()
                 )));
             }
+            lamina_image::lazy::check_chunks(&object.file).map_err(io::Error::other)?;
             let copy = File::options()
-                .read(true)
                 .write(true)
                 .create(true)
-                .truncate(false)
+                .truncate(true)
                 .open(&object.copy)?;
             copy.set_len(object.file.size)?;
             let chunks = object.file.chunks.len();
             served.push(Served {
                 object,
-                copy,
                 present: Mutex::new(vec![false; chunks]),
             });
         }
@@ -96,6 +102,8 @@ impl ObjectsFs {
     /// process until the session is dropped (which unmounts it).
     pub fn mount(self, mountpoint: &std::path::Path) -> io::Result<fuser::BackgroundSession> {
         let mut config = fuser::Config::default();
+        // Reads of different chunks, and of chunks present, go on while one is fetched.
+        config.n_threads = Some(4);
         config.mount_options = vec![
             fuser::MountOption::RO,
             fuser::MountOption::FSName("lamina-lazy".into()),
@@ -131,31 +139,46 @@ impl ObjectsFs {
     }
 
     /// Makes every chunk of object `n` covering `offset..end` present, fetching and
-    /// checking the missing ones in order.
+    /// checking the missing ones, each member once. No lock is held while fetching: two
+    /// reads wanting the same missing chunk may both fetch it, and whichever writes it
+    /// first marks it present (both wrote the same checked bytes).
     fn fill(&self, n: usize, offset: u64, end: u64) -> io::Result<()> {
         let served = &self.objects[n];
         let chunks = &served.object.file.chunks;
-        // Held while filling: a chunk is fetched once, however many reads want it.
-        let mut present = served.present.lock().unwrap_or_else(|e| e.into_inner());
-        for (i, chunk) in chunks.iter().enumerate() {
-            let covers = chunk.file_offset < end && offset < chunk.file_offset + chunk.size;
-            if !covers || present[i] {
-                continue;
-            }
-            let bytes = self.chunk(chunk)?;
-            served.copy.write_all_at(&bytes, chunk.file_offset)?;
-            present[i] = true;
+        let missing: Vec<usize> = {
+            let present = served.present.lock().unwrap_or_else(|e| e.into_inner());
+            // Chunks are in file order (checked in `new`): those covering the range are
+            // one run.
+            let first = chunks.partition_point(|c| c.file_offset + c.size <= offset);
+            (first..chunks.len())
+                .take_while(|i| chunks[*i].file_offset < end)
+                .filter(|i| !present[*i])
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let copy = File::options().write(true).open(&served.object.copy)?;
+        let mut fetched: Option<((u64, u64), Vec<u8>)> = None;
+        for i in missing {
+            let chunk = &chunks[i];
+            let bytes = if chunk.zeros {
+                chunk_bytes(&[], chunk).map_err(io::Error::other)?
+            } else {
+                if fetched
+                    .as_ref()
+                    .is_none_or(|(member, _)| *member != chunk.member)
+                {
+                    let bytes = self.source.fetch(chunk.member.0, chunk.member.1)?;
+                    fetched = Some((chunk.member, bytes));
+                }
+                let member = fetched.as_ref().map_or(&[][..], |(_, bytes)| &bytes[..]);
+                chunk_bytes(member, chunk).map_err(io::Error::other)?
+            };
+            copy.write_all_at(&bytes, chunk.file_offset)?;
+            served.present.lock().unwrap_or_else(|e| e.into_inner())[i] = true;
         }
         Ok(())
-    }
-
-    fn chunk(&self, chunk: &Chunk) -> io::Result<Vec<u8>> {
-        let member = if chunk.zeros {
-            Vec::new()
-        } else {
-            self.source.fetch(chunk.member.0, chunk.member.1)?
-        };
-        chunk_bytes(&member, chunk).map_err(io::Error::other)
     }
 }
 
@@ -221,7 +244,9 @@ impl Filesystem for ObjectsFs {
             return reply.error(Errno::EIO);
         }
         let mut buf = vec![0; (end - offset) as usize];
-        match self.objects[n].copy.read_exact_at(&mut buf, offset) {
+        match File::open(&self.objects[n].object.copy)
+            .and_then(|copy| copy.read_exact_at(&mut buf, offset))
+        {
             Ok(()) => reply.data(&buf),
             Err(_) => reply.error(Errno::EIO),
         }
@@ -238,20 +263,18 @@ impl Filesystem for ObjectsFs {
         if ino != ROOT {
             return reply.error(Errno::ENOTDIR);
         }
-        let entries = [
-            (ROOT, FileType::Directory, OsString::from(".")),
-            (ROOT, FileType::Directory, OsString::from("..")),
-        ]
-        .into_iter()
-        .chain(self.objects.iter().enumerate().map(|(n, s)| {
-            (
-                INodeNo(n as u64 + 2),
-                FileType::RegularFile,
-                s.object.name.clone(),
-            )
-        }));
-        for (i, (ino, kind, name)) in entries.enumerate().skip(offset as usize) {
-            if reply.add(ino, (i + 1) as u64, kind, &name) {
+        // Entry `i` is ".", "..", then object `i - 2`; a reply resumes at its offset.
+        for i in offset as usize..self.objects.len() + 2 {
+            let (ino, kind, name) = match i {
+                0 => (ROOT, FileType::Directory, OsStr::new(".")),
+                1 => (ROOT, FileType::Directory, OsStr::new("..")),
+                n => (
+                    INodeNo(n as u64),
+                    FileType::RegularFile,
+                    self.objects[n - 2].object.name.as_os_str(),
+                ),
+            };
+            if reply.add(ino, (i + 1) as u64, kind, name) {
                 break;
             }
         }

@@ -146,7 +146,7 @@ pub fn chunk_bytes(member: &[u8], chunk: &Chunk) -> Result<Vec<u8>, IndexError> 
 }
 
 /// Checks that `file`'s chunks run in order from 0 to its size, each bounded.
-pub(crate) fn check_chunks(file: &LazyFile) -> Result<(), IndexError> {
+pub fn check_chunks(file: &LazyFile) -> Result<(), IndexError> {
     let mut at = 0u64;
     for chunk in &file.chunks {
         if chunk.file_offset != at || chunk.size == 0 {

@@ -266,7 +266,22 @@ impl Manifest {
                 check_chunks(&file)?;
                 Ok(file)
             })
-            .collect()
+            .collect::<Result<Vec<_>, IndexError>>()
+            .and_then(|files| {
+                // A file's frames end before the next file's start: one read never
+                // fetches another file's bytes.
+                let chunks: Vec<&Chunk> = files.iter().flat_map(|f| &f.chunks).collect();
+                match chunks
+                    .windows(2)
+                    .find(|pair| pair[0].member.1 > pair[1].member.0)
+                {
+                    Some(pair) => Err(manifest_error(format!(
+                        "a chunk's frames end at {}, past the next chunk's start at {}",
+                        pair[0].member.1, pair[1].member.0
+                    ))),
+                    None => Ok(files),
+                }
+            })
     }
 }
 
