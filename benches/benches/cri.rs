@@ -106,7 +106,6 @@ fn lamina(
 
 /// The sample's busybox layer and one of `files` small files, as a docker archive.
 fn files_image(dir: &Path, files: usize) -> std::path::PathBuf {
-    let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).unwrap();
     let mut layer = LayerBuilder::new();
     for d in 0..files.div_ceil(200) {
         layer = layer.dir(&format!("pkg{d}"), 0o755).unwrap();
@@ -117,26 +116,30 @@ fn files_image(dir: &Path, files: usize) -> std::path::PathBuf {
                 .unwrap();
         }
     }
-    let layers = [
-        Layer {
-            tar: lamina_sample::base_layer(&busybox).unwrap(),
+    let image = on_busybox(vec![layer.finish().unwrap()]);
+    let path = dir.join("files.docker.tar");
+    lamina_sample::write_docker_archive(&image, "lamina.test/files:1", &path).unwrap();
+    path
+}
+
+/// An image of the sample's busybox layer and `tars` above it, every layer gzip, its
+/// command a shell.
+fn on_busybox(tars: Vec<Vec<u8>>) -> lamina_sample::BuiltImage {
+    let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).unwrap();
+    let layers: Vec<Layer> = std::iter::once(lamina_sample::base_layer(&busybox).unwrap())
+        .chain(tars)
+        .map(|tar| Layer {
+            tar,
             compression: lamina_image::Compression::Gzip,
-        },
-        Layer {
-            tar: layer.finish().unwrap(),
-            compression: lamina_image::Compression::Gzip,
-        },
-    ];
-    let image = lamina_sample::build_image_with_cmd(
+        })
+        .collect();
+    lamina_sample::build_image_with_cmd(
         &layers,
         &["PATH=/bin"],
         &["/bin/sh"],
         &lamina_image::Platform::host(),
     )
-    .unwrap();
-    let path = dir.join("files.docker.tar");
-    lamina_sample::write_docker_archive(&image, "lamina.test/files:1", &path).unwrap();
-    path
+    .unwrap()
 }
 
 /// Pod start times on `node`: `n` pods, each in a user namespace of its own when
@@ -215,11 +218,7 @@ fn pod_start(fs: &ScratchFs, sizes: &Sizes) {
 /// An image of `count` layers, each adding a directory of 20 files of 4 KiB, on the
 /// sample's busybox layer, as an OCI layout under `dir`.
 fn layered_image(dir: &Path, count: usize) -> std::path::PathBuf {
-    let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).unwrap();
-    let mut layers = vec![Layer {
-        tar: lamina_sample::base_layer(&busybox).unwrap(),
-        compression: lamina_image::Compression::Gzip,
-    }];
+    let mut layers = Vec::new();
     for l in 1..count {
         let mut layer = LayerBuilder::new().dir(&format!("l{l}"), 0o755).unwrap();
         for f in 0..20 {
@@ -228,18 +227,9 @@ fn layered_image(dir: &Path, count: usize) -> std::path::PathBuf {
                 .file(&format!("l{l}/f{f}"), 0o644, &data.as_bytes()[..4096])
                 .unwrap();
         }
-        layers.push(Layer {
-            tar: layer.finish().unwrap(),
-            compression: lamina_image::Compression::Gzip,
-        });
+        layers.push(layer.finish().unwrap());
     }
-    let image = lamina_sample::build_image_with_cmd(
-        &layers,
-        &["PATH=/bin"],
-        &["/bin/sh"],
-        &lamina_image::Platform::host(),
-    )
-    .unwrap();
+    let image = on_busybox(layers);
     let layout = dir.join(format!("layers-{count}"));
     lamina_sample::write_oci_layout(
         &layout,
@@ -248,19 +238,6 @@ fn layered_image(dir: &Path, count: usize) -> std::path::PathBuf {
     )
     .unwrap();
     layout
-}
-
-/// Snapshots `node` holds in CRI's namespace.
-fn snapshot_count(node: &Node) -> usize {
-    let out = node.containerd.ctr_ok(&[
-        "-n",
-        "k8s.io",
-        "snapshots",
-        "--snapshotter",
-        node.snapshotter.name(),
-        "ls",
-    ]);
-    out.lines().skip(1).count()
 }
 
 fn pulls(fs: &ScratchFs, sizes: &Sizes) {
@@ -294,7 +271,7 @@ fn pulls(fs: &ScratchFs, sizes: &Sizes) {
             };
             let node = Node::start_with(&dir, snapshotter, &pause, pulls_config);
             node.trust_registry(&registry.host);
-            let baseline = snapshot_count(&node);
+            let baseline = node.snapshot_kinds().len();
             for &count in &sizes.layer_counts {
                 let image = format!("{}/lamina/layers{count}:latest", registry.host);
                 let mut samples = Samples::new();
@@ -304,7 +281,7 @@ fn pulls(fs: &ScratchFs, sizes: &Sizes) {
                     samples.push(started.elapsed());
                     node.crictl_ok(&["rmi", &image]);
                     lamina_integration::wait_until("the image's snapshots to go", || {
-                        snapshot_count(&node) == baseline
+                        node.snapshot_kinds().len() == baseline
                     });
                     if let Some(daemon) = &daemon {
                         // containerd's GC also calls Cleanup: lamina's layers go, so the

@@ -207,6 +207,26 @@ impl Node {
         out.stdout.trim().to_string()
     }
 
+    /// The kinds (`Active`, `Committed`, ...) of the snapshots the node's snapshotter holds
+    /// in CRI's namespace, sorted.
+    pub fn snapshot_kinds(&self) -> Vec<String> {
+        let out = self.containerd.ctr_ok(&[
+            "-n",
+            "k8s.io",
+            "snapshots",
+            "--snapshotter",
+            self.snapshotter.name(),
+            "ls",
+        ]);
+        let mut kinds: Vec<String> = out
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+            .collect();
+        kinds.sort();
+        kinds
+    }
+
     /// Runs a host-network pod from `pod` (a PodSandboxConfig as JSON, see [`pod_config`]);
     /// its ID.
     pub fn run_pod(&self, pod: &serde_json::Value) -> String {

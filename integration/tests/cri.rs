@@ -231,25 +231,6 @@ fn user_namespaced_pods_see_image_owners_and_write_as_their_mapped_ids() {
     assert_eq!(userns_pods(&lamina.node, &fs), expected);
 }
 
-/// Snapshots the node's snapshotter holds in CRI's namespace, by kind.
-fn snapshot_kinds(node: &Node) -> Vec<String> {
-    let out = node.containerd.ctr_ok(&[
-        "-n",
-        "k8s.io",
-        "snapshots",
-        "--snapshotter",
-        node.snapshotter.name(),
-        "ls",
-    ]);
-    let mut kinds: Vec<String> = out
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
-        .collect();
-    kinds.sort();
-    kinds
-}
-
 /// A container mounting another image read-only at `/vol` (a CRI image volume): what it
 /// reads there, whether it can write there, and the snapshots before and after its pod.
 fn image_volume(node: &Node, fs: &ScratchFs) -> Vec<String> {
@@ -258,7 +239,7 @@ fn image_volume(node: &Node, fs: &ScratchFs) -> Vec<String> {
     node.import(&cri::image_archive(&images, IMAGE, &["/bin/sh"]));
     let volume = "lamina.test/volume:1";
     node.import(&cri::volume_image(&images, volume));
-    let mut seen = vec![format!("before: {:?}", snapshot_kinds(node))];
+    let mut seen = vec![format!("before: {:?}", node.snapshot_kinds())];
     let pod = pod_config(
         &format!("volume-{name}"),
         &fs.path().join(format!("logs-vol-{name}")),
@@ -274,9 +255,9 @@ fn image_volume(node: &Node, fs: &ScratchFs) -> Vec<String> {
         &id,
         "cat /vol/volume.txt; ls /vol; touch /vol/x 2>/dev/null || echo read-only",
     ));
-    seen.push(format!("running: {:?}", snapshot_kinds(node)));
+    seen.push(format!("running: {:?}", node.snapshot_kinds()));
     node.remove_pod(&pod_id);
-    seen.push(format!("after: {:?}", snapshot_kinds(node)));
+    seen.push(format!("after: {:?}", node.snapshot_kinds()));
     seen
 }
 
@@ -383,7 +364,7 @@ fn through_restarts(
         IMAGE,
         &["/bin/sh"],
     ));
-    let mut seen = vec![format!("before: {:?}", snapshot_kinds(node))];
+    let mut seen = vec![format!("before: {:?}", node.snapshot_kinds())];
     let pod = pod_config(
         &format!("restarts-{name}"),
         &fs.path().join(format!("logs-restarts-{name}")),
@@ -428,13 +409,13 @@ fn through_restarts(
     node.crictl_ok(&["start", &second_id]);
     seen.push(node.exec(&second_id, "cat /top.txt; test -e /mine || echo not-first"));
     seen.push(node.exec(&first, "cat /mine"));
-    seen.push(format!("running: {:?}", snapshot_kinds(node)));
+    seen.push(format!("running: {:?}", node.snapshot_kinds()));
     node.remove_pod(&pod_id);
     node.crictl_ok(&["rmi", IMAGE]);
     lamina_integration::wait_until("the image's snapshots to go", || {
-        snapshot_kinds(node).len() == 1
+        node.snapshot_kinds().len() == 1
     });
-    seen.push(format!("after: {:?}", snapshot_kinds(node)));
+    seen.push(format!("after: {:?}", node.snapshot_kinds()));
     seen
 }
 

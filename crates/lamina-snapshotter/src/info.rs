@@ -116,12 +116,16 @@ impl Snapshotter {
             (None, Some(id)) => {
                 // Its own filesystem's or qgroup's account where it has one, read anew;
                 // a walk is reused for a while (see `usage_cache`).
-                let store_used = store_used_bytes(&self.store);
-                let earlier = self.usage_cache.get(key, id, store_used);
+                // The store's used bytes are asked only where a walk is reused or kept: an
+                // upper with its own account costs no statfs of the store.
+                let earlier = self
+                    .usage_cache
+                    .get(key, id, || store_used_bytes(&self.store));
                 let written =
                     lamina_mount::written(&self.store, self.mounter.as_ref(), id, earlier)?;
                 if let Some(walk) = written.walk {
-                    self.usage_cache.put(key, id, walk, store_used);
+                    self.usage_cache
+                        .put(key, id, walk, store_used_bytes(&self.store));
                 }
                 return Ok(Usage {
                     bytes: written.bytes,

@@ -77,6 +77,10 @@ impl Snapshotter {
     /// Whether active `key` (`row`) was prepared as an unpack for rebase, by the labels its
     /// Prepare recorded (an Update cannot change what its mounts were answered as).
     pub(crate) fn prepared_for_rebase(&self, key: &str, row: &SnapshotRecord) -> bool {
+        // A snapshot with a parent never is: no lookup of its shape on Mounts' path.
+        if row.kind != SnapshotKind::Active || row.parent.is_some() {
+            return false;
+        }
         self.shape_of(key, row).is_ok_and(|shape| {
             unpacks_for_rebase(row.kind, key, row.parent.as_deref(), &shape.labels)
         })

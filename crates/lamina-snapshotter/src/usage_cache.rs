@@ -42,11 +42,18 @@ pub(crate) struct UsageCache {
 
 impl UsageCache {
     /// The walk of `key`'s container `id` still to be trusted, with the store's
-    /// filesystem now using `store_used` bytes.
-    pub(crate) fn get(&self, key: &str, id: &str, store_used: u64) -> Option<Walked> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = entries.get(&(key.to_string(), id.to_string()))?;
-        (Instant::now() < entry.until && store_used.abs_diff(entry.store_used) < TRIPWIRE_BYTES)
+    /// filesystem now using `store_used()` bytes (asked only when a walk is kept).
+    pub(crate) fn get(
+        &self,
+        key: &str,
+        id: &str,
+        store_used: impl FnOnce() -> u64,
+    ) -> Option<Walked> {
+        let entry = {
+            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            *entries.get(&(key.to_string(), id.to_string()))?
+        };
+        (Instant::now() < entry.until && store_used().abs_diff(entry.store_used) < TRIPWIRE_BYTES)
             .then_some(entry.walked)
     }
 
@@ -92,25 +99,33 @@ mod tests {
     fn a_walk_is_reused_for_its_key_and_container_until_forgotten() {
         let cache = UsageCache::default();
         cache.put("k", "snap-1", walked(), 1 << 30);
-        assert_eq!(cache.get("k", "snap-1", 1 << 30), Some(walked()));
-        assert_eq!(cache.get("k", "snap-2", 1 << 30), None, "another container");
+        assert_eq!(cache.get("k", "snap-1", || 1 << 30), Some(walked()));
+        assert_eq!(
+            cache.get("k", "snap-2", || 1 << 30),
+            None,
+            "another container"
+        );
         cache.forget("k");
-        assert_eq!(cache.get("k", "snap-1", 1 << 30), None);
+        assert_eq!(cache.get("k", "snap-1", || 1 << 30), None);
     }
 
     #[test]
     fn a_store_that_grew_or_shrank_much_ends_the_reuse() {
         let cache = UsageCache::default();
         cache.put("k", "snap-1", walked(), 1 << 30);
-        assert!(cache.get("k", "snap-1", (1 << 30) + (255 << 20)).is_some());
         assert!(
             cache
-                .get("k", "snap-1", (1 << 30) + TRIPWIRE_BYTES)
+                .get("k", "snap-1", || (1 << 30) + (255 << 20))
+                .is_some()
+        );
+        assert!(
+            cache
+                .get("k", "snap-1", || (1 << 30) + TRIPWIRE_BYTES)
                 .is_none()
         );
         assert!(
             cache
-                .get("k", "snap-1", (1 << 30) - TRIPWIRE_BYTES)
+                .get("k", "snap-1", || (1 << 30) - TRIPWIRE_BYTES)
                 .is_none()
         );
     }

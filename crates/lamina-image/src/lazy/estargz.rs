@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::Digest;
 use crate::lazy::{
-    Chunk, Codec, IndexError, LazyFile, MAX_CHUNK_BYTES, MAX_INDEX_BYTES, MAX_INDEX_ENTRIES,
-    check_chunks, index_error, parse_digest,
+    Chunk, Codec, IndexError, LazyFile, MAX_CHUNK_BYTES, MAX_INDEX_BYTES, check_chunks,
+    index_error, parse_digest,
 };
 
 /// The layer annotation giving the digest of the uncompressed TOC JSON.
@@ -167,12 +167,6 @@ pub fn read_toc(member: &[u8], expected: &Digest) -> Result<Toc, IndexError> {
         return Err(toc_error(format!(
             "version {} (lamina reads 1)",
             toc.version
-        )));
-    }
-    if toc.entries.len() > MAX_INDEX_ENTRIES {
-        return Err(toc_error(format!(
-            "{} entries, more than {MAX_INDEX_ENTRIES}",
-            toc.entries.len()
         )));
     }
     Ok(toc)

@@ -15,8 +15,7 @@ use serde::Deserialize;
 
 use crate::Digest;
 use crate::lazy::{
-    Chunk, Codec, IndexError, LazyFile, MAX_INDEX_BYTES, MAX_INDEX_ENTRIES, check_chunks,
-    index_error, parse_digest,
+    Chunk, Codec, IndexError, LazyFile, MAX_INDEX_BYTES, check_chunks, index_error, parse_digest,
 };
 
 /// The annotation giving the digest of the compressed manifest.
@@ -168,12 +167,6 @@ pub fn read_manifest(
         return Err(manifest_error(format!(
             "version {} (lamina reads 1)",
             manifest.version
-        )));
-    }
-    if manifest.entries.len() > MAX_INDEX_ENTRIES {
-        return Err(manifest_error(format!(
-            "{} entries, more than {MAX_INDEX_ENTRIES}",
-            manifest.entries.len()
         )));
     }
     Ok(manifest)
