@@ -163,6 +163,51 @@ fn what_the_unpacker_refuses_refuses_the_index() {
         .is_err(),
         "a hardlink to no file of the layer"
     );
+    // One name is one thing in a layer, as on the tar path.
+    let renamed = |from: &'static str, to: &'static str| {
+        move |toc: &mut Toc| {
+            toc.entries
+                .iter_mut()
+                .find(|e| e.name == from)
+                .unwrap()
+                .name = to.into();
+        }
+    };
+    assert!(
+        changed(&renamed("etc/.wh.gone", ".wh.x")).is_err(),
+        "a whiteout of this layer's x"
+    );
+    assert!(
+        changed(&renamed("etc/.wh.gone", ".wh.etc")).is_err(),
+        "a whiteout of a directory this layer fills"
+    );
+    assert!(
+        changed(&renamed("opq", "x/inside")).is_err(),
+        "an entry inside a file"
+    );
+    assert!(
+        changed(&renamed("link", "etc/small/inside")).is_err(),
+        "an entry inside a file, deeper"
+    );
+    assert!(
+        changed(&renamed("x", "etc")).is_err(),
+        "a file where this layer has a directory"
+    );
+    let deep: &'static str = Box::leak("d/".repeat(129).into_boxed_str());
+    assert!(changed(&renamed("link", deep)).is_err(), "deeper than 128");
+    for target in ["", "a\0b"] {
+        assert!(
+            changed(&|toc: &mut Toc| {
+                toc.entries
+                    .iter_mut()
+                    .find(|e| e.name == "link")
+                    .unwrap()
+                    .link_name = target.into();
+            })
+            .is_err(),
+            "a symlink target {target:?}"
+        );
+    }
     assert!(
         changed(&|toc: &mut Toc| {
             let e = toc.entries.iter_mut().find(|e| e.name == "link").unwrap();

@@ -3,9 +3,14 @@
 //! unpacker's (`lamina_unpack`), so a lazy layer shows what the same layer pulled whole
 //! shows: names beneath the layer root (no `..`, no absolute path, no NUL), whiteouts and
 //! opaque markers by name, aufs bookkeeping ignored, overlay's and lamina's own xattrs
-//! dropped, hardlinks only to an earlier file of the same layer. Anything the unpacker
-//! would refuse, and anything an index cannot say safely (a name given twice, a device
-//! number past Linux's, an owner of -1), refuses the index: the layer is pulled whole.
+//! dropped, hardlinks only to an earlier file of the same layer, nothing inside a
+//! non-directory or a whiteout of this layer, no whiteout of what this layer holds, no
+//! non-directory where this layer has a directory, symlink targets non-empty, without NUL
+//! and under PATH_MAX. Anything the unpacker would refuse, and anything an index cannot
+//! say safely (a name given twice, a path deeper than 128, a device number past Linux's,
+//! an owner of -1), refuses the index: the layer is pulled whole.
+
+use std::collections::HashMap;
 
 use lamina_unpack::{EntryPath, is_reserved_xattr};
 
@@ -14,6 +19,46 @@ use crate::lazy::{IndexError, LazyFile, index_error};
 /// Linux's largest device major and minor numbers.
 const MAX_MAJOR: u64 = (1 << 12) - 1;
 const MAX_MINOR: u64 = (1 << 20) - 1;
+/// Linux's PATH_MAX, the longest symlink target the tar path takes.
+const PATH_MAX: usize = 4096;
+/// The deepest an entry may lie: each component costs memory per entry, and a name of
+/// thousands of one-byte components is no layer's.
+const MAX_DEPTH: usize = 128;
+
+/// What a path of the layer is, as the entries so far make it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Dir,
+    /// A directory only because an entry lies inside it.
+    ImpliedDir,
+    NonDir {
+        file: bool,
+    },
+    Whiteout,
+}
+
+/// Marks every directory of `parents` as one, refusing a path through something that is
+/// not a directory in this layer (a file, a symlink, a whiteout), as the tar unpacker's
+/// opening of the parent would.
+fn within_directories(
+    seen: &mut HashMap<Vec<u8>, Seen>,
+    parents: &[Vec<u8>],
+) -> Result<(), &'static str> {
+    for depth in 1..=parents.len() {
+        match seen
+            .entry(EntryPath::join(&parents[..depth]))
+            .or_insert(Seen::ImpliedDir)
+        {
+            Seen::Dir | Seen::ImpliedDir => {}
+            Seen::NonDir { .. } => {
+                return Err("inside something that is no directory in this layer");
+            }
+            Seen::Whiteout => return Err("inside what this layer whites out"),
+        }
+    }
+    Ok(())
+}
+
 /// The largest extended attribute value Linux stores.
 const MAX_XATTR_VALUE: usize = 64 << 10;
 
@@ -24,7 +69,8 @@ pub enum NodeKind {
     /// A regular file: the layer's `files[n]`.
     File(usize),
     Symlink(Vec<u8>),
-    /// Another name for an earlier file of this layer.
+    /// Another name for an earlier file of this layer; its metadata is the target's (the
+    /// node's mode and owners are the index's claim, and its xattrs are dropped).
     Hardlink(EntryPath),
     Char(u32, u32),
     Block(u32, u32),
@@ -91,9 +137,9 @@ pub(crate) fn build<'a>(
     files: Vec<LazyFile>,
 ) -> Result<LayerTree, IndexError> {
     let mut changes = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    // Paths of this layer's regular files so far, for hardlinks.
-    let mut file_paths = std::collections::HashSet::new();
+    // What each path of this layer is so far, keyed by its joined name: as the tar
+    // unpacker's filesystem would say, one name is one thing.
+    let mut seen: HashMap<Vec<u8>, Seen> = HashMap::new();
     let mut next_file = 0usize;
     for entry in entries {
         if entry.kind == "chunk" {
@@ -107,9 +153,13 @@ pub(crate) fn build<'a>(
         let Some(name) = path.name() else {
             continue; // the layer root's own entry: its metadata is the image's
         };
-        if !seen.insert(path.components().to_vec()) {
-            return Err(refused(entry.name, "listed twice"));
+        if path.components().len() > MAX_DEPTH {
+            return Err(refused(
+                entry.name,
+                format!("deeper than {MAX_DEPTH} directories"),
+            ));
         }
+        within_directories(&mut seen, path.parent()).map_err(|why| refused(entry.name, why))?;
         if name == b".wh..wh..opq" {
             if path.parent().is_empty() {
                 return Err(refused(entry.name, "an opaque marker at the layer root"));
@@ -129,22 +179,57 @@ pub(crate) fn build<'a>(
             }
             let mut parts = path.parent().to_vec();
             parts.push(hidden.to_vec());
+            let hides = EntryPath::join(&parts);
+            // OCI: a whiteout hides what lower layers hold, never this layer's own.
+            if seen.insert(hides.clone(), Seen::Whiteout).is_some() {
+                return Err(refused(
+                    entry.name,
+                    "a whiteout of what this layer itself holds",
+                ));
+            }
             changes.push(Change::Whiteout(
-                EntryPath::parse(&EntryPath::join(&parts)).map_err(|r| refused(entry.name, r))?,
+                EntryPath::parse(&hides).map_err(|r| refused(entry.name, r))?,
             ));
             continue;
         }
+        let key = EntryPath::join(path.components());
+        let now = if entry.kind == "dir" {
+            Seen::Dir
+        } else {
+            Seen::NonDir {
+                file: entry.kind == "reg",
+            }
+        };
+        match seen.get(&key) {
+            None => {}
+            Some(Seen::ImpliedDir) if now == Seen::Dir => {}
+            Some(Seen::ImpliedDir) => {
+                return Err(refused(entry.name, "a directory earlier in this layer"));
+            }
+            Some(Seen::Whiteout) => {
+                return Err(refused(entry.name, "whited out earlier in this layer"));
+            }
+            Some(_) => return Err(refused(entry.name, "listed twice")),
+        }
+        seen.insert(key, now);
         let kind = match entry.kind {
             "dir" => NodeKind::Dir,
-            "reg" => {
-                file_paths.insert(path.components().to_vec());
-                NodeKind::File(file_index.unwrap_or_default())
+            "reg" => NodeKind::File(file_index.unwrap_or_default()),
+            "symlink" => {
+                let target = entry.link_name.as_bytes();
+                if target.is_empty() || target.contains(&0) || target.len() >= PATH_MAX {
+                    return Err(refused(
+                        entry.name,
+                        "a symlink target empty, with a NUL, or past PATH_MAX",
+                    ));
+                }
+                NodeKind::Symlink(target.to_vec())
             }
-            "symlink" => NodeKind::Symlink(entry.link_name.as_bytes().to_vec()),
             "hardlink" => {
                 let target = EntryPath::parse(entry.link_name.as_bytes())
                     .map_err(|r| refused(entry.name, format!("hardlink target: {r}")))?;
-                if !file_paths.contains(target.components()) {
+                let target_key = EntryPath::join(target.components());
+                if seen.get(&target_key) != Some(&Seen::NonDir { file: true }) {
                     return Err(refused(
                         entry.name,
                         "a hardlink to no earlier file of this layer",
@@ -171,7 +256,14 @@ pub(crate) fn build<'a>(
             return Err(refused(entry.name, "an owner of -1"));
         }
         let mut xattrs = Vec::new();
-        for (key, value) in entry.xattrs {
+        // A hardlink is another name of its target: the tar path gives it none of its own
+        // metadata, and neither does the tree.
+        let own_xattrs = if matches!(kind, NodeKind::Hardlink(_)) {
+            None
+        } else {
+            Some(entry.xattrs)
+        };
+        for (key, value) in own_xattrs.into_iter().flatten() {
             use base64::Engine;
             let value = base64::engine::general_purpose::STANDARD
                 .decode(value)
