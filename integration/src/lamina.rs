@@ -115,8 +115,9 @@ impl Lamina {
     /// `delete ID`, then the promise every strategy keeps: once the reaper is done
     /// (`lamina reap` waits for a background reaper, then finishes what is left), the
     /// container has no mount and no directory left, the trash is empty, and when it was
-    /// the last container, nothing of lamina's is mounted under the store but pool slots
-    /// and composefs metadata images (one mount per image, released by `clean`).
+    /// the last container, nothing of lamina's is mounted under the store but pool slots,
+    /// composefs metadata images (one mount per image, released by `clean`) and lazy
+    /// layers' objects (served while the daemon runs).
     /// `context` names the case in a failure.
     pub fn delete_and_assert_gone(&self, id: &str, context: &str) {
         let dir = self.store.join("images").join(id);
@@ -134,6 +135,7 @@ impl Lamina {
         let last = self.entries("images") == 0;
         let pool = self.store.join("pool");
         let composefs = self.store.join("composefs");
+        let lazy = self.store.join("lazy");
         // A background refill builds its slot in tmp/pool-* and then renames it into pool/.
         let refilling = |m: &PathBuf| {
             m.strip_prefix(self.store.join("tmp"))
@@ -149,6 +151,7 @@ impl Lamina {
                     || (last
                         && !m.starts_with(&pool)
                         && !m.starts_with(&composefs)
+                        && !m.starts_with(&lazy)
                         && !refilling(m))
             })
             .collect();

@@ -8,6 +8,7 @@ pub mod hostile;
 pub mod hostile_registry;
 pub mod http;
 pub mod lamina;
+pub mod lazy_image;
 pub mod prometheus;
 pub mod proof;
 pub mod records;

@@ -10,60 +10,13 @@ use std::path::Path;
 use lamina_image::Digest;
 use lamina_image::lazy::chunk_bytes;
 use lamina_image::lazy::estargz::{FOOTER_SIZE, TOC_DIGEST_ANNOTATION, read_toc, toc_offset};
+use lamina_integration::lazy_image::{Format, big, push_image};
 use lamina_integration::registry::Registry;
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root};
-use lamina_sample::LayerBuilder;
-use lamina_sample::estargz::estargz;
-use lamina_sample::zstd_chunked::zstd_chunked;
 
-/// 300 KiB of data no two chunks of which are alike.
-fn big() -> Vec<u8> {
-    (0..300 * 1024u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect()
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Format {
-    Estargz,
-    ZstdChunked,
-}
-
-/// Pushes busybox's sample layer and a layer holding `/data/big` (and a whiteout of
-/// `/etc/hosts`), both eStargz with 64 KiB chunks, as `lazy/image:v1`.
+/// Pushes the lazy test image in eStargz as `lazy/image:v1`.
 fn push_lazy_image(registry: &Registry, dir: &Path) {
     push_image(registry, dir, Format::Estargz, "lazy/image:v1");
-}
-
-/// [`push_lazy_image`] in `format`, as `repo_tag`.
-fn push_image(registry: &Registry, dir: &Path, format: Format, repo_tag: &str) {
-    let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).unwrap();
-    let base = lamina_sample::base_layer(&busybox).unwrap();
-    let top = LayerBuilder::new()
-        .dir("data", 0o755)
-        .and_then(|b| b.file("data/big", 0o644, &big()))
-        .and_then(|b| b.file("data/small", 0o600, b"small\n"))
-        .and_then(|b| b.whiteout("etc/hosts"))
-        .and_then(LayerBuilder::finish)
-        .unwrap();
-    let layers = [&base, &top]
-        .iter()
-        .map(|tar| match format {
-            Format::Estargz => estargz(tar, 64 * 1024).unwrap().stored(tar),
-            Format::ZstdChunked => zstd_chunked(tar, 64 * 1024).unwrap().stored(tar),
-        })
-        .collect();
-    let image = lamina_sample::build_image_from(
-        layers,
-        &["PATH=/bin"],
-        &["/bin/sh"],
-        &lamina_image::Platform::host(),
-    )
-    .unwrap();
-    let layout = dir.join(format!("layout-{}", repo_tag.replace(['/', ':'], "-")));
-    lamina_sample::write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))])
-        .unwrap();
-    registry.push(&layout, "v1", repo_tag);
 }
 
 /// `file`'s bytes, each chunk fetched by itself from blob `digest` (`size` bytes) and

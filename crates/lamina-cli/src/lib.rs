@@ -244,7 +244,7 @@ pub struct CreateArgs {
     /// Mount the rootfs (the default; overrides `create.without_mount` in --config; --without-mount wins over it, as in GrootFS)
     #[arg(long)]
     pub with_mount: bool,
-    /// Comma-separated mount strategies: auto, classic, shared-ro, direct, composefs, isolated, isolated-memory, isolated-quota, pooled, metacopy, volatile, deferred [default: auto, or `create.strategy` in --config]
+    /// Comma-separated mount strategies: auto, classic, shared-ro, direct, composefs, lazy, isolated, isolated-memory, isolated-quota, pooled, metacopy, volatile, deferred [default: auto, or `create.strategy` in --config]
     #[arg(long)]
     pub strategy: Option<String>,
     /// The most the container may use, image included unless --exclude-image-from-quota: its upper gets a filesystem of its own of that size (strategy isolated), or on a btrfs store with quotas a subvolume with a qgroup limit (isolated-quota) [default: `create.disk_limit_size_bytes` in --config]

@@ -372,8 +372,12 @@ fn without_mount(rig: &dyn Rig, row: &Row, id: &str) {
                 }
             }
             adapter::Attached::Overlay(options) => {
+                // Any provider that mounts an overlay of the container's own (fresh, and
+                // the ones generated rows name) answers its options.
                 assert!(
-                    !lamina_mounts && spec.provider == table::Provider::FRESH,
+                    !lamina_mounts
+                        && !spec.provider.binds()
+                        && spec.provider != table::Provider::POOLED,
                     "overlay options for {spec:?}"
                 );
                 assert!(

@@ -20,6 +20,12 @@ impl Provider {
     pub const SHARED_RO: Provider = Provider("shared-ro");
     /// A read-only bind of a plain directory (a layer, or a flattened tree).
     pub const DIRECT: Provider = Provider("direct");
+
+    /// Whether its rootfs is a bind of a directory lamina keeps (no overlay of the
+    /// container's own, so nothing for a caller to mount but that bind).
+    pub fn binds(self) -> bool {
+        self == Provider::SHARED_RO || self == Provider::DIRECT
+    }
 }
 
 /// Which filesystem a read-write overlay's upper lives on.

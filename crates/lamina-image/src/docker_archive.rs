@@ -73,6 +73,7 @@ pub fn resolve(
             size: None,
             compression: None,
             diff_id: diff_id.clone(),
+            remote: None,
         });
     }
     Ok(Image {

@@ -87,6 +87,9 @@ pub struct LayerBlob {
     pub compression: Option<Compression>,
     /// Digest of the uncompressed tar, from the image config.
     pub diff_id: Digest,
+    /// A registry layer's descriptor annotations and byte ranges: what lazy pulling
+    /// reads its index with. `None` for every other source.
+    pub remote: Option<std::sync::Arc<lazy::source::RangeSource>>,
 }
 
 impl LayerBlob {

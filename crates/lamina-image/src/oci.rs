@@ -76,6 +76,7 @@ pub fn resolve(
             size: Some(desc.size),
             compression: Some(compression),
             diff_id: diff_id.clone(),
+            remote: None,
         });
     }
     Ok(Image {

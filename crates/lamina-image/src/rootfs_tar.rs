@@ -47,6 +47,7 @@ pub fn resolve(path: &Path, max_layer_bytes: u64) -> Result<Image, ImageError> {
             size: None,
             compression: None,
             diff_id,
+            remote: None,
         }],
     })
 }

@@ -19,3 +19,6 @@ pub use objects_fs::{ChunkSource, LazyObject, ObjectsFs};
 mod registry_blob;
 
 pub use registry_blob::RegistryBlob;
+
+pub mod layer;
+pub mod serve;

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use lamina_image::documents::{parse_config, parse_index, parse_manifest};
+use lamina_image::lazy::source::RangeSource;
 use lamina_image::spec::{self, Descriptor, Manifest};
 use lamina_image::{BlobLocation, Compression, Digest, Image, LayerBlob, Platform, RemoteBlob};
 
@@ -104,6 +105,18 @@ pub fn resolve(
             desc.urls.clone(),
         );
         let from = format!("{}/{}@{}", client.host(), client.repository(), desc.digest);
+        let ranges = {
+            let (client, blob) = (client.clone(), desc.digest.to_string());
+            RangeSource {
+                annotations: desc.annotations.clone(),
+                repository: format!("docker://{}/{}", client.host(), client.repository()),
+                read_range: Arc::new(move |start, len| {
+                    client
+                        .read_range(&blob, size, start, len)
+                        .map_err(std::io::Error::other)
+                }),
+            }
+        };
         layers.push(LayerBlob {
             index,
             location: BlobLocation::Remote(RemoteBlob {
@@ -115,6 +128,7 @@ pub fn resolve(
             size: Some(desc.size),
             compression: Some(compression),
             diff_id,
+            remote: Some(Arc::new(ranges)),
         });
     }
     Ok(Image {

@@ -439,6 +439,7 @@ impl Snapshotter {
             mount_volatile_without_mount: true,
             strategies,
             remake: again,
+            lazy_server: None,
             read_only,
             ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
             disk_limit,

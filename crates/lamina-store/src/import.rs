@@ -78,9 +78,22 @@ impl Store {
     /// unpacked at once (a registry pull is mostly waiting on the network). The first
     /// failure, bottom-most first, is the one reported; layers that finished stay.
     pub fn import(&self, image: &Image) -> Result<Vec<Digest>, StoreError> {
+        self.import_except(image, |_| false)
+    }
+
+    /// [`Store::import`] of every layer but those `skip` names by index (bottom-most 0):
+    /// layers present some other way (lazy pulling's).
+    pub fn import_except(
+        &self,
+        image: &Image,
+        skip: impl Fn(usize) -> bool,
+    ) -> Result<Vec<Digest>, StoreError> {
         let chain_ids = image.chain_ids();
         let mut missing = Vec::new();
         for (index, (layer, chain_id)) in image.layers.iter().zip(&chain_ids).enumerate() {
+            if skip(index) {
+                continue;
+            }
             if self.has_layer(chain_id) {
                 self.progress.present(layer);
             } else {

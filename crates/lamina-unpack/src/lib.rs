@@ -9,7 +9,7 @@
 //! The `tar` crate parses; it never writes.
 
 mod entry_path;
-mod metadata;
+pub mod metadata;
 mod records;
 mod remove;
 mod resolve;

@@ -34,6 +34,7 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
         // A uid-mapped container is a uid-mapped store's (`init-store --uid-mapping`).
         idmap: None,
         remake: false,
+        lazy_server: Some(super::lazy_server::starter(ctx)),
     };
     let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)
         .map_err(|e| quota_text(e, &image))?;

@@ -68,6 +68,7 @@ pub fn main(ctx: &Ctx, mounter: RealMounter, flags: Flags) -> anyhow::Result<()>
         Duration::from_millis(interval),
         containerd,
         metrics_address.as_deref(),
+        ctx.pull.clone(),
     )
 }
 
@@ -81,7 +82,8 @@ pub struct Containerd {
     pub label_strategies: Option<std::collections::BTreeSet<String>>,
 }
 
-/// Reaps deferred deletes as they arrive and refills pools, every `interval`; with
+/// Reaps deferred deletes as they arrive, refills pools and serves new lazy layers
+/// (fetching as `pull` says), every `interval`; with
 /// `containerd`, also serves snapshots until SIGTERM or SIGINT; with `metrics_address`,
 /// serves Prometheus metrics there.
 pub fn run(
@@ -90,6 +92,7 @@ pub fn run(
     interval: Duration,
     containerd: Option<Containerd>,
     metrics_address: Option<&str>,
+    pull: lamina_registry::PullOptions,
 ) -> anyhow::Result<()> {
     // Bound first: a taken or malformed address fails the start, naming it, before any
     // task runs or the socket is served.
@@ -97,13 +100,18 @@ pub fn run(
         .map(lamina_snapshotter::metrics::bind)
         .transpose()?;
     tracing::info!(store = %store.root().display(), "daemon started");
+    // One server of lazy layers per store: a second daemon leaves them to the first.
+    let lazy = lamina_lazy::serve::Server::start(store.root(), pull)?;
+    if lazy.is_none() {
+        tracing::info!("another process serves this store's lazy layers");
+    }
     let Some(containerd) = containerd else {
         if let Some(listener) = metrics {
             let exporter = lamina_snapshotter::metrics::Exporter::new(store.clone(), None);
             lamina_snapshotter::metrics::spawn(listener, exporter)?;
         }
         tell_systemd(&[sd_notify::NotifyState::Ready]);
-        work_forever(store, mounter.as_ref(), interval);
+        work_forever(store, mounter.as_ref(), interval, lazy);
     };
     let mut snapshotter = Snapshotter::open(store.clone(), mounter.clone(), containerd.strategies)?;
     if let Some(names) = containerd.label_strategies {
@@ -117,7 +125,7 @@ pub fn run(
         lamina_snapshotter::metrics::spawn(listener, exporter)?;
     }
     let background_store = store.clone();
-    std::thread::spawn(move || work_forever(&background_store, mounter.as_ref(), interval));
+    std::thread::spawn(move || work_forever(&background_store, mounter.as_ref(), interval, lazy));
     lamina_snapshotter::serve_until_signalled(snapshotter, &containerd.socket, || {
         tell_systemd(&[sd_notify::NotifyState::Ready])
     })?;
@@ -134,8 +142,16 @@ fn tell_systemd(state: &[sd_notify::NotifyState]) {
     }
 }
 
-fn work_forever(store: &Store, mounter: &dyn Mounter, interval: Duration) -> ! {
+fn work_forever(
+    store: &Store,
+    mounter: &dyn Mounter,
+    interval: Duration,
+    mut lazy: Option<lamina_lazy::serve::Server>,
+) -> ! {
     loop {
+        if let Some(server) = lazy.as_mut() {
+            server.serve_new(mounter);
+        }
         work_once(store, mounter);
         std::thread::sleep(interval);
     }

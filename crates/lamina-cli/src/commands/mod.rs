@@ -5,6 +5,7 @@ mod background;
 mod create;
 pub(crate) mod daemon;
 mod image_texts;
+mod lazy_server;
 mod pool;
 mod stats;
 
@@ -42,6 +43,8 @@ pub(crate) struct Ctx {
     pub progress: Arc<dyn ImportProgress>,
     /// The longest any wait for a store lock lasts.
     pub lock_timeout: std::time::Duration,
+    /// `--config`, which a daemon this command starts reads too.
+    pub config_path: Option<PathBuf>,
 }
 
 impl Ctx {
@@ -248,6 +251,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
         pull,
         progress,
         lock_timeout,
+        config_path: cli.config.clone(),
     };
     let mounter = RealMounter::new();
 

@@ -10,6 +10,7 @@ use std::io::Read;
 use crate::Digest;
 
 pub mod estargz;
+pub mod source;
 pub mod tree;
 pub mod zstd_chunked;
 

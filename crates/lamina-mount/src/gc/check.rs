@@ -128,7 +128,9 @@ pub fn check_verified(
         let record = &container.record;
         for layer in &record.layers {
             referenced.insert(layer.clone());
-            if !store.layout().layer_diff(layer).is_dir() {
+            if !store.layout().layer_diff(layer).is_dir()
+                && !crate::providers::lazy::is_lazy(store.root(), layer)
+            {
                 let detail = format!(
                     "container `{}` needs layer {layer}, which is gone; recreate the container",
                     record.id
@@ -477,6 +479,8 @@ fn orphan_mounts(
             live.contains(&id) || store.try_lock_dir(&layout.container(&id))?.is_none()
         } else if under(layout.composefs()) {
             true // a composefs metadata image's mount: `clean` releases unused ones
+        } else if under(lamina_lazy::layer::lazy_root(root)) {
+            crate::providers::lazy::owns_mount(root, &mount)
         } else if under(layout.tmp()) {
             !abandoned.iter().any(|a| mount.starts_with(a))
         } else {

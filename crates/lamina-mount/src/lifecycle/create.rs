@@ -81,9 +81,11 @@ impl Layers<'_> {
         }
     }
 
-    /// Makes sure every layer is in the store; the caller holds the layers-in-use lock.
-    fn ensure(&self, store: &Store) -> Result<Vec<Digest>, StoreError> {
+    /// Makes sure every layer is in the store (or, for `lazy`, lazy where it can be); the
+    /// caller holds the layers-in-use lock.
+    fn ensure(&self, store: &Store, lazy: bool) -> Result<Vec<Digest>, StoreError> {
         match self {
+            Layers::Image(image) if lazy => crate::providers::lazy::import(store, image),
             Layers::Image(image) => store.import(image),
             Layers::Stored(stored) => {
                 if let Some(missing) = stored.chain_ids.iter().find(|c| !store.has_layer(c)) {
@@ -151,7 +153,8 @@ fn create_locked(
     // Held until this function returns, after the record names the layers: layer
     // collection never takes a layer from under a create.
     let _layers_in_use = store.use_layers()?;
-    let chain_ids = layers.ensure(store)?;
+    let lazy = choice.model.strategies().lazy;
+    let chain_ids = layers.ensure(store, lazy)?;
     store.pause_point("create-imported");
     let choice = crate::lowers::prepare(store, mounter, &chain_ids, choice)?;
     let upper = crate::uppers::plan(

@@ -46,6 +46,10 @@ pub enum Provider {
     SharedRo,
     /// A read-only bind of the layer, or of a flattened tree of hardlinks: no overlay (S5).
     Direct,
+    /// An overlay mounted for this container whose indexed layers are lazy: their trees
+    /// are metacopy files redirecting into objects a FUSE server fetches on demand
+    /// (`providers/lazy`). Its flavour is [`Flavour::LAZY`].
+    Lazy { read_only: bool },
 }
 
 /// How an overlay's upper behaves: what a pool slot must match to serve a create.
@@ -95,7 +99,9 @@ impl Model {
             return Err("strategy `auto` is resolved per request, not a model".into());
         }
         let flavour = Flavour::of(s);
-        let provider = if s.shared_ro {
+        let provider = if s.lazy {
+            Provider::Lazy { read_only }
+        } else if s.shared_ro {
             Provider::SharedRo
         } else if s.direct {
             Provider::Direct
@@ -165,7 +171,10 @@ impl Model {
                 },
                 ..self
             },
-            Provider::Fresh { .. } | Provider::SharedRo | Provider::Direct => self,
+            Provider::Fresh { .. }
+            | Provider::SharedRo
+            | Provider::Direct
+            | Provider::Lazy { .. } => self,
         }
     }
 
@@ -176,7 +185,7 @@ impl Model {
 
     pub fn read_only(&self) -> bool {
         match self.provider {
-            Provider::Fresh { read_only, .. } => read_only,
+            Provider::Fresh { read_only, .. } | Provider::Lazy { read_only } => read_only,
             Provider::Pooled { .. } => false,
             Provider::SharedRo | Provider::Direct => true,
         }
@@ -191,9 +200,11 @@ impl Model {
                 read_only: false,
             }
             | Provider::Pooled { flavour } => Some(flavour),
+            Provider::Lazy { read_only: false } => Some(Flavour::LAZY),
             Provider::Fresh {
                 read_only: true, ..
             }
+            | Provider::Lazy { read_only: true }
             | Provider::SharedRo
             | Provider::Direct => None,
         }
@@ -260,6 +271,10 @@ impl Model {
                 direct: true,
                 ..Strategies::CLASSIC
             },
+            Provider::Lazy { .. } => Strategies {
+                lazy: true,
+                ..Strategies::CLASSIC
+            },
         };
         s.deferred = self.deferred();
         s
@@ -277,6 +292,7 @@ impl Provider {
     pub fn flavour(&self) -> Option<Flavour> {
         match *self {
             Provider::Fresh { flavour, .. } | Provider::Pooled { flavour } => Some(flavour),
+            Provider::Lazy { .. } => Some(Flavour::LAZY),
             Provider::SharedRo | Provider::Direct => None,
         }
     }
@@ -289,6 +305,7 @@ impl Provider {
             Provider::Pooled { .. } => "pooled",
             Provider::SharedRo => "shared-ro",
             Provider::Direct => "direct",
+            Provider::Lazy { .. } => "lazy",
         }
     }
 
@@ -317,7 +334,7 @@ impl Provider {
                 own_idmap: true,
                 ..Names::default()
             },
-            Provider::Pooled { .. } => Names::default(),
+            Provider::Pooled { .. } | Provider::Lazy { .. } => Names::default(),
         }
     }
 }
@@ -342,6 +359,13 @@ impl Flavour {
         volatile: false,
         isolated: None,
         composefs: false,
+    };
+
+    /// A lazy overlay's: its lazy layers' files are metacopy inodes, whose redirects
+    /// overlay follows only with metacopy on.
+    pub const LAZY: Flavour = Flavour {
+        metacopy: true,
+        ..Flavour::PLAIN
     };
 
     /// The flavour a strategy list asks for (its metacopy, volatile, isolated and

@@ -33,6 +33,10 @@ pub struct Strategies {
     /// whose files point into the store's content-addressed objects (one lower whatever
     /// the layer count; each file's content stored once). Implies `metacopy`'s options.
     pub composefs: bool,
+    /// Lazy pulling: a layer that carries an index (eStargz, zstd:chunked) is fetched as
+    /// its index alone, its files served on demand (`providers/lazy`); the others are
+    /// pulled whole. Implies `metacopy`.
+    pub lazy: bool,
 }
 
 /// What an isolated container's own upper filesystem is made of.
@@ -58,6 +62,7 @@ pub const NAMES: &[&str] = &[
     "isolated-memory",
     "isolated-quota",
     "composefs",
+    "lazy",
     "pooled",
     "metacopy",
     "volatile",
@@ -76,6 +81,7 @@ impl Strategies {
         direct: false,
         isolated: None,
         composefs: false,
+        lazy: false,
     };
 
     pub const AUTO: Strategies = Strategies {
@@ -98,6 +104,7 @@ impl Strategies {
                 "shared-ro" => set.shared_ro = true,
                 "direct" => set.direct = true,
                 "composefs" => set.composefs = true,
+                "lazy" => set.lazy = true,
                 "isolated" | "isolated-memory" | "isolated-quota" => {
                     let backend = match name {
                         "isolated" => UpperBackend::Disk,
@@ -137,6 +144,22 @@ impl Strategies {
         if self.pooled && self.isolated == Some(UpperBackend::Quota) {
             return Err("strategy `isolated-quota` makes a subvolume in about a millisecond and pools none: it does not combine with `pooled`".into());
         }
+        if self.lazy {
+            for (on, name) in [
+                (self.shared_ro, "shared-ro"),
+                (self.direct, "direct"),
+                (self.pooled, "pooled"),
+                (self.isolated.is_some(), "isolated"),
+                (self.composefs, "composefs"),
+                (self.volatile, "volatile"),
+            ] {
+                if on {
+                    return Err(format!(
+                        "strategy `lazy` mounts an overlay of its own over lazily served layers: it does not combine with `{name}`"
+                    ));
+                }
+            }
+        }
         if let Some(ro) = self.read_only_kind() {
             for (on, name) in [
                 (self.metacopy, "metacopy"),
@@ -171,7 +194,7 @@ impl Strategies {
         let mut options = Vec::new();
         // composefs files are metacopy inodes: overlay follows their redirects only with
         // metacopy on.
-        if self.metacopy || self.composefs {
+        if self.metacopy || self.composefs || self.lazy {
             // metacopy needs redirect_dir; say so rather than rely on the kernel's implication.
             options.push(("redirect_dir".to_string(), Some("on".to_string())));
             options.push(("metacopy".to_string(), Some("on".to_string())));
@@ -196,6 +219,7 @@ impl fmt::Display for Strategies {
             ),
             (self.isolated == Some(UpperBackend::Quota), "isolated-quota"),
             (self.composefs, "composefs"),
+            (self.lazy, "lazy"),
             (self.pooled, "pooled"),
             (self.metacopy, "metacopy"),
             (self.volatile, "volatile"),
@@ -271,6 +295,9 @@ mod tests {
             ("pooled,isolated-quota", "does not combine with `pooled`"),
             ("shared-ro,isolated-quota", "no upper for `isolated`"),
             ("direct,composefs", "no upper for `composefs`"),
+            ("lazy,pooled", "does not combine with `pooled`"),
+            ("lazy,shared-ro", "does not combine with `shared-ro`"),
+            ("lazy,composefs", "does not combine with `composefs`"),
         ] {
             let err = Strategies::parse(list).unwrap_err();
             assert!(err.contains(expect), "{list}: {err}");

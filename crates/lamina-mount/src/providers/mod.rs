@@ -11,6 +11,7 @@
 
 pub mod direct;
 pub mod fresh;
+pub mod lazy;
 mod made;
 mod one_page;
 pub mod pooled;
@@ -68,6 +69,8 @@ pub struct CreateOptions {
     /// same flavour, and then mounted fresh ([`crate::Model::remade`]), never claimed
     /// from a pool.
     pub remake: bool,
+    /// How a `lazy` create starts the server of the store's lazy layers if none runs.
+    pub lazy_server: Option<lazy::LazyServer>,
 }
 
 /// One create's question to a provider: the layers (in the store), the container's ID,
@@ -109,10 +112,17 @@ pub(crate) fn admit(
         {
             Err(RootfsError::PoolWithoutMount)
         }
+        // One overlay mount per container: no idmap of its lowers.
+        Provider::Lazy { .. } if idmapped_layers || options.idmap.is_some() => {
+            Err(RootfsError::Refused(
+                "strategy `lazy` does not idmap its layers: use it in a store that does not idmap layers, without an idmap of the container's own".into(),
+            ))
+        }
         Provider::Fresh { .. }
         | Provider::Pooled { .. }
         | Provider::SharedRo
-        | Provider::Direct => Ok(()),
+        | Provider::Direct
+        | Provider::Lazy { .. } => Ok(()),
     }
 }
 
@@ -123,6 +133,7 @@ pub(crate) fn provide<'a>(cx: &Provide<'a, '_>) -> Result<Made<'a>, RootfsError>
         Provider::Pooled { flavour } => pooled::provide(cx, flavour),
         Provider::SharedRo => shared_ro::provide(cx),
         Provider::Direct => direct::provide(cx),
+        Provider::Lazy { read_only } => lazy::provide(cx, read_only),
     }
 }
 
@@ -145,6 +156,7 @@ pub(crate) fn mount_again(
         }
         Provider::SharedRo => shared_ro::mount_again(store, mounter, container),
         Provider::Direct => direct::mount_again(store, mounter, container),
+        Provider::Lazy { read_only } => lazy::mount_again(store, mounter, container, read_only),
     }
 }
 
@@ -160,6 +172,7 @@ pub(crate) fn attach(
         }
         Provider::SharedRo => shared_ro::attach(store, mounter, container),
         Provider::Direct => direct::attach(container),
+        Provider::Lazy { read_only } => lazy::attach(store, mounter, container, read_only),
     }
 }
 
@@ -174,7 +187,10 @@ pub(crate) fn release(
     };
     match container.model().provider {
         Provider::SharedRo => shared_ro::release_lease(store, mounter, container),
-        Provider::Fresh { .. } | Provider::Pooled { .. } | Provider::Direct => Ok(()),
+        Provider::Fresh { .. }
+        | Provider::Pooled { .. }
+        | Provider::Direct
+        | Provider::Lazy { .. } => Ok(()),
     }
 }
 

@@ -1,0 +1,312 @@
+//! A lazy layer in the store: `lazy/<chain-id-hex>/`, beside `layers/` and never in it
+//! (a layer under `layers/` is whole and verified against its diffID; a lazy one is not
+//! yet). It holds:
+//!
+//! - `lazy.json`: what the layer is and where its bytes are ([`LazyRecord`]);
+//! - `index`: the index's bytes as fetched and checked, so a server builds the layer's
+//!   chunks again without the registry (and checks them against the digest again);
+//! - `diff/`: the layer's tree as overlay reads a lower: directories, symlinks, devices,
+//!   whiteouts and opaque markers as the tar path makes them, and each non-empty regular
+//!   file a sparse metacopy file redirecting (`/<content digest>`) into the layer's
+//!   objects, with the index's owners, modes, times and xattrs;
+//! - `objects.mnt/`: where the server mounts those objects (FUSE, `lamina-lazy`).
+//!
+//! Published whole: written in `tmp/`, synced, renamed into place.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use lamina_image::Digest;
+use lamina_image::lazy::LazyFile;
+use lamina_image::lazy::source::IndexRecord;
+use lamina_image::lazy::tree::{Change, LayerTree, Node, NodeKind};
+use lamina_store::{Store, StoreError};
+use lamina_sys::{At, HostFs};
+use lamina_unpack::metadata::{Meta, apply_at, apply_fd};
+use rustix::fs::{AtFlags, Mode, OFlags};
+use serde::{Deserialize, Serialize};
+
+/// The store's directory of lazy layers.
+pub fn lazy_root(store: &Path) -> PathBuf {
+    store.join("lazy")
+}
+
+/// Lazy layer `chain_id`'s directory.
+pub fn dir(store: &Path, chain_id: &Digest) -> PathBuf {
+    lazy_root(store).join(chain_id.hex())
+}
+
+/// Its tree, as overlay's lower.
+pub fn diff(store: &Path, chain_id: &Digest) -> PathBuf {
+    dir(store, chain_id).join("diff")
+}
+
+/// Where its objects are served.
+pub fn objects_mount(store: &Path, chain_id: &Digest) -> PathBuf {
+    dir(store, chain_id).join("objects.mnt")
+}
+
+/// Whether `chain_id` is a lazy layer of the store.
+pub fn is_lazy(store: &Path, chain_id: &Digest) -> bool {
+    dir(store, chain_id).join(RECORD).is_file()
+}
+
+const RECORD: &str = "lazy.json";
+const INDEX: &str = "index";
+
+/// What a lazy layer is, and where its bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LazyRecord {
+    pub chain_id: Digest,
+    /// What the whole layer's tar must hash to (the image config's).
+    pub diff_id: Digest,
+    pub blob_digest: Digest,
+    pub blob_size: u64,
+    /// `docker://HOST/REPO`.
+    pub repository: String,
+    pub index: IndexRecord,
+}
+
+impl LazyRecord {
+    /// The record of lazy layer `chain_id`.
+    pub fn read(store: &Path, chain_id: &Digest) -> Result<LazyRecord, StoreError> {
+        let path = dir(store, chain_id).join(RECORD);
+        let bytes =
+            lamina_store::read_regular_file(&path).map_err(StoreError::io("reading", &path))?;
+        let record: LazyRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| StoreError::io("reading", &path)(e.into()))?;
+        if record.chain_id != *chain_id {
+            return Err(StoreError::io("reading", &path)(io::Error::other(format!(
+                "it names layer {}",
+                record.chain_id
+            ))));
+        }
+        Ok(record)
+    }
+
+    /// The layer's tree, from the index kept beside the record, checked again.
+    pub fn tree(&self, store: &Path) -> Result<LayerTree, StoreError> {
+        let path = dir(store, &self.chain_id).join(INDEX);
+        let bytes =
+            lamina_store::read_regular_file(&path).map_err(StoreError::io("reading", &path))?;
+        self.index
+            .tree(&bytes)
+            .map_err(|e| StoreError::io("reading", &path)(io::Error::other(e)))
+    }
+}
+
+/// The object name a regular file's skeleton redirects to: its content's digest.
+pub fn object_name(file: &LazyFile) -> String {
+    file.digest.hex().to_string()
+}
+
+/// Publishes lazy layer `record.chain_id` with the index's `bytes` and the `tree` they
+/// make, unless it is there already.
+pub fn publish(
+    store: &Store,
+    record: &LazyRecord,
+    bytes: &[u8],
+    tree: &LayerTree,
+) -> Result<(), StoreError> {
+    let root = store.root();
+    let target = dir(root, &record.chain_id);
+    if target.join(RECORD).is_file() {
+        return Ok(());
+    }
+    let staging = store.layout().tmp().join(format!(
+        "lazy-{}-{}",
+        record.chain_id.hex(),
+        lamina_store::unique_suffix()
+    ));
+    let io_error = |what: &'static str, path: &Path| StoreError::io(what, path);
+    let written = (|| -> Result<(), StoreError> {
+        fs::create_dir(&staging).map_err(io_error("creating", &staging))?;
+        let diff = staging.join("diff");
+        write_tree(&**store.host(), &diff, tree)
+            .map_err(|e| io_error("writing the lazy layer's tree", &diff)(e))?;
+        fs::create_dir(staging.join("objects.mnt")).map_err(io_error("creating", &staging))?;
+        lamina_store::write_durably(&staging.join(INDEX), bytes)?;
+        let json = serde_json::to_vec_pretty(record)
+            .map_err(|e| io_error("writing", &staging)(e.into()))?;
+        lamina_store::write_durably(&staging.join(RECORD), &json)?;
+        let dir_file = File::open(&staging).map_err(io_error("opening", &staging))?;
+        store
+            .host()
+            .syncfs(&dir_file, &staging)
+            .map_err(|e| io_error("syncing", &staging)(e.into()))?;
+        let parent = lazy_root(root);
+        fs::create_dir_all(&parent).map_err(io_error("creating", &parent))?;
+        match fs::rename(&staging, &target) {
+            Ok(()) => {}
+            // Another import published it meanwhile: the same layer, from the same index.
+            Err(_) if target.join(RECORD).is_file() => {
+                let _ = lamina_store::remove_tree(&staging);
+            }
+            Err(e) => return Err(io_error("publishing", &target)(e)),
+        }
+        lamina_store::sync_dir(&parent)
+    })();
+    if written.is_err() {
+        let _ = lamina_store::remove_tree(&staging);
+    }
+    written
+}
+
+fn meta(node: &Node) -> Meta {
+    Meta {
+        mode: node.mode,
+        uid: node.uid,
+        gid: node.gid,
+        mtime: node.mtime,
+        xattrs: node.xattrs.clone(),
+    }
+}
+
+/// Opens directory `components` beneath `root`, making each missing one (`0755`, root's:
+/// an entry of its own gives it its metadata later), following no symlink.
+fn open_dir(root: BorrowedFd<'_>, components: &[Vec<u8>]) -> io::Result<OwnedFd> {
+    let mut fd = rustix::fs::openat(
+        root,
+        ".",
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+        Mode::empty(),
+    )?;
+    for name in components {
+        match rustix::fs::mkdirat(&fd, name.as_slice(), Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        fd = rustix::fs::openat(
+            &fd,
+            name.as_slice(),
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+            Mode::empty(),
+        )?;
+    }
+    Ok(fd)
+}
+
+/// Writes `tree` at `diff` (which must not exist). Directories get their metadata last,
+/// deepest first, so entries made in them do not change their times afterwards.
+pub fn write_tree(host: &dyn HostFs, diff: &Path, tree: &LayerTree) -> io::Result<()> {
+    fs::create_dir(diff)?;
+    let root = File::open(diff)?;
+    let root = root.as_fd();
+    let failed = |path: &[Vec<u8>], e: rustix::io::Errno| {
+        io::Error::other(format!(
+            "`{}`: {e}",
+            lamina_unpack::shown(&lamina_unpack::EntryPath::join(path))
+        ))
+    };
+    let mut dirs: BTreeMap<Vec<Vec<u8>>, Meta> = BTreeMap::new();
+    for change in &tree.changes {
+        let (path, node) = match change {
+            Change::Opaque(path) => {
+                let dir = open_dir(root, path.components())?;
+                host.set_xattr(
+                    At::Fd(dir.as_fd()),
+                    OsStr::new("trusted.overlay.opaque"),
+                    b"y",
+                )
+                .map_err(|e| failed(path.components(), e))?;
+                continue;
+            }
+            Change::Whiteout(path) => {
+                let parent = open_dir(root, path.parent())?;
+                let name = path.name().unwrap_or_default();
+                host.mknod(
+                    parent.as_fd(),
+                    OsStr::from_bytes(name),
+                    lamina_sys::Node::WHITEOUT,
+                    0o600,
+                )
+                .map_err(|e| failed(path.components(), e))?;
+                continue;
+            }
+            Change::Node(node) => (&node.path, node),
+        };
+        let fail = |e| failed(path.components(), e);
+        if matches!(node.kind, NodeKind::Dir) {
+            open_dir(root, path.components())?;
+            dirs.insert(path.components().to_vec(), meta(node));
+            continue;
+        }
+        let parent = open_dir(root, path.parent())?;
+        let name = path.name().unwrap_or_default();
+        match &node.kind {
+            NodeKind::Dir => {}
+            NodeKind::File(n) => {
+                let file = &tree.files[*n];
+                let fd = rustix::fs::openat(
+                    &parent,
+                    name,
+                    OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )
+                .map_err(fail)?;
+                rustix::fs::ftruncate(&fd, file.size).map_err(fail)?;
+                if file.size > 0 {
+                    host.set_xattr(
+                        At::Fd(fd.as_fd()),
+                        OsStr::new("trusted.overlay.metacopy"),
+                        b"",
+                    )
+                    .map_err(fail)?;
+                    let redirect = format!("/{}", object_name(file));
+                    host.set_xattr(
+                        At::Fd(fd.as_fd()),
+                        OsStr::new("trusted.overlay.redirect"),
+                        redirect.as_bytes(),
+                    )
+                    .map_err(fail)?;
+                }
+                apply_fd(host, fd.as_fd(), &meta(node)).map_err(fail)?;
+            }
+            NodeKind::Symlink(target) => {
+                rustix::fs::symlinkat(target.as_slice(), &parent, name).map_err(fail)?;
+                apply_at(host, parent.as_fd(), name, &meta(node), true).map_err(fail)?;
+            }
+            NodeKind::Hardlink(target) => {
+                let from = open_dir(root, target.parent())?;
+                rustix::fs::linkat(
+                    &from,
+                    target.name().unwrap_or_default(),
+                    &parent,
+                    name,
+                    AtFlags::empty(),
+                )
+                .map_err(fail)?;
+            }
+            NodeKind::Char(major, minor) | NodeKind::Block(major, minor) => {
+                let (major, minor) = (*major, *minor);
+                let kind = match node.kind {
+                    NodeKind::Char(..) => lamina_sys::Node::Char { major, minor },
+                    _ => lamina_sys::Node::Block { major, minor },
+                };
+                host.mknod(parent.as_fd(), OsStr::from_bytes(name), kind, 0o600)
+                    .map_err(fail)?;
+                apply_at(host, parent.as_fd(), name, &meta(node), false).map_err(fail)?;
+            }
+            NodeKind::Fifo => {
+                host.mknod(
+                    parent.as_fd(),
+                    OsStr::from_bytes(name),
+                    lamina_sys::Node::Fifo,
+                    0o600,
+                )
+                .map_err(fail)?;
+                apply_at(host, parent.as_fd(), name, &meta(node), false).map_err(fail)?;
+            }
+        }
+    }
+    for (components, meta) in dirs.iter().rev() {
+        let dir = open_dir(root, components)?;
+        apply_fd(host, dir.as_fd(), meta).map_err(|e| failed(components, e))?;
+    }
+    Ok(())
+}

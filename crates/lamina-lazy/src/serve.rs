@@ -1,0 +1,161 @@
+//! Serving a store's lazy layers: one FUSE mount of each layer's objects, on its
+//! `objects.mnt`, for as long as this process lives. One server per store, shown by the
+//! lock it holds (`lazy/server.lock`): a create checks [`running`] and starts `lamina
+//! daemon` when no server is. A mount left by a server that died fails every read
+//! (`ENOTCONN`, which overlay passes on): a new server unmounts it and mounts its own, and
+//! containers made before keep failing reads of what was missing (never zeros, never a
+//! hang) until they are mounted again.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lamina_image::Digest;
+use lamina_registry::{Client, PullOptions, RegistryRef};
+use lamina_sys::Mounter;
+
+use crate::layer::{self, LazyRecord};
+use crate::{LazyObject, ObjectsFs, RegistryBlob};
+
+fn lock_path(store: &Path) -> PathBuf {
+    layer::lazy_root(store).join("server.lock")
+}
+
+/// Whether a server holds `store`'s lazy layers.
+pub fn running(store: &Path) -> bool {
+    let Ok(file) = File::open(lock_path(store)) else {
+        return false;
+    };
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
+        Ok(()) => false,
+        Err(_) => true,
+    }
+}
+
+/// The server of one store's lazy layers.
+pub struct Server {
+    store: PathBuf,
+    pull: PullOptions,
+    served: HashMap<Digest, fuser::BackgroundSession>,
+    /// Layers whose serving failed, not tried again by this server.
+    failed: HashSet<Digest>,
+    _lock: File,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("store", &self.store)
+            .field("served", &self.served.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// The store's server, if no other process is it.
+    pub fn start(store: &Path, pull: PullOptions) -> io::Result<Option<Server>> {
+        let root = layer::lazy_root(store);
+        fs::create_dir_all(&root)?;
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(lock_path(store))?;
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(Server {
+            store: store.to_path_buf(),
+            pull,
+            served: HashMap::new(),
+            failed: HashSet::new(),
+            _lock: lock,
+        }))
+    }
+
+    /// Serves every lazy layer not served yet; returns how many it started.
+    pub fn serve_new(&mut self, mounter: &dyn Mounter) -> usize {
+        let Ok(entries) = fs::read_dir(layer::lazy_root(&self.store)) else {
+            return 0;
+        };
+        let mut started = 0;
+        for entry in entries.flatten() {
+            let Some(hex) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            let Ok(chain_id) = Digest::parse(&format!("sha256:{hex}")) else {
+                continue;
+            };
+            if self.served.contains_key(&chain_id)
+                || self.failed.contains(&chain_id)
+                || !layer::is_lazy(&self.store, &chain_id)
+            {
+                continue;
+            }
+            match self.serve(mounter, &chain_id) {
+                Ok(session) => {
+                    tracing::info!(layer = %chain_id, "serving lazy layer");
+                    self.served.insert(chain_id, session);
+                    started += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(layer = %chain_id, error = %e, "cannot serve lazy layer");
+                    self.failed.insert(chain_id);
+                }
+            }
+        }
+        started
+    }
+
+    fn serve(
+        &self,
+        mounter: &dyn Mounter,
+        chain_id: &Digest,
+    ) -> io::Result<fuser::BackgroundSession> {
+        let record = LazyRecord::read(&self.store, chain_id).map_err(io::Error::other)?;
+        let tree = record.tree(&self.store).map_err(io::Error::other)?;
+        let reference = RegistryRef::parse(&record.repository)
+            .ok_or_else(|| {
+                io::Error::other(format!("`{}` is no docker:// reference", record.repository))
+            })?
+            .map_err(io::Error::other)?;
+        let client = Client::new(&reference, &self.pull).map_err(io::Error::other)?;
+        let dir = layer::dir(&self.store, chain_id);
+        let copies = dir.join("copies");
+        if copies.exists() {
+            lamina_store::remove_tree(&copies).map_err(io::Error::other)?;
+        }
+        fs::create_dir(&copies)?;
+        let mut names = HashSet::new();
+        let objects = tree
+            .files
+            .iter()
+            .filter(|file| file.size > 0)
+            .filter(|file| names.insert(layer::object_name(file)))
+            .map(|file| LazyObject {
+                name: layer::object_name(file).into(),
+                file: file.clone(),
+                copy: copies.join(layer::object_name(file)),
+            })
+            .collect();
+        let source = RegistryBlob {
+            client,
+            digest: record.blob_digest.to_string(),
+            size: record.blob_size,
+        };
+        let fs = ObjectsFs::new(objects, Arc::new(source))?;
+        let target = layer::objects_mount(&self.store, chain_id);
+        // A dead server's mount: every read of it fails, and it hides the directory.
+        let stale = mounter
+            .mounts_under(&dir)
+            .map_err(io::Error::other)?
+            .into_iter()
+            .any(|m| m == target);
+        if stale {
+            mounter.unmount(&target).map_err(io::Error::other)?;
+        }
+        fs.mount(&target)
+    }
+}

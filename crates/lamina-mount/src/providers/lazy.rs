@@ -1,0 +1,246 @@
+//! lazy: an overlay mounted for this container, its indexed layers lazy (issue 39). A
+//! registry layer whose descriptor names an index (eStargz's TOC, zstd:chunked's
+//! manifest) is fetched as that index alone and published as a lazy layer
+//! (`lamina_lazy::layer`: its tree, each regular file a metacopy inode redirecting into
+//! the layer's objects); every other layer is imported whole, as for any strategy, and
+//! so is a layer whose index fails a check (logged, never a failed create). The
+//! overlay's lowers are the layers top-most first, each lazy one by its tree, and its
+//! data-only lowers are the lazy layers' objects, which a server (`lamina daemon`,
+//! `lamina_lazy::serve`) mounts over FUSE and fetches chunk by chunk on first read.
+//!
+//! The create starts that server through [`LazyServer`] if none runs, and waits until it
+//! serves every lazy layer the container needs; mounting again (after a host restart)
+//! needs it running. An image with no indexed layer makes an ordinary metacopy overlay.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lamina_image::lazy::source::fetch_index;
+use lamina_image::{Digest, Image};
+use lamina_lazy::layer::{self, LazyRecord};
+use lamina_store::{ContainerDirs, Store, StoreError};
+use lamina_sys::{Mounter, OverlaySpec};
+
+use crate::RootfsError;
+use crate::lowers::plan;
+use crate::model::Flavour;
+use crate::model::record::{Container, RootfsRecord};
+use crate::providers::{Attach, Made, Provide, ToMount, Undo, one_page, record_mounted};
+
+/// How long a create waits for the server to serve its lazy layers.
+const SERVED_WITHIN: Duration = Duration::from_secs(15);
+
+/// Starts a server of the store's lazy layers (the front-end's way: the CLI starts
+/// `lamina daemon`); an error says why it could not.
+#[derive(Clone)]
+pub struct LazyServer(pub Arc<StartServer>);
+
+/// Starts a server for the store, or says why it could not.
+pub type StartServer = dyn Fn(&Store) -> Result<(), String> + Send + Sync;
+
+impl std::fmt::Debug for LazyServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LazyServer")
+    }
+}
+
+/// Makes every layer of `image` present: lazy where its index can be fetched and
+/// checked, whole otherwise. Returns the chain IDs, bottom-most first.
+pub(crate) fn import(store: &Store, image: &Image) -> Result<Vec<Digest>, StoreError> {
+    let chain_ids = image.chain_ids();
+    let mut lazy = vec![false; chain_ids.len()];
+    for (n, (blob, chain_id)) in image.layers.iter().zip(&chain_ids).enumerate() {
+        if store.has_layer(chain_id) {
+            continue;
+        }
+        if layer::is_lazy(store.root(), chain_id) {
+            lazy[n] = true;
+            continue;
+        }
+        let (Some(remote), Some(blob_digest), Some(blob_size)) =
+            (&blob.remote, &blob.digest, blob.size)
+        else {
+            continue;
+        };
+        let (record, bytes, tree) = match fetch_index(remote, blob_size) {
+            Ok(Some(index)) => index,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(layer = %blob.describe(), error = %e, "its index cannot be used: pulling the layer whole");
+                continue;
+            }
+        };
+        let record = LazyRecord {
+            chain_id: chain_id.clone(),
+            diff_id: blob.diff_id.clone(),
+            blob_digest: blob_digest.clone(),
+            blob_size,
+            repository: remote.repository.clone(),
+            index: record,
+        };
+        layer::publish(store, &record, &bytes, &tree)?;
+        tracing::info!(layer = %blob.describe(), chain_id = %chain_id, files = tree.files.len(), index_bytes = bytes.len(), "published lazy layer");
+        lazy[n] = true;
+    }
+    store.import_except(image, |n| lazy[n])
+}
+
+/// The layers of `chain_ids` that are lazy here (not in `layers/`), bottom-most first.
+fn lazy_layers(store: &Store, chain_ids: &[Digest]) -> Vec<Digest> {
+    chain_ids
+        .iter()
+        .filter(|c| !store.has_layer(c) && layer::is_lazy(store.root(), c))
+        .cloned()
+        .collect()
+}
+
+/// The overlay: [`Flavour::LAZY`]'s options over the layers, each lazy one's tree in
+/// its place, its objects a data-only lower.
+fn spec(store: &Store, chain_ids: &[Digest], dirs: &ContainerDirs, read_only: bool) -> OverlaySpec {
+    let mut spec = plan::read_write(store, chain_ids, dirs, Flavour::LAZY);
+    let lazy = lazy_layers(store, chain_ids);
+    spec.lowers = chain_ids
+        .iter()
+        .rev()
+        .map(|c| match lazy.contains(c) {
+            true => layer::diff(store.root(), c),
+            false => store.layout().layer_diff(c),
+        })
+        .collect();
+    spec.data_lowers = lazy
+        .iter()
+        .rev()
+        .map(|c| layer::objects_mount(store.root(), c))
+        .collect();
+    spec.read_only = read_only;
+    spec
+}
+
+/// Whether every one of `lazy`'s objects is mounted by a running server: mounted, and
+/// answering: a dead server's mount, until the new one replaces it, fails `statfs` with
+/// `ENOTCONN` (a `stat` may be answered from the kernel's attribute cache).
+fn served(store: &Store, mounter: &dyn Mounter, lazy: &[Digest]) -> Result<bool, RootfsError> {
+    if !lamina_lazy::serve::running(store.root()) {
+        return Ok(false);
+    }
+    let mounts: Vec<PathBuf> = mounter.mounts_under(&layer::lazy_root(store.root()))?;
+    Ok(lazy.iter().all(|c| {
+        let target = layer::objects_mount(store.root(), c);
+        mounts.contains(&target) && rustix::fs::statfs(&target).is_ok()
+    }))
+}
+
+/// Waits until the lazy layers of `chain_ids` are served, starting a server with
+/// `start` if none runs.
+fn ensure_served(
+    store: &Store,
+    mounter: &dyn Mounter,
+    chain_ids: &[Digest],
+    start: Option<&LazyServer>,
+) -> Result<(), RootfsError> {
+    let lazy = lazy_layers(store, chain_ids);
+    if lazy.is_empty() || served(store, mounter, &lazy)? {
+        return Ok(());
+    }
+    if !lamina_lazy::serve::running(store.root()) {
+        let Some(start) = start else {
+            return Err(RootfsError::Refused(format!(
+                "lazy layer {} is not served: start `lamina daemon` for this store",
+                lazy[0]
+            )));
+        };
+        (start.0)(store).map_err(|why| {
+            RootfsError::Refused(format!("starting the server of lazy layers: {why}"))
+        })?;
+    }
+    let started = Instant::now();
+    while started.elapsed() < SERVED_WITHIN {
+        if served(store, mounter, &lazy)? {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(RootfsError::Refused(format!(
+        "lazy layers are not served within {} s: see the log of `lamina daemon` for this store",
+        SERVED_WITHIN.as_secs()
+    )))
+}
+
+/// Mounts a new lazy overlay on the container's rootfs.
+pub(crate) fn provide<'a>(cx: &Provide<'a, '_>, read_only: bool) -> Result<Made<'a>, RootfsError> {
+    let (store, mounter, options) = (cx.store, cx.mounter, cx.options);
+    ensure_served(store, mounter, cx.chain_ids, options.lazy_server.as_ref())?;
+    let claim = store.create_container_dirs(cx.id)?;
+    let undo = Undo::new(store, mounter, &claim.dirs, None);
+    let spec = spec(store, cx.chain_ids, &claim.dirs, read_only);
+    if !options.without_mount {
+        mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
+    }
+    let rootfs = RootfsRecord::new(
+        cx.choice.model,
+        !options.without_mount,
+        spec.option_strings(),
+    );
+    Ok(Made {
+        claim,
+        undo,
+        to_mount: ToMount::Overlay(spec),
+        rootfs,
+        lease_in_flight: None,
+        claimed_from_pool: false,
+    })
+}
+
+/// Mounts a lazy container's rootfs again; its lazy layers must be served.
+pub(crate) fn mount_again(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &mut Container,
+    read_only: bool,
+) -> Result<(), RootfsError> {
+    ensure_served(store, mounter, &container.record.layers, None)?;
+    let dirs = container.dirs(store);
+    let spec = spec(store, &container.record.layers, &dirs, read_only);
+    mounter.mount_overlay(&spec, &dirs.rootfs)?;
+    container.rootfs.mount_options = spec.option_strings();
+    record_mounted(store, container)
+}
+
+/// The overlay a caller mounts itself, rebuilt from the layers (see `fresh::attach`).
+pub(crate) fn attach(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &Container,
+    read_only: bool,
+) -> Result<Attach, RootfsError> {
+    ensure_served(store, mounter, &container.record.layers, None)?;
+    let spec = spec(
+        store,
+        &container.record.layers,
+        &container.dirs(store),
+        read_only,
+    );
+    Ok(Attach::Overlay {
+        options: one_page::options_for_one_page(store, spec)?,
+    })
+}
+
+/// Whether `chain_id` is a lazy layer of `store` (for `check`: a container may name it).
+pub fn is_lazy(store: &Path, chain_id: &Digest) -> bool {
+    layer::is_lazy(store, chain_id)
+}
+
+/// Whether `mount` is where a server serves a lazy layer's objects (for `check`: the
+/// server's, or a dead server's that the next one replaces).
+pub fn owns_mount(store: &Path, mount: &Path) -> bool {
+    let hex = mount
+        .strip_prefix(layer::lazy_root(store))
+        .ok()
+        .and_then(|rel| rel.components().next())
+        .map(|c| c.as_os_str().to_string_lossy().into_owned());
+    hex.and_then(|hex| Digest::parse(&format!("sha256:{hex}")).ok())
+        .is_some_and(|chain_id| {
+            is_lazy(store, &chain_id) && layer::objects_mount(store, &chain_id) == mount
+        })
+}

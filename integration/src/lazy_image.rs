@@ -1,0 +1,89 @@
+//! Images whose layers carry an index (eStargz, zstd:chunked), made in code and pushed to
+//! the tests' registry: busybox's sample layer under a layer of data files.
+
+use std::path::Path;
+
+use lamina_sample::LayerBuilder;
+use lamina_sample::estargz::estargz;
+use lamina_sample::zstd_chunked::zstd_chunked;
+
+use crate::registry::Registry;
+
+/// 300 KiB of data no two chunks of which are alike.
+pub fn big() -> Vec<u8> {
+    (0..300 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+/// `n` KiB no two chunks of which are alike, different from [`big`]'s and from each
+/// other `seed`'s.
+pub fn data(seed: u32, kib: u32) -> Vec<u8> {
+    (0..kib * 1024)
+        .map(|i| ((i ^ seed.wrapping_mul(0x9e37_79b9)).wrapping_mul(2_246_822_519) >> 11) as u8)
+        .collect()
+}
+
+/// Which index the layers carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Estargz,
+    ZstdChunked,
+}
+
+/// Pushes, as `repo_tag`, busybox's sample layer and a layer holding `/data/big` (300
+/// KiB), `/data/small`, four more 128 KiB files `/data/f0`…`/data/f3` (so reads spread
+/// across the image) and a whiteout of `/etc/hosts`, both layers in `format` with 64 KiB
+/// chunks.
+pub fn push_image(registry: &Registry, dir: &Path, format: Format, repo_tag: &str) {
+    push_image_with(registry, dir, format, repo_tag, |_| {});
+}
+
+/// [`push_image`], each stored layer changed by `change` first (an annotation that lies,
+/// say).
+pub fn push_image_with(
+    registry: &Registry,
+    dir: &Path,
+    format: Format,
+    repo_tag: &str,
+    change: impl Fn(&mut lamina_sample::StoredLayer),
+) {
+    let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).expect("reading busybox");
+    let base = lamina_sample::base_layer(&busybox).expect("busybox layer");
+    let mut top = LayerBuilder::new()
+        .dir("data", 0o755)
+        .and_then(|b| b.file("data/big", 0o644, &big()))
+        .and_then(|b| b.file("data/small", 0o600, b"small\n"))
+        .and_then(|b| b.whiteout("etc/hosts"))
+        .expect("data layer");
+    for n in 0..4 {
+        top = top
+            .file(&format!("data/f{n}"), 0o644, &data(n, 128))
+            .expect("data layer");
+    }
+    let top = top.finish().expect("data layer");
+    let layers = [&base, &top]
+        .iter()
+        .map(|tar| match format {
+            Format::Estargz => estargz(tar, 64 * 1024).expect("eStargz").stored(tar),
+            Format::ZstdChunked => zstd_chunked(tar, 64 * 1024)
+                .expect("zstd:chunked")
+                .stored(tar),
+        })
+        .map(|mut layer| {
+            change(&mut layer);
+            layer
+        })
+        .collect();
+    let image = lamina_sample::build_image_from(
+        layers,
+        &["PATH=/bin"],
+        &["/bin/sh"],
+        &lamina_image::Platform::host(),
+    )
+    .expect("building the image");
+    let layout = dir.join(format!("layout-{}", repo_tag.replace(['/', ':'], "-")));
+    lamina_sample::write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))])
+        .expect("writing the layout");
+    registry.push(&layout, "v1", repo_tag);
+}

@@ -1,0 +1,309 @@
+//! `lamina create --strategy lazy` from a real registry (Debian's docker-registry): a
+//! container boots in runc from an image of which only the indexes were fetched, reads
+//! files spread across both layers, and each fault of the data path fails a read with
+//! EIO — never zeros, never a hang: the registry gone, a chunk with wrong bytes, the
+//! serving daemon killed. A restarted daemon serves new containers; an index that does not
+//! match its annotation makes an ordinary whole pull.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lamina_image::Digest;
+use lamina_image::lazy::estargz::{FOOTER_SIZE, TOC_DIGEST_ANNOTATION, read_toc, toc_offset};
+use lamina_integration::lazy_image::{Format, big, data, push_image, push_image_with};
+use lamina_integration::registry::Registry;
+use lamina_integration::{Bundle, Lamina, ScratchFs, require_root};
+
+/// The daemons serving `store` (found by their command line), killed when dropped so a
+/// failing test leaves no server behind; the scratch filesystem then unmounts its mounts.
+struct Daemons(PathBuf);
+
+impl Daemons {
+    fn pids(&self) -> Vec<i32> {
+        let store = self.0.to_string_lossy().into_owned();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                    return false;
+                };
+                let args: Vec<String> = cmdline
+                    .split(|b| *b == 0)
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect();
+                args.iter().any(|a| a == "daemon") && args.contains(&store)
+            })
+            .collect()
+    }
+
+    fn kill(&self) {
+        for pid in self.pids() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+        lamina_integration::wait_until("the daemon to exit", || self.pids().is_empty());
+    }
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `lamina FLAGS... create --strategy lazy REFERENCE ID`, pulling from `host` over HTTP.
+fn create_lazy(
+    lamina: &Lamina,
+    host: &str,
+    flags: &[&str],
+    reference: &str,
+    id: &str,
+) -> lamina_integration::Output {
+    let mut args = vec!["--insecure-registry", host];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["create", "--strategy", "lazy", reference, id]);
+    lamina.run(&args)
+}
+
+/// `sha256sum` of `bytes` as busybox prints it for `path`.
+fn sum_line(bytes: &[u8], path: &str) -> String {
+    format!("{}  {path}\n", Digest::of(bytes).hex())
+}
+
+/// Reads `path` in a thread, failing the test if it takes longer than `within`.
+fn read_within(path: &Path, within: Duration) -> std::io::Result<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let owned = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::read(owned));
+    });
+    rx.recv_timeout(within)
+        .unwrap_or_else(|_| panic!("reading {} hung past {within:?}", path.display()))
+}
+
+fn lazy_create_boots_and_reads(format: Format, repo_tag: &str) {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), format, repo_tag);
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let _daemons = Daemons(store.clone());
+    let reference = registry.reference(repo_tag);
+    let create = |id: &str| {
+        create_lazy(
+            &lamina,
+            &registry.host,
+            &["--log-level", "info"],
+            &reference,
+            id,
+        )
+    };
+    let out = create("first");
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("started lamina daemon to serve lazy layers"),
+        "the log says who serves: {out:?}"
+    );
+    assert_eq!(lamina.entries("layers"), 0, "no layer was pulled whole");
+    assert!(store.join("lazy").read_dir().unwrap().count() >= 2);
+
+    let rootfs = lamina.rootfs("first");
+    let booted = Bundle::new(&rootfs, false).run(
+        "lazy-first",
+        "cat /data/small && sha256sum /data/big /data/f2 && test ! -e /etc/hosts && echo whiteout",
+    );
+    assert_eq!(
+        booted.stdout,
+        format!(
+            "small\n{}{}whiteout\n",
+            sum_line(&big(), "/data/big"),
+            sum_line(&data(2, 128), "/data/f2")
+        ),
+        "{booted:?}"
+    );
+
+    // A second create finds the server running and says nothing of starting one.
+    let again = create("second");
+    assert_eq!(again.code, 0, "{again:?}");
+    assert!(!again.stderr.contains("started lamina daemon"), "{again:?}");
+    let second = lamina.rootfs("second");
+    assert_eq!(std::fs::read(second.join("data/f0")).unwrap(), data(0, 128));
+
+    lamina.delete_and_assert_gone("first", "lazy");
+    lamina.delete_and_assert_gone("second", "lazy");
+    let check = lamina.run(&["check"]);
+    assert_eq!(check.code, 0, "{check:?}");
+}
+
+#[test]
+fn an_estargz_image_boots_lazily_in_runc() {
+    lazy_create_boots_and_reads(Format::Estargz, "lazy/estargz:v1");
+}
+
+#[test]
+fn a_zstd_chunked_image_boots_lazily_in_runc() {
+    lazy_create_boots_and_reads(Format::ZstdChunked, "lazy/zstd:v1");
+}
+
+#[test]
+fn reads_fail_with_eio_when_the_registry_or_the_server_is_gone_and_a_new_server_serves() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let mut registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::Estargz, "lazy/faults:v1");
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let daemons = Daemons(store.clone());
+    let reference = registry.reference("lazy/faults:v1");
+    let host = registry.host.clone();
+    let create = |id: &str| {
+        create_lazy(
+            &lamina,
+            &host,
+            &["--registry-timeout-seconds", "2"],
+            &reference,
+            id,
+        )
+    };
+    assert_eq!(create("faults").code, 0);
+    let rootfs = lamina.rootfs("faults");
+    assert_eq!(std::fs::read(rootfs.join("data/f0")).unwrap(), data(0, 128));
+
+    // The registry gone: what was read reads on, what was not fails with EIO.
+    registry.stop();
+    assert_eq!(std::fs::read(rootfs.join("data/f0")).unwrap(), data(0, 128));
+    let gone = read_within(&rootfs.join("data/f1"), Duration::from_secs(60));
+    assert_eq!(
+        gone.as_ref().map_err(|e| e.raw_os_error()).err(),
+        Some(Some(5)),
+        "EIO, not zeros: {:?}",
+        gone.as_ref()
+            .map(|b| (b.len(), b.iter().all(|b| *b == 0), *b == data(1, 128)))
+    );
+
+    // The server killed: reads of what is missing fail (overlay passes FUSE's ENOTCONN
+    // on), and do not hang.
+    registry.restart();
+    daemons.kill();
+    let dead = read_within(&rootfs.join("data/f3"), Duration::from_secs(30));
+    assert!(
+        dead.is_err(),
+        "a read with no server fails: {:?}",
+        dead.as_ref().map(Vec::len)
+    );
+
+    // A new create starts a new server, which replaces the dead mounts and serves.
+    let out = create("after");
+    assert_eq!(out.code, 0, "{out:?}");
+    let after = lamina.rootfs("after");
+    assert_eq!(std::fs::read(after.join("data/f3")).unwrap(), data(3, 128));
+    let booted = Bundle::new(&after, false).run("lazy-after", "sha256sum /data/f1");
+    assert_eq!(
+        booted.stdout,
+        sum_line(&data(1, 128), "/data/f1"),
+        "{booted:?}"
+    );
+
+    lamina.delete_and_assert_gone("faults", "lazy faults");
+    lamina.delete_and_assert_gone("after", "lazy faults");
+}
+
+#[test]
+fn a_chunk_with_wrong_bytes_fails_its_read_with_eio() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::Estargz, "lazy/bad:v1");
+    // One byte changed in the middle of the member holding /data/f1's first chunk, in
+    // the registry's own copy of the blob.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&registry.manifest("lazy/bad:v1")).unwrap();
+    let layer = &manifest["layers"][1];
+    let blob_path = registry.blob_file(layer["digest"].as_str().unwrap());
+    let mut blob = std::fs::read(&blob_path).unwrap();
+    let size = blob.len() as u64;
+    let offset = toc_offset(&blob[blob.len() - FOOTER_SIZE as usize..], size).unwrap();
+    let toc_digest = Digest::parse(
+        layer["annotations"][TOC_DIGEST_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let toc = read_toc(
+        &blob[offset as usize..(size - FOOTER_SIZE) as usize],
+        &toc_digest,
+    )
+    .unwrap();
+    let files = toc.files(offset).unwrap();
+    let f1 = files.iter().find(|f| f.name == "data/f1").unwrap();
+    let (start, end) = f1.chunks[0].member;
+    let middle = ((start + end) / 2) as usize;
+    blob[middle] ^= 0xff;
+    std::fs::write(&blob_path, &blob).unwrap();
+
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let _daemons = Daemons(store.clone());
+    let reference = registry.reference("lazy/bad:v1");
+    let out = create_lazy(&lamina, &registry.host, &[], &reference, "bad");
+    assert_eq!(out.code, 0, "{out:?}");
+    let rootfs = lamina.rootfs("bad");
+    let read = read_within(&rootfs.join("data/f1"), Duration::from_secs(60));
+    assert_eq!(
+        read.as_ref().map_err(|e| e.raw_os_error()).err(),
+        Some(Some(5)),
+        "EIO, never the wrong bytes: {:?}",
+        read.as_ref()
+            .map(|b| (b.len(), b.iter().all(|b| *b == 0), *b == data(1, 128)))
+    );
+    assert_eq!(std::fs::read(rootfs.join("data/f2")).unwrap(), data(2, 128));
+    lamina.delete_and_assert_gone("bad", "lazy bad chunk");
+}
+
+#[test]
+fn an_index_that_does_not_match_its_annotation_is_pulled_whole() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image_with(
+        &registry,
+        fs.path(),
+        Format::Estargz,
+        "lazy/lying:v1",
+        |layer| {
+            layer.annotations.insert(
+                TOC_DIGEST_ANNOTATION.into(),
+                Digest::of(b"another index").to_string(),
+            );
+        },
+    );
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let _daemons = Daemons(store.clone());
+    let reference = registry.reference("lazy/lying:v1");
+    let out = create_lazy(
+        &lamina,
+        &registry.host,
+        &["--log-level", "warn"],
+        &reference,
+        "whole",
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("its index cannot be used: pulling the layer whole"),
+        "{out:?}"
+    );
+    assert_eq!(lamina.entries("layers"), 2, "both layers pulled whole");
+    let rootfs = lamina.rootfs("whole");
+    let booted = Bundle::new(&rootfs, false).run("lazy-whole", "sha256sum /data/big");
+    assert_eq!(booted.stdout, sum_line(&big(), "/data/big"), "{booted:?}");
+    lamina.delete_and_assert_gone("whole", "lazy lying index");
+}
