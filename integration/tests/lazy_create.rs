@@ -111,8 +111,11 @@ fn lazy_create_boots_and_reads(format: Format, repo_tag: &str) {
             .contains("started lamina daemon to serve lazy layers"),
         "the log says who serves: {out:?}"
     );
-    assert_eq!(lamina.entries("layers"), 0, "no layer was pulled whole");
-    assert!(store.join("lazy").read_dir().unwrap().count() >= 2);
+    assert_eq!(
+        out.stderr.matches("published lazy layer").count(),
+        2,
+        "both layers lazy, neither pulled whole: {out:?}"
+    );
 
     let rootfs = lamina.rootfs("first");
     let booted = Bundle::new(&rootfs, false).run(
@@ -136,9 +139,31 @@ fn lazy_create_boots_and_reads(format: Format, repo_tag: &str) {
     let second = lamina.rootfs("second");
     assert_eq!(std::fs::read(second.join("data/f0")).unwrap(), data(0, 128));
 
-    lamina.delete_and_assert_gone("first", "lazy");
-    lamina.delete_and_assert_gone("second", "lazy");
-    let check = lamina.run(&["check"]);
+    // Background completion: both layers become ordinary layers, checked against their
+    // diffIDs and their indexes, and a create after it mounts no lazy layer.
+    lamina_integration::wait_until("both layers completed", || lamina.entries("layers") == 2);
+    let after = create("after");
+    assert_eq!(after.code, 0, "{after:?}");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(store.join("images/after/container.json")).unwrap())
+            .unwrap();
+    let options = record["rootfs"]["mount_options"].to_string();
+    assert!(
+        options.contains("lowerdir=") && !options.contains(&*store.join("lazy").to_string_lossy()),
+        "no lazy layer in its mount: {options}"
+    );
+    let booted =
+        Bundle::new(&lamina.rootfs("after"), false).run("lazy-after", "sha256sum /data/f3");
+    assert_eq!(
+        booted.stdout,
+        sum_line(&data(3, 128), "/data/f3"),
+        "{booted:?}"
+    );
+
+    for id in ["first", "second", "after"] {
+        lamina.delete_and_assert_gone(id, "lazy");
+    }
+    let check = lamina.run(&["check", "--verify"]);
     assert_eq!(check.code, 0, "{check:?}");
 }
 
@@ -264,7 +289,54 @@ fn a_chunk_with_wrong_bytes_fails_its_read_with_eio() {
             .map(|b| (b.len(), b.iter().all(|b| *b == 0), *b == data(1, 128)))
     );
     assert_eq!(std::fs::read(rootfs.join("data/f2")).unwrap(), data(2, 128));
+    // Completion fetches the whole blob, whose digest is not the manifest's: the layer
+    // is marked bad, `check` names it, and a new create from it is refused.
+    lamina_integration::wait_until("the layer marked bad", || {
+        lamina.run(&["check"]).stdout.contains("bad_lazy_layer")
+    });
+    let refused = create_lazy(&lamina, &registry.host, &[], &reference, "refused");
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stdout.contains("is bad: "), "{refused:?}");
+    assert!(
+        refused.stdout.contains("blob digest mismatch"),
+        "{refused:?}"
+    );
     lamina.delete_and_assert_gone("bad", "lazy bad chunk");
+}
+
+#[test]
+fn a_layer_whose_tar_is_not_its_diff_id_is_marked_bad_and_refused() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image_with(
+        &registry,
+        fs.path(),
+        Format::ZstdChunked,
+        "lazy/diffid:v1",
+        |layer| layer.diff_id = Digest::of(b"another tar"),
+    );
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let _daemons = Daemons(store.clone());
+    let reference = registry.reference("lazy/diffid:v1");
+    let out = create_lazy(&lamina, &registry.host, &[], &reference, "early");
+    assert_eq!(out.code, 0, "served lazily before completion: {out:?}");
+    lamina_integration::wait_until("the layers marked bad", || {
+        lamina
+            .run(&["check"])
+            .stdout
+            .matches("bad_lazy_layer")
+            .count()
+            == 2
+    });
+    let check = lamina.run(&["check"]);
+    assert!(check.stdout.contains("diffID mismatch"), "{check:?}");
+    let refused = create_lazy(&lamina, &registry.host, &[], &reference, "refused");
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stdout.contains("is bad: "), "{refused:?}");
+    assert_eq!(lamina.entries("layers"), 0, "nothing imported");
+    lamina.delete_and_assert_gone("early", "lazy diffID");
 }
 
 #[test]

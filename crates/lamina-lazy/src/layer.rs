@@ -63,6 +63,8 @@ const INDEX: &str = "index";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LazyRecord {
     pub chain_id: Digest,
+    /// The chain IDs of the layers from the image's bottom up to this one (its last).
+    pub chain: Vec<Digest>,
     /// What the whole layer's tar must hash to (the image config's).
     pub diff_id: Digest,
     pub blob_digest: Digest,
@@ -80,11 +82,19 @@ impl LazyRecord {
             lamina_store::read_regular_file(&path).map_err(StoreError::io("reading", &path))?;
         let record: LazyRecord = serde_json::from_slice(&bytes)
             .map_err(|e| StoreError::io("reading", &path)(e.into()))?;
+        let bad = |why: String| StoreError::io("reading", &path)(io::Error::other(why));
         if record.chain_id != *chain_id {
-            return Err(StoreError::io("reading", &path)(io::Error::other(format!(
-                "it names layer {}",
-                record.chain_id
-            ))));
+            return Err(bad(format!("it names layer {}", record.chain_id)));
+        }
+        // Its chain must be one an image makes and end in this layer by its diffID:
+        // completion imports the layer under it.
+        let parent = record.chain.len().checked_sub(2).map(|n| &record.chain[n]);
+        if record.chain.last() != Some(chain_id)
+            || lamina_image::next_chain_id(parent, &record.diff_id) != *chain_id
+        {
+            return Err(bad(
+                "its chain does not end in this layer by its diffID".into()
+            ));
         }
         Ok(record)
     }

@@ -20,5 +20,6 @@ mod registry_blob;
 
 pub use registry_blob::RegistryBlob;
 
+pub mod complete;
 pub mod layer;
 pub mod serve;

@@ -10,13 +10,21 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use lamina_image::Digest;
 use lamina_registry::{Client, PullOptions, RegistryRef};
+use lamina_store::Store;
 use lamina_sys::Mounter;
 
+use crate::complete::{Completed, complete};
 use crate::layer::{self, LazyRecord};
+
+/// Layers completed at once: each is a whole blob's download and unpack.
+const COMPLETING_AT_ONCE: usize = 2;
+/// How long a completion that failed (the registry, the disk) waits to be tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
 use crate::{LazyObject, ObjectsFs, RegistryBlob};
 
 fn lock_path(store: &Path) -> PathBuf {
@@ -36,18 +44,22 @@ pub fn running(store: &Path) -> bool {
 
 /// The server of one store's lazy layers.
 pub struct Server {
-    store: PathBuf,
+    store: Store,
     pull: PullOptions,
     served: HashMap<Digest, fuser::BackgroundSession>,
     /// Layers whose serving failed, not tried again by this server.
     failed: HashSet<Digest>,
+    /// Layers whose completion ended (whole or bad), or is running, or waits to retry.
+    completed: HashSet<Digest>,
+    completing: Arc<Mutex<HashSet<Digest>>>,
+    retry_at: Arc<Mutex<HashMap<Digest, Instant>>>,
     _lock: File,
 }
 
 impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Server")
-            .field("store", &self.store)
+            .field("store", &self.store.root())
             .field("served", &self.served.len())
             .finish_non_exhaustive()
     }
@@ -55,29 +67,39 @@ impl std::fmt::Debug for Server {
 
 impl Server {
     /// The store's server, if no other process is it.
-    pub fn start(store: &Path, pull: PullOptions) -> io::Result<Option<Server>> {
-        let root = layer::lazy_root(store);
+    pub fn start(store: &Store, pull: PullOptions) -> io::Result<Option<Server>> {
+        let root = layer::lazy_root(store.root());
         fs::create_dir_all(&root)?;
         let lock = File::options()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(lock_path(store))?;
+            .open(lock_path(store.root()))?;
         if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             return Ok(None);
         }
         Ok(Some(Server {
-            store: store.to_path_buf(),
+            store: store.clone(),
             pull,
             served: HashMap::new(),
             failed: HashSet::new(),
+            completed: HashSet::new(),
+            completing: Arc::default(),
+            retry_at: Arc::default(),
             _lock: lock,
         }))
     }
 
-    /// Serves every lazy layer not served yet; returns how many it started.
+    /// Serves every lazy layer not served yet, and starts completing the served ones
+    /// (at most [`COMPLETING_AT_ONCE`] at a time); returns how many it started serving.
     pub fn serve_new(&mut self, mounter: &dyn Mounter) -> usize {
-        let Ok(entries) = fs::read_dir(layer::lazy_root(&self.store)) else {
+        let started = self.serve_unserved(mounter);
+        self.complete_some();
+        started
+    }
+
+    fn serve_unserved(&mut self, mounter: &dyn Mounter) -> usize {
+        let Ok(entries) = fs::read_dir(layer::lazy_root(self.store.root())) else {
             return 0;
         };
         let mut started = 0;
@@ -90,7 +112,7 @@ impl Server {
             };
             if self.served.contains_key(&chain_id)
                 || self.failed.contains(&chain_id)
-                || !layer::is_lazy(&self.store, &chain_id)
+                || !layer::is_lazy(self.store.root(), &chain_id)
             {
                 continue;
             }
@@ -114,15 +136,16 @@ impl Server {
         mounter: &dyn Mounter,
         chain_id: &Digest,
     ) -> io::Result<fuser::BackgroundSession> {
-        let record = LazyRecord::read(&self.store, chain_id).map_err(io::Error::other)?;
-        let tree = record.tree(&self.store).map_err(io::Error::other)?;
+        let root = self.store.root();
+        let record = LazyRecord::read(root, chain_id).map_err(io::Error::other)?;
+        let tree = record.tree(root).map_err(io::Error::other)?;
         let reference = RegistryRef::parse(&record.repository)
             .ok_or_else(|| {
                 io::Error::other(format!("`{}` is no docker:// reference", record.repository))
             })?
             .map_err(io::Error::other)?;
         let client = Client::new(&reference, &self.pull).map_err(io::Error::other)?;
-        let dir = layer::dir(&self.store, chain_id);
+        let dir = layer::dir(root, chain_id);
         let copies = dir.join("copies");
         if copies.exists() {
             lamina_store::remove_tree(&copies).map_err(io::Error::other)?;
@@ -146,7 +169,7 @@ impl Server {
             size: record.blob_size,
         };
         let fs = ObjectsFs::new(objects, Arc::new(source))?;
-        let target = layer::objects_mount(&self.store, chain_id);
+        let target = layer::objects_mount(root, chain_id);
         // A dead server's mount: every read of it fails, and it hides the directory.
         let stale = mounter
             .mounts_under(&dir)
@@ -157,5 +180,67 @@ impl Server {
             mounter.unmount(&target).map_err(io::Error::other)?;
         }
         fs.mount(&target)
+    }
+}
+
+impl Server {
+    /// Starts completing served layers not yet completed, in threads of their own.
+    fn complete_some(&mut self) {
+        let now = Instant::now();
+        for chain_id in self.served.keys() {
+            if self.completed.contains(chain_id) {
+                continue;
+            }
+            let mut completing = self
+                .completing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let waiting = self
+                .retry_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(chain_id)
+                .is_some_and(|at| *at > now);
+            if completing.contains(chain_id) || waiting || completing.len() >= COMPLETING_AT_ONCE {
+                continue;
+            }
+            completing.insert(chain_id.clone());
+            let (store, pull, chain_id) = (self.store.clone(), self.pull.clone(), chain_id.clone());
+            let (completing, retry_at) = (self.completing.clone(), self.retry_at.clone());
+            std::thread::spawn(move || {
+                let ended = LazyRecord::read(store.root(), &chain_id)
+                    .and_then(|record| complete(&store, &record, &pull));
+                match &ended {
+                    Ok(Completed::Whole) | Ok(Completed::Bad(_)) => {}
+                    Err(e) => {
+                        tracing::warn!(layer = %chain_id, error = %e, retry_s = RETRY_AFTER.as_secs(), "completing lazy layer failed; trying again later");
+                        retry_at
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(chain_id.clone(), Instant::now() + RETRY_AFTER);
+                    }
+                }
+                completing
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&chain_id);
+            });
+        }
+        // A layer is completed for good once it is whole or bad.
+        let root = self.store.root();
+        for chain_id in self.served.keys() {
+            if self.store.has_layer(chain_id)
+                || crate::complete::bad_reason(root, chain_id).is_some()
+            {
+                let running = self
+                    .completing
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .contains(chain_id);
+                if !running {
+                    self.completed.insert(chain_id.clone());
+                }
+            }
+        }
     }
 }

@@ -141,6 +141,33 @@ impl Store {
         }
     }
 
+    /// Imports one layer, `layer`, whose chain is `chain_ids[..=index]` (the layers below
+    /// it need not be present): how a lazy layer becomes an ordinary one. Verified as
+    /// every import is: the blob's digest and size, and the tar's diffID.
+    pub fn import_layer(
+        &self,
+        chain_ids: &[Digest],
+        index: usize,
+        layer: &LayerBlob,
+    ) -> Result<(), StoreError> {
+        let chain_id = chain_ids.get(index).ok_or_else(|| StoreError::Layer {
+            layer: layer.describe(),
+            message: format!("no chain ID at position {index}"),
+        })?;
+        let below = LayersBelow::new(&self.layout, &chain_ids[..=index], std::iter::once(index));
+        let _settle = below.settle_on_drop(index);
+        let cancelled = std::sync::atomic::AtomicBool::new(false);
+        self.ensure_layer(
+            layer,
+            chain_id,
+            &cancelled,
+            Below {
+                layers: &below,
+                index,
+            },
+        )
+    }
+
     pub fn has_layer(&self, chain_id: &Digest) -> bool {
         self.layout.layer(chain_id).is_dir()
     }

@@ -101,7 +101,7 @@ pub fn run(
         .transpose()?;
     tracing::info!(store = %store.root().display(), "daemon started");
     // One server of lazy layers per store: a second daemon leaves them to the first.
-    let lazy = lamina_lazy::serve::Server::start(store.root(), pull)?;
+    let lazy = lamina_lazy::serve::Server::start(store, pull)?;
     if lazy.is_none() {
         tracing::info!("another process serves this store's lazy layers");
     }

@@ -18,6 +18,7 @@ use crate::{RootfsError, gc::clean, lifecycle::delete};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
     /// `tmp_abandoned`, `crashed_create`, `pending_delete`, `missing_layer`, `bad_layer`,
+    /// `bad_lazy_layer`,
     /// `bad_record`, `orphan_mount`, `rootfs_not_mounted`, `leaked_loop_device`,
     /// `snapshot_missing_layer`, `snapshot_missing_container`, `snapshot_missing_upper`,
     /// `snapshot_missing_parent`, `unfinished_commit`; with `--verify`,
@@ -123,6 +124,12 @@ pub fn check_verified(
         .map(|r| r.id.clone())
         .chain(scan.bad.iter().map(|b| b.id.clone()))
         .collect();
+    for (dir, why) in crate::providers::lazy::bad_layers(store.root()) {
+        let detail = format!("lazy layer marked bad: {why}; new creates from it are refused");
+        findings
+            .problems
+            .push(found("bad_lazy_layer", &dir, &detail));
+    }
     let mut referenced: HashSet<Digest> = HashSet::new();
     for container in &scan.containers {
         let record = &container.record;

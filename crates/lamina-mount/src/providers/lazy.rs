@@ -55,6 +55,12 @@ pub(crate) fn import(store: &Store, image: &Image) -> Result<Vec<Digest>, StoreE
             continue;
         }
         if layer::is_lazy(store.root(), chain_id) {
+            if let Some(why) = lamina_lazy::complete::bad_reason(store.root(), chain_id) {
+                return Err(StoreError::Layer {
+                    layer: blob.describe(),
+                    message: format!("lazy layer {chain_id} is bad: {why}"),
+                });
+            }
             lazy[n] = true;
             continue;
         }
@@ -73,6 +79,7 @@ pub(crate) fn import(store: &Store, image: &Image) -> Result<Vec<Digest>, StoreE
         };
         let record = LazyRecord {
             chain_id: chain_id.clone(),
+            chain: chain_ids[..=n].to_vec(),
             diff_id: blob.diff_id.clone(),
             blob_digest: blob_digest.clone(),
             blob_size,
@@ -243,4 +250,22 @@ pub fn owns_mount(store: &Path, mount: &Path) -> bool {
         .is_some_and(|chain_id| {
             is_lazy(store, &chain_id) && layer::objects_mount(store, &chain_id) == mount
         })
+}
+
+/// The store's lazy layers marked bad, each with why (for `check`).
+pub fn bad_layers(store: &Path) -> Vec<(PathBuf, String)> {
+    let Ok(entries) = std::fs::read_dir(layer::lazy_root(store)) else {
+        return Vec::new();
+    };
+    let mut bad: Vec<(PathBuf, String)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let hex = entry.file_name().to_str()?.to_string();
+            let chain_id = Digest::parse(&format!("sha256:{hex}")).ok()?;
+            let why = lamina_lazy::complete::bad_reason(store, &chain_id)?;
+            Some((layer::dir(store, &chain_id), why))
+        })
+        .collect();
+    bad.sort();
+    bad
 }
