@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use lamina_sample::LayerBuilder;
 use lamina_sample::estargz::estargz;
 use lamina_sample::zstd_chunked::zstd_chunked;
+use lamina_sample::{LayerBuilder, StoredLayer};
 
 use crate::registry::Registry;
 
@@ -31,23 +31,10 @@ pub enum Format {
     ZstdChunked,
 }
 
-/// Pushes, as `repo_tag`, busybox's sample layer and a layer holding `/data/big` (300
-/// KiB), `/data/small`, four more 128 KiB files `/data/f0`…`/data/f3` (so reads spread
-/// across the image) and a whiteout of `/etc/hosts`, both layers in `format` with 64 KiB
-/// chunks.
-pub fn push_image(registry: &Registry, dir: &Path, format: Format, repo_tag: &str) {
-    push_image_with(registry, dir, format, repo_tag, |_| {});
-}
-
-/// [`push_image`], each stored layer changed by `change` first (an annotation that lies,
-/// say).
-pub fn push_image_with(
-    registry: &Registry,
-    dir: &Path,
-    format: Format,
-    repo_tag: &str,
-    change: impl Fn(&mut lamina_sample::StoredLayer),
-) {
+/// busybox's sample layer, and a layer holding `/data/big` (300 KiB), `/data/small`, four
+/// more 128 KiB files `/data/f0`…`/data/f3` (so reads spread across the image) and a
+/// whiteout of `/etc/hosts`: uncompressed tars.
+pub fn tars() -> [Vec<u8>; 2] {
     let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).expect("reading busybox");
     let base = lamina_sample::base_layer(&busybox).expect("busybox layer");
     let mut top = LayerBuilder::new()
@@ -61,8 +48,24 @@ pub fn push_image_with(
             .file(&format!("data/f{n}"), 0o644, &data(n, 128))
             .expect("data layer");
     }
-    let top = top.finish().expect("data layer");
-    let layers = [&base, &top]
+    [base, top.finish().expect("data layer")]
+}
+
+/// Pushes [`tars`] as `repo_tag`, both layers in `format` with 64 KiB chunks.
+pub fn push_image(registry: &Registry, dir: &Path, format: Format, repo_tag: &str) {
+    push_image_with(registry, dir, format, repo_tag, |_| {});
+}
+
+/// [`push_image`], each stored layer changed by `change` first (an annotation that lies,
+/// say).
+pub fn push_image_with(
+    registry: &Registry,
+    dir: &Path,
+    format: Format,
+    repo_tag: &str,
+    change: impl Fn(&mut StoredLayer),
+) {
+    let layers = tars()
         .iter()
         .map(|tar| match format {
             Format::Estargz => estargz(tar, 64 * 1024).expect("eStargz").stored(tar),
@@ -75,6 +78,32 @@ pub fn push_image_with(
             layer
         })
         .collect();
+    push_layers(registry, dir, repo_tag, layers);
+}
+
+/// Pushes [`tars`] in eStargz as `repo_tag`, the data layer's TOC lying: `/data/f1` is
+/// setuid root (`04755`) where the tar says `0644`. Its annotation, diffID and blob digest
+/// match the lie, so only a comparison of the index with the tar finds it.
+pub fn push_lying_estargz(registry: &Registry, dir: &Path, repo_tag: &str) {
+    let [base, top] = tars();
+    let honest = estargz(&top, 64 * 1024).expect("eStargz");
+    let mut toc = honest.toc.clone();
+    for entry in toc
+        .entries
+        .iter_mut()
+        .filter(|e| e.name == "data/f1" && e.kind == "reg")
+    {
+        entry.mode = 0o4755;
+    }
+    let lying = honest.with_toc(toc).expect("a TOC that lies");
+    let layers = vec![
+        estargz(&base, 64 * 1024).expect("eStargz").stored(&base),
+        lying.stored(&top),
+    ];
+    push_layers(registry, dir, repo_tag, layers);
+}
+
+fn push_layers(registry: &Registry, dir: &Path, repo_tag: &str, layers: Vec<StoredLayer>) {
     let image = lamina_sample::build_image_from(
         layers,
         &["PATH=/bin"],

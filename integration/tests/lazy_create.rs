@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use lamina_image::Digest;
 use lamina_image::lazy::estargz::{FOOTER_SIZE, TOC_DIGEST_ANNOTATION, read_toc, toc_offset};
-use lamina_integration::lazy_image::{Format, big, data, push_image, push_image_with};
+use lamina_integration::lazy_image::{
+    Format, big, data, push_image, push_image_with, push_lying_estargz,
+};
 use lamina_integration::registry::Registry;
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root};
 
@@ -378,4 +380,47 @@ fn an_index_that_does_not_match_its_annotation_is_pulled_whole() {
     let booted = Bundle::new(&rootfs, false).run("lazy-whole", "sha256sum /data/big");
     assert_eq!(booted.stdout, sum_line(&big(), "/data/big"), "{booted:?}");
     lamina.delete_and_assert_gone("whole", "lazy lying index");
+}
+
+#[test]
+fn an_index_that_lies_about_its_tar_marks_the_lazy_layer_bad_at_completion() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_lying_estargz(&registry, fs.path(), "lazy/lying-toc:v1");
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let _daemons = Daemons(store.clone());
+    let reference = registry.reference("lazy/lying-toc:v1");
+    let out = create_lazy(&lamina, &registry.host, &[], &reference, "lied-to");
+    assert_eq!(out.code, 0, "{out:?}");
+    // Until completion, the lazy view shows what the index says.
+    let mode = std::fs::metadata(lamina.rootfs("lied-to").join("data/f1"))
+        .unwrap()
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o7777,
+        0o4755
+    );
+    lamina_integration::wait_until("the lying layer marked bad", || {
+        lamina.run(&["check"]).stdout.contains("bad_lazy_layer")
+    });
+    let check = lamina.run(&["check"]);
+    assert!(
+        check
+            .stdout
+            .contains("its index does not describe its tar: `data/f1`: its mode differs"),
+        "{check:?}"
+    );
+    // The tar itself is the image's (its diffID checked): a new create mounts it, and
+    // reads what the tar holds.
+    let out = create_lazy(&lamina, &registry.host, &[], &reference, "whole");
+    assert_eq!(out.code, 0, "{out:?}");
+    let whole = std::fs::metadata(lamina.rootfs("whole").join("data/f1")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&whole.permissions()) & 0o7777,
+        0o644
+    );
+    lamina.delete_and_assert_gone("lied-to", "lying TOC");
+    lamina.delete_and_assert_gone("whole", "lying TOC");
 }

@@ -28,6 +28,22 @@ fn gzip(bytes: &[u8]) -> io::Result<Vec<u8>> {
     encoder.finish()
 }
 
+/// The TOC as the tar that ends the layer (its entry and the tar's two closing blocks),
+/// and the digest of its JSON.
+fn toc_tar(toc: &Toc) -> io::Result<(Vec<u8>, Digest)> {
+    let json = serde_json::to_vec(toc)?;
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_ustar();
+    header.set_path(TOC_NAME)?;
+    header.set_size(json.len() as u64);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_cksum();
+    builder.append(&header, &json[..])?;
+    Ok((builder.into_inner()?, Digest::of(&json)))
+}
+
 /// Rewrites uncompressed `tar` (as [`crate::LayerBuilder`] makes it) as eStargz with
 /// file chunks of at most `chunk_size` bytes.
 pub fn estargz(tar: &[u8], chunk_size: u64) -> io::Result<EstargzLayer> {
@@ -124,18 +140,7 @@ pub fn estargz(tar: &[u8], chunk_size: u64) -> io::Result<EstargzLayer> {
         version: 1,
         entries,
     };
-    let json = serde_json::to_vec(&toc)?;
-    let toc_digest = Digest::of(&json);
-    let mut toc_tar = tar::Builder::new(Vec::new());
-    let mut header = tar::Header::new_ustar();
-    header.set_path(TOC_NAME)?;
-    header.set_size(json.len() as u64);
-    header.set_mode(0o644);
-    header.set_mtime(0);
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_cksum();
-    toc_tar.append(&header, &json[..])?;
-    let toc_tar = toc_tar.into_inner()?; // with the tar's two closing blocks
+    let (toc_tar, toc_digest) = toc_tar(&toc)?;
     let toc_offset = blob.len() as u64;
     blob.extend(gzip(&toc_tar)?);
     uncompressed.extend_from_slice(&toc_tar);
@@ -149,6 +154,28 @@ pub fn estargz(tar: &[u8], chunk_size: u64) -> io::Result<EstargzLayer> {
 }
 
 impl EstargzLayer {
+    /// The same layer with `toc` as its TOC (an index that lies about its tar, for
+    /// tests): the members before the TOC kept, the TOC's member, the footer and the
+    /// digests written anew.
+    pub fn with_toc(&self, toc: Toc) -> io::Result<EstargzLayer> {
+        use lamina_image::lazy::estargz::{FOOTER_SIZE, toc_offset};
+        let old_footer = &self.blob[self.blob.len() - FOOTER_SIZE as usize..];
+        let offset =
+            toc_offset(old_footer, self.blob.len() as u64).map_err(io::Error::other)? as usize;
+        let (toc_tar, toc_digest) = toc_tar(&toc)?;
+        let mut blob = self.blob[..offset].to_vec();
+        blob.extend(gzip(&toc_tar)?);
+        blob.extend(footer(offset as u64));
+        let mut uncompressed = Vec::new();
+        flate2::read::MultiGzDecoder::new(&blob[..]).read_to_end(&mut uncompressed)?;
+        Ok(EstargzLayer {
+            diff_id: Digest::of(&uncompressed),
+            toc_digest,
+            blob,
+            toc,
+        })
+    }
+
     /// The layer as an image stores it: a gzip layer annotated with its TOC's digest.
     /// `tar` is what it was written from.
     pub fn stored(&self, tar: &[u8]) -> crate::StoredLayer {
