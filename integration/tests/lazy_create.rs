@@ -424,3 +424,47 @@ fn an_index_that_lies_about_its_tar_marks_the_lazy_layer_bad_at_completion() {
     lamina.delete_and_assert_gone("lied-to", "lying TOC");
     lamina.delete_and_assert_gone("whole", "lying TOC");
 }
+
+#[test]
+fn pull_lazy_fetches_the_indexes_and_starts_the_server_for_the_creates_after_it() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::ZstdChunked, "lazy/pulled:v1");
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let _daemons = Daemons(store.clone());
+    let reference = registry.reference("lazy/pulled:v1");
+    let pulled = lamina.run(&[
+        "--insecure-registry",
+        &registry.host,
+        "--log-level",
+        "info",
+        "pull",
+        "--lazy",
+        &reference,
+    ]);
+    assert_eq!(pulled.json()["layers"], 2, "{pulled:?}");
+    assert_eq!(pulled.stderr.matches("published lazy layer").count(), 2);
+    assert!(
+        pulled.stderr.contains("started lamina daemon"),
+        "{pulled:?}"
+    );
+    let out = create_lazy(
+        &lamina,
+        &registry.host,
+        &["--log-level", "info"],
+        &reference,
+        "c",
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(!out.stderr.contains("published lazy layer"), "{out:?}");
+    assert!(!out.stderr.contains("started lamina daemon"), "{out:?}");
+    let booted = Bundle::new(&lamina.rootfs("c"), false).run("lazy-pulled", "sha256sum /data/f3");
+    assert_eq!(
+        booted.stdout,
+        sum_line(&data(3, 128), "/data/f3"),
+        "{booted:?}"
+    );
+    lamina.delete_and_assert_gone("c", "pull --lazy");
+}

@@ -143,6 +143,9 @@ enum Command {
         /// OS/ARCH[/VARIANT] to choose from a multi-platform image [default: this host's]
         #[arg(long)]
         platform: Option<String>,
+        /// Fetch only the index of each layer that carries one (eStargz, zstd:chunked) and leave the rest to `lamina daemon`, which it starts if none serves the store (strategy lazy); other layers are pulled whole
+        #[arg(long)]
+        lazy: bool,
     },
     /// Verify the store's invariants (layers, records, mounts, temp dirs, loop devices); print a JSON report; exit 1 if anything is left broken
     Check {

@@ -45,7 +45,7 @@ pub use lifecycle::stats::{DiskUsage, Stats, Walked, Written, stats, written};
 pub use model::record::{Container, RootfsRecord, UpperFsRecord};
 pub use model::strategy::{Strategies, UpperBackend};
 pub use model::{Flavour, Model, Provider, Teardown};
-pub use providers::lazy::LazyServer;
+pub use providers::lazy::{LazyServer, pull as pull_lazily};
 pub use providers::{Attach, CreateOptions, ToMount};
 pub use uppers::isolated::{DiskLimit, UpperPlan};
 

@@ -281,11 +281,20 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
         )?,
         Command::Create(args) => create::run(&ctx, &mounter, args)?,
         Command::Delete { id_or_path } => delete(&ctx, &mounter, &id_or_path)?,
-        Command::Pull { image, platform } => {
+        Command::Pull {
+            image,
+            platform,
+            lazy,
+        } => {
             let store = ctx.open_store()?;
             let resolved = ctx.resolve_image(&image, platform.as_deref())?;
             let _in_use = store.use_layers()?;
-            let chain_ids = store.import(&resolved)?;
+            let chain_ids = if lazy {
+                let server = lazy_server::starter(&ctx);
+                lamina_mount::pull_lazily(&store, &mounter, &resolved, Some(&server))?
+            } else {
+                store.import(&resolved)?
+            };
             let top = chain_ids.last().map(ToString::to_string);
             println!(
                 "{}",

@@ -93,6 +93,19 @@ pub(crate) fn import(store: &Store, image: &Image) -> Result<Vec<Digest>, StoreE
     store.import_except(image, |n| lazy[n])
 }
 
+/// `pull --lazy`: [`import`], then the lazy layers served (a server started with `start`
+/// if none runs), so their completion begins. The caller holds the layers-in-use lock.
+pub fn pull(
+    store: &Store,
+    mounter: &dyn Mounter,
+    image: &Image,
+    start: Option<&LazyServer>,
+) -> Result<Vec<Digest>, RootfsError> {
+    let chain_ids = import(store, image)?;
+    ensure_served(store, mounter, &chain_ids, start)?;
+    Ok(chain_ids)
+}
+
 /// The layers of `chain_ids` that are lazy here (not in `layers/`), bottom-most first.
 fn lazy_layers(store: &Store, chain_ids: &[Digest]) -> Vec<Digest> {
     chain_ids
