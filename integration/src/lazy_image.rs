@@ -65,7 +65,20 @@ pub fn push_image_with(
     repo_tag: &str,
     change: impl Fn(&mut StoredLayer),
 ) {
-    let layers = tars()
+    push_tars(registry, dir, format, repo_tag, &tars(), change);
+}
+
+/// Pushes `tars` as `repo_tag` in `format` with 64 KiB chunks, each stored layer changed
+/// by `change` first.
+pub fn push_tars(
+    registry: &Registry,
+    dir: &Path,
+    format: Format,
+    repo_tag: &str,
+    tars: &[Vec<u8>],
+    change: impl Fn(&mut StoredLayer),
+) {
+    let layers = tars
         .iter()
         .map(|tar| match format {
             Format::Estargz => estargz(tar, 64 * 1024).expect("eStargz").stored(tar),

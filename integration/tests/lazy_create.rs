@@ -13,7 +13,7 @@ use std::time::Duration;
 use lamina_image::Digest;
 use lamina_image::lazy::estargz::{FOOTER_SIZE, TOC_DIGEST_ANNOTATION, read_toc, toc_offset};
 use lamina_integration::lazy_image::{
-    Format, big, data, push_image, push_image_with, push_lying_estargz,
+    Format, big, data, push_image, push_image_with, push_lying_estargz, push_tars, tars,
 };
 use lamina_integration::registry::Registry;
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root};
@@ -467,4 +467,95 @@ fn pull_lazy_fetches_the_indexes_and_starts_the_server_for_the_creates_after_it(
         "{booted:?}"
     );
     lamina.delete_and_assert_gone("c", "pull --lazy");
+}
+
+#[test]
+fn an_image_that_claims_another_images_diff_ids_does_not_serve_its_layers_to_it() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::Estargz, "victim/app:v1");
+    // The same layers but for `/data/small`, its config claiming the victim's diffIDs.
+    let [base, _] = tars();
+    let evil_top = lamina_sample::LayerBuilder::new()
+        .dir("data", 0o755)
+        .and_then(|b| b.file("data/small", 0o600, b"pwned by another image\n"))
+        .and_then(lamina_sample::LayerBuilder::finish)
+        .unwrap();
+    let victim_diff_ids: Vec<Digest> = tars()
+        .iter()
+        .map(|tar| {
+            lamina_sample::estargz::estargz(tar, 64 * 1024)
+                .unwrap()
+                .diff_id
+        })
+        .collect();
+    let claimed = std::sync::Mutex::new(victim_diff_ids.into_iter());
+    push_tars(
+        &registry,
+        fs.path(),
+        Format::Estargz,
+        "evil/app:v1",
+        &[base, evil_top],
+        |layer| layer.diff_id = claimed.lock().unwrap().next().unwrap(),
+    );
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let _daemons = Daemons(store.clone());
+    let evil = registry.reference("evil/app:v1");
+    let out = create_lazy(&lamina, &registry.host, &[], &evil, "evil");
+    assert_eq!(out.code, 0, "{out:?}");
+    let victim = registry.reference("victim/app:v1");
+    let out = create_lazy(
+        &lamina,
+        &registry.host,
+        &["--log-level", "warn"],
+        &victim,
+        "victim",
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stderr.contains("came from another blob"), "{out:?}");
+    assert_eq!(
+        std::fs::read(lamina.rootfs("victim").join("data/small")).unwrap(),
+        b"small\n"
+    );
+    lamina.delete_and_assert_gone("evil", "claimed diffIDs");
+    lamina.delete_and_assert_gone("victim", "claimed diffIDs");
+}
+
+#[test]
+fn a_deleted_store_is_no_longer_served_and_a_new_store_gets_a_server_of_its_own() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::Estargz, "lazy/again:v1");
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let daemons = Daemons(store.clone());
+    let reference = registry.reference("lazy/again:v1");
+    assert_eq!(
+        create_lazy(&lamina, &registry.host, &[], &reference, "one").code,
+        0
+    );
+    let first = daemons.pids();
+    assert_eq!(lamina.run(&["delete-store"]).code, 0);
+    let lamina = Lamina::init(&store);
+    let out = create_lazy(
+        &lamina,
+        &registry.host,
+        &["--log-level", "info"],
+        &reference,
+        "two",
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    // However the old daemon and the new one race for the new store, the new store's
+    // container reads its bytes, then and after the page cache is dropped.
+    let rootfs = lamina.rootfs("two");
+    assert_eq!(std::fs::read(rootfs.join("data/big")).unwrap(), big());
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    assert_eq!(std::fs::read(rootfs.join("data/f2")).unwrap(), data(2, 128));
+    assert_eq!(std::fs::read(rootfs.join("data/big")).unwrap(), big());
+    assert!(!first.is_empty());
+    lamina.delete_and_assert_gone("two", "store made again");
 }

@@ -71,9 +71,10 @@ pub fn complete(
         // from disk: a failure while fetching is the network's (tried again), one of a
         // blob whose digest is the manifest's is the image's (bad for good).
         let staged = store.layout().tmp().join(format!(
-            "lazy-blob-{}-{}",
+            "{}lazyblob-{}-{}",
+            lamina_store::STAGING_PREFIX,
+            lamina_store::unique_suffix(),
             chain_id.hex(),
-            lamina_store::unique_suffix()
         ));
         let downloaded = download(record, pull, &staged);
         let imported = match downloaded {

@@ -58,6 +58,60 @@ pub fn is_lazy(store: &Path, chain_id: &Digest) -> bool {
 
 const RECORD: &str = "lazy.json";
 const INDEX: &str = "index";
+/// The username and password the pull that published the layer was given (root's alone,
+/// `0600`): what its server fetches this layer's chunks with, and no other layer's.
+const AUTH: &str = "auth.json";
+
+/// A username and password for one lazy layer's registry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LayerAuth {
+    pub username: String,
+    pub password: String,
+}
+
+/// The credentials lazy layer `chain_id` was published with, if any.
+pub fn auth(store: &Path, chain_id: &Digest) -> Result<Option<LayerAuth>, StoreError> {
+    let path = dir(store, chain_id).join(AUTH);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let bytes = lamina_store::read_regular_file(&path).map_err(StoreError::io("reading", &path))?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| StoreError::io("reading", &path)(e.into()))
+}
+
+/// How a publish ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// Published now, or found published from the same blob and index.
+    Ready,
+    /// A lazy layer of this chain ID was published from another blob or index: a chain
+    /// ID is the config's claim, which nothing lazy has checked yet, so it is not reused
+    /// (the caller pulls this layer whole, verified).
+    Other,
+}
+
+/// Whether the lazy layer already at `chain_id` came from blob `blob_digest` with an index
+/// of `index_digest`.
+pub fn same_source(
+    store: &Path,
+    chain_id: &Digest,
+    blob_digest: &Digest,
+    index_digest: &Digest,
+) -> Result<bool, StoreError> {
+    let existing = LazyRecord::read(store, chain_id)?;
+    Ok(existing.blob_digest == *blob_digest && existing.index.digest == *index_digest)
+}
+
+/// Creates `dir` (and what is missing above it) as root's alone.
+fn private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
 
 /// What a lazy layer is, and where its bytes are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +125,9 @@ pub struct LazyRecord {
     pub blob_size: u64,
     /// `docker://HOST/REPO`.
     pub repository: String,
+    /// Spoken to over plain HTTP (the operator marked the registry insecure).
+    #[serde(default)]
+    pub plain_http: bool,
     pub index: IndexRecord,
 }
 
@@ -115,32 +172,53 @@ pub fn object_name(file: &LazyFile) -> String {
     file.digest.hex().to_string()
 }
 
-/// Publishes lazy layer `record.chain_id` with the index's `bytes` and the `tree` they
-/// make, unless it is there already.
+/// Publishes lazy layer `record.chain_id` with the index's `bytes`, the `tree` they make
+/// and the credentials it was fetched with, unless it is there already. A directory left
+/// there without a record (a partial removal) is moved aside first.
 pub fn publish(
     store: &Store,
     record: &LazyRecord,
     bytes: &[u8],
     tree: &LayerTree,
-) -> Result<(), StoreError> {
+    auth: Option<&LayerAuth>,
+) -> Result<Published, StoreError> {
     let root = store.root();
     let target = dir(root, &record.chain_id);
+    let ready = || -> Result<Published, StoreError> {
+        let same = same_source(
+            root,
+            &record.chain_id,
+            &record.blob_digest,
+            &record.index.digest,
+        )?;
+        Ok(if same {
+            Published::Ready
+        } else {
+            Published::Other
+        })
+    };
     if target.join(RECORD).is_file() {
-        return Ok(());
+        return ready();
     }
+    // Named as every staging directory is, so `clean` knows it its creator's while the
+    // creator lives.
     let staging = store.layout().tmp().join(format!(
-        "lazy-{}-{}",
+        "{}lazy-{}-{}",
+        lamina_store::STAGING_PREFIX,
+        lamina_store::unique_suffix(),
         record.chain_id.hex(),
-        lamina_store::unique_suffix()
     ));
     let io_error = |what: &'static str, path: &Path| StoreError::io(what, path);
-    let written = (|| -> Result<(), StoreError> {
-        fs::create_dir(&staging).map_err(io_error("creating", &staging))?;
+    let written = (|| -> Result<Published, StoreError> {
+        private_dir(&staging).map_err(io_error("creating", &staging))?;
         let diff = staging.join("diff");
         write_tree(&**store.host(), &diff, tree)
             .map_err(|e| io_error("writing the lazy layer's tree", &diff)(e))?;
         fs::create_dir(staging.join("objects.mnt")).map_err(io_error("creating", &staging))?;
         lamina_store::write_durably(&staging.join(INDEX), bytes)?;
+        if let Some(auth) = auth {
+            write_private(store, &staging.join(AUTH), auth)?;
+        }
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| io_error("writing", &staging)(e.into()))?;
         lamina_store::write_durably(&staging.join(RECORD), &json)?;
@@ -150,21 +228,53 @@ pub fn publish(
             .syncfs(&dir_file, &staging)
             .map_err(|e| io_error("syncing", &staging)(e.into()))?;
         let parent = lazy_root(root);
-        fs::create_dir_all(&parent).map_err(io_error("creating", &parent))?;
+        private_dir(&parent).map_err(io_error("creating", &parent))?;
+        if target.exists() && !target.join(RECORD).is_file() {
+            let aside = store.layout().tmp().join(format!(
+                "{}lazypartial-{}-{}",
+                lamina_store::STAGING_PREFIX,
+                lamina_store::unique_suffix(),
+                record.chain_id.hex()
+            ));
+            fs::rename(&target, &aside).map_err(io_error("moving aside", &target))?;
+            let _ = lamina_store::remove_tree(&aside);
+        }
         match fs::rename(&staging, &target) {
-            Ok(()) => {}
-            // Another import published it meanwhile: the same layer, from the same index.
+            Ok(()) => {
+                lamina_store::sync_dir(&parent)?;
+                Ok(Published::Ready)
+            }
+            // Another import published one meanwhile.
             Err(_) if target.join(RECORD).is_file() => {
                 let _ = lamina_store::remove_tree(&staging);
+                ready()
             }
-            Err(e) => return Err(io_error("publishing", &target)(e)),
+            Err(e) => Err(io_error("publishing", &target)(e)),
         }
-        lamina_store::sync_dir(&parent)
     })();
     if written.is_err() {
         let _ = lamina_store::remove_tree(&staging);
     }
     written
+}
+
+/// Writes `auth` at `path`, readable by root alone, durably.
+fn write_private(store: &Store, path: &Path, auth: &LayerAuth) -> Result<(), StoreError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let json = serde_json::to_vec(auth).map_err(|e| StoreError::io("writing", path)(e.into()))?;
+    let mut file = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(StoreError::io("creating", path))?;
+    file.write_all(&json)
+        .map_err(StoreError::io("writing", path))?;
+    store
+        .host()
+        .fsync(&file, path)
+        .map_err(|e| StoreError::io("syncing", path)(e.into()))
 }
 
 fn meta(node: &Node) -> Meta {

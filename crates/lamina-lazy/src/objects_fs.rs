@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
@@ -79,10 +79,12 @@ impl ObjectsFs {
                 )));
             }
             lamina_image::lazy::check_chunks(&object.file).map_err(io::Error::other)?;
+            // Root's alone: a copy holds a file's bytes whatever the file's own mode.
             let copy = File::options()
                 .write(true)
                 .create(true)
                 .truncate(true)
+                .mode(0o600)
                 .open(&object.copy)?;
             copy.set_len(object.file.size)?;
             let chunks = object.file.chunks.len();
@@ -102,8 +104,10 @@ impl ObjectsFs {
     /// process until the session is dropped (which unmounts it).
     pub fn mount(self, mountpoint: &std::path::Path) -> io::Result<fuser::BackgroundSession> {
         let mut config = fuser::Config::default();
-        // Reads of different chunks, and of chunks present, go on while one is fetched.
-        config.n_threads = Some(4);
+        // Reads of different chunks, and of chunks present, go on while others are
+        // fetched: a stalled registry holds one thread per read waiting on it, so reads
+        // of what is present need threads to spare.
+        config.n_threads = Some(16);
         config.mount_options = vec![
             fuser::MountOption::RO,
             fuser::MountOption::FSName("lamina-lazy".into()),

@@ -27,9 +27,35 @@ const COMPLETING_AT_ONCE: usize = 2;
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 use crate::{LazyObject, ObjectsFs, RegistryBlob};
 
+/// The registry settings for `record`'s layer (on `host`): the shared ones, with its own
+/// credentials and plain HTTP.
+fn pull_for(
+    store: &Path,
+    shared: &PullOptions,
+    record: &LazyRecord,
+    host: &str,
+) -> io::Result<PullOptions> {
+    let auth = layer::auth(store, &record.chain_id).map_err(io::Error::other)?;
+    Ok(PullOptions {
+        credentials: auth.map(|a| lamina_registry::Credentials {
+            username: a.username,
+            password: a.password,
+        }),
+        insecure_registries: if record.plain_http {
+            vec![host.to_string()]
+        } else {
+            Vec::new()
+        },
+        ..shared.clone()
+    })
+}
+
 fn lock_path(store: &Path) -> PathBuf {
     layer::lazy_root(store).join("server.lock")
 }
+
+/// How long a layer whose serving failed waits to be tried again.
+const SERVE_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// Whether a server holds `store`'s lazy layers.
 pub fn running(store: &Path) -> bool {
@@ -47,13 +73,16 @@ pub struct Server {
     store: Store,
     pull: PullOptions,
     served: HashMap<Digest, fuser::BackgroundSession>,
-    /// Layers whose serving failed, not tried again by this server.
-    failed: HashSet<Digest>,
+    /// Layers whose serving failed, and when they may be tried again.
+    failed: HashMap<Digest, Instant>,
+    /// Where this server keeps its layers' fetched chunks: `copies-<pid>` in each layer's
+    /// directory, so no other server's copies are ever the ones it reads.
+    copies: String,
     /// Layers whose completion ended (whole or bad), or is running, or waits to retry.
     completed: HashSet<Digest>,
     completing: Arc<Mutex<HashSet<Digest>>>,
     retry_at: Arc<Mutex<HashMap<Digest, Instant>>>,
-    _lock: File,
+    lock: File,
 }
 
 impl std::fmt::Debug for Server {
@@ -66,10 +95,18 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    /// The store's server, if no other process is it.
+    /// The store's server, if no other process is it. `pull` gives the registry settings
+    /// every layer shares (timeouts, certificates, an auth file); a layer's own
+    /// credentials and plain HTTP come from its record, never from another layer's.
     pub fn start(store: &Store, pull: PullOptions) -> io::Result<Option<Server>> {
         let root = layer::lazy_root(store.root());
-        fs::create_dir_all(&root)?;
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&root)?;
+        }
         let lock = File::options()
             .create(true)
             .truncate(false)
@@ -80,14 +117,31 @@ impl Server {
         }
         Ok(Some(Server {
             store: store.clone(),
-            pull,
+            pull: PullOptions {
+                credentials: None,
+                insecure_registries: Vec::new(),
+                ..pull
+            },
             served: HashMap::new(),
-            failed: HashSet::new(),
+            failed: HashMap::new(),
+            copies: format!("copies-{}", std::process::id()),
             completed: HashSet::new(),
             completing: Arc::default(),
             retry_at: Arc::default(),
-            _lock: lock,
+            lock,
         }))
+    }
+
+    /// Whether the lock this server holds is still the store's: a store deleted (and
+    /// perhaps made again at the same path) is no longer this server's to serve.
+    pub fn still_the_stores(&self) -> bool {
+        let (Ok(held), Ok(there)) = (
+            rustix::fs::fstat(&self.lock),
+            rustix::fs::stat(lock_path(self.store.root())),
+        ) else {
+            return false;
+        };
+        (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
     }
 
     /// Serves every lazy layer not served yet, and starts completing the served ones
@@ -102,6 +156,7 @@ impl Server {
         let Ok(entries) = fs::read_dir(layer::lazy_root(self.store.root())) else {
             return 0;
         };
+        let now = Instant::now();
         let mut started = 0;
         for entry in entries.flatten() {
             let Some(hex) = entry.file_name().to_str().map(str::to_string) else {
@@ -111,7 +166,7 @@ impl Server {
                 continue;
             };
             if self.served.contains_key(&chain_id)
-                || self.failed.contains(&chain_id)
+                || self.failed.get(&chain_id).is_some_and(|at| *at > now)
                 || !layer::is_lazy(self.store.root(), &chain_id)
             {
                 continue;
@@ -119,12 +174,13 @@ impl Server {
             match self.serve(mounter, &chain_id) {
                 Ok(session) => {
                     tracing::info!(layer = %chain_id, "serving lazy layer");
+                    self.failed.remove(&chain_id);
                     self.served.insert(chain_id, session);
                     started += 1;
                 }
                 Err(e) => {
-                    tracing::warn!(layer = %chain_id, error = %e, "cannot serve lazy layer");
-                    self.failed.insert(chain_id);
+                    tracing::warn!(layer = %chain_id, error = %e, retry_s = SERVE_RETRY_AFTER.as_secs(), "cannot serve lazy layer; trying again later");
+                    self.failed.insert(chain_id, now + SERVE_RETRY_AFTER);
                 }
             }
         }
@@ -144,13 +200,42 @@ impl Server {
                 io::Error::other(format!("`{}` is no docker:// reference", record.repository))
             })?
             .map_err(io::Error::other)?;
-        let client = Client::new(&reference, &self.pull).map_err(io::Error::other)?;
+        // A container waits on each read: one retry, not an import's four, so a read of
+        // what a gone registry holds fails within about two registry timeouts.
+        let pull = PullOptions {
+            retries: 1,
+            ..pull_for(root, &self.pull, &record, &reference.host)?
+        };
+        let client = Client::new(&reference, &pull).map_err(io::Error::other)?;
         let dir = layer::dir(root, chain_id);
-        let copies = dir.join("copies");
-        if copies.exists() {
-            lamina_store::remove_tree(&copies).map_err(io::Error::other)?;
+        let target = layer::objects_mount(root, chain_id);
+        // A mount there that answers is another server's: never taken from under it. One
+        // that does not is a dead server's, and goes.
+        let mounted = mounter
+            .mounts_under(&dir)
+            .map_err(io::Error::other)?
+            .into_iter()
+            .any(|m| m == target);
+        if mounted {
+            if rustix::fs::statfs(&target).is_ok() {
+                return Err(io::Error::other(
+                    "its objects are served by another process",
+                ));
+            }
+            mounter.unmount(&target).map_err(io::Error::other)?;
         }
-        fs::create_dir(&copies)?;
+        // Copies other servers left (this one holds the store's lock: they are dead).
+        for entry in fs::read_dir(&dir)?.flatten() {
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with("copies") {
+                lamina_store::remove_tree(entry.path()).map_err(io::Error::other)?;
+            }
+        }
+        let copies = dir.join(&self.copies);
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            fs::DirBuilder::new().mode(0o700).create(&copies)?;
+        }
         let mut names = HashSet::new();
         let objects = tree
             .files
@@ -168,18 +253,7 @@ impl Server {
             digest: record.blob_digest.to_string(),
             size: record.blob_size,
         };
-        let fs = ObjectsFs::new(objects, Arc::new(source))?;
-        let target = layer::objects_mount(root, chain_id);
-        // A dead server's mount: every read of it fails, and it hides the directory.
-        let stale = mounter
-            .mounts_under(&dir)
-            .map_err(io::Error::other)?
-            .into_iter()
-            .any(|m| m == target);
-        if stale {
-            mounter.unmount(&target).map_err(io::Error::other)?;
-        }
-        fs.mount(&target)
+        ObjectsFs::new(objects, Arc::new(source))?.mount(&target)
     }
 }
 
@@ -208,8 +282,15 @@ impl Server {
             let (store, pull, chain_id) = (self.store.clone(), self.pull.clone(), chain_id.clone());
             let (completing, retry_at) = (self.completing.clone(), self.retry_at.clone());
             std::thread::spawn(move || {
-                let ended = LazyRecord::read(store.root(), &chain_id)
-                    .and_then(|record| complete(&store, &record, &pull));
+                let ended = LazyRecord::read(store.root(), &chain_id).and_then(|record| {
+                    let host = RegistryRef::parse(&record.repository)
+                        .and_then(Result::ok)
+                        .map(|r| r.host)
+                        .unwrap_or_default();
+                    let pull = pull_for(store.root(), &pull, &record, &host)
+                        .map_err(|e| lamina_store::StoreError::io("reading", store.root())(e))?;
+                    complete(&store, &record, &pull)
+                });
                 match &ended {
                     Ok(Completed::Whole) | Ok(Completed::Bad(_)) => {}
                     Err(e) => {

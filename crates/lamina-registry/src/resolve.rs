@@ -110,6 +110,11 @@ pub fn resolve(
             RangeSource {
                 annotations: desc.annotations.clone(),
                 repository: format!("docker://{}/{}", client.host(), client.repository()),
+                plain_http: options.insecure_registries.contains(&reference.host),
+                credentials: options
+                    .credentials
+                    .as_ref()
+                    .map(|c| (c.username.clone(), c.password.clone())),
                 read_range: Arc::new(move |start, len| {
                     client
                         .read_range(&blob, size, start, len)

@@ -100,10 +100,9 @@ pub fn run(
         .map(lamina_snapshotter::metrics::bind)
         .transpose()?;
     tracing::info!(store = %store.root().display(), "daemon started");
-    // One server of lazy layers per store: a second daemon leaves them to the first.
-    let lazy = lamina_lazy::serve::Server::start(store, pull)?;
-    if lazy.is_none() {
-        tracing::info!("another process serves this store's lazy layers");
+    {
+        let (store, mounter) = (store.clone(), mounter.clone());
+        std::thread::spawn(move || serve_lazy_forever(&store, mounter.as_ref(), pull));
     }
     let Some(containerd) = containerd else {
         if let Some(listener) = metrics {
@@ -111,7 +110,7 @@ pub fn run(
             lamina_snapshotter::metrics::spawn(listener, exporter)?;
         }
         tell_systemd(&[sd_notify::NotifyState::Ready]);
-        work_forever(store, mounter.as_ref(), interval, lazy);
+        work_forever(store, mounter.as_ref(), interval);
     };
     let mut snapshotter = Snapshotter::open(store.clone(), mounter.clone(), containerd.strategies)?;
     if let Some(names) = containerd.label_strategies {
@@ -125,7 +124,7 @@ pub fn run(
         lamina_snapshotter::metrics::spawn(listener, exporter)?;
     }
     let background_store = store.clone();
-    std::thread::spawn(move || work_forever(&background_store, mounter.as_ref(), interval, lazy));
+    std::thread::spawn(move || work_forever(&background_store, mounter.as_ref(), interval));
     lamina_snapshotter::serve_until_signalled(snapshotter, &containerd.socket, || {
         tell_systemd(&[sd_notify::NotifyState::Ready])
     })?;
@@ -142,18 +141,42 @@ fn tell_systemd(state: &[sd_notify::NotifyState]) {
     }
 }
 
-fn work_forever(
-    store: &Store,
-    mounter: &dyn Mounter,
-    interval: Duration,
-    mut lazy: Option<lamina_lazy::serve::Server>,
-) -> ! {
+fn work_forever(store: &Store, mounter: &dyn Mounter, interval: Duration) -> ! {
     loop {
-        if let Some(server) = lazy.as_mut() {
-            server.serve_new(mounter);
-        }
         work_once(store, mounter);
         std::thread::sleep(interval);
+    }
+}
+
+/// Serves the store's lazy layers, on a thread of its own so no reap or refill delays a
+/// create waiting for its layers: as the store's one server while no other process is
+/// (tried again every tick), and no longer once the store it served is deleted.
+fn serve_lazy_forever(
+    store: &Store,
+    mounter: &dyn Mounter,
+    pull: lamina_registry::PullOptions,
+) -> ! {
+    let mut server = None;
+    loop {
+        if server
+            .as_ref()
+            .is_some_and(|s: &lamina_lazy::serve::Server| !s.still_the_stores())
+        {
+            tracing::warn!(
+                "the store's lazy layers are no longer this daemon's (the store was deleted): stopped serving them"
+            );
+            server = None;
+        }
+        if server.is_none() && store.root().join("lazy").is_dir() {
+            match lamina_lazy::serve::Server::start(store, pull.clone()) {
+                Ok(started) => server = started,
+                Err(e) => tracing::warn!(error = %e, "cannot serve lazy layers; retrying"),
+            }
+        }
+        if let Some(server) = server.as_mut() {
+            server.serve_new(mounter);
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -1,7 +1,10 @@
 //! Starting the server of a store's lazy layers from a command (a `lazy` create): `lamina
 //! daemon` for the store, detached as background work is (its own process group, no
-//! stdio, logging where background work logs), with the command's registry settings so it
-//! fetches as the command would. The daemon serves until stopped; later creates reuse it.
+//! stdio, logging where background work logs), with the command's shared registry
+//! settings (timeouts, certificates, auth file; each layer's credentials and plain HTTP
+//! are in its record). The daemon serves until stopped; later creates reuse it. A daemon
+//! started this way lives in the caller's cgroup: a host that restarts its caller's unit
+//! with its whole cgroup runs the packaged `lamina` unit instead.
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -37,12 +40,11 @@ pub fn starter(ctx: &Ctx) -> LazyServer {
             .arg("--log-level")
             .arg(&level)
             .arg("--registry-timeout-seconds")
-            .arg(pull.stall_timeout.as_secs().max(1).to_string());
+            .arg(pull.stall_timeout.as_secs().max(1).to_string())
+            .arg("--lock-timeout-seconds")
+            .arg(store.lock_timeout().as_secs().max(1).to_string());
         if let Some(config) = &config {
             command.arg("--config").arg(config);
-        }
-        for host in &pull.insecure_registries {
-            command.arg("--insecure-registry").arg(host);
         }
         if let Some(dir) = &pull.certs_dir {
             command.arg("--registry-certs-dir").arg(dir);
@@ -50,14 +52,9 @@ pub fn starter(ctx: &Ctx) -> LazyServer {
         if let Some(file) = &pull.auth_file {
             command.arg("--registry-auth-file").arg(file);
         }
-        // The password through the environment only: arguments show in `ps`.
+        // Credentials and plain HTTP are each lazy layer's own (its record): the daemon
+        // serves every tenant's layers, and is given no one's.
         command.env_remove(crate::PASSWORD_ENV);
-        if let Some(credentials) = &pull.credentials {
-            command
-                .arg("--username")
-                .arg(&credentials.username)
-                .env(crate::PASSWORD_ENV, &credentials.password);
-        }
         let child = command
             .arg("daemon")
             .stdin(Stdio::null())

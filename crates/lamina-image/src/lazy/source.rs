@@ -26,6 +26,11 @@ pub struct RangeSource {
     pub annotations: BTreeMap<String, String>,
     /// `docker://HOST/REPO`: where a server started later fetches the layer's chunks.
     pub repository: String,
+    /// The registry was spoken to over plain HTTP (the operator marked it insecure).
+    pub plain_http: bool,
+    /// The username and password this pull was given for the registry, if any: a server
+    /// fetches this layer's chunks with them, and no other layer's.
+    pub credentials: Option<(String, String)>,
     pub read_range: Arc<ReadRange>,
 }
 
@@ -72,6 +77,17 @@ pub fn format_of(annotations: &BTreeMap<String, String>) -> Option<Format> {
     } else {
         None
     }
+}
+
+/// The format and index digest a layer's annotations declare, without fetching anything:
+/// what a lazy layer already in the store must have been published from to be reused.
+pub fn declared(annotations: &BTreeMap<String, String>) -> Option<(Format, Digest)> {
+    let format = format_of(annotations)?;
+    let name = match format {
+        Format::Estargz => TOC_DIGEST_ANNOTATION,
+        Format::ZstdChunked => MANIFEST_CHECKSUM_ANNOTATION,
+    };
+    Some((format, Digest::parse(annotations.get(name)?).ok()?))
 }
 
 fn fetch_error(e: io::Error) -> IndexError {

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lamina_image::lazy::source::fetch_index;
-use lamina_image::{Digest, Image};
+use lamina_image::lazy::source::{declared, fetch_index};
+use lamina_image::{Digest, Image, LayerBlob};
 use lamina_lazy::layer::{self, LazyRecord};
 use lamina_store::{ContainerDirs, Store, StoreError};
 use lamina_sys::{Mounter, OverlaySpec};
@@ -48,49 +48,88 @@ impl std::fmt::Debug for LazyServer {
 /// Makes every layer of `image` present: lazy where its index can be fetched and
 /// checked, whole otherwise. Returns the chain IDs, bottom-most first.
 pub(crate) fn import(store: &Store, image: &Image) -> Result<Vec<Digest>, StoreError> {
+    // A lazy layer's tree carries the index's owners as they are: a store that maps ids
+    // would show them unmapped.
+    if store.properties().mapped() {
+        return Err(StoreError::Properties {
+            store: store.root().to_path_buf(),
+            why: "strategy `lazy` does not serve a store with uid or gid mappings".into(),
+        });
+    }
     let chain_ids = image.chain_ids();
     let mut lazy = vec![false; chain_ids.len()];
-    for (n, (blob, chain_id)) in image.layers.iter().zip(&chain_ids).enumerate() {
-        if store.has_layer(chain_id) {
-            continue;
-        }
-        if layer::is_lazy(store.root(), chain_id) {
-            if let Some(why) = lamina_lazy::complete::bad_reason(store.root(), chain_id) {
-                return Err(StoreError::Layer {
-                    layer: blob.describe(),
-                    message: format!("lazy layer {chain_id} is bad: {why}"),
-                });
-            }
-            lazy[n] = true;
-            continue;
-        }
-        let (Some(remote), Some(blob_digest), Some(blob_size)) =
-            (&blob.remote, &blob.digest, blob.size)
-        else {
-            continue;
-        };
-        let (record, bytes, tree) = match fetch_index(remote, blob_size) {
-            Ok(Some(index)) => index,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!(layer = %blob.describe(), error = %e, "its index cannot be used: pulling the layer whole");
-                continue;
-            }
-        };
-        let record = LazyRecord {
-            chain_id: chain_id.clone(),
-            chain: chain_ids[..=n].to_vec(),
-            diff_id: blob.diff_id.clone(),
-            blob_digest: blob_digest.clone(),
-            blob_size,
-            repository: remote.repository.clone(),
-            index: record,
-        };
-        layer::publish(store, &record, &bytes, &tree)?;
-        tracing::info!(layer = %blob.describe(), chain_id = %chain_id, files = tree.files.len(), index_bytes = bytes.len(), "published lazy layer");
-        lazy[n] = true;
+    for (n, blob) in image.layers.iter().enumerate() {
+        lazy[n] = lazily(store, blob, &chain_ids[..=n])?;
     }
     store.import_except(image, |n| lazy[n])
+}
+
+/// Whether `blob` (the top of `chain`) is present lazily: found published from this very
+/// blob and index, or published now. `false`: it is to be pulled whole (no index, not a
+/// registry's, an index that fails a check, or a lazy layer of its chain ID published
+/// from another blob — a chain ID is only the config's claim until a layer is verified).
+fn lazily(store: &Store, blob: &LayerBlob, chain: &[Digest]) -> Result<bool, StoreError> {
+    let chain_id = chain.last().expect("a chain ends in its layer");
+    let root = store.root();
+    if store.has_layer(chain_id) {
+        return Ok(false);
+    }
+    let (Some(remote), Some(blob_digest), Some(blob_size)) =
+        (&blob.remote, &blob.digest, blob.size)
+    else {
+        return Ok(false);
+    };
+    let Some((_, index_digest)) = declared(&remote.annotations) else {
+        return Ok(false);
+    };
+    let other = || {
+        tracing::warn!(layer = %blob.describe(), chain_id = %chain_id, "a lazy layer of this chain ID came from another blob: pulling this one whole");
+        Ok(false)
+    };
+    if layer::is_lazy(root, chain_id) {
+        if !layer::same_source(root, chain_id, blob_digest, &index_digest)? {
+            return other();
+        }
+        if let Some(why) = lamina_lazy::complete::bad_reason(root, chain_id) {
+            return Err(StoreError::Layer {
+                layer: blob.describe(),
+                message: format!("lazy layer {chain_id} is bad: {why}"),
+            });
+        }
+        return Ok(true);
+    }
+    let (index, bytes, tree) = match fetch_index(remote, blob_size) {
+        Ok(Some(index)) => index,
+        Ok(None) => return Ok(false),
+        Err(e) => {
+            tracing::warn!(layer = %blob.describe(), error = %e, "its index cannot be used: pulling the layer whole");
+            return Ok(false);
+        }
+    };
+    let record = LazyRecord {
+        chain_id: chain_id.clone(),
+        chain: chain.to_vec(),
+        diff_id: blob.diff_id.clone(),
+        blob_digest: blob_digest.clone(),
+        blob_size,
+        repository: remote.repository.clone(),
+        plain_http: remote.plain_http,
+        index,
+    };
+    let auth = remote
+        .credentials
+        .as_ref()
+        .map(|(username, password)| layer::LayerAuth {
+            username: username.clone(),
+            password: password.clone(),
+        });
+    match layer::publish(store, &record, &bytes, &tree, auth.as_ref())? {
+        layer::Published::Ready => {
+            tracing::info!(layer = %blob.describe(), chain_id = %chain_id, files = tree.files.len(), index_bytes = bytes.len(), "published lazy layer");
+            Ok(true)
+        }
+        layer::Published::Other => other(),
+    }
 }
 
 /// `pull --lazy`: [`import`], then the lazy layers served (a server started with `start`
