@@ -55,7 +55,12 @@ impl DelayProxy {
 
 /// Copies `from` to `to`, each read written `delay` after it arrived; counts the bytes
 /// in `count`.
-fn delay_line(mut from: TcpStream, mut to: TcpStream, delay: Duration, count: Option<Arc<AtomicU64>>) {
+fn delay_line(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    delay: Duration,
+    count: Option<Arc<AtomicU64>>,
+) {
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 << 10];
@@ -63,7 +68,10 @@ fn delay_line(mut from: TcpStream, mut to: TcpStream, delay: Duration, count: Op
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                    if tx
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                    {
                         break;
                     }
                 }

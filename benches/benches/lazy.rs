@@ -1,0 +1,376 @@
+//! Lazy pulling against a full pull (issue 39), in the same run, from the same registry
+//! (Debian's docker-registry) on the same loop-backed ext4, through the CLI as Garden runs
+//! it and runc: an eStargz image of busybox and a data layer of ~100 MB or ~1 GB of
+//! incompressible files, whose container reads ~8 % of the bytes before its first line of
+//! output. The registry is reached through a delay proxy adding 0 or 30 ms to every
+//! round trip (`lamina_benches::delay_proxy`; this kernel has no netem).
+//!
+//! - **first output**: from `lamina create` (a fresh store each time) to the container's
+//!   first line: `--strategy lazy` against `--strategy classic`, which pulls whole;
+//! - **bytes**: fetched from the registry before that line, over the bytes the container
+//!   read; and all fetched once background completion has made every layer ordinary;
+//! - **reads**: sequential (a whole unread file) and random (4 KiB at 256 offsets of
+//!   another) through the rootfs of a lazy container while its data is missing, again
+//!   once its chunks are present (page cache dropped), and on a container made after
+//!   completion (ordinary layers) against a classic one.
+//!
+//! Prints markdown tables (docs/benchmarks.md, "Lazy pulling"). `cargo bench -p
+//! lamina-benches --bench lazy`; under `cargo test` it runs at a tiny size to prove it
+//! still runs. Needs root and docker-registry.
+
+// A benchmark that cannot set up must stop loudly, not measure something else.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lamina_benches::delay_proxy::DelayProxy;
+use lamina_benches::stats::{Samples, human, ratio};
+use lamina_integration::registry::Registry;
+use lamina_integration::{Bundle, Lamina, ScratchFs, require_root};
+use lamina_sample::LayerBuilder;
+
+/// One image size: `files` files of `file_bytes` each, every `read_every`-th read at start.
+#[derive(Clone, Copy)]
+struct Size {
+    name: &'static str,
+    files: usize,
+    file_bytes: usize,
+    read_every: usize,
+    runs: usize,
+}
+
+const CHUNK: u64 = 1 << 20;
+const REPO: &str = "bench/lazy";
+
+fn main() {
+    require_root();
+    let full = std::env::args().any(|a| a == "--bench");
+    let sizes = if full {
+        vec![
+            Size {
+                name: "~100 MB",
+                files: 100,
+                file_bytes: 1 << 20,
+                read_every: 12,
+                runs: 3,
+            },
+            Size {
+                name: "~1 GB",
+                files: 256,
+                file_bytes: 4 << 20,
+                read_every: 12,
+                runs: 2,
+            },
+        ]
+    } else {
+        vec![Size {
+            name: "tiny",
+            files: 12,
+            file_bytes: 64 << 10,
+            read_every: 12,
+            runs: 1,
+        }]
+    };
+    let fs = ScratchFs::ext4(if full { 16 * 1024 } else { 1024 });
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    let mut first_rows = Vec::new();
+    let mut read_rows = Vec::new();
+    for size in &sizes {
+        let tag = format!("{REPO}:{}", size.files);
+        let started = Instant::now();
+        push(&registry, fs.path(), size, &tag);
+        eprintln!(
+            "lazy bench: {} image pushed in {:?}",
+            size.name,
+            started.elapsed()
+        );
+        for rtt_ms in [0u64, 30] {
+            let proxy = DelayProxy::start(&registry.host, Duration::from_millis(rtt_ms));
+            let reference = format!("docker://{}/{tag}", proxy.host);
+            let manifest: serde_json::Value =
+                serde_json::from_slice(&registry.manifest(&tag)).unwrap();
+            let blob_bytes: u64 = manifest["layers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["size"].as_u64().unwrap())
+                .sum();
+            let rig = Rig {
+                dir: fs.path(),
+                proxy: &proxy,
+                reference: &reference,
+                size: *size,
+            };
+            let (mut lazy, mut whole) = (Samples::new(), Samples::new());
+            let (mut fetched_first, mut fetched_total) = (0, 0);
+            for run in 0..size.runs {
+                let one = rig.first_output(&format!("lazy-{rtt_ms}-{run}"), true);
+                lazy.push(one.took);
+                fetched_first = one.fetched_first;
+                fetched_total = one.fetched_total;
+                whole.push(
+                    rig.first_output(&format!("whole-{rtt_ms}-{run}"), false)
+                        .took,
+                );
+            }
+            let (lazy, whole) = (lazy.summary(), whole.summary());
+            let read = size.read_bytes();
+            first_rows.push(format!(
+                "| {} | {rtt_ms} ms | {} | {} | {} | {:.2}× | {} of {} |",
+                size.name,
+                human(lazy.p50),
+                human(whole.p50),
+                ratio(lazy.p50, whole.p50),
+                fetched_first as f64 / read as f64,
+                mib(fetched_total),
+                mib(blob_bytes)
+            ));
+            if size.name != "~1 GB" {
+                read_rows.extend(rig.reads(rtt_ms));
+            }
+        }
+    }
+    println!("\n#### First output, lazy against a full pull\n");
+    println!(
+        "| image | added RTT | lazy p50 | full pull p50 | lazy / full | fetched before first output ÷ read | fetched in all (after completion) of the image's blobs |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for row in &first_rows {
+        println!("{row}");
+    }
+    println!("\n#### Reads through the rootfs\n");
+    println!("| added RTT | what | sequential (MiB/s) | random 4 KiB (reads/s) |");
+    println!("|---|---|---|---|");
+    for row in &read_rows {
+        println!("{row}");
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+impl Size {
+    fn read_paths(&self) -> Vec<String> {
+        (0..self.files)
+            .step_by(self.read_every)
+            .map(|n| format!("/data/f{n}"))
+            .collect()
+    }
+
+    fn read_bytes(&self) -> u64 {
+        (self.read_paths().len() * self.file_bytes) as u64
+    }
+}
+
+/// `len` bytes no two images' files share (xorshift from `seed`): incompressible, as
+/// most of a real image's bytes are once compressed.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Pushes busybox and the data layer of `size`, both eStargz, as `tag`.
+fn push(registry: &Registry, dir: &Path, size: &Size, tag: &str) {
+    let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).unwrap();
+    let base = lamina_sample::base_layer(&busybox).unwrap();
+    let mut top = LayerBuilder::new().dir("data", 0o755).unwrap();
+    for n in 0..size.files {
+        top = top
+            .file(
+                &format!("data/f{n}"),
+                0o644,
+                &noise(n as u64 + 1, size.file_bytes),
+            )
+            .unwrap();
+    }
+    let top = top.finish().unwrap();
+    let layers = [&base, &top]
+        .iter()
+        .map(|tar| {
+            lamina_sample::estargz::estargz(tar, CHUNK)
+                .unwrap()
+                .stored(tar)
+        })
+        .collect();
+    let image = lamina_sample::build_image_from(
+        layers,
+        &["PATH=/bin"],
+        &["/bin/sh"],
+        &lamina_image::Platform::host(),
+    )
+    .unwrap();
+    let layout = dir.join(format!("layout-{}", size.files));
+    lamina_sample::write_oci_layout(&layout, &[&image], &[(image.manifest.clone(), Some("v1"))])
+        .unwrap();
+    registry.push(&layout, "v1", tag);
+    let _ = std::fs::remove_dir_all(&layout);
+}
+
+struct Rig<'a> {
+    dir: &'a Path,
+    proxy: &'a DelayProxy,
+    reference: &'a str,
+    size: Size,
+}
+
+struct FirstOutput {
+    took: Duration,
+    fetched_first: u64,
+    fetched_total: u64,
+}
+
+impl Rig<'_> {
+    fn store(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("store-{name}"))
+    }
+
+    /// Creates from a fresh store and runs the container until its first line.
+    fn first_output(&self, name: &str, lazy: bool) -> FirstOutput {
+        let store = self.store(name);
+        let lamina = Lamina::init(&store);
+        let before = self.proxy.fetched();
+        let started = Instant::now();
+        let strategy = if lazy { "lazy" } else { "classic" };
+        let out = lamina.run(&[
+            "--insecure-registry",
+            &self.proxy.host,
+            "create",
+            "--strategy",
+            strategy,
+            self.reference,
+            "bench",
+        ]);
+        assert_eq!(out.code, 0, "{out:?}");
+        let script = format!(
+            "cat {} > /dev/null && echo ready",
+            self.size.read_paths().join(" ")
+        );
+        let booted =
+            Bundle::new(&lamina.rootfs("bench"), false).run(&format!("lazy-bench-{name}"), &script);
+        let took = started.elapsed();
+        assert_eq!(booted.stdout, "ready\n", "{booted:?}");
+        let fetched_first = self.proxy.fetched() - before;
+        if lazy {
+            lamina_integration::wait_until("background completion", || {
+                lamina.entries("layers") == 2
+            });
+        }
+        let fetched_total = self.proxy.fetched() - before;
+        let out = lamina.run(&["delete", "bench"]);
+        assert_eq!(out.code, 0, "{out:?}");
+        drop_store(&store);
+        FirstOutput {
+            took,
+            fetched_first,
+            fetched_total,
+        }
+    }
+
+    /// The read rows at `rtt_ms`.
+    fn reads(&self, rtt_ms: u64) -> Vec<String> {
+        let store = self.store(&format!("reads-{rtt_ms}"));
+        let lamina = Lamina::init(&store);
+        let create = |strategy: &str, id: &str| {
+            let out = lamina.run(&[
+                "--insecure-registry",
+                &self.proxy.host,
+                "create",
+                "--strategy",
+                strategy,
+                self.reference,
+                id,
+            ]);
+            assert_eq!(out.code, 0, "{out:?}");
+            lamina.rootfs(id)
+        };
+        let (seq_file, random_file) = ("data/f1", "data/f2");
+        let lazy = create("lazy", "lazy");
+        let row = |what: &str, rootfs: &Path| {
+            let (mib_s, reads_s) = (
+                sequential(&rootfs.join(seq_file)),
+                random(&rootfs.join(random_file)),
+            );
+            format!("| {rtt_ms} ms | {what} | {mib_s:.0} | {reads_s:.0} |")
+        };
+        let mut rows = vec![row("lazy, data missing (completion running)", &lazy)];
+        drop_caches();
+        rows.push(row("lazy, its chunks present (page cache dropped)", &lazy));
+        lamina_integration::wait_until("background completion", || lamina.entries("layers") == 2);
+        let after = create("lazy", "after");
+        let classic = create("classic", "classic");
+        drop_caches();
+        rows.push(row(
+            "lazy after completion: ordinary layers (page cache dropped)",
+            &after,
+        ));
+        drop_caches();
+        rows.push(row(
+            "classic, the same layers (page cache dropped)",
+            &classic,
+        ));
+        for id in ["lazy", "after", "classic"] {
+            assert_eq!(lamina.run(&["delete", id]).code, 0);
+        }
+        drop_store(&store);
+        rows
+    }
+}
+
+fn drop_caches() {
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+}
+
+/// MiB/s reading `path` whole.
+fn sequential(path: &Path) -> f64 {
+    let started = Instant::now();
+    let bytes = std::fs::read(path).unwrap();
+    bytes.len() as f64 / (1 << 20) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// 4 KiB reads per second at 256 offsets of `path`, spread by a fixed stride.
+fn random(path: &Path) -> f64 {
+    let mut file = std::fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len();
+    let blocks = (len / 4096).max(1);
+    let mut buf = vec![0u8; 4096];
+    let started = Instant::now();
+    for n in 0..256u64 {
+        let block = (n * 7919) % blocks;
+        file.seek(SeekFrom::Start(block * 4096)).unwrap();
+        let _ = file.read(&mut buf).unwrap();
+    }
+    256.0 / started.elapsed().as_secs_f64()
+}
+
+/// Removes a bench store: its daemon stopped, every mount under it gone.
+fn drop_store(store: &Path) {
+    let text = store.to_string_lossy().into_owned();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.contains(&&b"daemon"[..]) && args.contains(&text.as_bytes()) {
+            let _ = std::process::Command::new("kill")
+                .arg("-KILL")
+                .arg(entry.file_name())
+                .status();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    for mount in lamina_integration::scratch::mounts_under(store) {
+        let _ = rustix::mount::unmount(&mount, rustix::mount::UnmountFlags::DETACH);
+    }
+    let _ = std::fs::remove_dir_all(store);
+}
