@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
@@ -31,14 +31,28 @@ pub struct LazyObject {
     pub copy: PathBuf,
 }
 
+/// Where a chunk of an object is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Missing,
+    /// One read is fetching it; the others wanting it wait for that one.
+    Fetching,
+    Present,
+}
+
 /// An object and which of its chunks its copy holds (for the life of this server: a
 /// restarted one fetches again). The copy is opened per use, so a layer of many files
 /// holds no descriptor per file.
 #[derive(Debug)]
 struct Served {
     object: LazyObject,
-    present: Mutex<Vec<bool>>,
+    state: Mutex<Vec<State>>,
+    /// Signalled whenever a chunk stops being fetched (present, or missing again).
+    settled: Condvar,
 }
+
+/// The most one request fetches for a run of adjacent chunks a read wants.
+const MAX_RUN_BYTES: u64 = 8 << 20;
 
 /// The filesystem; [`ObjectsFs::mount`] serves it.
 pub struct ObjectsFs {
@@ -90,7 +104,8 @@ impl ObjectsFs {
             let chunks = object.file.chunks.len();
             served.push(Served {
                 object,
-                present: Mutex::new(vec![false; chunks]),
+                state: Mutex::new(vec![State::Missing; chunks]),
+                settled: Condvar::new(),
             });
         }
         Ok(ObjectsFs {
@@ -142,45 +157,109 @@ impl ObjectsFs {
         })
     }
 
-    /// Makes every chunk of object `n` covering `offset..end` present, fetching and
-    /// checking the missing ones, each member once. No lock is held while fetching: two
-    /// reads wanting the same missing chunk may both fetch it, and whichever writes it
-    /// first marks it present (both wrote the same checked bytes).
+    /// Makes every chunk of object `n` covering `offset..end` present. Each missing one
+    /// is fetched by one read only: a read claims the chunks no other read is fetching,
+    /// fetches each run of adjacent ones in one request (members that follow each other
+    /// in the blob, up to [`MAX_RUN_BYTES`]), checks and writes them, and then waits for
+    /// the chunks other reads claimed. No lock is held while fetching. A failed fetch
+    /// leaves its chunks missing for the next read to try, and fails this one.
     fn fill(&self, n: usize, offset: u64, end: u64) -> io::Result<()> {
         let served = &self.objects[n];
         let chunks = &served.object.file.chunks;
-        let missing: Vec<usize> = {
-            let present = served.present.lock().unwrap_or_else(|e| e.into_inner());
-            // Chunks are in file order (checked in `new`): those covering the range are
-            // one run.
-            let first = chunks.partition_point(|c| c.file_offset + c.size <= offset);
-            (first..chunks.len())
-                .take_while(|i| chunks[*i].file_offset < end)
-                .filter(|i| !present[*i])
-                .collect()
-        };
-        if missing.is_empty() {
+        // Chunks are in file order (checked in `new`): those covering the range are one run.
+        let first = chunks.partition_point(|c| c.file_offset + c.size <= offset);
+        let wanted: Vec<usize> = (first..chunks.len())
+            .take_while(|i| chunks[*i].file_offset < end)
+            .collect();
+        // Another read's fetch failing is tried once more by this one.
+        for _attempt in 0..2 {
+            let mine: Vec<usize> = {
+                let mut state = served.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut claimed = Vec::new();
+                for i in &wanted {
+                    if state[*i] == State::Missing {
+                        state[*i] = State::Fetching;
+                        claimed.push(*i);
+                    }
+                }
+                claimed
+            };
+            let fetched = self.fetch_chunks(served, &mine);
+            {
+                let mut state = served.state.lock().unwrap_or_else(|e| e.into_inner());
+                let ended = if fetched.is_ok() {
+                    State::Present
+                } else {
+                    State::Missing
+                };
+                for i in &mine {
+                    state[*i] = ended;
+                }
+                served.settled.notify_all();
+            }
+            fetched?;
+            let mut state = served.state.lock().unwrap_or_else(|e| e.into_inner());
+            while wanted.iter().any(|i| state[*i] == State::Fetching) {
+                state = served
+                    .settled
+                    .wait(state)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            if wanted.iter().all(|i| state[*i] == State::Present) {
+                return Ok(());
+            }
+        }
+        Err(io::Error::other("a chunk could not be fetched"))
+    }
+
+    /// Fetches, checks and writes chunks `mine` (in file order) of `served`.
+    fn fetch_chunks(&self, served: &Served, mine: &[usize]) -> io::Result<()> {
+        if mine.is_empty() {
             return Ok(());
         }
+        let chunks = &served.object.file.chunks;
         let copy = File::options().write(true).open(&served.object.copy)?;
-        let mut fetched: Option<((u64, u64), Vec<u8>)> = None;
-        for i in missing {
-            let chunk = &chunks[i];
-            let bytes = if chunk.zeros {
-                chunk_bytes(&[], chunk).map_err(io::Error::other)?
-            } else {
-                if fetched
-                    .as_ref()
-                    .is_none_or(|(member, _)| *member != chunk.member)
+        let mut at = 0;
+        while at < mine.len() {
+            let first = &chunks[mine[at]];
+            // The run: chunks after `first` whose members follow each other (or are its
+            // member again), within the bound.
+            let mut last = at;
+            while last + 1 < mine.len() {
+                let (this, next) = (&chunks[mine[last]], &chunks[mine[last + 1]]);
+                let follows = next.member == this.member || next.member.0 == this.member.1;
+                if mine[last + 1] != mine[last] + 1
+                    || this.zeros
+                    || next.zeros
+                    || !follows
+                    || next.member.1 - first.member.0 > MAX_RUN_BYTES
                 {
-                    let bytes = self.source.fetch(chunk.member.0, chunk.member.1)?;
-                    fetched = Some((chunk.member, bytes));
+                    break;
                 }
-                let member = fetched.as_ref().map_or(&[][..], |(_, bytes)| &bytes[..]);
-                chunk_bytes(member, chunk).map_err(io::Error::other)?
+                last += 1;
+            }
+            let run = &mine[at..=last];
+            let bytes = if first.zeros {
+                Vec::new()
+            } else {
+                self.source
+                    .fetch(first.member.0, chunks[mine[last]].member.1)?
             };
-            copy.write_all_at(&bytes, chunk.file_offset)?;
-            served.present.lock().unwrap_or_else(|e| e.into_inner())[i] = true;
+            for i in run {
+                let chunk = &chunks[*i];
+                let member = if chunk.zeros {
+                    &[][..]
+                } else {
+                    let from = (chunk.member.0 - first.member.0) as usize;
+                    let to = (chunk.member.1 - first.member.0) as usize;
+                    bytes
+                        .get(from..to)
+                        .ok_or_else(|| io::Error::other("a short fetch"))?
+                };
+                let checked = chunk_bytes(member, chunk).map_err(io::Error::other)?;
+                copy.write_all_at(&checked, chunk.file_offset)?;
+            }
+            at = last + 1;
         }
         Ok(())
     }

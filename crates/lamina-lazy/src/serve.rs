@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,7 @@ use crate::layer::{self, LazyRecord};
 const COMPLETING_AT_ONCE: usize = 2;
 /// How long a completion that failed (the registry, the disk) waits to be tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
-use crate::{LazyObject, ObjectsFs, RegistryBlob};
+use crate::{ChunkSource, LazyObject, ObjectsFs, RegistryBlob};
 
 /// The registry settings for `record`'s layer (on `host`): the shared ones, with its own
 /// credentials and plain HTTP.
@@ -68,11 +69,40 @@ pub fn running(store: &Path) -> bool {
     }
 }
 
+/// One layer being served: its FUSE session, since when, and when a read last fetched.
+struct Serving {
+    _session: fuser::BackgroundSession,
+    since: Instant,
+    last_fetch: Arc<AtomicU64>,
+}
+
+/// Completion waits until a layer has been served this long and no read has fetched
+/// from it for [`QUIET`], so it does not compete with a starting container for the
+/// network; after [`COMPLETE_BY`] it begins whatever the reads do.
+const SETTLE: Duration = Duration::from_secs(5);
+const QUIET: Duration = Duration::from_secs(2);
+const COMPLETE_BY: Duration = Duration::from_secs(60);
+
+/// A layer's chunks, noting when each fetch was asked (milliseconds since `epoch`).
+struct Watched {
+    inner: RegistryBlob,
+    epoch: Instant,
+    last_fetch: Arc<AtomicU64>,
+}
+
+impl ChunkSource for Watched {
+    fn fetch(&self, start: u64, end: u64) -> io::Result<Vec<u8>> {
+        self.last_fetch
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.inner.fetch(start, end)
+    }
+}
+
 /// The server of one store's lazy layers.
 pub struct Server {
     store: Store,
     pull: PullOptions,
-    served: HashMap<Digest, fuser::BackgroundSession>,
+    served: HashMap<Digest, Serving>,
     /// Layers whose serving failed, and when they may be tried again.
     failed: HashMap<Digest, Instant>,
     /// Where this server keeps its layers' fetched chunks: `copies-<pid>` in each layer's
@@ -83,6 +113,8 @@ pub struct Server {
     completing: Arc<Mutex<HashSet<Digest>>>,
     retry_at: Arc<Mutex<HashMap<Digest, Instant>>>,
     lock: File,
+    /// What [`Watched`] times fetches from.
+    epoch: Instant,
 }
 
 impl std::fmt::Debug for Server {
@@ -129,6 +161,7 @@ impl Server {
             completing: Arc::default(),
             retry_at: Arc::default(),
             lock,
+            epoch: Instant::now(),
         }))
     }
 
@@ -171,11 +204,17 @@ impl Server {
             {
                 continue;
             }
-            match self.serve(mounter, &chain_id) {
+            let last_fetch = Arc::new(AtomicU64::new(0));
+            match self.serve(mounter, &chain_id, last_fetch.clone()) {
                 Ok(session) => {
                     tracing::info!(layer = %chain_id, "serving lazy layer");
                     self.failed.remove(&chain_id);
-                    self.served.insert(chain_id, session);
+                    let serving = Serving {
+                        _session: session,
+                        since: now,
+                        last_fetch,
+                    };
+                    self.served.insert(chain_id, serving);
                     started += 1;
                 }
                 Err(e) => {
@@ -191,6 +230,7 @@ impl Server {
         &self,
         mounter: &dyn Mounter,
         chain_id: &Digest,
+        last_fetch: Arc<AtomicU64>,
     ) -> io::Result<fuser::BackgroundSession> {
         let root = self.store.root();
         let record = LazyRecord::read(root, chain_id).map_err(io::Error::other)?;
@@ -248,10 +288,14 @@ impl Server {
                 copy: copies.join(layer::object_name(file)),
             })
             .collect();
-        let source = RegistryBlob {
-            client,
-            digest: record.blob_digest.to_string(),
-            size: record.blob_size,
+        let source = Watched {
+            inner: RegistryBlob {
+                client,
+                digest: record.blob_digest.to_string(),
+                size: record.blob_size,
+            },
+            epoch: self.epoch,
+            last_fetch,
         };
         ObjectsFs::new(objects, Arc::new(source))?.mount(&target)
     }
@@ -261,8 +305,16 @@ impl Server {
     /// Starts completing served layers not yet completed, in threads of their own.
     fn complete_some(&mut self) {
         let now = Instant::now();
-        for chain_id in self.served.keys() {
+        let since_epoch = self.epoch.elapsed().as_millis() as u64;
+        for (chain_id, serving) in &self.served {
             if self.completed.contains(chain_id) {
+                continue;
+            }
+            let quiet = Duration::from_millis(
+                since_epoch.saturating_sub(serving.last_fetch.load(Ordering::Relaxed)),
+            );
+            let served_for = now.saturating_duration_since(serving.since);
+            if served_for < SETTLE || (quiet < QUIET && served_for < COMPLETE_BY) {
                 continue;
             }
             let mut completing = self
