@@ -7,6 +7,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -49,7 +50,15 @@ struct Served {
     state: Mutex<Vec<State>>,
     /// Signalled whenever a chunk stops being fetched (present, or missing again).
     settled: Condvar,
+    /// Where the last read of it ended: a read that starts there reads on, and the
+    /// chunks after it are fetched with it ([`READ_AHEAD_BYTES`]).
+    last_end: AtomicU64,
 }
+
+/// How far past a sequential read the chunks of its file are fetched with it: one round
+/// trip for what a reader reading on would otherwise wait a round trip per chunk for.
+/// A read that does not continue the last one fetches only what it covers.
+const READ_AHEAD_BYTES: u64 = 4 << 20;
 
 /// The most one request fetches for a run of adjacent chunks a read wants.
 const MAX_RUN_BYTES: u64 = 8 << 20;
@@ -106,6 +115,7 @@ impl ObjectsFs {
                 object,
                 state: Mutex::new(vec![State::Missing; chunks]),
                 settled: Condvar::new(),
+                last_end: AtomicU64::new(0),
             });
         }
         Ok(ObjectsFs {
@@ -166,18 +176,32 @@ impl ObjectsFs {
     fn fill(&self, n: usize, offset: u64, end: u64) -> io::Result<()> {
         let served = &self.objects[n];
         let chunks = &served.object.file.chunks;
+        let sequential = served.last_end.swap(end, Ordering::Relaxed) == offset;
+        let ahead_to = if sequential {
+            end.saturating_add(READ_AHEAD_BYTES)
+        } else {
+            end
+        };
         // Chunks are in file order (checked in `new`): those covering the range are one run.
         let first = chunks.partition_point(|c| c.file_offset + c.size <= offset);
         let wanted: Vec<usize> = (first..chunks.len())
             .take_while(|i| chunks[*i].file_offset < end)
+            .collect();
+        let ahead: Vec<usize> = (first + wanted.len()..chunks.len())
+            .take_while(|i| chunks[*i].file_offset < ahead_to)
             .collect();
         // Another read's fetch failing is tried once more by this one.
         for _attempt in 0..2 {
             let mine: Vec<usize> = {
                 let mut state = served.state.lock().unwrap_or_else(|e| e.into_inner());
                 let mut claimed = Vec::new();
-                for i in &wanted {
-                    if state[*i] == State::Missing {
+                // What it needs, then what a reader reading on will: only while they run
+                // on from what it needs, so one request still fetches them all.
+                for i in wanted.iter().chain(&ahead) {
+                    if state[*i] == State::Missing
+                        && (wanted.contains(i)
+                            || i.checked_sub(1).is_some_and(|p| claimed.last() == Some(&p)))
+                    {
                         state[*i] = State::Fetching;
                         claimed.push(*i);
                     }
