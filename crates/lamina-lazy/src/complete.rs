@@ -36,7 +36,7 @@ pub fn bad_reason(store: &Path, chain_id: &Digest) -> Option<String> {
 }
 
 /// Marks lazy layer `chain_id` bad for `why`.
-fn mark_bad(store: &Store, chain_id: &Digest, why: &str) -> Result<(), StoreError> {
+pub fn mark_bad(store: &Store, chain_id: &Digest, why: &str) -> Result<(), StoreError> {
     tracing::error!(layer = %chain_id, why, "lazy layer is bad");
     lamina_store::write_durably(
         &layer::dir(store.root(), chain_id).join(BAD),
@@ -82,7 +82,7 @@ pub fn complete(
                 let blob = blob_at(record, &staged);
                 store
                     .import_layer(&record.chain, record.chain.len() - 1, &blob)
-                    .map_err(|e| (is_the_hosts(&e), e.to_string()))
+                    .map_err(|e| (!is_the_images(&e), e.to_string()))
             }
             Ok(Err(bad)) => Err((false, bad)),
             Err(e) => Err((true, e.to_string())),
@@ -161,19 +161,13 @@ fn blob_at(record: &LazyRecord, path: &Path) -> LayerBlob {
     }
 }
 
-/// Whether an import of a verified blob failed for a reason of the host's (its disk full,
-/// read-only or failing), which a retry may cure, rather than the blob's.
-fn is_the_hosts(e: &StoreError) -> bool {
+/// Whether an import of a blob whose digest is the manifest's failed for a reason of
+/// the image's own (its tar not its diffID, its size not the manifest's): bad for good. Anything
+/// else (the disk, memory, a lock, the unpacker's refusals, which a retry repeats) is
+/// tried again, and marked bad only after repeated failures (`serve::GIVE_UP_AFTER`).
+fn is_the_images(e: &StoreError) -> bool {
     let text = e.to_string();
-    [
-        "No space left",
-        "Disk quota",
-        "Read-only file system",
-        "Input/output error",
-        "store lock",
-    ]
-    .iter()
-    .any(|host| text.contains(host))
+    text.contains("mismatch")
 }
 
 fn rel(components: &[Vec<u8>]) -> PathBuf {

@@ -22,7 +22,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use lamina_image::Digest;
-use lamina_image::lazy::LazyFile;
+use lamina_image::lazy::estargz::TocFile;
 use lamina_image::lazy::source::IndexRecord;
 use lamina_image::lazy::tree::{Change, LayerTree, Node, NodeKind};
 use lamina_store::{Store, StoreError};
@@ -86,22 +86,44 @@ pub fn auth(store: &Path, chain_id: &Digest) -> Result<Option<LayerAuth>, StoreE
 pub enum Published {
     /// Published now, or found published from the same blob and index.
     Ready,
-    /// A lazy layer of this chain ID was published from another blob or index: a chain
-    /// ID is the config's claim, which nothing lazy has checked yet, so it is not reused
+    /// A lazy layer of this chain ID was published from another source (blob, index,
+    /// repository or credentials): a chain ID is the config's claim, which nothing lazy
+    /// has checked yet, and a layer's credentials are one tenant's, so it is not reused
     /// (the caller pulls this layer whole, verified).
     Other,
 }
 
-/// Whether the lazy layer already at `chain_id` came from blob `blob_digest` with an index
-/// of `index_digest`.
+/// Where a lazy layer's bytes are fetched from, and with what.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    pub blob_digest: &'a Digest,
+    pub index_digest: &'a Digest,
+    pub repository: &'a str,
+    pub plain_http: bool,
+    pub auth: Option<&'a LayerAuth>,
+}
+
+/// Whether the lazy layer already at `chain_id` is `source`'s: the same blob and index,
+/// fetched from the same repository, the same way, with the same credentials (a layer's
+/// server fetches with one tenant's credentials, never another's).
 pub fn same_source(
     store: &Path,
     chain_id: &Digest,
-    blob_digest: &Digest,
-    index_digest: &Digest,
+    source: Source<'_>,
 ) -> Result<bool, StoreError> {
     let existing = LazyRecord::read(store, chain_id)?;
-    Ok(existing.blob_digest == *blob_digest && existing.index.digest == *index_digest)
+    let existing_auth = self::auth(store, chain_id)?;
+    let auth = source.auth;
+    let same_auth = match (existing_auth.as_ref(), auth) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.username == b.username && a.password == b.password,
+        _ => false,
+    };
+    Ok(existing.blob_digest == *source.blob_digest
+        && existing.index.digest == *source.index_digest
+        && existing.repository == source.repository
+        && existing.plain_http == source.plain_http
+        && same_auth)
 }
 
 /// Creates `dir` (and what is missing above it) as root's alone.
@@ -167,9 +189,12 @@ impl LazyRecord {
     }
 }
 
-/// The object name a regular file's skeleton redirects to: its content's digest.
-pub fn object_name(file: &LazyFile) -> String {
-    file.digest.hex().to_string()
+/// The object a regular file's metacopy inode redirects to: `<chain-id-hex>-<n>`, the
+/// `n`th regular file of that layer. Not its content digest: that is the index's claim,
+/// and a file claiming another's digest must not be served in its place (here, or in a
+/// layer below whose objects overlay looks up after this one's).
+pub fn object_name(chain_id: &Digest, n: usize) -> String {
+    format!("{}-{n}", chain_id.hex())
 }
 
 /// Publishes lazy layer `record.chain_id` with the index's `bytes`, the `tree` they make
@@ -185,12 +210,14 @@ pub fn publish(
     let root = store.root();
     let target = dir(root, &record.chain_id);
     let ready = || -> Result<Published, StoreError> {
-        let same = same_source(
-            root,
-            &record.chain_id,
-            &record.blob_digest,
-            &record.index.digest,
-        )?;
+        let source = Source {
+            blob_digest: &record.blob_digest,
+            index_digest: &record.index.digest,
+            repository: &record.repository,
+            plain_http: record.plain_http,
+            auth,
+        };
+        let same = same_source(root, &record.chain_id, source)?;
         Ok(if same {
             Published::Ready
         } else {
@@ -212,7 +239,13 @@ pub fn publish(
     let written = (|| -> Result<Published, StoreError> {
         private_dir(&staging).map_err(io_error("creating", &staging))?;
         let diff = staging.join("diff");
-        write_tree(&**store.host(), &diff, tree)
+        write_tree(&**store.host(), &diff, &record.chain_id, tree)
+            .map_err(|e| io_error("writing the lazy layer's tree", &diff)(e))?;
+        let inline = record
+            .index
+            .inline_files(bytes)
+            .map_err(|e| io_error("reading the index", &diff)(io::Error::other(e)))?;
+        write_inline(&**store.host(), &diff, &inline)
             .map_err(|e| io_error("writing the lazy layer's tree", &diff)(e))?;
         fs::create_dir(staging.join("objects.mnt")).map_err(io_error("creating", &staging))?;
         lamina_store::write_durably(&staging.join(INDEX), bytes)?;
@@ -277,6 +310,35 @@ fn write_private(store: &Store, path: &Path, auth: &LayerAuth) -> Result<(), Sto
         .map_err(|e| StoreError::io("syncing", path)(e.into()))
 }
 
+/// Writes the files whose bytes the index gives (eStargz's TOC entry) at the root of
+/// `diff`, whole, as a whole pull would; a name the tree already holds is left as it is.
+fn write_inline(host: &dyn HostFs, diff: &Path, files: &[(String, TocFile)]) -> io::Result<()> {
+    let root = File::open(diff)?;
+    for (name, file) in files {
+        let fd = match rustix::fs::openat(
+            &root,
+            name.as_str(),
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::from_raw_mode(0o600),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::EXIST) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let mut written = File::from(fd);
+        std::io::Write::write_all(&mut written, &file.json)?;
+        let meta = Meta {
+            mode: file.mode,
+            uid: file.uid,
+            gid: file.gid,
+            mtime: file.mtime,
+            xattrs: Vec::new(),
+        };
+        apply_fd(host, written.as_fd(), &meta).map_err(io::Error::from)?;
+    }
+    Ok(())
+}
+
 fn meta(node: &Node) -> Meta {
     Meta {
         mode: node.mode,
@@ -313,7 +375,12 @@ fn open_dir(root: BorrowedFd<'_>, components: &[Vec<u8>]) -> io::Result<OwnedFd>
 
 /// Writes `tree` at `diff` (which must not exist). Directories get their metadata last,
 /// deepest first, so entries made in them do not change their times afterwards.
-pub fn write_tree(host: &dyn HostFs, diff: &Path, tree: &LayerTree) -> io::Result<()> {
+pub fn write_tree(
+    host: &dyn HostFs,
+    diff: &Path,
+    chain_id: &Digest,
+    tree: &LayerTree,
+) -> io::Result<()> {
     fs::create_dir(diff)?;
     let root = File::open(diff)?;
     let root = root.as_fd();
@@ -377,7 +444,7 @@ pub fn write_tree(host: &dyn HostFs, diff: &Path, tree: &LayerTree) -> io::Resul
                         b"",
                     )
                     .map_err(fail)?;
-                    let redirect = format!("/{}", object_name(file));
+                    let redirect = format!("/{}", object_name(chain_id, *n));
                     host.set_xattr(
                         At::Fd(fd.as_fd()),
                         OsStr::new("trusted.overlay.redirect"),

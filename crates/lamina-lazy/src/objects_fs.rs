@@ -170,9 +170,12 @@ impl ObjectsFs {
     /// Makes every chunk of object `n` covering `offset..end` present. Each missing one
     /// is fetched by one read only: a read claims the chunks no other read is fetching,
     /// fetches each run of adjacent ones in one request (members that follow each other
-    /// in the blob, up to [`MAX_RUN_BYTES`]), checks and writes them, and then waits for
-    /// the chunks other reads claimed. No lock is held while fetching. A failed fetch
-    /// leaves its chunks missing for the next read to try, and fails this one.
+    /// in the blob, up to [`MAX_RUN_BYTES`]), checks and writes it, and marks that run
+    /// present (or missing again) before the next; then it waits for the chunks it needs
+    /// that other reads claimed. A sequential read also claims the missing chunks right
+    /// after it, up to [`READ_AHEAD_BYTES`], fetched in the same request (one round trip);
+    /// if that fails, what is needed is fetched again without them, so a read-ahead never
+    /// fails a read. No lock is held while fetching.
     fn fill(&self, n: usize, offset: u64, end: u64) -> io::Result<()> {
         let served = &self.objects[n];
         let chunks = &served.object.file.chunks;
@@ -184,71 +187,71 @@ impl ObjectsFs {
         };
         // Chunks are in file order (checked in `new`): those covering the range are one run.
         let first = chunks.partition_point(|c| c.file_offset + c.size <= offset);
-        let wanted: Vec<usize> = (first..chunks.len())
-            .take_while(|i| chunks[*i].file_offset < end)
-            .collect();
-        let ahead: Vec<usize> = (first + wanted.len()..chunks.len())
-            .take_while(|i| chunks[*i].file_offset < ahead_to)
-            .collect();
-        // Another read's fetch failing is tried once more by this one.
-        for _attempt in 0..2 {
-            let mine: Vec<usize> = {
+        let needed = first..first + chunks[first..].partition_point(|c| c.file_offset < end);
+        let ahead_end =
+            needed.end + chunks[needed.end..].partition_point(|c| c.file_offset < ahead_to);
+        // Another read's fetch failing (or this one's with its read-ahead) is tried once
+        // more, without read-ahead.
+        for attempt in 0..2 {
+            let mine = {
                 let mut state = served.state.lock().unwrap_or_else(|e| e.into_inner());
-                let mut claimed = Vec::new();
-                // What it needs, then what a reader reading on will: only while they run
-                // on from what it needs, so one request still fetches them all.
-                for i in wanted.iter().chain(&ahead) {
-                    if state[*i] == State::Missing
-                        && (wanted.contains(i)
-                            || i.checked_sub(1).is_some_and(|p| claimed.last() == Some(&p)))
-                    {
-                        state[*i] = State::Fetching;
-                        claimed.push(*i);
+                let mut mine = Vec::new();
+                for i in needed.clone() {
+                    if state[i] == State::Missing {
+                        state[i] = State::Fetching;
+                        mine.push(i);
                     }
                 }
-                claimed
-            };
-            let fetched = self.fetch_chunks(served, &mine);
-            {
-                let mut state = served.state.lock().unwrap_or_else(|e| e.into_inner());
-                let ended = if fetched.is_ok() {
-                    State::Present
-                } else {
-                    State::Missing
-                };
-                for i in &mine {
-                    state[*i] = ended;
+                // Read-ahead only while it runs on from the last chunk needed, so one
+                // request fetches it with what is needed.
+                if attempt == 0 && mine.last() == Some(&(needed.end - 1)) {
+                    for i in needed.end..ahead_end {
+                        if state[i] != State::Missing {
+                            break;
+                        }
+                        state[i] = State::Fetching;
+                        mine.push(i);
+                    }
                 }
-                served.settled.notify_all();
+                mine
+            };
+            if self.fetch_chunks(served, &mine).is_err() && attempt == 1 {
+                return Err(io::Error::other("a chunk could not be fetched"));
             }
-            fetched?;
             let mut state = served.state.lock().unwrap_or_else(|e| e.into_inner());
-            while wanted.iter().any(|i| state[*i] == State::Fetching) {
+            while needed.clone().any(|i| state[i] == State::Fetching) {
                 state = served
                     .settled
                     .wait(state)
                     .unwrap_or_else(|e| e.into_inner());
             }
-            if wanted.iter().all(|i| state[*i] == State::Present) {
+            if needed.clone().all(|i| state[i] == State::Present) {
                 return Ok(());
             }
         }
         Err(io::Error::other("a chunk could not be fetched"))
     }
 
-    /// Fetches, checks and writes chunks `mine` (in file order) of `served`.
-    fn fetch_chunks(&self, served: &Served, mine: &[usize]) -> io::Result<()> {
-        if mine.is_empty() {
+    /// Fetches, checks and writes chunks `claimed` (in file order, each claimed
+    /// `Fetching` by this read) of `served`, run by run, each run marked present once
+    /// written, or missing again if it failed (as is every run after it, unfetched). A
+    /// panic on the way leaves none of them `Fetching`.
+    fn fetch_chunks(&self, served: &Served, claimed: &[usize]) -> io::Result<()> {
+        let mut guard = Settle {
+            served,
+            left: claimed,
+        };
+        if claimed.is_empty() {
             return Ok(());
         }
         let chunks = &served.object.file.chunks;
         let copy = File::options().write(true).open(&served.object.copy)?;
-        let mut at = 0;
-        while at < mine.len() {
-            let first = &chunks[mine[at]];
+        while !guard.left.is_empty() {
+            let mine = guard.left;
+            let first = &chunks[mine[0]];
             // The run: chunks after `first` whose members follow each other (or are its
             // member again), within the bound.
-            let mut last = at;
+            let mut last = 0;
             while last + 1 < mine.len() {
                 let (this, next) = (&chunks[mine[last]], &chunks[mine[last + 1]]);
                 let follows = next.member == this.member || next.member.0 == this.member.1;
@@ -262,7 +265,7 @@ impl ObjectsFs {
                 }
                 last += 1;
             }
-            let run = &mine[at..=last];
+            let run = &mine[..=last];
             let bytes = if first.zeros {
                 Vec::new()
             } else {
@@ -283,9 +286,36 @@ impl ObjectsFs {
                 let checked = chunk_bytes(member, chunk).map_err(io::Error::other)?;
                 copy.write_all_at(&checked, chunk.file_offset)?;
             }
-            at = last + 1;
+            guard.settle(run.len(), State::Present);
         }
         Ok(())
+    }
+}
+
+/// The chunks a read claimed and has not settled yet: marked `Missing` again when it is
+/// dropped (an error or a panic), so no other read waits for them for ever.
+struct Settle<'a> {
+    served: &'a Served,
+    left: &'a [usize],
+}
+
+impl Settle<'_> {
+    /// Marks the first `n` chunks left `state`, and wakes the reads waiting.
+    fn settle(&mut self, n: usize, state: State) {
+        let mut states = self.served.state.lock().unwrap_or_else(|e| e.into_inner());
+        for i in &self.left[..n] {
+            states[*i] = state;
+        }
+        self.left = &self.left[n..];
+        self.served.settled.notify_all();
+    }
+}
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        if !self.left.is_empty() {
+            self.settle(self.left.len(), State::Missing);
+        }
     }
 }
 

@@ -26,6 +26,10 @@ use crate::layer::{self, LazyRecord};
 const COMPLETING_AT_ONCE: usize = 2;
 /// How long a completion that failed (the registry, the disk) waits to be tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
+/// Failed completions of one layer after which it is marked bad: what the network or the
+/// host keeps failing is as unusable as what the image gets wrong, and each try fetches
+/// the whole blob.
+const GIVE_UP_AFTER: u32 = 5;
 use crate::{ChunkSource, LazyObject, ObjectsFs, RegistryBlob};
 
 /// The registry settings for `record`'s layer (on `host`): the shared ones, with its own
@@ -47,6 +51,9 @@ fn pull_for(
         } else {
             Vec::new()
         },
+        // The layer's credentials are its record's, or none: never an auth file's,
+        // which is whoever started the daemon's.
+        auth_file: None,
         ..shared.clone()
     })
 }
@@ -105,13 +112,15 @@ pub struct Server {
     served: HashMap<Digest, Serving>,
     /// Layers whose serving failed, and when they may be tried again.
     failed: HashMap<Digest, Instant>,
-    /// Where this server keeps its layers' fetched chunks: `copies-<pid>` in each layer's
-    /// directory, so no other server's copies are ever the ones it reads.
+    /// Where this server keeps its layers' fetched chunks: `copies-<pid>-<time>-<n>` in
+    /// each layer's directory, so no other server (nor an earlier one of this process)
+    /// ever has its copies where it reads.
     copies: String,
     /// Layers whose completion ended (whole or bad), or is running, or waits to retry.
     completed: HashSet<Digest>,
     completing: Arc<Mutex<HashSet<Digest>>>,
-    retry_at: Arc<Mutex<HashMap<Digest, Instant>>>,
+    /// When a completion that failed may be tried again, and how many times it failed.
+    retry_at: Arc<Mutex<HashMap<Digest, (Instant, u32)>>>,
     lock: File,
     /// What [`Watched`] times fetches from.
     epoch: Instant,
@@ -156,13 +165,22 @@ impl Server {
             },
             served: HashMap::new(),
             failed: HashMap::new(),
-            copies: format!("copies-{}", std::process::id()),
+            copies: format!("copies-{}", lamina_store::unique_suffix()),
             completed: HashSet::new(),
             completing: Arc::default(),
             retry_at: Arc::default(),
             lock,
             epoch: Instant::now(),
         }))
+    }
+
+    /// Stops serving a store that is no longer this server's, leaving its mounts as they
+    /// are: unmounting by path could take a new store's mount at the same place, so the
+    /// sessions are let go of, serving on for whatever still holds them.
+    pub fn abandon(mut self) {
+        for (_, serving) in self.served.drain() {
+            std::mem::forget(serving);
+        }
     }
 
     /// Whether the lock this server holds is still the store's: a store deleted (and
@@ -276,16 +294,15 @@ impl Server {
             use std::os::unix::fs::DirBuilderExt;
             fs::DirBuilder::new().mode(0o700).create(&copies)?;
         }
-        let mut names = HashSet::new();
         let objects = tree
             .files
             .iter()
-            .filter(|file| file.size > 0)
-            .filter(|file| names.insert(layer::object_name(file)))
-            .map(|file| LazyObject {
-                name: layer::object_name(file).into(),
+            .enumerate()
+            .filter(|(_, file)| file.size > 0)
+            .map(|(n, file)| LazyObject {
+                name: layer::object_name(chain_id, n).into(),
                 file: file.clone(),
-                copy: copies.join(layer::object_name(file)),
+                copy: copies.join(layer::object_name(chain_id, n)),
             })
             .collect();
         let source = Watched {
@@ -326,7 +343,7 @@ impl Server {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .get(chain_id)
-                .is_some_and(|at| *at > now);
+                .is_some_and(|(at, _)| *at > now);
             if completing.contains(chain_id) || waiting || completing.len() >= COMPLETING_AT_ONCE {
                 continue;
             }
@@ -334,6 +351,17 @@ impl Server {
             let (store, pull, chain_id) = (self.store.clone(), self.pull.clone(), chain_id.clone());
             let (completing, retry_at) = (self.completing.clone(), self.retry_at.clone());
             std::thread::spawn(move || {
+                // The slot is given back however the completion ends, a panic included.
+                struct Slot(Arc<Mutex<HashSet<Digest>>>, Digest);
+                impl Drop for Slot {
+                    fn drop(&mut self) {
+                        self.0
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .remove(&self.1);
+                    }
+                }
+                let _slot = Slot(completing.clone(), chain_id.clone());
                 let ended = LazyRecord::read(store.root(), &chain_id).and_then(|record| {
                     let host = RegistryRef::parse(&record.repository)
                         .and_then(Result::ok)
@@ -346,17 +374,19 @@ impl Server {
                 match &ended {
                     Ok(Completed::Whole) | Ok(Completed::Bad(_)) => {}
                     Err(e) => {
-                        tracing::warn!(layer = %chain_id, error = %e, retry_s = RETRY_AFTER.as_secs(), "completing lazy layer failed; trying again later");
-                        retry_at
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .insert(chain_id.clone(), Instant::now() + RETRY_AFTER);
+                        let mut retries = retry_at.lock().unwrap_or_else(PoisonError::into_inner);
+                        let failures = retries.get(&chain_id).map_or(0, |(_, n)| *n) + 1;
+                        if failures >= GIVE_UP_AFTER {
+                            let why = format!("completion failed {failures} times, last: {e}");
+                            if let Err(e) = crate::complete::mark_bad(&store, &chain_id, &why) {
+                                tracing::error!(layer = %chain_id, error = %e, "cannot mark lazy layer bad");
+                            }
+                        } else {
+                            tracing::warn!(layer = %chain_id, error = %e, retry_s = RETRY_AFTER.as_secs(), "completing lazy layer failed; trying again later");
+                        }
+                        retries.insert(chain_id.clone(), (Instant::now() + RETRY_AFTER, failures));
                     }
                 }
-                completing
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&chain_id);
             });
         }
         // A layer is completed for good once it is whole or bad.

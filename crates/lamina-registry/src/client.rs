@@ -136,6 +136,12 @@ impl Client {
         &self.host
     }
 
+    /// The credentials this client speaks with: those given, or the auth file's for its
+    /// host.
+    pub fn credentials(&self) -> Option<&crate::Credentials> {
+        self.options.credentials.as_ref()
+    }
+
     /// The agent for `url`: this registry's own (its `certs.d` CAs and client
     /// certificate) for a URL on it, else the one for other hosts.
     pub(crate) fn agent_for(&self, url: &str) -> &Agent {

@@ -111,9 +111,8 @@ pub fn resolve(
                 annotations: desc.annotations.clone(),
                 repository: format!("docker://{}/{}", client.host(), client.repository()),
                 plain_http: options.insecure_registries.contains(&reference.host),
-                credentials: options
-                    .credentials
-                    .as_ref()
+                credentials: client
+                    .credentials()
                     .map(|c| (c.username.clone(), c.password.clone())),
                 read_range: Arc::new(move |start, len| {
                     client

@@ -124,10 +124,21 @@ pub struct Toc {
     pub entries: Vec<TocEntry>,
 }
 
-/// The TOC of a layer, checked against `expected` (the layer's annotation), from `member`:
-/// the blob's bytes from the TOC's offset to the footer (one gzip member holding the TOC's
-/// tar entry and the tar's end).
-pub fn read_toc(member: &[u8], expected: &Digest) -> Result<Toc, IndexError> {
+/// The TOC's own tar entry as a whole pull unpacks it: [`TOC_NAME`] at the layer's root,
+/// with its header's mode, owners and time, and its bytes (the TOC's JSON).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TocFile {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: i64,
+    pub json: Vec<u8>,
+}
+
+/// The TOC's entry from `member`: the blob's bytes from the TOC's offset to the footer
+/// (one gzip member holding the TOC's tar entry and the tar's end). Not checked against
+/// any digest: [`read_toc`] does that.
+pub fn toc_file(member: &[u8]) -> Result<TocFile, IndexError> {
     let mut tar_bytes = Vec::new();
     flate2::read::GzDecoder::new(member)
         .take(MAX_INDEX_BYTES + 2048)
@@ -148,14 +159,38 @@ pub fn read_toc(member: &[u8], expected: &Digest) -> Result<Toc, IndexError> {
             String::from_utf8_lossy(&name)
         )));
     }
-    let size = entry.size();
-    if size > MAX_INDEX_BYTES {
+    if entry.header().entry_type() != tar::EntryType::Regular {
+        return Err(toc_error("its entry is not a regular file"));
+    }
+    if entry.size() > MAX_INDEX_BYTES {
         return Err(toc_error("larger than lamina reads"));
     }
+    // A writer may leave numeric fields blank (Go's writes them; a blank one is 0), and
+    // the TOC's owner past 32 bits is refused as the tar path refuses it.
+    let header = entry.header();
+    let mode = header.mode().unwrap_or(0o644) & 0o7777;
+    let uid = u32::try_from(header.uid().unwrap_or(0))
+        .map_err(|_| toc_error("its entry's uid is past 32 bits"))?;
+    let gid = u32::try_from(header.gid().unwrap_or(0))
+        .map_err(|_| toc_error("its entry's gid is past 32 bits"))?;
+    let mtime = i64::try_from(header.mtime().unwrap_or(0)).unwrap_or(0);
     let mut json = Vec::new();
     entry
         .read_to_end(&mut json)
         .map_err(|e| toc_error(format!("reading it: {e}")))?;
+    Ok(TocFile {
+        mode,
+        uid,
+        gid,
+        mtime,
+        json,
+    })
+}
+
+/// The TOC of a layer, checked against `expected` (the layer's annotation), from `member`
+/// (see [`toc_file`]).
+pub fn read_toc(member: &[u8], expected: &Digest) -> Result<Toc, IndexError> {
+    let json = toc_file(member)?.json;
     let digest = Digest::of(&json);
     if digest != *expected {
         return Err(toc_error(format!(

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::Digest;
-use crate::lazy::estargz::{FOOTER_SIZE, TOC_DIGEST_ANNOTATION, read_toc, toc_offset};
+use crate::lazy::estargz::{
+    FOOTER_SIZE, TOC_DIGEST_ANNOTATION, TOC_NAME, TocFile, read_toc, toc_file, toc_offset,
+};
 use crate::lazy::tree::LayerTree;
 use crate::lazy::zstd_chunked::{
     MANIFEST_CHECKSUM_ANNOTATION, MANIFEST_POSITION_ANNOTATION, ManifestPosition, read_manifest,
@@ -28,8 +30,9 @@ pub struct RangeSource {
     pub repository: String,
     /// The registry was spoken to over plain HTTP (the operator marked it insecure).
     pub plain_http: bool,
-    /// The username and password this pull was given for the registry, if any: a server
-    /// fetches this layer's chunks with them, and no other layer's.
+    /// The username and password this pull spoke to the registry with (given, or its
+    /// auth file's for the host), if any: a server fetches this layer's chunks with them,
+    /// and no other layer's.
     pub credentials: Option<(String, String)>,
     pub read_range: Arc<ReadRange>,
 }
@@ -148,6 +151,16 @@ pub fn fetch_index(
 }
 
 impl IndexRecord {
+    /// Files the layer's tar holds whose bytes the index itself gives, so a lazy view
+    /// shows them as a whole pull does: eStargz's TOC entry. Call after [`Self::tree`]
+    /// accepted `bytes`.
+    pub fn inline_files(&self, bytes: &[u8]) -> Result<Vec<(String, TocFile)>, IndexError> {
+        match self.format {
+            Format::Estargz => Ok(vec![(TOC_NAME.to_string(), toc_file(bytes)?)]),
+            Format::ZstdChunked => Ok(Vec::new()),
+        }
+    }
+
     /// The layer's tree from the index's `bytes`, checked against the digest again (the
     /// bytes may have been read back from disk).
     pub fn tree(&self, bytes: &[u8]) -> Result<LayerTree, IndexError> {

@@ -28,6 +28,12 @@ use crate::model::Flavour;
 use crate::model::record::{Container, RootfsRecord};
 use crate::providers::{Attach, Made, Provide, ToMount, Undo, one_page, record_mounted};
 
+/// Layers whose indexes one create fetches at once.
+const INDEXES_AT_ONCE: usize = 8;
+
+/// How long a served layer's mount may take to answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
 /// How long a create waits for the server to serve its lazy layers.
 const SERVED_WITHIN: Duration = Duration::from_secs(15);
 
@@ -57,9 +63,27 @@ pub(crate) fn import(store: &Store, image: &Image) -> Result<Vec<Digest>, StoreE
         });
     }
     let chain_ids = image.chain_ids();
-    let mut lazy = vec![false; chain_ids.len()];
-    for (n, blob) in image.layers.iter().enumerate() {
-        lazy[n] = lazily(store, blob, &chain_ids[..=n])?;
+    // Each layer's index is a round trip or two of its own: several at once.
+    let mut lazy = Vec::with_capacity(chain_ids.len());
+    for (group, blobs) in image.layers.chunks(INDEXES_AT_ONCE).enumerate() {
+        let found: Vec<Result<bool, StoreError>> = std::thread::scope(|scope| {
+            let chain_ids = &chain_ids;
+            let running: Vec<_> = blobs
+                .iter()
+                .enumerate()
+                .map(|(i, blob)| {
+                    let n = group * INDEXES_AT_ONCE + i;
+                    scope.spawn(move || lazily(store, blob, &chain_ids[..=n]))
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        for one in found {
+            lazy.push(one?);
+        }
     }
     store.import_except(image, |n| lazy[n])
 }
@@ -67,7 +91,8 @@ pub(crate) fn import(store: &Store, image: &Image) -> Result<Vec<Digest>, StoreE
 /// Whether `blob` (the top of `chain`) is present lazily: found published from this very
 /// blob and index, or published now. `false`: it is to be pulled whole (no index, not a
 /// registry's, an index that fails a check, or a lazy layer of its chain ID published
-/// from another blob — a chain ID is only the config's claim until a layer is verified).
+/// from another source — a chain ID is only the config's claim until a layer is
+/// verified, and a layer's credentials are one tenant's).
 fn lazily(store: &Store, blob: &LayerBlob, chain: &[Digest]) -> Result<bool, StoreError> {
     let chain_id = chain.last().expect("a chain ends in its layer");
     let root = store.root();
@@ -83,11 +108,25 @@ fn lazily(store: &Store, blob: &LayerBlob, chain: &[Digest]) -> Result<bool, Sto
         return Ok(false);
     };
     let other = || {
-        tracing::warn!(layer = %blob.describe(), chain_id = %chain_id, "a lazy layer of this chain ID came from another blob: pulling this one whole");
+        tracing::warn!(layer = %blob.describe(), chain_id = %chain_id, "a lazy layer of this chain ID came from another source (blob, index, repository or credentials): pulling this one whole");
         Ok(false)
     };
+    let auth = remote
+        .credentials
+        .as_ref()
+        .map(|(username, password)| layer::LayerAuth {
+            username: username.clone(),
+            password: password.clone(),
+        });
     if layer::is_lazy(root, chain_id) {
-        if !layer::same_source(root, chain_id, blob_digest, &index_digest)? {
+        let source = layer::Source {
+            blob_digest,
+            index_digest: &index_digest,
+            repository: &remote.repository,
+            plain_http: remote.plain_http,
+            auth: auth.as_ref(),
+        };
+        if !layer::same_source(root, chain_id, source)? {
             return other();
         }
         if let Some(why) = lamina_lazy::complete::bad_reason(root, chain_id) {
@@ -116,13 +155,6 @@ fn lazily(store: &Store, blob: &LayerBlob, chain: &[Digest]) -> Result<bool, Sto
         plain_http: remote.plain_http,
         index,
     };
-    let auth = remote
-        .credentials
-        .as_ref()
-        .map(|(username, password)| layer::LayerAuth {
-            username: username.clone(),
-            password: password.clone(),
-        });
     match layer::publish(store, &record, &bytes, &tree, auth.as_ref())? {
         layer::Published::Ready => {
             tracing::info!(layer = %blob.describe(), chain_id = %chain_id, files = tree.files.len(), index_bytes = bytes.len(), "published lazy layer");
@@ -157,8 +189,21 @@ fn lazy_layers(store: &Store, chain_ids: &[Digest]) -> Vec<Digest> {
 /// The overlay: [`Flavour::LAZY`]'s options over the layers, each lazy one's tree in
 /// its place, its objects a data-only lower.
 fn spec(store: &Store, chain_ids: &[Digest], dirs: &ContainerDirs, read_only: bool) -> OverlaySpec {
-    let mut spec = plan::read_write(store, chain_ids, dirs, Flavour::LAZY);
     let lazy = lazy_layers(store, chain_ids);
+    spec_of(store, chain_ids, dirs, read_only, &lazy, Flavour::LAZY)
+}
+
+/// The overlay of a container made when `lazy` are its lazy layers, with `flavour`'s
+/// options.
+fn spec_of(
+    store: &Store,
+    chain_ids: &[Digest],
+    dirs: &ContainerDirs,
+    read_only: bool,
+    lazy: &[Digest],
+    flavour: Flavour,
+) -> OverlaySpec {
+    let mut spec = plan::read_write(store, chain_ids, dirs, flavour);
     spec.lowers = chain_ids
         .iter()
         .rev()
@@ -184,10 +229,34 @@ fn served(store: &Store, mounter: &dyn Mounter, lazy: &[Digest]) -> Result<bool,
         return Ok(false);
     }
     let mounts: Vec<PathBuf> = mounter.mounts_under(&layer::lazy_root(store.root()))?;
-    Ok(lazy.iter().all(|c| {
+    for c in lazy {
         let target = layer::objects_mount(store.root(), c);
-        mounts.contains(&target) && rustix::fs::statfs(&target).is_ok()
-    }))
+        if !mounts.contains(&target) {
+            return Ok(false);
+        }
+        if !answers(&target)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Whether the FUSE mount at `target` answers `statfs` (a dead server's fails it). Asked
+/// on a thread of its own: a server that is stopped or whose every request thread waits
+/// on a stalled registry never answers, and that refuses the create, naming it.
+fn answers(target: &Path) -> Result<bool, RootfsError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let probe = target.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(rustix::fs::statfs(&probe).is_ok());
+    });
+    rx.recv_timeout(ANSWER_WITHIN).map_err(|_| {
+        RootfsError::Refused(format!(
+            "the server of lazy objects at {} does not answer within {} s: see the log of `lamina daemon`",
+            target.display(),
+            ANSWER_WITHIN.as_secs()
+        ))
+    })
 }
 
 /// Waits until the lazy layers of `chain_ids` are served, starting a server with
@@ -232,7 +301,16 @@ pub(crate) fn provide<'a>(cx: &Provide<'a, '_>, read_only: bool) -> Result<Made<
     ensure_served(store, mounter, cx.chain_ids, options.lazy_server.as_ref())?;
     let claim = store.create_container_dirs(cx.id)?;
     let undo = Undo::new(store, mounter, &claim.dirs, None);
-    let spec = spec(store, cx.chain_ids, &claim.dirs, read_only);
+    // With every layer ordinary (completed, or none indexed) the overlay is a classic one,
+    // as fast as one: metacopy is for lazy layers' redirects. Mounted again later, it
+    // gets metacopy on (a superset), so copy-ups made either way are read.
+    let lazy = lazy_layers(store, cx.chain_ids);
+    let flavour = if lazy.is_empty() {
+        Flavour::PLAIN
+    } else {
+        Flavour::LAZY
+    };
+    let spec = spec_of(store, cx.chain_ids, &claim.dirs, read_only, &lazy, flavour);
     if !options.without_mount {
         mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
     }
