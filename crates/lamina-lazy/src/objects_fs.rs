@@ -15,7 +15,7 @@ use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
     OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request,
 };
-use lamina_image::lazy::{LazyFile, chunk_bytes};
+use lamina_image::lazy::{LazyFile, chunk_bytes, chunk_from, inflate_member};
 
 /// Where a layer's chunks come from: the bytes `start..end` of its blob (a registry's
 /// byte range in production).
@@ -272,18 +272,36 @@ impl ObjectsFs {
                 self.source
                     .fetch(first.member.0, chunks[mine[last]].member.1)?
             };
-            for i in run {
+            // Chunks sharing a member share one decompression of it, up to the furthest
+            // of them: decompressing it from the start for each would cost a hostile
+            // index's thousands of tiny chunks quadratic time.
+            let mut inflated: Option<((u64, u64), Vec<u8>)> = None;
+            for (k, i) in run.iter().enumerate() {
                 let chunk = &chunks[*i];
-                let member = if chunk.zeros {
-                    &[][..]
+                let checked = if chunk.zeros {
+                    chunk_bytes(&[], chunk)
                 } else {
-                    let from = (chunk.member.0 - first.member.0) as usize;
-                    let to = (chunk.member.1 - first.member.0) as usize;
-                    bytes
-                        .get(from..to)
-                        .ok_or_else(|| io::Error::other("a short fetch"))?
-                };
-                let checked = chunk_bytes(member, chunk).map_err(io::Error::other)?;
+                    if inflated.as_ref().is_none_or(|(m, _)| *m != chunk.member) {
+                        let from = (chunk.member.0 - first.member.0) as usize;
+                        let to = (chunk.member.1 - first.member.0) as usize;
+                        let member = bytes
+                            .get(from..to)
+                            .ok_or_else(|| io::Error::other("a short fetch"))?;
+                        let upto = run[k..]
+                            .iter()
+                            .map(|j| &chunks[*j])
+                            .take_while(|c| c.member == chunk.member && !c.zeros)
+                            .map(|c| c.inner_offset + c.size)
+                            .max()
+                            .unwrap_or(0);
+                        let whole =
+                            inflate_member(member, chunk.codec, upto).map_err(io::Error::other)?;
+                        inflated = Some((chunk.member, whole));
+                    }
+                    let whole = inflated.as_ref().map_or(&[][..], |(_, b)| &b[..]);
+                    chunk_from(whole, chunk)
+                }
+                .map_err(io::Error::other)?;
                 copy.write_all_at(&checked, chunk.file_offset)?;
             }
             guard.settle(run.len(), State::Present);

@@ -116,34 +116,47 @@ pub fn chunk_bytes(member: &[u8], chunk: &Chunk) -> Result<Vec<u8>, IndexError> 
     if chunk.zeros {
         return Ok(vec![0; chunk.size as usize]);
     }
-    let mut decoder: Box<dyn Read + '_> = match chunk.codec {
+    let inflated = inflate_member(member, chunk.codec, chunk.inner_offset + chunk.size)?;
+    chunk_from(&inflated, chunk)
+}
+
+/// The first `upto` decompressed bytes of a member (fewer if it is shorter): what the
+/// chunks sharing it need, decompressed once for all of them. The readers bound `upto`
+/// (a chunk's end in its member is at most twice [`MAX_CHUNK_BYTES`]).
+pub fn inflate_member(member: &[u8], codec: Codec, upto: u64) -> Result<Vec<u8>, IndexError> {
+    let decoder: Box<dyn Read + '_> = match codec {
         Codec::Gzip => Box::new(flate2::read::GzDecoder::new(member)),
         Codec::Zstd => Box::new(
             zstd::stream::read::Decoder::new(member)
                 .map_err(|e| index_error(format!("a chunk's member does not decompress: {e}")))?,
         ),
     };
-    let skipped = std::io::copy(
-        &mut (&mut decoder).take(chunk.inner_offset),
-        &mut std::io::sink(),
-    )
-    .map_err(|e| index_error(format!("a chunk's member does not decompress: {e}")))?;
-    let mut bytes = Vec::with_capacity(chunk.size as usize);
+    let mut bytes = Vec::new();
     decoder
-        .take(chunk.size)
+        .take(upto)
         .read_to_end(&mut bytes)
         .map_err(|e| index_error(format!("a chunk's member does not decompress: {e}")))?;
-    if skipped < chunk.inner_offset || (bytes.len() as u64) < chunk.size {
-        return Err(index_error("a chunk's member is shorter than its chunk"));
+    Ok(bytes)
+}
+
+/// The bytes of `chunk` from its member decompressed (at least up to the chunk's end),
+/// checked against its digest.
+pub fn chunk_from(inflated: &[u8], chunk: &Chunk) -> Result<Vec<u8>, IndexError> {
+    if chunk.zeros {
+        return Ok(vec![0; chunk.size as usize]);
     }
-    let digest = Digest::of(&bytes);
+    let start = chunk.inner_offset as usize;
+    let bytes = inflated
+        .get(start..start + chunk.size as usize)
+        .ok_or_else(|| index_error("a chunk's member is shorter than its chunk"))?;
+    let digest = Digest::of(bytes);
     if digest != chunk.digest {
         return Err(index_error(format!(
             "a chunk's bytes hash to {digest}, its index says {}",
             chunk.digest
         )));
     }
-    Ok(bytes)
+    Ok(bytes.to_vec())
 }
 
 /// Checks that `file`'s chunks run in order from 0 to its size, each bounded.
@@ -179,4 +192,42 @@ pub fn check_chunks(file: &LazyFile) -> Result<(), IndexError> {
 
 fn parse_digest(name: &str, text: &str) -> Result<Digest, IndexError> {
     Digest::parse(text).map_err(|e| index_error(format!("`{name}`: digest `{text}`: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn chunks_sharing_a_member_are_cut_from_one_decompression_and_checked() {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"first!second").unwrap();
+        let member = gz.finish().unwrap();
+        let chunk = |inner_offset: u64, bytes: &[u8]| Chunk {
+            member: (0, member.len() as u64),
+            codec: Codec::Gzip,
+            zeros: false,
+            inner_offset,
+            file_offset: inner_offset,
+            size: bytes.len() as u64,
+            digest: Digest::of(bytes),
+        };
+        let (first, second) = (chunk(0, b"first!"), chunk(6, b"second"));
+        let inflated = inflate_member(&member, Codec::Gzip, 12).unwrap();
+        assert_eq!(chunk_from(&inflated, &first).unwrap(), b"first!");
+        assert_eq!(chunk_from(&inflated, &second).unwrap(), b"second");
+        assert_eq!(chunk_bytes(&member, &second).unwrap(), b"second");
+        // Bytes that are not the digest's, and a chunk past the member's end, are refused.
+        let lying = Chunk {
+            digest: Digest::of(b"other!"),
+            ..first.clone()
+        };
+        assert!(chunk_from(&inflated, &lying).is_err());
+        let past = Chunk {
+            inner_offset: 10,
+            ..second
+        };
+        assert!(chunk_from(&inflated, &past).is_err());
+    }
 }
