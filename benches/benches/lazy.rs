@@ -235,13 +235,9 @@ impl Rig<'_> {
         self.dir.join(format!("store-{name}"))
     }
 
-    /// Creates from a fresh store and runs the container until its first line.
-    fn first_output(&self, name: &str, lazy: bool) -> FirstOutput {
-        let store = self.store(name);
-        let lamina = Lamina::init(&store);
-        let before = self.proxy.fetched();
-        let started = Instant::now();
-        let strategy = if lazy { "lazy" } else { "classic" };
+    /// `lamina create --strategy STRATEGY` of the image as `id` through the proxy; its
+    /// rootfs.
+    fn create(&self, lamina: &Lamina, strategy: &str, id: &str) -> PathBuf {
         let out = lamina.run(&[
             "--insecure-registry",
             &self.proxy.host,
@@ -249,15 +245,24 @@ impl Rig<'_> {
             "--strategy",
             strategy,
             self.reference,
-            "bench",
+            id,
         ]);
         assert_eq!(out.code, 0, "{out:?}");
+        lamina.rootfs(id)
+    }
+
+    /// Creates from a fresh store and runs the container until its first line.
+    fn first_output(&self, name: &str, lazy: bool) -> FirstOutput {
+        let store = self.store(name);
+        let lamina = Lamina::init(&store);
+        let before = self.proxy.fetched();
+        let started = Instant::now();
+        let rootfs = self.create(&lamina, if lazy { "lazy" } else { "classic" }, "bench");
         let script = format!(
             "cat {} > /dev/null && echo ready",
             self.size.read_paths().join(" ")
         );
-        let booted =
-            Bundle::new(&lamina.rootfs("bench"), false).run(&format!("lazy-bench-{name}"), &script);
+        let booted = Bundle::new(&rootfs, false).run(&format!("lazy-bench-{name}"), &script);
         let took = started.elapsed();
         assert_eq!(booted.stdout, "ready\n", "{booted:?}");
         let fetched_first = self.proxy.fetched() - before;
@@ -281,19 +286,7 @@ impl Rig<'_> {
     fn reads(&self, rtt_ms: u64) -> Vec<String> {
         let store = self.store(&format!("reads-{rtt_ms}"));
         let lamina = Lamina::init(&store);
-        let create = |strategy: &str, id: &str| {
-            let out = lamina.run(&[
-                "--insecure-registry",
-                &self.proxy.host,
-                "create",
-                "--strategy",
-                strategy,
-                self.reference,
-                id,
-            ]);
-            assert_eq!(out.code, 0, "{out:?}");
-            lamina.rootfs(id)
-        };
+        let create = |strategy: &str, id: &str| self.create(&lamina, strategy, id);
         let (seq_file, random_file) = ("data/f1", "data/f2");
         let lazy = create("lazy", "lazy");
         // The median of five passes, the page cache dropped before each but the first
@@ -373,20 +366,7 @@ fn random(path: &Path) -> f64 {
 
 /// Removes a bench store: its daemon stopped, every mount under it gone.
 fn drop_store(store: &Path) {
-    let text = store.to_string_lossy().into_owned();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        if args.contains(&&b"daemon"[..]) && args.contains(&text.as_bytes()) {
-            let _ = std::process::Command::new("kill")
-                .arg("-KILL")
-                .arg(entry.file_name())
-                .status();
-        }
-    }
-    std::thread::sleep(Duration::from_millis(100));
+    lamina_integration::lazy_image::kill_daemons(store);
     for mount in lamina_integration::scratch::mounts_under(store) {
         let _ = rustix::mount::unmount(&mount, rustix::mount::UnmountFlags::DETACH);
     }

@@ -129,3 +129,35 @@ fn push_layers(registry: &Registry, dir: &Path, repo_tag: &str, layers: Vec<Stor
         .expect("writing the layout");
     registry.push(&layout, "v1", repo_tag);
 }
+
+/// The `lamina daemon` processes serving `store` (found by their command line).
+pub fn daemons_of(store: &Path) -> Vec<i32> {
+    let store = store.to_string_lossy().into_owned();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            args.iter().any(|a| a == "daemon") && args.contains(&store)
+        })
+        .collect()
+}
+
+/// Kills (SIGKILL) the daemons serving `store` and waits until they are gone.
+pub fn kill_daemons(store: &Path) {
+    for pid in daemons_of(store) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    crate::wait_until("the daemon to exit", || daemons_of(store).is_empty());
+}

@@ -13,42 +13,23 @@ use std::time::Duration;
 use lamina_image::Digest;
 use lamina_image::lazy::estargz::{FOOTER_SIZE, TOC_DIGEST_ANNOTATION, read_toc, toc_offset};
 use lamina_integration::lazy_image::{
-    Format, big, data, push_image, push_image_with, push_lying_estargz, push_tars, tars,
+    Format, big, daemons_of, data, kill_daemons, push_image, push_image_with, push_lying_estargz,
+    push_tars, tars,
 };
 use lamina_integration::registry::Registry;
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root};
 
-/// The daemons serving `store` (found by their command line), killed when dropped so a
-/// failing test leaves no server behind; the scratch filesystem then unmounts its mounts.
+/// The daemons serving `store`, killed when dropped so a failing test leaves no server
+/// behind; the scratch filesystem then unmounts its mounts.
 struct Daemons(PathBuf);
 
 impl Daemons {
     fn pids(&self) -> Vec<i32> {
-        let store = self.0.to_string_lossy().into_owned();
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                    return false;
-                };
-                let args: Vec<String> = cmdline
-                    .split(|b| *b == 0)
-                    .map(|a| String::from_utf8_lossy(a).into_owned())
-                    .collect();
-                args.iter().any(|a| a == "daemon") && args.contains(&store)
-            })
-            .collect()
+        daemons_of(&self.0)
     }
 
     fn kill(&self) {
-        for pid in self.pids() {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-        }
-        lamina_integration::wait_until("the daemon to exit", || self.pids().is_empty());
+        kill_daemons(&self.0);
     }
 }
 

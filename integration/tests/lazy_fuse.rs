@@ -34,6 +34,17 @@ struct Blob {
     failing: AtomicBool,
 }
 
+impl Blob {
+    fn new(bytes: Vec<u8>) -> Arc<Blob> {
+        Arc::new(Blob {
+            bytes,
+            fetches: AtomicU64::new(0),
+            fetched_bytes: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
+        })
+    }
+}
+
 impl ChunkSource for Blob {
     fn fetch(&self, start: u64, end: u64) -> io::Result<Vec<u8>> {
         if self.failing.load(Ordering::SeqCst) {
@@ -126,12 +137,7 @@ fn a_lazy_file_is_read_through_fuse_overlay_and_a_mapping_and_fails_with_eio() {
     require_root();
     let fs = ScratchFs::ext4(256);
     let (bytes, files) = layer();
-    let blob = Arc::new(Blob {
-        bytes,
-        fetches: AtomicU64::new(0),
-        fetched_bytes: AtomicU64::new(0),
-        failing: AtomicBool::new(false),
-    });
+    let blob = Blob::new(bytes);
     let copies = fs.path().join("copies");
     std::fs::create_dir_all(&copies).unwrap();
     let objects: Vec<LazyObject> = objects_of(&files, &copies);
@@ -281,12 +287,7 @@ fn serves_when_asked() {
         return;
     };
     let (bytes, files) = layer();
-    let blob = Arc::new(Blob {
-        bytes,
-        fetches: AtomicU64::new(0),
-        fetched_bytes: AtomicU64::new(0),
-        failing: AtomicBool::new(false),
-    });
+    let blob = Blob::new(bytes);
     let objects = objects_of(&files, &dir);
     let _session = ObjectsFs::new(objects, blob)
         .unwrap()

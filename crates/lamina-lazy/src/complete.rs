@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use lamina_image::lazy::source::Format;
 use lamina_image::lazy::tree::{Change, LayerTree, NodeKind};
 use lamina_image::{BlobLocation, Compression, Digest, LayerBlob};
-use lamina_registry::{Client, PullOptions, RegistryRef};
+use lamina_registry::PullOptions;
 use lamina_store::beneath::{Tree, pin_at};
 use lamina_store::{Store, StoreError};
 use rustix::fs::FileType;
@@ -53,7 +53,8 @@ pub enum Completed {
     Bad(String),
 }
 
-/// Completes lazy layer `record` of `store`, fetching with `pull`. An error is one a
+/// Completes lazy layer `record` of `store`, fetching with `pull` and the layer's own
+/// credentials and scheme ([`layer::client`]). An error is one a
 /// retry may cure (the registry unreachable, the disk full); a layer found wrong is
 /// [`Completed::Bad`].
 pub fn complete(
@@ -76,7 +77,7 @@ pub fn complete(
             lamina_store::unique_suffix(),
             chain_id.hex(),
         ));
-        let downloaded = download(record, pull, &staged);
+        let downloaded = download(store, record, pull, &staged);
         let imported = match downloaded {
             Ok(Ok(())) => {
                 let blob = blob_at(record, &staged);
@@ -115,6 +116,7 @@ pub fn complete(
 /// Fetches the layer's whole blob into `to`. The outer error is the fetch's (the
 /// registry, the disk); the inner one says the blob is not the manifest's.
 fn download(
+    store: &Store,
     record: &LazyRecord,
     pull: &PullOptions,
     to: &Path,
@@ -123,10 +125,7 @@ fn download(
         layer: format!("lazy layer {}", record.chain_id),
         message: why,
     };
-    let reference = RegistryRef::parse(&record.repository)
-        .ok_or_else(|| fail(format!("`{}` is no docker:// reference", record.repository)))?
-        .map_err(|e| fail(e.to_string()))?;
-    let client = Client::new(&reference, pull).map_err(|e| fail(e.to_string()))?;
+    let client = layer::client(store.root(), record, pull).map_err(|e| fail(e.to_string()))?;
     let stream = client
         .open_blob(&record.blob_digest.to_string(), record.blob_size, &[])
         .map_err(|e| fail(e.to_string()))?;

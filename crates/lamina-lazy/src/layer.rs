@@ -51,6 +51,47 @@ pub fn objects_mount(store: &Path, chain_id: &Digest) -> PathBuf {
     dir(store, chain_id).join("objects.mnt")
 }
 
+/// The chain IDs named by the entries of the store's `lazy/` (a record or not).
+pub fn named_layers(store: &Path) -> Vec<Digest> {
+    let Ok(entries) = fs::read_dir(lazy_root(store)) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| Digest::from_hex(entry.file_name().to_str()?))
+        .collect()
+}
+
+/// A registry client for `record`'s layer: the `shared` settings (timeouts,
+/// certificates, retries) with the layer's own credentials and scheme, never an auth
+/// file's, which would be whoever started the daemon's.
+pub fn client(
+    store: &Path,
+    record: &LazyRecord,
+    shared: &lamina_registry::PullOptions,
+) -> io::Result<lamina_registry::Client> {
+    let reference = lamina_registry::RegistryRef::parse(&record.repository)
+        .ok_or_else(|| {
+            io::Error::other(format!("`{}` is no docker:// reference", record.repository))
+        })?
+        .map_err(io::Error::other)?;
+    let auth = auth(store, &record.chain_id).map_err(io::Error::other)?;
+    let options = lamina_registry::PullOptions {
+        credentials: auth.map(|a| lamina_registry::Credentials {
+            username: a.username,
+            password: a.password,
+        }),
+        insecure_registries: if record.plain_http {
+            vec![reference.host.clone()]
+        } else {
+            Vec::new()
+        },
+        auth_file: None,
+        ..shared.clone()
+    };
+    lamina_registry::Client::new(&reference, &options).map_err(io::Error::other)
+}
+
 /// Whether `chain_id` is a lazy layer of the store.
 pub fn is_lazy(store: &Path, chain_id: &Digest) -> bool {
     dir(store, chain_id).join(RECORD).is_file()

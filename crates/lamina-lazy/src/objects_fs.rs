@@ -15,7 +15,7 @@ use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
     OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request,
 };
-use lamina_image::lazy::{LazyFile, chunk_bytes, chunk_from, inflate_member};
+use lamina_image::lazy::{LazyFile, chunk_from, inflate_member};
 
 /// Where a layer's chunks come from: the bytes `start..end` of its blob (a registry's
 /// byte range in production).
@@ -279,7 +279,7 @@ impl ObjectsFs {
             for (k, i) in run.iter().enumerate() {
                 let chunk = &chunks[*i];
                 let checked = if chunk.zeros {
-                    chunk_bytes(&[], chunk)
+                    chunk_from(&[], chunk)
                 } else {
                     if inflated.as_ref().is_none_or(|(m, _)| *m != chunk.member) {
                         let from = (chunk.member.0 - first.member.0) as usize;

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use lamina_image::Digest;
-use lamina_registry::{Client, PullOptions, RegistryRef};
+use lamina_registry::PullOptions;
 use lamina_store::Store;
 use lamina_sys::Mounter;
 
@@ -31,32 +31,6 @@ const RETRY_AFTER: Duration = Duration::from_secs(30);
 /// the whole blob.
 const GIVE_UP_AFTER: u32 = 5;
 use crate::{ChunkSource, LazyObject, ObjectsFs, RegistryBlob};
-
-/// The registry settings for `record`'s layer (on `host`): the shared ones, with its own
-/// credentials and plain HTTP.
-fn pull_for(
-    store: &Path,
-    shared: &PullOptions,
-    record: &LazyRecord,
-    host: &str,
-) -> io::Result<PullOptions> {
-    let auth = layer::auth(store, &record.chain_id).map_err(io::Error::other)?;
-    Ok(PullOptions {
-        credentials: auth.map(|a| lamina_registry::Credentials {
-            username: a.username,
-            password: a.password,
-        }),
-        insecure_registries: if record.plain_http {
-            vec![host.to_string()]
-        } else {
-            Vec::new()
-        },
-        // The layer's credentials are its record's, or none: never an auth file's,
-        // which is whoever started the daemon's.
-        auth_file: None,
-        ..shared.clone()
-    })
-}
 
 fn lock_path(store: &Path) -> PathBuf {
     layer::lazy_root(store).join("server.lock")
@@ -204,18 +178,9 @@ impl Server {
     }
 
     fn serve_unserved(&mut self, mounter: &dyn Mounter) -> usize {
-        let Ok(entries) = fs::read_dir(layer::lazy_root(self.store.root())) else {
-            return 0;
-        };
         let now = Instant::now();
         let mut started = 0;
-        for entry in entries.flatten() {
-            let Some(hex) = entry.file_name().to_str().map(str::to_string) else {
-                continue;
-            };
-            let Ok(chain_id) = Digest::parse(&format!("sha256:{hex}")) else {
-                continue;
-            };
+        for chain_id in layer::named_layers(self.store.root()) {
             if self.served.contains_key(&chain_id)
                 || self.failed.get(&chain_id).is_some_and(|at| *at > now)
                 || !layer::is_lazy(self.store.root(), &chain_id)
@@ -253,18 +218,13 @@ impl Server {
         let root = self.store.root();
         let record = LazyRecord::read(root, chain_id).map_err(io::Error::other)?;
         let tree = record.tree(root).map_err(io::Error::other)?;
-        let reference = RegistryRef::parse(&record.repository)
-            .ok_or_else(|| {
-                io::Error::other(format!("`{}` is no docker:// reference", record.repository))
-            })?
-            .map_err(io::Error::other)?;
         // A container waits on each read: one retry, not an import's four, so a read of
         // what a gone registry holds fails within about two registry timeouts.
-        let pull = PullOptions {
+        let reads = PullOptions {
             retries: 1,
-            ..pull_for(root, &self.pull, &record, &reference.host)?
+            ..self.pull.clone()
         };
-        let client = Client::new(&reference, &pull).map_err(io::Error::other)?;
+        let client = layer::client(root, &record, &reads)?;
         let dir = layer::dir(root, chain_id);
         let target = layer::objects_mount(root, chain_id);
         // A mount there that answers is another server's: never taken from under it. One
@@ -362,15 +322,8 @@ impl Server {
                     }
                 }
                 let _slot = Slot(completing.clone(), chain_id.clone());
-                let ended = LazyRecord::read(store.root(), &chain_id).and_then(|record| {
-                    let host = RegistryRef::parse(&record.repository)
-                        .and_then(Result::ok)
-                        .map(|r| r.host)
-                        .unwrap_or_default();
-                    let pull = pull_for(store.root(), &pull, &record, &host)
-                        .map_err(|e| lamina_store::StoreError::io("reading", store.root())(e))?;
-                    complete(&store, &record, &pull)
-                });
+                let ended = LazyRecord::read(store.root(), &chain_id)
+                    .and_then(|record| complete(&store, &record, &pull));
                 match &ended {
                     Ok(Completed::Whole) | Ok(Completed::Bad(_)) => {}
                     Err(e) => {

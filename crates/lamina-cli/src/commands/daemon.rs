@@ -167,7 +167,7 @@ fn serve_lazy_forever(
             );
             server = None;
         }
-        if server.is_none() && store.root().join("lazy").is_dir() {
+        if server.is_none() && lamina_lazy::layer::lazy_root(store.root()).is_dir() {
             match lamina_lazy::serve::Server::start(store, pull.clone()) {
                 Ok(started) => server = started,
                 Err(e) => tracing::warn!(error = %e, "cannot serve lazy layers; retrying"),

@@ -186,15 +186,8 @@ fn lazy_layers(store: &Store, chain_ids: &[Digest]) -> Vec<Digest> {
         .collect()
 }
 
-/// The overlay: [`Flavour::LAZY`]'s options over the layers, each lazy one's tree in
-/// its place, its objects a data-only lower.
-fn spec(store: &Store, chain_ids: &[Digest], dirs: &ContainerDirs, read_only: bool) -> OverlaySpec {
-    let lazy = lazy_layers(store, chain_ids);
-    spec_of(store, chain_ids, dirs, read_only, &lazy, Flavour::LAZY)
-}
-
-/// The overlay of a container made when `lazy` are its lazy layers, with `flavour`'s
-/// options.
+/// The overlay of the layers `chain_ids` with `flavour`'s options, each of `lazy` (its
+/// lazy layers) by its tree in its place and its objects a data-only lower.
 fn spec_of(
     store: &Store,
     chain_ids: &[Digest],
@@ -260,16 +253,16 @@ fn answers(target: &Path) -> Result<bool, RootfsError> {
 }
 
 /// Waits until the lazy layers of `chain_ids` are served, starting a server with
-/// `start` if none runs.
+/// `start` if none runs; returns those layers.
 fn ensure_served(
     store: &Store,
     mounter: &dyn Mounter,
     chain_ids: &[Digest],
     start: Option<&LazyServer>,
-) -> Result<(), RootfsError> {
+) -> Result<Vec<Digest>, RootfsError> {
     let lazy = lazy_layers(store, chain_ids);
     if lazy.is_empty() || served(store, mounter, &lazy)? {
-        return Ok(());
+        return Ok(lazy);
     }
     if !lamina_lazy::serve::running(store.root()) {
         let Some(start) = start else {
@@ -285,7 +278,7 @@ fn ensure_served(
     let started = Instant::now();
     while started.elapsed() < SERVED_WITHIN {
         if served(store, mounter, &lazy)? {
-            return Ok(());
+            return Ok(lazy);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -298,13 +291,12 @@ fn ensure_served(
 /// Mounts a new lazy overlay on the container's rootfs.
 pub(crate) fn provide<'a>(cx: &Provide<'a, '_>, read_only: bool) -> Result<Made<'a>, RootfsError> {
     let (store, mounter, options) = (cx.store, cx.mounter, cx.options);
-    ensure_served(store, mounter, cx.chain_ids, options.lazy_server.as_ref())?;
+    let lazy = ensure_served(store, mounter, cx.chain_ids, options.lazy_server.as_ref())?;
     let claim = store.create_container_dirs(cx.id)?;
     let undo = Undo::new(store, mounter, &claim.dirs, None);
     // With every layer ordinary (completed, or none indexed) the overlay is a classic one,
     // as fast as one: metacopy is for lazy layers' redirects. Mounted again later, it
     // gets metacopy on (a superset), so copy-ups made either way are read.
-    let lazy = lazy_layers(store, cx.chain_ids);
     let flavour = if lazy.is_empty() {
         Flavour::PLAIN
     } else {
@@ -336,9 +328,10 @@ pub(crate) fn mount_again(
     container: &mut Container,
     read_only: bool,
 ) -> Result<(), RootfsError> {
-    ensure_served(store, mounter, &container.record.layers, None)?;
+    let lazy = ensure_served(store, mounter, &container.record.layers, None)?;
     let dirs = container.dirs(store);
-    let spec = spec(store, &container.record.layers, &dirs, read_only);
+    let layers = &container.record.layers;
+    let spec = spec_of(store, layers, &dirs, read_only, &lazy, Flavour::LAZY);
     mounter.mount_overlay(&spec, &dirs.rootfs)?;
     container.rootfs.mount_options = spec.option_strings();
     record_mounted(store, container)
@@ -351,13 +344,10 @@ pub(crate) fn attach(
     container: &Container,
     read_only: bool,
 ) -> Result<Attach, RootfsError> {
-    ensure_served(store, mounter, &container.record.layers, None)?;
-    let spec = spec(
-        store,
-        &container.record.layers,
-        &container.dirs(store),
-        read_only,
-    );
+    let lazy = ensure_served(store, mounter, &container.record.layers, None)?;
+    let dirs = container.dirs(store);
+    let layers = &container.record.layers;
+    let spec = spec_of(store, layers, &dirs, read_only, &lazy, Flavour::LAZY);
     Ok(Attach::Overlay {
         options: one_page::options_for_one_page(store, spec)?,
     })
@@ -376,7 +366,7 @@ pub fn owns_mount(store: &Path, mount: &Path) -> bool {
         .ok()
         .and_then(|rel| rel.components().next())
         .map(|c| c.as_os_str().to_string_lossy().into_owned());
-    hex.and_then(|hex| Digest::parse(&format!("sha256:{hex}")).ok())
+    hex.and_then(|hex| Digest::from_hex(&hex))
         .is_some_and(|chain_id| {
             is_lazy(store, &chain_id) && layer::objects_mount(store, &chain_id) == mount
         })
@@ -384,14 +374,9 @@ pub fn owns_mount(store: &Path, mount: &Path) -> bool {
 
 /// The store's lazy layers marked bad, each with why (for `check`).
 pub fn bad_layers(store: &Path) -> Vec<(PathBuf, String)> {
-    let Ok(entries) = std::fs::read_dir(layer::lazy_root(store)) else {
-        return Vec::new();
-    };
-    let mut bad: Vec<(PathBuf, String)> = entries
-        .flatten()
-        .filter_map(|entry| {
-            let hex = entry.file_name().to_str()?.to_string();
-            let chain_id = Digest::parse(&format!("sha256:{hex}")).ok()?;
+    let mut bad: Vec<(PathBuf, String)> = layer::named_layers(store)
+        .into_iter()
+        .filter_map(|chain_id| {
             let why = lamina_lazy::complete::bad_reason(store, &chain_id)?;
             Some((layer::dir(store, &chain_id), why))
         })
