@@ -5,11 +5,15 @@
 //! - `lazy.json`: what the layer is and where its bytes are ([`LazyRecord`]);
 //! - `index`: the index's bytes as fetched and checked, so a server builds the layer's
 //!   chunks again without the registry (and checks them against the digest again);
+//! - `auth.json` (`0600`, if the create had credentials): what its server fetches with;
 //! - `diff/`: the layer's tree as overlay reads a lower: directories, symlinks, devices,
-//!   whiteouts and opaque markers as the tar path makes them, and each non-empty regular
-//!   file a sparse metacopy file redirecting (`/<content digest>`) into the layer's
-//!   objects, with the index's owners, modes, times and xattrs;
-//! - `objects.mnt/`: where the server mounts those objects (FUSE, `lamina-lazy`).
+//!   whiteouts and opaque markers as the tar path makes them, each non-empty regular file
+//!   a sparse metacopy file redirecting (`/<chain-id-hex>-<n>`, [`object_name`]) into the
+//!   layer's objects, with the index's owners, modes, times and xattrs, and the files
+//!   whose bytes the index itself gives (eStargz's TOC) written whole;
+//! - `objects.mnt/`: where the server mounts those objects (FUSE, `lamina-lazy`), and
+//!   `copies-*/`, the chunks that server fetched;
+//! - `bad`, if completion found the layer wrong (`crate::complete`).
 //!
 //! Published whole: written in `tmp/`, synced, renamed into place.
 

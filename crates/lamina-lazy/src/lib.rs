@@ -9,8 +9,8 @@
 //! fanotify event; and a FUSE filesystem whose server is gone fails reads (`ENOTCONN`),
 //! where a dead fanotify listener lets them read the holes as zeros.
 //!
-//! The filesystem is flat: one read-only file per object, named as the lazy layer's
-//! metadata image redirects to it, so it is mounted as overlay's data-only lower.
+//! The filesystem is flat: one read-only file per object, named as the lazy layer's tree
+//! redirects to it (`layer::object_name`), so it is mounted as overlay's data-only lower.
 
 mod objects_fs;
 
