@@ -53,6 +53,29 @@ struct Served {
     /// Where the last read of it ended: a read that starts there reads on, and the
     /// chunks after it are fetched with it ([`READ_AHEAD_BYTES`]).
     last_end: AtomicU64,
+    /// For each chunk, the chunks of this file in the same member as it (itself alone
+    /// for a zeros chunk): a member is fetched and decompressed whole, so every chunk
+    /// of it is claimed with any one of them.
+    mates: Vec<std::ops::Range<usize>>,
+}
+
+/// For each of `chunks` (in file order, so chunks of one member are adjacent), the range
+/// of those sharing its member.
+fn member_mates(chunks: &[lamina_image::lazy::Chunk]) -> Vec<std::ops::Range<usize>> {
+    let mut mates = Vec::with_capacity(chunks.len());
+    let mut start = 0;
+    for i in 0..=chunks.len() {
+        let ends = i == chunks.len()
+            || i == 0
+            || chunks[i].zeros
+            || chunks[i - 1].zeros
+            || chunks[i].member != chunks[i - 1].member;
+        if ends && i > 0 {
+            mates.extend(std::iter::repeat_n(start..i, i - start));
+            start = i;
+        }
+    }
+    mates
 }
 
 /// How far past a sequential read the chunks of its file are fetched with it: one round
@@ -111,11 +134,13 @@ impl ObjectsFs {
                 .open(&object.copy)?;
             copy.set_len(object.file.size)?;
             let chunks = object.file.chunks.len();
+            let mates = member_mates(&object.file.chunks);
             served.push(Served {
                 object,
                 state: Mutex::new(vec![State::Missing; chunks]),
                 settled: Condvar::new(),
                 last_end: AtomicU64::new(0),
+                mates,
             });
         }
         Ok(ObjectsFs {
@@ -193,19 +218,22 @@ impl ObjectsFs {
         // Another read's fetch failing (or this one's with its read-ahead) is tried once
         // more, without read-ahead.
         for attempt in 0..2 {
+            // The members of what is needed come whole: their other chunks too.
+            let mates =
+                served.mates[needed.start].start..served.mates[needed.end - 1].end.max(needed.end);
             let mine = {
                 let mut state = served.state.lock().unwrap_or_else(|e| e.into_inner());
                 let mut mine = Vec::new();
-                for i in needed.clone() {
+                for i in mates.clone() {
                     if state[i] == State::Missing {
                         state[i] = State::Fetching;
                         mine.push(i);
                     }
                 }
-                // Read-ahead only while it runs on from the last chunk needed, so one
+                // Read-ahead only while it runs on from the last chunk claimed, so one
                 // request fetches it with what is needed.
-                if attempt == 0 && mine.last() == Some(&(needed.end - 1)) {
-                    for i in needed.end..ahead_end {
+                if attempt == 0 && mine.last() == Some(&(mates.end - 1)) {
+                    for i in mates.end..ahead_end.max(mates.end) {
                         if state[i] != State::Missing {
                             break;
                         }
@@ -249,18 +277,20 @@ impl ObjectsFs {
         while !guard.left.is_empty() {
             let mine = guard.left;
             let first = &chunks[mine[0]];
-            // The run: chunks after `first` whose members follow each other (or are its
-            // member again), within the bound.
+            // The run: `first`, and the chunks after it of its member or of members
+            // that follow each other, within the bound.
             let mut last = 0;
             while last + 1 < mine.len() {
                 let (this, next) = (&chunks[mine[last]], &chunks[mine[last + 1]]);
-                let follows = next.member == this.member || next.member.0 == this.member.1;
-                if mine[last + 1] != mine[last] + 1
-                    || this.zeros
-                    || next.zeros
-                    || !follows
-                    || next.member.1 - first.member.0 > MAX_RUN_BYTES
-                {
+                // A member's chunks are one fetch whatever its size (it is fetched whole
+                // for any of them); the next member joins while it follows, within bound.
+                let same = !this.zeros && !next.zeros && next.member == this.member;
+                let follows = mine[last + 1] == mine[last] + 1
+                    && !this.zeros
+                    && !next.zeros
+                    && next.member.0 == this.member.1
+                    && next.member.1 - first.member.0 <= MAX_RUN_BYTES;
+                if !same && !follows {
                     break;
                 }
                 last += 1;
@@ -440,4 +470,121 @@ impl Filesystem for ObjectsFs {
 /// `O_WRONLY | O_RDWR`: an open that could write.
 fn libc_write_mask() -> i32 {
     0o1 | 0o2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_image::Digest;
+    use lamina_image::lazy::estargz::{Toc, TocEntry};
+    use std::io::Write;
+
+    /// A blob in memory that counts its fetches.
+    struct Counting {
+        blob: Vec<u8>,
+        fetches: AtomicU64,
+    }
+
+    impl ChunkSource for Counting {
+        fn fetch(&self, start: u64, end: u64) -> io::Result<Vec<u8>> {
+            self.fetches.fetch_add(1, Ordering::Relaxed);
+            Ok(self.blob[start as usize..end as usize].to_vec())
+        }
+    }
+
+    /// `n` chunks of 4 KiB of one file, all in one gzip member (stored, so the member is
+    /// as large as the file), as an eStargz TOC the reader accepts: the blob, the file
+    /// and its bytes.
+    fn one_member(n: usize) -> (Vec<u8>, LazyFile, Vec<u8>) {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let bytes: Vec<u8> = (0..n * 4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+        gz.write_all(&bytes).unwrap();
+        let member = gz.finish().unwrap();
+        let entries = (0..n)
+            .map(|i| TocEntry {
+                name: "f".into(),
+                kind: if i == 0 { "reg" } else { "chunk" }.into(),
+                size: if i == 0 { bytes.len() as u64 } else { 0 },
+                digest: if i == 0 {
+                    Digest::of(&bytes).to_string()
+                } else {
+                    String::new()
+                },
+                chunk_offset: (i * 4096) as u64,
+                chunk_size: 4096,
+                chunk_digest: Digest::of(&bytes[i * 4096..(i + 1) * 4096]).to_string(),
+                inner_offset: (i * 4096) as u64,
+                ..TocEntry::default()
+            })
+            .collect();
+        let toc = Toc {
+            version: 1,
+            entries,
+        };
+        let file = toc.files(member.len() as u64).unwrap().remove(0);
+        (member, file, bytes)
+    }
+
+    fn serve(n: usize, dir: &std::path::Path) -> (ObjectsFs, Arc<Counting>, Vec<u8>) {
+        let (blob, file, bytes) = one_member(n);
+        let source = Arc::new(Counting {
+            blob,
+            fetches: AtomicU64::new(0),
+        });
+        let object = LazyObject {
+            name: "o".into(),
+            file,
+            copy: dir.join("copy"),
+        };
+        (
+            ObjectsFs::new(vec![object], source.clone()).unwrap(),
+            source,
+            bytes,
+        )
+    }
+
+    fn read(fs: &ObjectsFs, offset: u64, len: u64) -> Vec<u8> {
+        fs.fill(0, offset, offset + len).unwrap();
+        let mut buf = vec![0; len as usize];
+        File::open(&fs.objects[0].object.copy)
+            .unwrap()
+            .read_exact_at(&mut buf, offset)
+            .unwrap();
+        buf
+    }
+
+    #[test]
+    fn a_member_past_the_run_bound_is_fetched_once_for_all_its_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        // 2400 chunks of 4 KiB in one member of ~9.4 MiB, past MAX_RUN_BYTES.
+        let (fs, source, bytes) = serve(2400, dir.path());
+        assert_eq!(read(&fs, 4096, 128 << 10), bytes[4096..4096 + (128 << 10)]);
+        let after = 4096 + (128 << 10);
+        assert_eq!(
+            read(&fs, after as u64, 128 << 10),
+            bytes[after..after + (128 << 10)]
+        );
+        assert_eq!(read(&fs, 0, 4096), bytes[..4096]);
+        assert_eq!(source.fetches.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn reads_in_reverse_over_one_member_fetch_it_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 512;
+        let (fs, source, bytes) = serve(n, dir.path());
+        for i in (0..n as u64).rev() {
+            let at = (i * 4096) as usize;
+            assert_eq!(read(&fs, i * 4096, 4096), bytes[at..at + 4096]);
+        }
+        assert_eq!(source.fetches.load(Ordering::Relaxed), 1);
+    }
 }
