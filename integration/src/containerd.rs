@@ -97,11 +97,15 @@ disabled_plugins = [{disabled}]
                     .collect();
                 config.push_str(&format!("    capabilities = [{}]\n", list.join(", ")));
             }
+            let mut exports = Vec::new();
             if let Some(root) = proxy.exports_root {
-                config.push_str(&format!(
-                    "    exports = {{ root = \"{}\" }}\n",
-                    root.display()
-                ));
+                exports.push(format!("root = \"{}\"", root.display()));
+            }
+            if proxy.remote_snapshots {
+                exports.push("enable_remote_snapshot_annotations = \"true\"".into());
+            }
+            if !exports.is_empty() {
+                config.push_str(&format!("    exports = {{ {} }}\n", exports.join(", ")));
             }
         }
         if self == Release::V2 {
@@ -120,7 +124,10 @@ disabled_plugins = [{disabled}]
             }
         }
         if let Some(cri) = cri {
-            config.push_str(&self.cri_config(dir, cri));
+            let remote = proxies
+                .iter()
+                .any(|p| p.remote_snapshots && p.name == cri.snapshotter);
+            config.push_str(&self.cri_config(dir, cri, remote));
         }
         config
     }
@@ -130,8 +137,15 @@ impl Release {
     /// The CRI plugin's sections. Host-network pods need no CNI; snapshot usage is polled
     /// every second, not ten, for tests that read ImageFsInfo; this VM refuses a
     /// container's OOM score below containerd's own unless CRI clamps it
-    /// (`restrict_oom_score_adj`).
-    fn cri_config(self, dir: &Path, cri: &Cri<'_>) -> String {
+    /// (`restrict_oom_score_adj`). `remote`: 1.6's CRI passes the labels remote
+    /// snapshotters read (2.x's pulls through the transfer service, which the proxy's
+    /// `enable_remote_snapshot_annotations` export turns them on for; setting
+    /// `disable_snapshot_annotations` there would make CRI pull by itself).
+    fn cri_config(self, dir: &Path, cri: &Cri<'_>, remote: bool) -> String {
+        let annotations = match remote && self == Release::Debian {
+            true => "\n    disable_snapshot_annotations = false",
+            false => "",
+        };
         let registry_config = dir.join("certs.d");
         let registry_config = registry_config.display();
         let (snapshotter, sandbox) = (cri.snapshotter, cri.sandbox_image);
@@ -143,7 +157,7 @@ impl Release {
   restrict_oom_score_adj = true
   stats_collect_period = 1
   [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "{snapshotter}"
+    snapshotter = "{snapshotter}"{annotations}
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "{registry_config}"
 "#
@@ -187,6 +201,9 @@ pub struct Proxy<'a> {
     pub socket: &'a Path,
     pub capabilities: &'a [&'a str],
     pub exports_root: Option<&'a Path>,
+    /// containerd passes it the labels remote snapshotters read (2.x's transfer service
+    /// `enable_remote_snapshot_annotations` export; CRI's snapshot annotations).
+    pub remote_snapshots: bool,
 }
 
 impl<'a> Proxy<'a> {
@@ -197,6 +214,7 @@ impl<'a> Proxy<'a> {
             socket,
             capabilities: &[],
             exports_root: None,
+            remote_snapshots: false,
         }
     }
 }

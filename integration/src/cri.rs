@@ -23,6 +23,9 @@ pub enum NodeSnapshotter {
         store: PathBuf,
         capabilities: Vec<&'static str>,
     },
+    /// lamina's daemon at `socket` serving remote snapshots (`--remote-snapshots`), with
+    /// containerd passing it the labels they need; `store` exported as above.
+    LaminaRemote { socket: PathBuf, store: PathBuf },
     /// containerd's built-in overlayfs snapshotter.
     Overlayfs,
     /// Another proxy snapshotter (`name` at `socket`), listing no capabilities: the
@@ -34,7 +37,7 @@ pub enum NodeSnapshotter {
 impl NodeSnapshotter {
     pub fn name(&self) -> &'static str {
         match self {
-            NodeSnapshotter::Lamina { .. } => "lamina",
+            NodeSnapshotter::Lamina { .. } | NodeSnapshotter::LaminaRemote { .. } => "lamina",
             NodeSnapshotter::Overlayfs => "overlayfs",
             NodeSnapshotter::OtherProxy { name, .. } => name,
         }
@@ -108,6 +111,17 @@ impl Node {
                     socket,
                     capabilities,
                     exports_root: Some(store),
+                    remote_snapshots: false,
+                };
+                Containerd::start_configured(release, dir, &[proxy], Some(&cri))
+            }
+            NodeSnapshotter::LaminaRemote { socket, store } => {
+                let proxy = Proxy {
+                    name: "lamina",
+                    socket,
+                    capabilities: &[],
+                    exports_root: Some(store),
+                    remote_snapshots: true,
                 };
                 Containerd::start_configured(release, dir, &[proxy], Some(&cri))
             }

@@ -58,6 +58,8 @@ pub struct DaemonConfig {
     /// As `--metrics-address`: HOST:PORT of the Prometheus endpoint (off without it).
     #[serde(deserialize_with = "empty_is_none")]
     pub metrics_address: Option<String>,
+    /// As `--remote-snapshots`.
+    pub remote_snapshots: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]

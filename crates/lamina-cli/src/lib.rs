@@ -218,6 +218,9 @@ enum Command {
         /// Serve Prometheus metrics at http://HOST:PORT/metrics [default: `daemon.metrics_address` in --config, else off]
         #[arg(long, value_name = "HOST:PORT")]
         metrics_address: Option<String>,
+        /// Serve containerd's remote snapshots: an indexed layer (eStargz, zstd:chunked) containerd asks for with its remote-snapshot labels is served lazily and not downloaded (docs/containerd.md) [default: `daemon.remote_snapshots` in --config, else off]
+        #[arg(long)]
+        remote_snapshots: bool,
     },
     /// Print what this kernel's overlay supports, as JSON (probed on the store's filesystem, cached per boot)
     Probe {

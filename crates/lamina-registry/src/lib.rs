@@ -20,7 +20,7 @@ pub use auth::Credentials;
 pub use client::{Client, DEFAULT_STALL_TIMEOUT, MAX_LAYER_URLS, MAX_RANGE_BYTES, PullOptions};
 pub use docker_config::credentials_for;
 pub use pace::MIN_RATE;
-pub use reference::{RegistryRef, Target};
+pub use reference::{DOCKER_HUB, RegistryRef, Target};
 pub use resolve::resolve;
 pub use trust::{Trust, trust};
 

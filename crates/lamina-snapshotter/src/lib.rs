@@ -20,6 +20,7 @@ mod metrics_http;
 mod observe;
 mod rebase;
 mod rebuild;
+mod remote;
 mod serve;
 mod service;
 mod snapshotter;
@@ -29,6 +30,7 @@ pub use error::SnapshotError;
 pub use filters::{Fields, Filters};
 pub use info::{Info, Usage};
 pub use label_bounds::MAX_LABEL_BYTES;
+pub use remote::REMOTE_LABEL;
 pub use serve::{ServeError, connect, serve, serve_until_signalled};
 pub use service::Service;
 pub use snapshotter::{

@@ -82,6 +82,8 @@ pub struct Snapshotter {
     pub(crate) activity: crate::metrics::Activity,
     /// Usage answers that cost a walk, reused for a while.
     pub(crate) usage_cache: Arc<crate::usage_cache::UsageCache>,
+    /// How remote snapshots fetch (`None`: the daemon serves none; see `remote.rs`).
+    pub(crate) remote: Option<Arc<lamina_registry::PullOptions>>,
 }
 
 impl Snapshotter {
@@ -116,6 +118,7 @@ impl Snapshotter {
             index,
             activity: Default::default(),
             usage_cache: Default::default(),
+            remote: None,
         };
         snapshotter.recover()?;
         Ok(snapshotter)
@@ -174,7 +177,7 @@ impl Snapshotter {
 
     /// The owner (uid, gid) of layer `top`'s root directory.
     fn root_owner(&self, top: &Digest) -> Result<(u32, u32), SnapshotError> {
-        let root = self.store.layout().layer_diff(top);
+        let root = lamina_mount::layer_tree(&self.store, top);
         let meta = std::fs::symlink_metadata(&root)
             .map_err(lamina_store::StoreError::io("reading the owner of", &root))?;
         use std::os::unix::fs::MetadataExt;
@@ -263,21 +266,33 @@ impl Snapshotter {
         }
         crate::label_bounds::check(key, &labels)?;
         self.check_strategy_label(&labels)?;
+        let parent = (!parent.is_empty()).then(|| parent.to_string());
+        let extraction = kind == SnapshotKind::Active && extraction_target(key, &labels).is_some();
+        let for_rebase = crate::rebase::unpacks_for_rebase(kind, key, parent.as_deref(), &labels);
+        // Made before the lock: it talks to the registry.
+        let remote = match extraction && !for_rebase {
+            true => self.remote_layer(parent.as_deref(), &labels),
+            false => None,
+        };
         let _lock = self.store.lock_snapshots()?;
         // Held until the metadata names the layers: collection never takes them meanwhile.
         let _layers_in_use = self.store.use_layers()?;
         if self.name_taken(key, None)? {
             return Err(SnapshotError::AlreadyExists(key.into()));
         }
-        let parent = (!parent.is_empty()).then(|| parent.to_string());
         let chain = match &parent {
             Some(p) => layer_chain(&self.index(), p)?,
             None => Vec::new(),
         };
-        let extraction = kind == SnapshotKind::Active && extraction_target(key, &labels).is_some();
-        let for_rebase = crate::rebase::unpacks_for_rebase(kind, key, parent.as_deref(), &labels);
         // A layer already stored is reused only on its own chain, which an unpack for
         // rebase does not name until its commit.
+        if let Some(chain_id) = remote {
+            let target = chain_id.to_string();
+            if !self.index().has_committed(parent.as_deref(), &target)? {
+                self.commit_remote(key, parent.as_deref(), chain_id, labels)?;
+            }
+            return Err(SnapshotError::AlreadyExists(target));
+        }
         if extraction
             && !for_rebase
             && labels.contains_key(REF_LABEL)
@@ -439,7 +454,7 @@ impl Snapshotter {
             mount_volatile_without_mount: true,
             strategies,
             remake: again,
-            lazy_server: None,
+            lazy_server: Some(this_process_serves()),
             read_only,
             ephemeral: labels.get(EPHEMERAL_LABEL).is_some_and(|v| v == "true"),
             disk_limit,
@@ -502,6 +517,11 @@ impl Snapshotter {
         let Ok(layer) = Digest::parse(target) else {
             return Ok(false);
         };
+        // A lazy layer is only the image's claim until its completion checks it: reused
+        // only by a remote snapshot from its own source (`remote.rs`), never by name.
+        if lamina_mount::lazy_layer_dir(&self.store, &layer).is_some() {
+            return Ok(false);
+        }
         if self.index().has_committed(parent, target)? {
             return Ok(true);
         }
@@ -572,6 +592,13 @@ impl Snapshotter {
             },
         ])
     }
+}
+
+/// The daemon serving containerd serves the store's lazy layers on a thread of its own
+/// (`lamina daemon`): a snapshot on a lazy layer just published waits for it to be
+/// served, rather than being refused before that thread has seen the layer.
+fn this_process_serves() -> lamina_mount::LazyServer {
+    lamina_mount::LazyServer(Arc::new(|_| Ok(())))
 }
 
 /// The chain ID an image unpack extracts into snapshot `key`: its

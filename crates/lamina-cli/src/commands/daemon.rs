@@ -24,6 +24,7 @@ pub struct Flags {
     pub snapshot_strategy: Option<String>,
     pub label_strategies: Option<String>,
     pub metrics_address: Option<String>,
+    pub remote_snapshots: bool,
 }
 
 /// `lamina daemon`, as `lamina-daemon` runs it ([`super::DaemonMain`]).
@@ -51,6 +52,7 @@ pub fn main(ctx: &Ctx, mounter: RealMounter, flags: Flags) -> anyhow::Result<()>
             socket,
             strategies,
             label_strategies,
+            remote_snapshots: flags.remote_snapshots || settings.remote_snapshots,
         });
     // Serving containerd makes the store if there is none yet, as create does.
     let store = if containerd.is_some() {
@@ -80,6 +82,8 @@ pub struct Containerd {
     pub strategies: Strategies,
     /// What that label may name (`None`: every strategy).
     pub label_strategies: Option<std::collections::BTreeSet<String>>,
+    /// Serve containerd's remote snapshots (fetching as the daemon's pull options say).
+    pub remote_snapshots: bool,
 }
 
 /// Reaps deferred deletes as they arrive, refills pools and serves new lazy layers
@@ -101,7 +105,7 @@ pub fn run(
         .transpose()?;
     tracing::info!(store = %store.root().display(), "daemon started");
     {
-        let (store, mounter) = (store.clone(), mounter.clone());
+        let (store, mounter, pull) = (store.clone(), mounter.clone(), pull.clone());
         std::thread::spawn(move || serve_lazy_forever(&store, mounter.as_ref(), pull));
     }
     let Some(containerd) = containerd else {
@@ -117,6 +121,11 @@ pub fn run(
         snapshotter = snapshotter
             .with_label_strategies(names)
             .map_err(|e| anyhow!("--label-strategies: {e}"))?;
+    }
+    if containerd.remote_snapshots {
+        snapshotter = snapshotter
+            .with_remote_snapshots(pull.clone())
+            .map_err(|e| anyhow!("--remote-snapshots: {e}"))?;
     }
     if let Some(listener) = metrics {
         let exporter =

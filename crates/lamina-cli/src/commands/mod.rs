@@ -407,6 +407,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
             snapshot_strategy,
             label_strategies,
             metrics_address,
+            remote_snapshots,
         } => {
             let main =
                 daemon_main.ok_or_else(|| anyhow!("daemon: this binary has no daemon built in"))?;
@@ -419,6 +420,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
                     snapshot_strategy,
                     label_strategies,
                     metrics_address,
+                    remote_snapshots,
                 },
             )?;
         }

@@ -35,6 +35,8 @@ fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach,
     if container.rootfs.mounted || container.mounted_by_lamina_only() {
         if !mounter.is_mountpoint(&dirs.rootfs)? {
             crate::lifecycle::remount::mount_held(store, mounter, id)?;
+        } else {
+            crate::providers::still_served(store, mounter, &container)?;
         }
         return Ok(Attach::Bind {
             source: dirs.rootfs,

@@ -88,8 +88,14 @@ impl Layers<'_> {
             Layers::Image(image) if lazy => crate::providers::lazy::import(store, image),
             Layers::Image(image) => store.import(image),
             Layers::Stored(stored) => {
-                if let Some(missing) = stored.chain_ids.iter().find(|c| !store.has_layer(c)) {
-                    return Err(StoreError::LayerMissing(missing.to_string()));
+                for c in &stored.chain_ids {
+                    if store.has_layer(c) {
+                        continue;
+                    }
+                    if !lazy || !crate::providers::lazy::is_lazy(store.root(), c) {
+                        return Err(StoreError::LayerMissing(c.to_string()));
+                    }
+                    crate::providers::lazy::refuse_bad(store, c)?;
                 }
                 Ok(stored.chain_ids.clone())
             }
@@ -254,39 +260,41 @@ fn choice(
     request: Request,
     options: &CreateOptions,
 ) -> Result<Choice, RootfsError> {
-    let choice =
-        if request.strategies == Strategies::CLASSIC && !request.ephemeral && !request.disk_limit {
-            Choice {
-                model: Model::named(Strategies::CLASSIC, request.read_only)
-                    .map_err(RootfsError::Refused)?,
-                reason: "requested".into(),
-                named: true,
-                build_metadata_image: false,
-            }
-        } else {
-            let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
-            let chain_ids = layers.chain_ids();
-            let ready = pooled::Ready {
-                store,
-                chain_ids: &chain_ids,
-                disk_limit: options.disk_limit,
-                disk_fs: options.disk_fs,
-            };
-            let pools = Pools {
-                overlay_ready: &|flavour| ready.overlays(flavour),
-                upper_ready: &|backend| ready.uppers(backend),
-            };
-            let request = Request {
-                metadata_image: if request.strategies.auto {
-                    crate::lowers::composefs::auto::state(store, &chain_ids)
-                } else {
-                    request.metadata_image
-                },
-                caller_mounts: options.without_mount && !options.mount_volatile_without_mount,
-                ..request
-            };
-            choose(&request, &probe, chain_ids.len(), &pools)?
+    let choice = if let Some(lazy) = lazy_stored_layer(store, layers) {
+        for_lazy_layers(&request, &lazy)?
+    } else if request.strategies == Strategies::CLASSIC && !request.ephemeral && !request.disk_limit
+    {
+        Choice {
+            model: Model::named(Strategies::CLASSIC, request.read_only)
+                .map_err(RootfsError::Refused)?,
+            reason: "requested".into(),
+            named: true,
+            build_metadata_image: false,
+        }
+    } else {
+        let probe = probe::probe(store, mounter, false).map_err(RootfsError::Probe)?;
+        let chain_ids = layers.chain_ids();
+        let ready = pooled::Ready {
+            store,
+            chain_ids: &chain_ids,
+            disk_limit: options.disk_limit,
+            disk_fs: options.disk_fs,
         };
+        let pools = Pools {
+            overlay_ready: &|flavour| ready.overlays(flavour),
+            upper_ready: &|backend| ready.uppers(backend),
+        };
+        let request = Request {
+            metadata_image: if request.strategies.auto {
+                crate::lowers::composefs::auto::state(store, &chain_ids)
+            } else {
+                request.metadata_image
+            },
+            caller_mounts: options.without_mount && !options.mount_volatile_without_mount,
+            ..request
+        };
+        choose(&request, &probe, chain_ids.len(), &pools)?
+    };
     let mut choice = match options.idmap {
         Some(_) => crate::choose::for_own_idmap(choice)?,
         None => choice,
@@ -295,4 +303,36 @@ fn choice(
         choice.model = choice.model.remade();
     }
     Ok(choice)
+}
+
+/// A stored layer that is still lazy (a containerd remote snapshot not yet completed), if
+/// any: only the `lazy` provider serves such a chain.
+fn lazy_stored_layer(store: &Store, layers: &Layers<'_>) -> Option<Digest> {
+    let Layers::Stored(stored) = layers else {
+        return None;
+    };
+    crate::providers::lazy::lazy_layers(store, &stored.chain_ids)
+        .into_iter()
+        .next()
+}
+
+/// The choice for a chain with lazy layer `lazy`: `lazy`, when `auto` or `lazy` was asked;
+/// any other strategy is refused, never silently replaced.
+fn for_lazy_layers(request: &Request, lazy: &Digest) -> Result<Choice, RootfsError> {
+    let asked = request.strategies;
+    if !asked.auto && !asked.lazy {
+        return Err(RootfsError::Refused(format!(
+            "layer {lazy} is lazy (its data is still being fetched): only strategy `lazy` or `auto` serves it, not `{asked}`"
+        )));
+    }
+    let strategies = Strategies {
+        deferred: asked.deferred,
+        ..Strategies::parse("lazy").map_err(RootfsError::Refused)?
+    };
+    Ok(Choice {
+        model: Model::named(strategies, request.read_only).map_err(RootfsError::Refused)?,
+        reason: format!("layer {lazy} is lazy (its data is still being fetched)"),
+        named: !asked.auto,
+        build_metadata_image: false,
+    })
 }

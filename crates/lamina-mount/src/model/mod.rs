@@ -239,9 +239,11 @@ impl Model {
     }
 
     /// An overlay only lamina mounts (a caller binds it): a volatile one (see
-    /// [`Model::volatile`]), or a composefs one, whose lower is lamina's own EROFS mount.
+    /// [`Model::volatile`]), a composefs one, whose lower is lamina's own EROFS mount, or
+    /// a lazy one, whose data-only lowers are lamina's own FUSE mounts (and which
+    /// containerd's parsing of `lowerdir=` would not keep apart).
     pub fn mounted_by_lamina_only(&self) -> bool {
-        self.volatile() || self.composefs()
+        self.volatile() || self.composefs() || matches!(self.provider, Provider::Lazy { .. })
     }
 
     /// A read-write rootfs whose writes are written back at unmount (not a tmpfs upper):

@@ -89,6 +89,12 @@ impl Strategies {
         ..Strategies::CLASSIC
     };
 
+    /// Whether these strategies serve a chain with lazy layers (`auto` picks `lazy` for
+    /// one; a list naming `lazy` is it).
+    pub fn serve_lazy_layers(&self) -> bool {
+        self.auto || self.lazy
+    }
+
     /// Parses a comma-separated list such as `metacopy,volatile` and refuses
     /// combinations that cannot mean anything.
     pub fn parse(list: &str) -> Result<Self, String> {

@@ -54,14 +54,7 @@ impl std::fmt::Debug for LazyServer {
 /// Makes every layer of `image` present: lazy where its index can be fetched and
 /// checked, whole otherwise. Returns the chain IDs, bottom-most first.
 pub(crate) fn import(store: &Store, image: &Image) -> Result<Vec<Digest>, StoreError> {
-    // A lazy layer's tree carries the index's owners as they are: a store that maps ids
-    // would show them unmapped.
-    if store.properties().mapped() {
-        return Err(StoreError::Properties {
-            store: store.root().to_path_buf(),
-            why: "strategy `lazy` does not serve a store with uid or gid mappings".into(),
-        });
-    }
+    refuse_mapped(store)?;
     let chain_ids = image.chain_ids();
     // Each layer's index is a round trip or two of its own: several at once.
     let mut lazy = Vec::with_capacity(chain_ids.len());
@@ -86,6 +79,64 @@ pub(crate) fn import(store: &Store, image: &Image) -> Result<Vec<Digest>, StoreE
         }
     }
     store.import_except(image, |n| lazy[n])
+}
+
+/// A lazy layer's tree carries the index's owners as they are: a store that maps ids
+/// would show them unmapped.
+fn refuse_mapped(store: &Store) -> Result<(), StoreError> {
+    if store.properties().mapped() {
+        return Err(StoreError::Properties {
+            store: store.root().to_path_buf(),
+            why: "strategy `lazy` does not serve a store with uid or gid mappings".into(),
+        });
+    }
+    Ok(())
+}
+
+/// containerd's remote snapshots: makes layer `n` of `image` present lazily, as a lazy
+/// create would (its own source, index checked, never another's lazy layer reused). The
+/// caller checked that the layers below are the image's. `false`: it is to be pulled whole
+/// (already in the store, no usable index, or a lazy layer of its chain ID from another
+/// source).
+pub fn prepare_layer(store: &Store, image: &Image, n: usize) -> Result<bool, StoreError> {
+    refuse_mapped(store)?;
+    let chain_ids = image.chain_ids();
+    let (Some(blob), Some(chain)) = (image.layers.get(n), chain_ids.get(..=n)) else {
+        return Ok(false);
+    };
+    lazily(store, blob, chain)
+}
+
+/// Refuses lazy layer `chain_id` if its completion found it bad, naming why.
+pub(crate) fn refuse_bad(store: &Store, chain_id: &Digest) -> Result<(), StoreError> {
+    match lamina_lazy::complete::bad_reason(store.root(), chain_id) {
+        Some(why) => Err(StoreError::Layer {
+            layer: chain_id.to_string(),
+            message: format!("lazy layer {chain_id} is bad: {why}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The directory of lazy layer `chain_id` (its tree, index and the chunks fetched so
+/// far), if it is one and not yet an ordinary layer.
+pub fn layer_dir(store: &Store, chain_id: &Digest) -> Option<PathBuf> {
+    (!store.has_layer(chain_id) && layer::is_lazy(store.root(), chain_id))
+        .then(|| layer::dir(store.root(), chain_id))
+}
+
+/// The directory showing layer `chain_id`'s tree: its lazy tree while it is lazy, else
+/// its ordinary one.
+pub fn tree_of(store: &Store, chain_id: &Digest) -> PathBuf {
+    match !store.has_layer(chain_id) && layer::is_lazy(store.root(), chain_id) {
+        true => layer::diff(store.root(), chain_id),
+        false => store.layout().layer_diff(chain_id),
+    }
+}
+
+/// Where the store's lazy layers are (`lazy/`).
+pub fn layers_root(store: &Store) -> PathBuf {
+    layer::lazy_root(store.root())
 }
 
 /// Whether `blob` (the top of `chain`) is present lazily: found published from this very
@@ -178,7 +229,7 @@ pub fn pull(
 }
 
 /// The layers of `chain_ids` that are lazy here (not in `layers/`), bottom-most first.
-fn lazy_layers(store: &Store, chain_ids: &[Digest]) -> Vec<Digest> {
+pub(crate) fn lazy_layers(store: &Store, chain_ids: &[Digest]) -> Vec<Digest> {
     chain_ids
         .iter()
         .filter(|c| !store.has_layer(c) && layer::is_lazy(store.root(), c))
@@ -303,14 +354,11 @@ pub(crate) fn provide<'a>(cx: &Provide<'a, '_>, read_only: bool) -> Result<Made<
         Flavour::LAZY
     };
     let spec = spec_of(store, cx.chain_ids, &claim.dirs, read_only, &lazy, flavour);
-    if !options.without_mount {
+    let mounts = !options.without_mount || options.mount_volatile_without_mount;
+    if mounts {
         mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
     }
-    let rootfs = RootfsRecord::new(
-        cx.choice.model,
-        !options.without_mount,
-        spec.option_strings(),
-    );
+    let rootfs = RootfsRecord::new(cx.choice.model, mounts, spec.option_strings());
     Ok(Made {
         claim,
         undo,
@@ -335,6 +383,22 @@ pub(crate) fn mount_again(
     mounter.mount_overlay(&spec, &dirs.rootfs)?;
     container.rootfs.mount_options = spec.option_strings();
     record_mounted(store, container)
+}
+
+/// Refuses a mounted lazy container whose lazy layers are not all served now.
+pub(crate) fn still_served(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &Container,
+) -> Result<(), RootfsError> {
+    let lazy = lazy_layers(store, &container.record.layers);
+    match lazy.is_empty() || served(store, mounter, &lazy)? {
+        true => Ok(()),
+        false => Err(RootfsError::Refused(format!(
+            "lazy layer {} is not served: its reads would fail; see the log of `lamina daemon` for this store",
+            lazy[0]
+        ))),
+    }
 }
 
 /// The overlay a caller mounts itself, rebuilt from the layers (see `fresh::attach`).

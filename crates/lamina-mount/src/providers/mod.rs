@@ -176,6 +176,22 @@ pub(crate) fn attach(
     }
 }
 
+/// Refuses a mounted rootfs whose data a server must still serve and no longer does
+/// (a lazy container whose server died): its reads would fail.
+pub(crate) fn still_served(
+    store: &Store,
+    mounter: &dyn Mounter,
+    container: &Container,
+) -> Result<(), RootfsError> {
+    match container.model().provider {
+        Provider::Lazy { .. } => lazy::still_served(store, mounter, container),
+        Provider::Fresh { .. }
+        | Provider::Pooled { .. }
+        | Provider::SharedRo
+        | Provider::Direct => Ok(()),
+    }
+}
+
 /// Lets go of what a deleted container held outside its directory (its removal done).
 pub(crate) fn release(
     store: &Store,

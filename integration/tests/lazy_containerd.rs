@@ -1,0 +1,280 @@
+//! containerd's remote-snapshot protocol against a real registry and containerd 2.4: with
+//! `lamina daemon --remote-snapshots` and containerd passing the remote-snapshot labels,
+//! `ctr image pull` (2.4) and a CRI pull (2.4, 1.6) commit each indexed layer as a lazy snapshot without
+//! downloading it — containerd's content store never holds a layer blob — and `ctr run`
+//! and a CRI pod boot from it, reading files spread across both layers.
+
+#![allow(clippy::unwrap_used)]
+
+use lamina_image::Digest;
+use lamina_integration::containerd::{Containerd, Proxy, Release};
+use lamina_integration::cri::{self, Node, NodeSnapshotter, Pulls, container_config, pod_config};
+use lamina_integration::lazy_image::{Format, big, data, push_image};
+use lamina_integration::registry::Registry;
+use lamina_integration::snapshotter::Daemon;
+use lamina_integration::{ScratchFs, require_root};
+
+/// What the container prints: files of the data layer, read through busybox's.
+const SCRIPT: &str = "cat /data/small && sha256sum /data/big /data/f3";
+/// The data layer's whiteout of `/etc/hosts`, honoured (CRI binds a hosts file of its
+/// own there, so only `ctr run` shows it).
+const WHITEOUT: &str = "test ! -e /etc/hosts && echo whiteout";
+
+fn expected() -> String {
+    let sum = |bytes: &[u8], path: &str| format!("{}  {path}\n", Digest::of(bytes).hex());
+    format!(
+        "small\n{}{}",
+        sum(&big(), "/data/big"),
+        sum(&data(3, 128), "/data/f3")
+    )
+}
+
+/// The layer blob digests of `repo_tag`'s manifest.
+fn layer_digests(registry: &Registry, repo_tag: &str) -> Vec<String> {
+    let manifest: serde_json::Value = serde_json::from_slice(&registry.manifest(repo_tag)).unwrap();
+    manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `lamina daemon --remote-snapshots` on `fs`'s store, pulling from `registry` over HTTP.
+fn remote_daemon(fs: &ScratchFs, registry: &Registry) -> Daemon {
+    Daemon::start(
+        &fs.path().join("store"),
+        &fs.path().join("lamina.sock"),
+        &[
+            "--remote-snapshots",
+            "--insecure-registry",
+            &registry.host,
+            "--log-level",
+            "info",
+        ],
+    )
+}
+
+/// What the daemon's log and containerd's content store show of a pull of `repo_tag`:
+/// `lazy` layers committed lazily, and no layer blob downloaded.
+fn assert_pulled_lazily(
+    daemon: &Daemon,
+    content: &str,
+    registry: &Registry,
+    repo_tag: &str,
+    lazy: usize,
+) {
+    let log = daemon.log();
+    assert_eq!(
+        log.matches("remote snapshot: layer served lazily").count(),
+        lazy,
+        "{log}"
+    );
+    // The manifest's own labels name its layers; the first column is what is held.
+    let held: Vec<&str> = content
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for layer in layer_digests(registry, repo_tag) {
+        assert!(
+            !held.contains(&layer.as_str()),
+            "containerd downloaded layer {layer}:\n{content}"
+        );
+    }
+}
+
+#[test]
+fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::Estargz, "lazy/ctr:1");
+    let daemon = remote_daemon(&fs, &registry);
+    let store = fs.path().join("store");
+    let proxy = Proxy {
+        name: "lamina",
+        socket: &daemon.socket,
+        capabilities: &[],
+        exports_root: Some(&store),
+        remote_snapshots: true,
+    };
+    let ctd =
+        Containerd::start_configured(Release::V2, &fs.path().join("containerd"), &[proxy], None);
+    let image = format!("{}/lazy/ctr:1", registry.host);
+    ctd.ctr_ok(&[
+        "image",
+        "pull",
+        "--plain-http",
+        "--snapshotter",
+        "lamina",
+        &image,
+    ]);
+    let content = ctd.ctr_ok(&["content", "ls"]);
+    assert_pulled_lazily(&daemon, &content, &registry, "lazy/ctr:1", 2);
+    let snapshots = ctd.ctr_ok(&[
+        "snapshot",
+        "--snapshotter",
+        "lamina",
+        "info",
+        &top_snapshot(&ctd),
+    ]);
+    assert!(
+        snapshots.contains("containerd.io/snapshot/remote"),
+        "{snapshots}"
+    );
+    // Usage counts what was fetched: nothing of the data layer's ~800 KiB of files yet
+    // (unless background completion made it an ordinary layer meanwhile).
+    let top = top_snapshot(&ctd);
+    let usage = ctd.ctr_ok(&["snapshot", "--snapshotter", "lamina", "usage", &top]);
+    let completed = std::fs::read_dir(store.join("layers")).unwrap().count() == 2;
+    let bytes = usage_bytes(&usage);
+    assert!(completed || bytes < 200.0 * 1024.0, "{usage}");
+
+    let out = ctd.ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "lamina",
+        &image,
+        "lazy-ctr",
+        "sh",
+        "-c",
+        &format!("{SCRIPT} && {WHITEOUT}"),
+    ]);
+    assert_eq!(out, format!("{}whiteout\n", expected()));
+    ctd.ctr_ok(&["image", "rm", &image]);
+
+    // An image without indexes is downloaded and unpacked by containerd, as always.
+    let files = lamina_integration::sample_image(&fs.path().join("sample"));
+    registry.push(
+        &files.oci_layout,
+        lamina_sample::SAMPLE_REF,
+        "plain/sample:1",
+    );
+    let plain = format!("{}/plain/sample:1", registry.host);
+    ctd.ctr_ok(&[
+        "image",
+        "pull",
+        "--plain-http",
+        "--snapshotter",
+        "lamina",
+        &plain,
+    ]);
+    let content = ctd.ctr_ok(&["content", "ls"]);
+    for layer in layer_digests(&registry, "plain/sample:1") {
+        assert!(
+            content.contains(&layer),
+            "{layer} not downloaded: {content}"
+        );
+    }
+    assert_eq!(
+        daemon
+            .log()
+            .matches("remote snapshot: layer served lazily")
+            .count(),
+        2,
+        "no layer of the plain image is lazy"
+    );
+    let proof = ctd.ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "lamina",
+        &plain,
+        "plain-ctr",
+        "sh",
+        "-c",
+        lamina_integration::proof::SCRIPT,
+    ]);
+    assert_eq!(proof, lamina_integration::proof::EXPECTED);
+}
+
+/// The top layer's committed snapshot (the one whose parent is a chain ID) of the only
+/// image pulled.
+fn top_snapshot(ctd: &Containerd) -> String {
+    let out = ctd.ctr_ok(&["snapshot", "--snapshotter", "lamina", "ls"]);
+    out.lines()
+        .skip(1)
+        .find_map(|l| {
+            let mut cols = l.split_whitespace();
+            let (key, parent) = (cols.next()?, cols.next()?);
+            parent.starts_with("sha256:").then(|| key.to_string())
+        })
+        .unwrap_or_else(|| panic!("no top layer snapshot: {out}"))
+}
+
+/// The bytes `ctr snapshot usage` prints (`KEY SIZE INODES`, SIZE as `812.0 KiB`).
+fn usage_bytes(usage: &str) -> f64 {
+    let line = usage.lines().nth(1).unwrap_or_default();
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    let number: f64 = cols.get(1).and_then(|n| n.parse().ok()).unwrap_or(f64::MAX);
+    let unit = match cols.get(2).copied().unwrap_or_default() {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        _ => f64::MAX,
+    };
+    number * unit
+}
+
+#[test]
+fn a_cri_pod_starts_from_an_image_whose_layers_were_never_downloaded_on_containerd_2_4() {
+    cri_pod_starts_lazily(Release::V2);
+}
+
+#[test]
+fn a_cri_pod_starts_from_an_image_whose_layers_were_never_downloaded_on_containerd_1_6() {
+    cri_pod_starts_lazily(Release::Debian);
+}
+
+fn cri_pod_starts_lazily(release: Release) {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::ZstdChunked, "lazy/cri:1");
+    let daemon = remote_daemon(&fs, &registry);
+    let pause = cri::pause_image(&fs.path().join("images"));
+    let node = Node::start_release(
+        release,
+        &fs.path().join("containerd"),
+        NodeSnapshotter::LaminaRemote {
+            socket: daemon.socket.clone(),
+            store: fs.path().join("store"),
+        },
+        &pause,
+        Pulls::default(),
+    );
+    node.trust_registry(&registry.host);
+    let image = format!("{}/lazy/cri:1", registry.host);
+    node.crictl_ok(&["pull", &image]);
+    let content = node
+        .containerd
+        .ctr_ok(&["--namespace", "k8s.io", "content", "ls"]);
+    // The busybox layer is the pause image's too, already unpacked: the data layer
+    // alone is lazy.
+    assert_pulled_lazily(&daemon, &content, &registry, "lazy/cri:1", 1);
+
+    let pod = pod_config("lazy", &fs.path().join("pod-logs"), None);
+    let pod_id = node.run_pod(&pod);
+    let script = format!("{SCRIPT} && echo done; sleep 300");
+    let id = node.start_container(
+        &pod_id,
+        &pod,
+        &container_config("main", &image, &script, &pod),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut logs = node.crictl(&["logs", &id]);
+    while !logs.stdout.contains("done") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        logs = node.crictl(&["logs", &id]);
+    }
+    assert_eq!(
+        logs.stdout,
+        format!("{}done\n", expected()),
+        "{logs:?}\n{}",
+        node.crictl(&["ps", "-a"]).stdout
+    );
+    node.remove_pod(&pod_id);
+    node.crictl_ok(&["rmi", &image]);
+}
