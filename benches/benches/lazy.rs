@@ -3,7 +3,7 @@
 //! it and runc: an eStargz image of busybox and a data layer of ~100 MB or ~1 GB of
 //! incompressible files, whose container reads ~8 % of the bytes before its first line of
 //! output. The registry is reached through a delay proxy adding 0 or 30 ms to every
-//! round trip (`lamina_benches::delay_proxy`; this kernel has no netem).
+//! round trip (`lamina_integration::delay_proxy`; this kernel has no netem).
 //!
 //! - **first output**: from `lamina create` (a fresh store each time) to the container's
 //!   first line: `--strategy lazy` against `--strategy classic`, which pulls whole;
@@ -25,8 +25,8 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lamina_benches::delay_proxy::DelayProxy;
 use lamina_benches::stats::{Samples, human, ratio};
+use lamina_integration::delay_proxy::DelayProxy;
 use lamina_integration::registry::Registry;
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root};
 use lamina_sample::LayerBuilder;

@@ -13,7 +13,6 @@
 
 pub mod containerd_rig;
 pub mod criterion_table;
-pub mod delay_proxy;
 pub mod host;
 pub mod images;
 pub mod overlay_proxy;

@@ -4,6 +4,7 @@
 
 pub mod containerd;
 pub mod cri;
+pub mod delay_proxy;
 pub mod hostile;
 pub mod hostile_registry;
 pub mod http;

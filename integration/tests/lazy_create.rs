@@ -166,6 +166,50 @@ fn a_zstd_chunked_image_boots_lazily_in_runc() {
 }
 
 #[test]
+fn completion_fetches_only_what_reads_did_not_and_nothing_twice() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::Estargz, "lazy/once:v1");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&registry.manifest("lazy/once:v1")).unwrap();
+    let blobs: u64 = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["size"].as_u64().unwrap())
+        .sum();
+    // Every byte lamina fetches passes the proxy, counted.
+    let proxy = lamina_integration::delay_proxy::DelayProxy::start(&registry.host, Duration::ZERO);
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let _daemons = Daemons(store.clone());
+    let reference = format!("docker://{}/lazy/once:v1", proxy.host);
+    let out = create_lazy(&lamina, &proxy.host, &[], &reference, "reader");
+    assert_eq!(out.code, 0, "{out:?}");
+    let booted =
+        Bundle::new(&lamina.rootfs("reader"), false).run("lazy-once", "sha256sum /data/big");
+    assert_eq!(booted.stdout, sum_line(&big(), "/data/big"), "{booted:?}");
+    let read = proxy.fetched();
+
+    lamina_integration::wait_until("both layers completed", || lamina.entries("layers") == 2);
+    let total = proxy.fetched();
+    // The documents, each request's headers and eStargz's footers come on top of the
+    // blobs; fetching what reads fetched again would add the ~1 MiB busybox reads.
+    assert!(
+        total <= blobs + blobs / 20 + 32 * 1024,
+        "fetched {total} bytes for {blobs} bytes of blobs ({read} before completion)"
+    );
+    assert!(
+        read > 256 * 1024,
+        "the reads fetched what they read: {read}"
+    );
+    lamina.delete_and_assert_gone("reader", "lazy");
+    let check = lamina.run(&["check", "--verify"]);
+    assert_eq!(check.code, 0, "{check:?}");
+}
+
+#[test]
 fn reads_fail_with_eio_when_the_registry_or_the_server_is_gone_and_a_new_server_serves() {
     require_root();
     let fs = ScratchFs::ext4(512);

@@ -23,6 +23,7 @@ use lamina_store::beneath::{Tree, pin_at};
 use lamina_store::{Store, StoreError};
 use rustix::fs::FileType;
 
+use crate::fetched::Fetched;
 use crate::layer::{self, LazyRecord};
 
 const BAD: &str = "bad";
@@ -54,13 +55,15 @@ pub enum Completed {
 }
 
 /// Completes lazy layer `record` of `store`, fetching with `pull` and the layer's own
-/// credentials and scheme ([`layer::client`]). An error is one a
+/// credentials and scheme ([`layer::client`]): only what `fetched` lacks, if it is given
+/// and what it makes is the manifest's blob, else the whole blob. An error is one a
 /// retry may cure (the registry unreachable, the disk full); a layer found wrong is
 /// [`Completed::Bad`].
 pub fn complete(
     store: &Store,
     record: &LazyRecord,
     pull: &PullOptions,
+    fetched: Option<&Fetched>,
 ) -> Result<Completed, StoreError> {
     if let Some(why) = bad_reason(store.root(), &record.chain_id) {
         return Ok(Completed::Bad(why));
@@ -77,10 +80,20 @@ pub fn complete(
             lamina_store::unique_suffix(),
             chain_id.hex(),
         ));
-        let downloaded = download(store, record, pull, &staged);
+        let from_fetched = match fetched {
+            Some(fetched) if !fetched.discarded() => fill(store, record, pull, fetched)?,
+            _ => false,
+        };
+        let (downloaded, blob_path) = match from_fetched {
+            true => (
+                Ok(Ok(())),
+                fetched.map(|f| f.path().to_path_buf()).unwrap_or_default(),
+            ),
+            false => (download(store, record, pull, &staged), staged.clone()),
+        };
         let imported = match downloaded {
             Ok(Ok(())) => {
-                let blob = blob_at(record, &staged);
+                let blob = blob_at(record, &blob_path);
                 store
                     .import_layer(&record.chain, record.chain.len() - 1, &blob)
                     .map_err(|e| (!is_the_images(&e), e.to_string()))
@@ -89,6 +102,10 @@ pub fn complete(
             Err(e) => Err((true, e.to_string())),
         };
         let _ = std::fs::remove_file(&staged);
+        // Kept for a retry (a failure of the network or the disk), let go otherwise.
+        if let (Some(fetched), false) = (fetched, matches!(imported, Err((true, _)))) {
+            fetched.discard();
+        }
         match imported {
             Ok(()) => {}
             Err((true, why)) => {
@@ -111,6 +128,45 @@ pub fn complete(
     }
     tracing::info!(layer = %chain_id, "lazy layer completed: now an ordinary layer");
     Ok(Completed::Whole)
+}
+
+/// Fetches what `fetched` lacks of the layer's blob; `true` if the whole then is the
+/// manifest's blob. `false` (logged) if it is not — a range the registry once served
+/// wrong — and the blob is then fetched whole, once more. The error is the fetch's.
+fn fill(
+    store: &Store,
+    record: &LazyRecord,
+    pull: &PullOptions,
+    fetched: &Fetched,
+) -> Result<bool, StoreError> {
+    let fail = |why: String| StoreError::Layer {
+        layer: format!("lazy layer {}", record.chain_id),
+        message: why,
+    };
+    let client = layer::client(store.root(), record, pull).map_err(|e| fail(e.to_string()))?;
+    let digest = record.blob_digest.to_string();
+    let held = fetched.held();
+    fetched
+        .fill(|start, len| {
+            client
+                .read_range(&digest, record.blob_size, start, len)
+                .map_err(io::Error::other)
+        })
+        .map_err(|e| fail(format!("fetching the rest of the blob: {e}")))?;
+    let file =
+        std::fs::File::open(fetched.path()).map_err(StoreError::io("reading", fetched.path()))?;
+    let mut hashing = lamina_image::HashingReader::new(file);
+    io::copy(&mut hashing, &mut io::sink()).map_err(StoreError::io("reading", fetched.path()))?;
+    let (got, size) = hashing
+        .finish()
+        .map_err(StoreError::io("reading", fetched.path()))?;
+    if got == record.blob_digest && size == record.blob_size {
+        tracing::info!(layer = %record.chain_id, kept = held, fetched = record.blob_size - held, "lazy layer's blob made from what reads fetched and the rest");
+        return Ok(true);
+    }
+    tracing::warn!(layer = %record.chain_id, "the bytes fetched for reads do not make the manifest's blob: fetching it whole");
+    fetched.discard();
+    Ok(false)
 }
 
 /// Fetches the layer's whole blob into `to`. The outer error is the fetch's (the

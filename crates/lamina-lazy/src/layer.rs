@@ -226,12 +226,18 @@ impl LazyRecord {
     /// The layer's tree, from the index kept beside the record, checked again.
     pub fn tree(&self, store: &Path) -> Result<LayerTree, StoreError> {
         let path = dir(store, &self.chain_id).join(INDEX);
-        let bytes =
-            lamina_store::read_regular_file(&path).map_err(StoreError::io("reading", &path))?;
+        let bytes = index_bytes(store, &self.chain_id)?;
         self.index
             .tree(&bytes)
             .map_err(|e| StoreError::io("reading", &path)(io::Error::other(e)))
     }
+}
+
+/// The bytes of lazy layer `chain_id`'s index as they were fetched from its blob (not
+/// checked here: [`LazyRecord::tree`] checks them).
+pub fn index_bytes(store: &Path, chain_id: &Digest) -> Result<Vec<u8>, StoreError> {
+    let path = dir(store, chain_id).join(INDEX);
+    lamina_store::read_regular_file(&path).map_err(StoreError::io("reading", &path))
 }
 
 /// The object a regular file's metacopy inode redirects to: `<chain-id-hex>-<n>`, the

@@ -21,5 +21,6 @@ mod registry_blob;
 pub use registry_blob::RegistryBlob;
 
 pub mod complete;
+pub mod fetched;
 pub mod layer;
 pub mod serve;

@@ -20,6 +20,7 @@ use lamina_store::Store;
 use lamina_sys::Mounter;
 
 use crate::complete::{Completed, complete};
+use crate::fetched::Fetched;
 use crate::layer::{self, LazyRecord};
 
 /// Layers completed at once: each is a whole blob's download and unpack.
@@ -50,11 +51,13 @@ pub fn running(store: &Path) -> bool {
     }
 }
 
-/// One layer being served: its FUSE session, since when, and when a read last fetched.
+/// One layer being served: its FUSE session, since when, when a read last fetched, and
+/// what was fetched of its blob (completion fetches only the rest).
 struct Serving {
     _session: fuser::BackgroundSession,
     since: Instant,
     last_fetch: Arc<AtomicU64>,
+    fetched: Arc<Fetched>,
 }
 
 /// Completion waits until a layer has been served this long and no read has fetched
@@ -64,18 +67,25 @@ const SETTLE: Duration = Duration::from_secs(5);
 const QUIET: Duration = Duration::from_secs(2);
 const COMPLETE_BY: Duration = Duration::from_secs(60);
 
-/// A layer's chunks, noting when each fetch was asked (milliseconds since `epoch`).
+/// A layer's chunks, noting when each fetch was asked (milliseconds since `epoch`) and
+/// keeping what it brought.
 struct Watched {
     inner: RegistryBlob,
     epoch: Instant,
     last_fetch: Arc<AtomicU64>,
+    fetched: Arc<Fetched>,
 }
 
 impl ChunkSource for Watched {
     fn fetch(&self, start: u64, end: u64) -> io::Result<Vec<u8>> {
         self.last_fetch
             .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-        self.inner.fetch(start, end)
+        let bytes = self.inner.fetch(start, end)?;
+        // Not kept, completion fetches it again: a cost, never a wrong byte.
+        if let Err(e) = self.fetched.record(start, &bytes) {
+            tracing::warn!(error = %e, "keeping fetched bytes for completion failed");
+        }
+        Ok(bytes)
     }
 }
 
@@ -189,13 +199,14 @@ impl Server {
             }
             let last_fetch = Arc::new(AtomicU64::new(0));
             match self.serve(mounter, &chain_id, last_fetch.clone()) {
-                Ok(session) => {
+                Ok((session, fetched)) => {
                     tracing::info!(layer = %chain_id, "serving lazy layer");
                     self.failed.remove(&chain_id);
                     let serving = Serving {
                         _session: session,
                         since: now,
                         last_fetch,
+                        fetched,
                     };
                     self.served.insert(chain_id, serving);
                     started += 1;
@@ -214,7 +225,7 @@ impl Server {
         mounter: &dyn Mounter,
         chain_id: &Digest,
         last_fetch: Arc<AtomicU64>,
-    ) -> io::Result<fuser::BackgroundSession> {
+    ) -> io::Result<(fuser::BackgroundSession, Arc<Fetched>)> {
         let root = self.store.root();
         let record = LazyRecord::read(root, chain_id).map_err(io::Error::other)?;
         let tree = record.tree(root).map_err(io::Error::other)?;
@@ -265,6 +276,13 @@ impl Server {
                 copy: copies.join(layer::object_name(chain_id, n)),
             })
             .collect();
+        let fetched = Arc::new(Fetched::create(
+            &copies.join("blob.part"),
+            record.blob_size,
+        )?);
+        // The index is part of the blob, fetched already.
+        let index = layer::index_bytes(root, chain_id).map_err(io::Error::other)?;
+        fetched.record(record.index.offset, &index)?;
         let source = Watched {
             inner: RegistryBlob {
                 client,
@@ -273,8 +291,10 @@ impl Server {
             },
             epoch: self.epoch,
             last_fetch,
+            fetched: fetched.clone(),
         };
-        ObjectsFs::new(objects, Arc::new(source))?.mount(&target)
+        let session = ObjectsFs::new(objects, Arc::new(source))?.mount(&target)?;
+        Ok((session, fetched))
     }
 }
 
@@ -308,6 +328,7 @@ impl Server {
                 continue;
             }
             completing.insert(chain_id.clone());
+            let fetched = serving.fetched.clone();
             let (store, pull, chain_id) = (self.store.clone(), self.pull.clone(), chain_id.clone());
             let (completing, retry_at) = (self.completing.clone(), self.retry_at.clone());
             std::thread::spawn(move || {
@@ -323,7 +344,7 @@ impl Server {
                 }
                 let _slot = Slot(completing.clone(), chain_id.clone());
                 let ended = LazyRecord::read(store.root(), &chain_id)
-                    .and_then(|record| complete(&store, &record, &pull));
+                    .and_then(|record| complete(&store, &record, &pull, Some(&fetched)));
                 match &ended {
                     Ok(Completed::Whole) | Ok(Completed::Bad(_)) => {}
                     Err(e) => {
