@@ -22,5 +22,8 @@ pub use registry_blob::RegistryBlob;
 
 pub mod complete;
 pub mod fetched;
+mod prefetch;
+
+pub use prefetch::Prefetched;
 pub mod layer;
 pub mod serve;

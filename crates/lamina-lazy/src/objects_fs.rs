@@ -34,7 +34,7 @@ pub struct LazyObject {
 
 /// Where a chunk of an object is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+pub(crate) enum State {
     Missing,
     /// One read is fetching it; the others wanting it wait for that one.
     Fetching,
@@ -45,11 +45,11 @@ enum State {
 /// restarted one fetches again). The copy is opened per use, so a layer of many files
 /// holds no descriptor per file.
 #[derive(Debug)]
-struct Served {
-    object: LazyObject,
-    state: Mutex<Vec<State>>,
+pub(crate) struct Served {
+    pub(crate) object: LazyObject,
+    pub(crate) state: Mutex<Vec<State>>,
     /// Signalled whenever a chunk stops being fetched (present, or missing again).
-    settled: Condvar,
+    pub(crate) settled: Condvar,
     /// Where the last read of it ended: a read that starts there reads on, and the
     /// chunks after it are fetched with it ([`READ_AHEAD_BYTES`]).
     last_end: AtomicU64,
@@ -88,9 +88,9 @@ const MAX_RUN_BYTES: u64 = 8 << 20;
 
 /// The filesystem; [`ObjectsFs::mount`] serves it.
 pub struct ObjectsFs {
-    objects: Vec<Served>,
+    pub(crate) objects: Vec<Served>,
     by_name: HashMap<OsString, usize>,
-    source: Arc<dyn ChunkSource>,
+    pub(crate) source: Arc<dyn ChunkSource>,
 }
 
 impl std::fmt::Debug for ObjectsFs {
@@ -153,6 +153,15 @@ impl ObjectsFs {
     /// Mounts the filesystem read-only at `mountpoint`, served by a thread of this
     /// process until the session is dropped (which unmounts it).
     pub fn mount(self, mountpoint: &std::path::Path) -> io::Result<fuser::BackgroundSession> {
+        Arc::new(self).mount_shared(mountpoint)
+    }
+
+    /// [`ObjectsFs::mount`], keeping a handle for work besides the kernel's reads (a
+    /// prefetch).
+    pub fn mount_shared(
+        self: &Arc<Self>,
+        mountpoint: &std::path::Path,
+    ) -> io::Result<fuser::BackgroundSession> {
         let mut config = fuser::Config::default();
         // Reads of different chunks, and of chunks present, go on while others are
         // fetched: a stalled registry holds one thread per read waiting on it, so reads
@@ -163,7 +172,7 @@ impl ObjectsFs {
             fuser::MountOption::FSName("lamina-lazy".into()),
             fuser::MountOption::Subtype("lamina-lazy".into()),
         ];
-        fuser::spawn_mount(self, mountpoint, &config)
+        fuser::spawn_mount(Mounted(self.clone()), mountpoint, &config)
     }
 
     fn attr(&self, ino: INodeNo) -> Option<FileAttr> {
@@ -201,7 +210,7 @@ impl ObjectsFs {
     /// after it, up to [`READ_AHEAD_BYTES`], fetched in the same request (one round trip);
     /// if that fails, what is needed is fetched again without them, so a read-ahead never
     /// fails a read. No lock is held while fetching.
-    fn fill(&self, n: usize, offset: u64, end: u64) -> io::Result<()> {
+    pub(crate) fn fill(&self, n: usize, offset: u64, end: u64) -> io::Result<()> {
         let served = &self.objects[n];
         let chunks = &served.object.file.chunks;
         let sequential = served.last_end.swap(end, Ordering::Relaxed) == offset;
@@ -367,7 +376,18 @@ impl Drop for Settle<'_> {
     }
 }
 
-impl Filesystem for ObjectsFs {
+/// The filesystem as the kernel's session holds it, shared with a prefetch.
+struct Mounted(Arc<ObjectsFs>);
+
+impl std::ops::Deref for Mounted {
+    type Target = ObjectsFs;
+
+    fn deref(&self) -> &ObjectsFs {
+        &self.0
+    }
+}
+
+impl Filesystem for Mounted {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let found = (parent == ROOT)
             .then(|| self.by_name.get(name))

@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use lamina_image::Digest;
+use lamina_image::lazy::estargz::prefetch_end;
+use lamina_image::lazy::source::Format;
 use lamina_registry::PullOptions;
 use lamina_store::Store;
 use lamina_sys::Mounter;
@@ -293,7 +295,19 @@ impl Server {
             last_fetch,
             fetched: fetched.clone(),
         };
-        let session = ObjectsFs::new(objects, Arc::new(source))?.mount(&target)?;
+        let prefetch_end = match record.index.format {
+            Format::Estargz => prefetch_end(&tree.files),
+            Format::ZstdChunked => None,
+        };
+        let fs = Arc::new(ObjectsFs::new(objects, Arc::new(source))?);
+        let session = fs.mount_shared(&target)?;
+        if let Some(end) = prefetch_end {
+            let layer = chain_id.clone();
+            std::thread::spawn(move || {
+                let got = fs.prefetch(end);
+                tracing::info!(layer = %layer, chunks = got.chunks, bytes = got.bytes, failed = got.failed, "prefetched what the image marks as read at start");
+            });
+        }
         Ok((session, fetched))
     }
 }

@@ -42,6 +42,11 @@ pub const SAMPLE_TAG: &str = "lamina/sample:latest";
 
 /// Base layer: busybox, its applet links, /etc, and content the top layer hides.
 pub fn base_layer(busybox: &[u8]) -> io::Result<Vec<u8>> {
+    base_layer_builder(busybox)?.finish()
+}
+
+/// [`base_layer`] before it is finished, for entries after its own.
+pub fn base_layer_builder(busybox: &[u8]) -> io::Result<LayerBuilder> {
     let mut l = LayerBuilder::new()
         .dir("bin", 0o755)?
         .file("bin/busybox", 0o755, busybox)?;
@@ -70,8 +75,7 @@ pub fn base_layer(busybox: &[u8]) -> io::Result<Vec<u8>> {
             "opq/base-only.txt",
             0o644,
             b"hidden by the opaque top dir\n",
-        )?
-        .finish()
+        )
 }
 
 /// Top layer: a new file with an xattr, a whiteout, an opaque dir, a setuid file and a

@@ -27,6 +27,21 @@ pub const TOC_DIGEST_ANNOTATION: &str = "containerd.io/snapshot/stargz/toc.diges
 pub const TOC_NAME: &str = "stargz.index.json";
 /// The footer's length: an empty gzip member whose extra field holds the TOC's offset.
 pub const FOOTER_SIZE: u64 = 51;
+/// The entry after the files an eStargz producer saw read at start, which come first
+/// in the blob: what is before it is worth fetching before a container asks.
+pub const PREFETCH_LANDMARK: &str = ".prefetch.landmark";
+
+/// Where the prefetch region of an eStargz layer whose regular files are `files` ends:
+/// the start of its landmark's member, if it has a landmark (with data: the format's is
+/// one byte). Bytes past it are not prefetched.
+pub fn prefetch_end(files: &[super::LazyFile]) -> Option<u64> {
+    files
+        .iter()
+        .find(|f| f.name.trim_start_matches("./").trim_start_matches('/') == PREFETCH_LANDMARK)
+        .and_then(|f| f.chunks.first())
+        .filter(|c| !c.zeros)
+        .map(|c| c.member.0)
+}
 fn toc_error(why: impl Into<String>) -> IndexError {
     index_error(format!("eStargz TOC: {}", why.into()))
 }
