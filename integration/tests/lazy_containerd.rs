@@ -9,7 +9,7 @@
 use lamina_image::Digest;
 use lamina_integration::containerd::{Containerd, Proxy, Release};
 use lamina_integration::cri::{self, Node, NodeSnapshotter, Pulls, container_config, pod_config};
-use lamina_integration::lazy_image::{Format, big, data, push_image};
+use lamina_integration::lazy_image::{Format, big, data, push_image, push_tars, tars};
 use lamina_integration::registry::Registry;
 use lamina_integration::snapshotter::Daemon;
 use lamina_integration::{ScratchFs, require_root};
@@ -40,13 +40,16 @@ fn layer_digests(registry: &Registry, repo_tag: &str) -> Vec<String> {
         .collect()
 }
 
-/// `lamina daemon --remote-snapshots` on `fs`'s store, pulling from `registry` over HTTP.
+/// `lamina daemon --remote-snapshots` on `fs`'s store for the repositories under
+/// `lazy/` and `plain/` of `registry`, pulled from over HTTP.
 fn remote_daemon(fs: &ScratchFs, registry: &Registry) -> Daemon {
+    let sources = format!("{0}/lazy,{0}/plain", registry.host);
     Daemon::start(
         &fs.path().join("store"),
         &fs.path().join("lamina.sock"),
         &[
             "--remote-snapshots",
+            &sources,
             "--insecure-registry",
             &registry.host,
             "--log-level",
@@ -112,6 +115,9 @@ fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
     ]);
     let content = ctd.ctr_ok(&["content", "ls"]);
     assert_pulled_lazily(&daemon, &content, &registry, "lazy/ctr:1", 2);
+    // Snapshots of lazy layers are the store's own.
+    let check = lamina_integration::Lamina::new(&store).run(&["check"]);
+    assert_eq!(check.code, 0, "{check:?}");
     let snapshots = ctd.ctr_ok(&[
         "snapshot",
         "--snapshotter",
@@ -188,6 +194,49 @@ fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
         lamina_integration::proof::SCRIPT,
     ]);
     assert_eq!(proof, lamina_integration::proof::EXPECTED);
+
+    // An indexed image from a repository remote snapshots may not come from is
+    // downloaded and unpacked by containerd too.
+    let tar = lamina_sample::LayerBuilder::new()
+        .file("other.txt", 0o644, b"other\n")
+        .and_then(|l| l.finish())
+        .unwrap();
+    push_tars(
+        &registry,
+        fs.path(),
+        Format::Estargz,
+        "other/ctr:1",
+        &[tar],
+        |_| {},
+    );
+    let other = format!("{}/other/ctr:1", registry.host);
+    ctd.ctr_ok(&[
+        "image",
+        "pull",
+        "--plain-http",
+        "--snapshotter",
+        "lamina",
+        &other,
+    ]);
+    let content = ctd.ctr_ok(&["content", "ls"]);
+    for layer in layer_digests(&registry, "other/ctr:1") {
+        assert!(
+            content.contains(&layer),
+            "{layer} not downloaded: {content}"
+        );
+    }
+    assert!(
+        daemon
+            .log()
+            .contains("not from a registry remote snapshots may come from")
+    );
+    assert_eq!(
+        daemon
+            .log()
+            .matches("remote snapshot: layer served lazily")
+            .count(),
+        2
+    );
 }
 
 /// The top layer's committed snapshot (the one whose parent is a chain ID) of the only
@@ -277,4 +326,104 @@ fn cri_pod_starts_lazily(release: Release) {
     );
     node.remove_pod(&pod_id);
     node.crictl_ok(&["rmi", &image]);
+}
+
+#[test]
+fn a_layer_without_an_index_unpacks_over_a_lazy_one_and_a_commit_over_it_keeps_its_data() {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    // busybox's layer lazy, the data layer without its index: containerd unpacks it onto
+    // the lazy one.
+    let seen = std::cell::Cell::new(0);
+    push_tars(
+        &registry,
+        fs.path(),
+        Format::Estargz,
+        "lazy/mixed:1",
+        &tars(),
+        |layer| {
+            if seen.replace(seen.get() + 1) == 1 {
+                layer.annotations.clear();
+            }
+        },
+    );
+    let daemon = remote_daemon(&fs, &registry);
+    let store = fs.path().join("store");
+    let proxy = Proxy {
+        name: "lamina",
+        socket: &daemon.socket,
+        capabilities: &[],
+        exports_root: Some(&store),
+        remote_snapshots: true,
+    };
+    let ctd =
+        Containerd::start_configured(Release::V2, &fs.path().join("containerd"), &[proxy], None);
+    let image = format!("{}/lazy/mixed:1", registry.host);
+    ctd.ctr_ok(&[
+        "image",
+        "pull",
+        "--plain-http",
+        "--snapshotter",
+        "lamina",
+        &image,
+    ]);
+    let log = daemon.log();
+    assert_eq!(
+        log.matches("remote snapshot: layer served lazily").count(),
+        1,
+        "{log}"
+    );
+    let out = ctd.ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "lamina",
+        &image,
+        "lazy-mixed",
+        "sh",
+        "-c",
+        &format!("{SCRIPT} && {WHITEOUT}"),
+    ]);
+    assert_eq!(out, format!("{}whiteout\n", expected()));
+
+    // A chmod of a lazy file copies up its metadata only; the commit fills its data in
+    // from the lazy layer's objects, and a view of the commit reads it whole.
+    let top = top_snapshot(&ctd);
+    let snapshot = |args: &[&str]| {
+        let mut all = vec!["snapshot", "--snapshotter", "lamina"];
+        all.extend_from_slice(args);
+        ctd.ctr_ok(&all)
+    };
+    let rootfs = |mounts: &str| {
+        let source = mounts
+            .split_whitespace()
+            .skip_while(|w| *w != "bind")
+            .nth(1)
+            .unwrap_or_else(|| panic!("a bind: {mounts}"))
+            .to_string();
+        std::path::PathBuf::from(source)
+    };
+    snapshot(&["prepare", "work", &top]);
+    let work = rootfs(&snapshot(&["mounts", "/mnt", "work"]));
+    let busybox = std::fs::read(lamina_sample::DEFAULT_BUSYBOX).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        work.join("bin/busybox"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    snapshot(&["commit", "done", "work"]);
+    snapshot(&["view", "seen", "done"]);
+    let view = rootfs(&snapshot(&["mounts", "/mnt", "seen"]));
+    let meta = std::fs::metadata(view.join("bin/busybox")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o700);
+    assert!(
+        std::fs::read(view.join("bin/busybox")).unwrap() == busybox,
+        "the committed busybox is busybox"
+    );
+    for key in ["seen", "done"] {
+        snapshot(&["rm", key]);
+    }
+    ctd.ctr_ok(&["image", "rm", &image]);
 }

@@ -58,8 +58,9 @@ pub struct DaemonConfig {
     /// As `--metrics-address`: HOST:PORT of the Prometheus endpoint (off without it).
     #[serde(deserialize_with = "empty_is_none")]
     pub metrics_address: Option<String>,
-    /// As `--remote-snapshots`.
-    pub remote_snapshots: bool,
+    /// As `--remote-snapshots`: the registries remote snapshots may come from.
+    #[serde(deserialize_with = "empty_is_none")]
+    pub remote_snapshots: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

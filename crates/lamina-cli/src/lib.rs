@@ -218,9 +218,9 @@ enum Command {
         /// Serve Prometheus metrics at http://HOST:PORT/metrics [default: `daemon.metrics_address` in --config, else off]
         #[arg(long, value_name = "HOST:PORT")]
         metrics_address: Option<String>,
-        /// Serve containerd's remote snapshots: an indexed layer (eStargz, zstd:chunked) containerd asks for with its remote-snapshot labels is served lazily and not downloaded (docs/containerd.md) [default: `daemon.remote_snapshots` in --config, else off]
-        #[arg(long)]
-        remote_snapshots: bool,
+        /// Serve containerd's remote snapshots from these registries (HOST[:PORT], or HOST[:PORT]/REPO for the repositories under it; `*` for any), comma-separated: an indexed layer (eStargz, zstd:chunked) containerd asks for with its remote-snapshot labels is served lazily and not downloaded; whoever may push there is trusted not to claim other images' layers (docs/containerd.md) [default: `daemon.remote_snapshots` in --config, else off]
+        #[arg(long, value_name = "REGISTRIES")]
+        remote_snapshots: Option<String>,
     },
     /// Print what this kernel's overlay supports, as JSON (probed on the store's filesystem, cached per boot)
     Probe {

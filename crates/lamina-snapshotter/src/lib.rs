@@ -30,7 +30,7 @@ pub use error::SnapshotError;
 pub use filters::{Fields, Filters};
 pub use info::{Info, Usage};
 pub use label_bounds::MAX_LABEL_BYTES;
-pub use remote::REMOTE_LABEL;
+pub use remote::{REMOTE_LABEL, RemoteSources};
 pub use serve::{ServeError, connect, serve, serve_until_signalled};
 pub use service::Service;
 pub use snapshotter::{

@@ -7,9 +7,14 @@
 //! failing a check, the registry unreachable, a chain the image does not have — is
 //! unpacked by containerd as always: a remote snapshot is never a failed pull.
 //!
-//! Off unless the daemon runs with `--remote-snapshots`: these labels also reach lamina
-//! from an image's own layer annotations when containerd does not set them, and lamina
-//! then fetches from the registry they name.
+//! Off unless the daemon runs with `--remote-snapshots REGISTRIES`, and then only for
+//! images from those registries (or repositories): these labels also reach lamina from an
+//! image's own layer annotations when containerd does not set them, and a lazy layer's
+//! chain ID is only its image config's claim until completion checks it, so whoever may
+//! push to a listed registry is trusted not to claim another image's layers. Only an
+//! unpack's Prepare (containerd's `extract-… <chain ID>` key) is served, never with the
+//! daemon's global `--username`/`--password` (an auth file's credentials for the host are
+//! used), and at most [`AT_ONCE`] at a time: the others are unpacked by containerd.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +36,51 @@ pub const MANIFEST_LABEL: &str = "containerd.io/snapshot/cri.manifest-digest";
 pub const LAYER_LABEL: &str = "containerd.io/snapshot/cri.layer-digest";
 /// containerd 2.x's: the diffID of the layer, from the image config it read.
 const DIFF_ID_LABEL: &str = "containerd.io/snapshot.diffid";
+
+/// Remote preparations at once: each holds a gRPC worker thread on the registry.
+pub const AT_ONCE: usize = 8;
+
+/// Where remote snapshots may come from: registries (`HOST[:PORT]`), repositories
+/// (`HOST[:PORT]/REPO`, and the repositories under it), or every one (`*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteSources(Vec<String>);
+
+impl RemoteSources {
+    /// Parses a comma-separated list; an empty one is refused.
+    pub fn parse(list: &str) -> Result<Self, SnapshotError> {
+        let entries: Vec<String> = list
+            .split(',')
+            .map(|e| e.trim().trim_end_matches('/').to_string())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if entries.is_empty() {
+            return Err(SnapshotError::InvalidArgument(
+                "name the registries remote snapshots may come from (HOST[:PORT][/REPO],…), or `*` for any".into(),
+            ));
+        }
+        Ok(RemoteSources(entries))
+    }
+
+    /// Whether `host` / `repository` is one of these.
+    fn allow(&self, host: &str, repository: &str) -> bool {
+        let image = format!("{host}/{repository}");
+        self.0.iter().any(|entry| {
+            entry == "*"
+                || entry == host
+                || image == *entry
+                || image.starts_with(&format!("{entry}/"))
+        })
+    }
+}
+
+/// Whether `key` is an unpack's (`…/extract-<unique> <target>`), as containerd names the
+/// snapshot it applies a layer into; a pod's sandbox may carry the labels, not this key.
+fn is_unpack_key(key: &str, target: &Digest) -> bool {
+    let last = key.rsplit('/').next().unwrap_or(key);
+    last.split_once(' ').is_some_and(|(unique, chain)| {
+        unique.starts_with("extract-") && chain == target.to_string()
+    })
+}
 
 /// What a Prepare asks for a remote snapshot.
 struct Asked {
@@ -69,17 +119,33 @@ fn asked(labels: &BTreeMap<String, String>) -> Option<Asked> {
 }
 
 impl Snapshotter {
-    /// Serves containerd's remote snapshots, fetching as `pull` says (registries spoken to
-    /// over plain HTTP, credentials, timeouts). The daemon's default strategies must be
-    /// able to serve a lazy layer (`auto`, or a list naming `lazy`).
-    pub fn with_remote_snapshots(mut self, pull: PullOptions) -> Result<Self, SnapshotError> {
+    /// Serves containerd's remote snapshots from `sources`, fetching as `pull` says
+    /// (registries spoken to over plain HTTP, an auth file, timeouts; never its global
+    /// credentials, which are for one registry and would go to whichever a label names).
+    /// The daemon's default strategies must be able to serve a lazy layer (`auto`, or a
+    /// list naming `lazy`).
+    pub fn with_remote_snapshots(
+        mut self,
+        sources: RemoteSources,
+        pull: PullOptions,
+    ) -> Result<Self, SnapshotError> {
         if !self.default_strategies.serve_lazy_layers() {
             return Err(SnapshotError::InvalidArgument(format!(
                 "remote snapshots need a snapshot strategy that serves lazy layers (`auto`, or one naming `lazy`), not `{}`",
                 self.default_strategies
             )));
         }
-        self.remote = Some(std::sync::Arc::new(pull));
+        let pull = PullOptions {
+            credentials: None,
+            // A Prepare waits on it: one retry, as a lazy read's.
+            retries: 1,
+            ..pull
+        };
+        self.remote = Some(std::sync::Arc::new(Remote {
+            sources,
+            pull,
+            in_flight: Default::default(),
+        }));
         Ok(self)
     }
 
@@ -87,15 +153,27 @@ impl Snapshotter {
     /// for containerd to unpack it. Talks to the registry, so the caller holds no lock.
     pub(crate) fn remote_layer(
         &self,
+        key: &str,
         parent: Option<&str>,
         labels: &BTreeMap<String, String>,
     ) -> Option<Digest> {
-        let pull = self.remote.as_ref()?;
+        let remote = self.remote.as_ref()?;
         let asked = asked(labels)?;
-        if self.store.has_layer(&asked.target) {
+        if self.store.has_layer(&asked.target) || !is_unpack_key(key, &asked.target) {
             return None;
         }
-        match self.make_lazy(pull, parent, &asked, labels) {
+        if !remote
+            .sources
+            .allow(&asked.manifest.host, &asked.manifest.repository)
+        {
+            tracing::info!(layer = %asked.layer, repository = %format!("{}/{}", asked.manifest.host, asked.manifest.repository), "remote snapshot: not from a registry remote snapshots may come from; containerd unpacks the layer");
+            return None;
+        }
+        let Some(_slot) = Slot::take(&remote.in_flight) else {
+            tracing::info!(layer = %asked.layer, at_once = AT_ONCE, "remote snapshot: as many in flight as may be; containerd unpacks the layer");
+            return None;
+        };
+        match self.make_lazy(&remote.pull, parent, &asked, labels) {
             Ok(true) => Some(asked.target),
             Ok(false) => None,
             Err(why) => {
@@ -121,7 +199,8 @@ impl Snapshotter {
         let image = lamina_registry::resolve(&asked.manifest, pull, &Platform::host())
             .map_err(|e| e.to_string())?;
         let n = position(&image, asked, &below, labels)?;
-        let _layers_in_use = self.store.use_layers().map_err(|e| e.to_string())?;
+        // No layers-in-use lock while the index is fetched: collection never takes a
+        // lazy layer, and the row naming it is written under the lock.
         lamina_mount::prepare_lazy_layer(&self.store, &image, n).map_err(|e| e.to_string())
     }
 
@@ -151,6 +230,35 @@ impl Snapshotter {
         self.index().insert(key, &record)?;
         tracing::info!(key, chain_id = %chain_id, "remote snapshot: layer served lazily, committed without a download");
         Ok(())
+    }
+}
+
+/// The daemon's remote snapshots: from where, fetched how, and how many in flight.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    sources: RemoteSources,
+    pull: PullOptions,
+    in_flight: std::sync::atomic::AtomicUsize,
+}
+
+/// One of the [`AT_ONCE`] remote preparations, given back when dropped.
+struct Slot<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Slot<'a> {
+    fn take(count: &'a std::sync::atomic::AtomicUsize) -> Option<Slot<'a>> {
+        use std::sync::atomic::Ordering;
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < AT_ONCE).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(count))
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -222,6 +330,35 @@ mod tests {
         let asked = asked(&labels("docker.io/library/busybox:latest")).unwrap();
         assert_eq!(asked.manifest.host, lamina_registry::DOCKER_HUB);
         assert_eq!(asked.manifest.repository, "library/busybox");
+    }
+
+    #[test]
+    fn sources_name_registries_and_repositories_under_them() {
+        let sources = RemoteSources::parse("registry.example:5000, 127.0.0.1:5000/lazy/").unwrap();
+        assert!(sources.allow("registry.example:5000", "any/thing"));
+        assert!(sources.allow("127.0.0.1:5000", "lazy"));
+        assert!(sources.allow("127.0.0.1:5000", "lazy/app"));
+        assert!(!sources.allow("127.0.0.1:5000", "lazyfoo"));
+        assert!(!sources.allow("127.0.0.1:5000", "other"));
+        assert!(!sources.allow("registry.example", "any"));
+        assert!(RemoteSources::parse("*").unwrap().allow("h", "r"));
+        assert!(RemoteSources::parse(" , ").is_err());
+    }
+
+    #[test]
+    fn only_an_unpack_s_key_is_served() {
+        let target = Digest::parse(&format!("sha256:{}", "a".repeat(64))).unwrap();
+        assert!(is_unpack_key(
+            &format!("k8s.io/3/extract-12-ab {target}"),
+            &target
+        ));
+        assert!(is_unpack_key(&format!("extract-1 {target}"), &target));
+        assert!(!is_unpack_key("k8s.io/4/sandbox-id", &target));
+        assert!(!is_unpack_key(
+            &format!("k8s.io/4/extract-1 sha256:{}", "b".repeat(64)),
+            &target
+        ));
+        assert!(!is_unpack_key(&format!("k8s.io/4/pod {target}"), &target));
     }
 
     #[test]

@@ -82,8 +82,8 @@ pub struct Snapshotter {
     pub(crate) activity: crate::metrics::Activity,
     /// Usage answers that cost a walk, reused for a while.
     pub(crate) usage_cache: Arc<crate::usage_cache::UsageCache>,
-    /// How remote snapshots fetch (`None`: the daemon serves none; see `remote.rs`).
-    pub(crate) remote: Option<Arc<lamina_registry::PullOptions>>,
+    /// Remote snapshots (`None`: the daemon serves none; see `remote.rs`).
+    pub(crate) remote: Option<Arc<crate::remote::Remote>>,
 }
 
 impl Snapshotter {
@@ -271,7 +271,7 @@ impl Snapshotter {
         let for_rebase = crate::rebase::unpacks_for_rebase(kind, key, parent.as_deref(), &labels);
         // Made before the lock: it talks to the registry.
         let remote = match extraction && !for_rebase {
-            true => self.remote_layer(parent.as_deref(), &labels),
+            true => self.remote_layer(key, parent.as_deref(), &labels),
             false => None,
         };
         let _lock = self.store.lock_snapshots()?;

@@ -24,7 +24,7 @@ pub struct Flags {
     pub snapshot_strategy: Option<String>,
     pub label_strategies: Option<String>,
     pub metrics_address: Option<String>,
-    pub remote_snapshots: bool,
+    pub remote_snapshots: Option<String>,
 }
 
 /// `lamina daemon`, as `lamina-daemon` runs it ([`super::DaemonMain`]).
@@ -52,7 +52,10 @@ pub fn main(ctx: &Ctx, mounter: RealMounter, flags: Flags) -> anyhow::Result<()>
             socket,
             strategies,
             label_strategies,
-            remote_snapshots: flags.remote_snapshots || settings.remote_snapshots,
+            remote_snapshots: flags
+                .remote_snapshots
+                .clone()
+                .or(settings.remote_snapshots.clone()),
         });
     // Serving containerd makes the store if there is none yet, as create does.
     let store = if containerd.is_some() {
@@ -82,8 +85,9 @@ pub struct Containerd {
     pub strategies: Strategies,
     /// What that label may name (`None`: every strategy).
     pub label_strategies: Option<std::collections::BTreeSet<String>>,
-    /// Serve containerd's remote snapshots (fetching as the daemon's pull options say).
-    pub remote_snapshots: bool,
+    /// Serve containerd's remote snapshots from these registries (fetching as the
+    /// daemon's pull options say).
+    pub remote_snapshots: Option<String>,
 }
 
 /// Reaps deferred deletes as they arrive, refills pools and serves new lazy layers
@@ -122,9 +126,11 @@ pub fn run(
             .with_label_strategies(names)
             .map_err(|e| anyhow!("--label-strategies: {e}"))?;
     }
-    if containerd.remote_snapshots {
+    if let Some(list) = &containerd.remote_snapshots {
+        let sources = lamina_snapshotter::RemoteSources::parse(list)
+            .map_err(|e| anyhow!("--remote-snapshots: {e}"))?;
         snapshotter = snapshotter
-            .with_remote_snapshots(pull.clone())
+            .with_remote_snapshots(sources, pull.clone())
             .map_err(|e| anyhow!("--remote-snapshots: {e}"))?;
     }
     if let Some(listener) = metrics {

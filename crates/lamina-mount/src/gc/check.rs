@@ -243,8 +243,10 @@ pub fn check_verified(
                     &detail,
                 ));
             }
+            // A remote snapshot's layer is lazy until its completion.
             if let Some(layer) = &snapshot.layer
                 && !store.has_layer(layer)
+                && !crate::providers::lazy::is_lazy(store.root(), layer)
             {
                 let detail =
                     format!("containerd snapshot `{key}` is held by layer {layer}, which is gone");

@@ -97,7 +97,9 @@ pub fn create_empty(
 pub struct UpperToCommit {
     pub upper: PathBuf,
     /// With metacopy, files copied up for metadata only have no data in the upper: the
-    /// lowers (top-most first) to fill them from before the upper can stand alone.
+    /// lowers (top-most first) to fill them from before the upper can stand alone; over
+    /// lazy layers, their trees and then their objects, which the trees' absolute
+    /// redirects name.
     pub metacopy_lowers: Option<Vec<PathBuf>>,
 }
 
@@ -159,7 +161,7 @@ pub fn upper_to_commit(
         upper: container.dirs(store).upper,
         metacopy_lowers: model
             .metadata_copy_up()
-            .then(|| crate::lowers::plan::lowers(store, &container.record.layers)),
+            .then(|| crate::providers::lazy::commit_lowers(store, &container.record.layers)),
     })
 }
 

@@ -316,13 +316,21 @@ fn lazy_stored_layer(store: &Store, layers: &Layers<'_>) -> Option<Digest> {
         .next()
 }
 
-/// The choice for a chain with lazy layer `lazy`: `lazy`, when `auto` or `lazy` was asked;
-/// any other strategy is refused, never silently replaced.
+/// The choice for a chain with lazy layer `lazy`: `lazy`, when `auto`, `lazy` or
+/// `classic` was asked (classic's overlay of the layers in the store is, over lazy ones,
+/// a lazy overlay: how an unpack over a lazy layer gets its snapshot); any other strategy
+/// is refused, never silently replaced, and so is a disk limit (lazy has no upper of its
+/// own). An ephemeral container gets a durable upper: more than it asked.
 fn for_lazy_layers(request: &Request, lazy: &Digest) -> Result<Choice, RootfsError> {
     let asked = request.strategies;
-    if !asked.auto && !asked.lazy {
+    if !asked.auto && !asked.lazy && asked != Strategies::CLASSIC {
         return Err(RootfsError::Refused(format!(
-            "layer {lazy} is lazy (its data is still being fetched): only strategy `lazy` or `auto` serves it, not `{asked}`"
+            "layer {lazy} is lazy (its data is still being fetched): only strategy `lazy`, `classic` or `auto` serves it, not `{asked}`"
+        )));
+    }
+    if request.disk_limit {
+        return Err(RootfsError::Refused(format!(
+            "layer {lazy} is lazy (its data is still being fetched): a disk limit needs an isolated upper, which strategy `lazy` does not give; ask again once the layer is complete"
         )));
     }
     let strategies = Strategies {

@@ -134,6 +134,23 @@ pub fn tree_of(store: &Store, chain_id: &Digest) -> PathBuf {
     }
 }
 
+/// The lowers a commit fills metadata-only copies from (top-most first): each layer's
+/// tree ([`tree_of`]), then the objects of those still lazy, where their trees' files
+/// redirect (read through their server). Over ordinary layers, the layers alone.
+pub(crate) fn commit_lowers(store: &Store, chain_ids: &[Digest]) -> Vec<PathBuf> {
+    let lazy = lazy_layers(store, chain_ids);
+    chain_ids
+        .iter()
+        .rev()
+        .map(|c| tree_of(store, c))
+        .chain(
+            lazy.iter()
+                .rev()
+                .map(|c| layer::objects_mount(store.root(), c)),
+        )
+        .collect()
+}
+
 /// Where the store's lazy layers are (`lazy/`).
 pub fn layers_root(store: &Store) -> PathBuf {
     layer::lazy_root(store.root())
