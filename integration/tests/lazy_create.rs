@@ -18,6 +18,7 @@ use lamina_integration::lazy_image::{
 };
 use lamina_integration::registry::Registry;
 use lamina_integration::{Bundle, Lamina, ScratchFs, require_root};
+use lamina_sample::LayerBuilder;
 
 /// The daemons serving `store`, killed when dropped so a failing test leaves no server
 /// behind; the scratch filesystem then unmounts its mounts.
@@ -497,6 +498,40 @@ fn pull_lazy_fetches_the_indexes_and_starts_the_server_for_the_creates_after_it(
         "{booted:?}"
     );
     lamina.delete_and_assert_gone("c", "pull --lazy");
+
+    // With a server running for the store, `auto` (the default) serves another indexed
+    // image lazily too.
+    let other = LayerBuilder::new()
+        .file("auto.txt", 0o644, b"served lazily by auto\n")
+        .and_then(|l| l.finish())
+        .unwrap();
+    let busybox = tars()[0].clone();
+    push_tars(
+        &registry,
+        fs.path(),
+        Format::Estargz,
+        "lazy/auto:v1",
+        &[busybox, other],
+        |_| {},
+    );
+    let out = lamina.run(&[
+        "--insecure-registry",
+        &registry.host,
+        "--log-level",
+        "info",
+        "create",
+        &registry.reference("lazy/auto:v1"),
+        "by-auto",
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("a server of lazy layers runs: lazy"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("published lazy layer"), "{out:?}");
+    let booted = Bundle::new(&lamina.rootfs("by-auto"), false).run("lazy-auto", "cat /auto.txt");
+    assert_eq!(booted.stdout, "served lazily by auto\n", "{booted:?}");
+    lamina.delete_and_assert_gone("by-auto", "auto");
 }
 
 #[test]

@@ -32,6 +32,9 @@ pub struct Request {
     /// `--without-mount`): `auto` keeps to the layers, whose directories outlive a host
     /// restart, where a composefs overlay's options name the image's mount, which does not.
     pub caller_mounts: bool,
+    /// The image has indexed layers the store lacks, and a server of lazy layers runs for
+    /// the store (`lamina daemon`): `auto` serves them lazily. Never asked to start one.
+    pub lazy_served: bool,
 }
 
 /// Where an image's composefs metadata image stands (`composefs.rs`).
@@ -79,6 +82,7 @@ impl Request {
             idmapped_layers: store.properties().idmaps_layers(),
             metadata_image: MetadataImage::Absent,
             caller_mounts: false,
+            lazy_served: false,
         }
     }
 }
@@ -244,6 +248,22 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
         ..Strategies::CLASSIC
     };
     let mut why = vec!["deferred delete always"];
+    // A lazy overlay is a metacopy one with data-only lowers.
+    if request.lazy_served
+        && !request.disk_limit
+        && !request.idmapped_layers
+        && probe.metacopy
+        && probe.lowerdir_plus
+    {
+        s.lazy = true;
+        why.push("indexed layers the store lacks, and a server of lazy layers runs: lazy");
+        return Choice {
+            model: Model::named(s, request.read_only).expect("auto picks a lazy model"),
+            reason: why.join("; "),
+            named: false,
+            build_metadata_image: false,
+        };
+    }
     if request.read_only {
         if !probe.new_mount_api {
             why.push("read-only, but no new mount API for binds: a classic overlay");
@@ -448,6 +468,44 @@ mod tests {
             ephemeral,
             ..Request::default()
         }
+    }
+
+    #[test]
+    fn auto_serves_indexed_layers_lazily_only_where_a_server_runs_and_it_can() {
+        let served = |read_only| Request {
+            lazy_served: true,
+            ..auto(read_only, false)
+        };
+        assert_eq!(
+            chosen(served(false), &probe(true), 2, true),
+            "lazy,deferred"
+        );
+        assert_eq!(
+            chosen(served(true), &probe(true), 2, false),
+            "lazy,deferred"
+        );
+        assert!(
+            choose(&served(true), &probe(true), 2, &Pools::EMPTY)
+                .unwrap()
+                .model
+                .read_only()
+        );
+        assert_eq!(
+            chosen(auto(false, false), &probe(true), 2, false),
+            "metacopy,deferred",
+            "no server: the layers are pulled whole"
+        );
+        let limited = Request {
+            disk_limit: true,
+            ..served(false)
+        };
+        assert!(!chosen(limited, &probe(true), 2, false).contains("lazy"));
+        let idmapped = Request {
+            idmapped_layers: true,
+            ..served(false)
+        };
+        assert!(!chosen(idmapped, &probe(true), 2, false).contains("lazy"));
+        assert!(!chosen(served(false), &probe(false), 2, false).contains("lazy"));
     }
 
     #[test]

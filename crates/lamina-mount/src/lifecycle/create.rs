@@ -291,6 +291,9 @@ fn choice(
                 request.metadata_image
             },
             caller_mounts: options.without_mount && !options.mount_volatile_without_mount,
+            lazy_served: request.strategies.auto
+                && options.idmap.is_none()
+                && matches!(layers, Layers::Image(image) if crate::providers::lazy::served_lazily(store, image)),
             ..request
         };
         choose(&request, &probe, chain_ids.len(), &pools)?

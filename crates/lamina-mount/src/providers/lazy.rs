@@ -81,6 +81,22 @@ pub(crate) fn import(store: &Store, image: &Image) -> Result<Vec<Digest>, StoreE
     store.import_except(image, |n| lazy[n])
 }
 
+/// Whether `auto` would serve `image` lazily here: it has an indexed registry layer the
+/// store lacks, the store maps no ids, and a server of lazy layers runs for the store
+/// (`auto` never starts one: a Garden create stays one process unless the operator runs
+/// `lamina daemon`).
+pub(crate) fn served_lazily(store: &Store, image: &Image) -> bool {
+    let chain_ids = image.chain_ids();
+    !store.properties().mapped()
+        && image.layers.iter().zip(&chain_ids).any(|(blob, chain_id)| {
+            blob.remote
+                .as_ref()
+                .is_some_and(|r| declared(&r.annotations).is_some())
+                && !store.has_layer(chain_id)
+        })
+        && lamina_lazy::serve::running(store.root())
+}
+
 /// A lazy layer's tree carries the index's owners as they are: a store that maps ids
 /// would show them unmapped.
 fn refuse_mapped(store: &Store) -> Result<(), StoreError> {
