@@ -9,6 +9,11 @@
 //!   first line: `--strategy lazy` against `--strategy classic`, which pulls whole;
 //! - **bytes**: fetched from the registry before that line, over the bytes the container
 //!   read; and all fetched once background completion has made every layer ordinary;
+//! - **first output through CRI** (containerd 2.4, crictl as the kubelet drives it): from
+//!   `crictl pull` through `runp`, `create` and `start` to the container's first line, on
+//!   a fresh node and store each time: lamina serving remote snapshots (`--remote-snapshots`,
+//!   containerd passing the labels) against lamina with containerd downloading and
+//!   unpacking every layer;
 //! - **reads**: sequential (a whole unread file) and random (4 KiB at 256 offsets of
 //!   another) through the rootfs of a lazy container while its data is missing, again
 //!   once its chunks are present (page cache dropped), and on a container made after
@@ -16,7 +21,8 @@
 //!
 //! Prints markdown tables (docs/benchmarks.md, "Lazy pulling"). `cargo bench -p
 //! lamina-benches --bench lazy`; under `cargo test` it runs at a tiny size to prove it
-//! still runs. Needs root and docker-registry.
+//! still runs. Needs root, docker-registry and `LAMINA_CONTAINERD2_BIN`
+//! (`scripts/containerd2`).
 
 // A benchmark that cannot set up must stop loudly, not measure something else.
 #![allow(clippy::unwrap_used)]
@@ -48,6 +54,13 @@ const REPO: &str = "bench/lazy";
 fn main() {
     require_root();
     let full = std::env::args().any(|a| a == "--bench");
+    // `--only cli|cri` runs one path's rows (and the reads with the CLI's).
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
+    let runs = |path: &str| only.as_deref().is_none_or(|o| o == path);
     let sizes = if full {
         vec![
             Size {
@@ -77,7 +90,9 @@ fn main() {
     let fs = ScratchFs::ext4(if full { 16 * 1024 } else { 1024 });
     let registry = Registry::start(&fs.path().join("registry"), None);
     let mut first_rows = Vec::new();
+    let mut cri_rows = Vec::new();
     let mut read_rows = Vec::new();
+    let pause = lamina_integration::cri::pause_image(&fs.path().join("pause"));
     for size in &sizes {
         let tag = format!("{REPO}:{}", size.files);
         let started = Instant::now();
@@ -104,31 +119,65 @@ fn main() {
                 reference: &reference,
                 size: *size,
             };
-            let (mut lazy, mut whole) = (Samples::new(), Samples::new());
-            let (mut fetched_first, mut fetched_total) = (0, 0);
-            for run in 0..size.runs {
-                let one = rig.first_output(&format!("lazy-{rtt_ms}-{run}"), true);
-                lazy.push(one.took);
-                fetched_first = one.fetched_first;
-                fetched_total = one.fetched_total;
-                whole.push(
-                    rig.first_output(&format!("whole-{rtt_ms}-{run}"), false)
-                        .took,
-                );
+            if runs("cli") {
+                let (mut lazy, mut whole) = (Samples::new(), Samples::new());
+                let (mut fetched_first, mut fetched_total) = (0, 0);
+                for run in 0..size.runs {
+                    let one = rig.first_output(&format!("lazy-{rtt_ms}-{run}"), true);
+                    lazy.push(one.took);
+                    fetched_first = one.fetched_first;
+                    fetched_total = one.fetched_total;
+                    whole.push(
+                        rig.first_output(&format!("whole-{rtt_ms}-{run}"), false)
+                            .took,
+                    );
+                }
+                let (lazy, whole) = (lazy.summary(), whole.summary());
+                let read = size.read_bytes();
+                first_rows.push(format!(
+                    "| {} | {rtt_ms} ms | {} | {} | {} | {:.2}× | {} of {} |",
+                    size.name,
+                    human(lazy.p50),
+                    human(whole.p50),
+                    ratio(lazy.p50, whole.p50),
+                    fetched_first as f64 / read as f64,
+                    mib(fetched_total),
+                    mib(blob_bytes)
+                ));
             }
-            let (lazy, whole) = (lazy.summary(), whole.summary());
-            let read = size.read_bytes();
-            first_rows.push(format!(
-                "| {} | {rtt_ms} ms | {} | {} | {} | {:.2}× | {} of {} |",
-                size.name,
-                human(lazy.p50),
-                human(whole.p50),
-                ratio(lazy.p50, whole.p50),
-                fetched_first as f64 / read as f64,
-                mib(fetched_total),
-                mib(blob_bytes)
-            ));
-            if size.name != "~1 GB" {
+            if runs("cri") {
+                let (mut lazy, mut whole) = (Samples::new(), Samples::new());
+                let mut fetched_first = 0;
+                for run in 0..size.runs {
+                    let one = rig.cri_first_output(
+                        &format!("cri-lazy-{rtt_ms}-{run}"),
+                        &tag,
+                        true,
+                        &pause,
+                    );
+                    lazy.push(one.took);
+                    fetched_first = one.fetched_first;
+                    whole.push(
+                        rig.cri_first_output(
+                            &format!("cri-whole-{rtt_ms}-{run}"),
+                            &tag,
+                            false,
+                            &pause,
+                        )
+                        .took,
+                    );
+                }
+                let (lazy, whole) = (lazy.summary(), whole.summary());
+                cri_rows.push(format!(
+                    "| {} | {rtt_ms} ms | {} | {} | {} | {:.2}× |",
+                    size.name,
+                    human(lazy.p50),
+                    human(whole.p50),
+                    ratio(lazy.p50, whole.p50),
+                    fetched_first as f64 / size.read_bytes() as f64,
+                ));
+            }
+            if size.name != "~1 GB" && runs("cli") {
                 read_rows.extend(rig.reads(rtt_ms));
             }
         }
@@ -139,6 +188,14 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|");
     for row in &first_rows {
+        println!("{row}");
+    }
+    println!("\n#### First output through CRI, remote snapshots against a full pull\n");
+    println!(
+        "| image | added RTT | lazy p50 | full pull p50 | lazy / full | fetched before first output ÷ read |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for row in &cri_rows {
         println!("{row}");
     }
     println!("\n#### Reads through the rootfs\n");
@@ -293,6 +350,70 @@ impl Rig<'_> {
             took,
             fetched_first,
             fetched_total,
+        }
+    }
+
+    /// Starts a fresh containerd 2.4 node on lamina (serving remote snapshots if `lazy`),
+    /// then times `crictl pull` of `tag`, a pod and its container up to the container's
+    /// first line, which it writes after reading what the CLI runs read.
+    fn cri_first_output(&self, name: &str, tag: &str, lazy: bool, pause: &Path) -> FirstOutput {
+        use lamina_integration::cri::{Node, NodeSnapshotter, container_config, pod_config};
+        use lamina_integration::snapshotter::Daemon;
+        let dir = self.dir.join(name);
+        let store = dir.join("store");
+        let socket = dir.join("lamina.sock");
+        let host = &self.proxy.host;
+        std::fs::create_dir_all(&dir).unwrap();
+        let (daemon, snapshotter) = if lazy {
+            let flags = ["--remote-snapshots", host, "--insecure-registry", host];
+            let daemon = Daemon::start(&store, &socket, &flags);
+            let snapshotter = NodeSnapshotter::LaminaRemote {
+                socket: daemon.socket.clone(),
+                store: store.clone(),
+            };
+            (daemon, snapshotter)
+        } else {
+            let daemon = Daemon::start(&store, &socket, &[]);
+            let snapshotter = NodeSnapshotter::Lamina {
+                socket: daemon.socket.clone(),
+                store: store.clone(),
+                capabilities: Vec::new(),
+            };
+            (daemon, snapshotter)
+        };
+        let node = Node::start(&dir.join("containerd"), snapshotter, pause);
+        node.trust_registry(host);
+        let image = format!("{host}/{tag}");
+        let logs = dir.join("logs");
+        let pod = pod_config(name, &logs, None);
+        let script = format!(
+            "cat {} > /dev/null && echo ready; sleep 300",
+            self.size.read_paths().join(" ")
+        );
+        let container = container_config("main", &image, &script, &pod);
+        let before = self.proxy.fetched();
+        let started = Instant::now();
+        node.crictl_ok(&["pull", &image]);
+        let pod_id = node.run_pod(&pod);
+        node.start_container(&pod_id, &pod, &container);
+        let log = logs.join("main.log");
+        let deadline = started + Duration::from_secs(300);
+        while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ready")) {
+            assert!(Instant::now() < deadline, "no output from {name}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let took = started.elapsed();
+        let fetched_first = self.proxy.fetched() - before;
+        node.remove_pod(&pod_id);
+        drop(node);
+        drop(daemon);
+        drop_store(&store);
+        // containerd's content store holds the full pull's blobs.
+        let _ = std::fs::remove_dir_all(&dir);
+        FirstOutput {
+            took,
+            fetched_first,
+            fetched_total: 0,
         }
     }
 
