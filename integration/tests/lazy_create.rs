@@ -121,6 +121,14 @@ fn lazy_create_boots_and_reads(format: Format, repo_tag: &str) {
         "{booted:?}"
     );
 
+    // Garden's stats: a lazy layer counts the bytes its index lists.
+    let stats = lamina.run(&["stats", "first"]);
+    assert_eq!(stats.code, 0, "{stats:?}");
+    let total = stats.json()["disk_usage"]["total_bytes_used"]
+        .as_u64()
+        .unwrap();
+    assert!(total >= (big().len() + 4 * 128 * 1024) as u64, "{stats:?}");
+
     // A second create finds the server running and says nothing of starting one.
     let again = create("second");
     assert_eq!(again.code, 0, "{again:?}");

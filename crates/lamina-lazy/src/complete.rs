@@ -153,6 +153,8 @@ fn fill(
                 .map_err(io::Error::other)
         })
         .map_err(|e| fail(format!("fetching the rest of the blob: {e}")))?;
+    // From here on reads write nothing into it: what is hashed is what is imported.
+    fetched.seal();
     let file =
         std::fs::File::open(fetched.path()).map_err(StoreError::io("reading", fetched.path()))?;
     let mut hashing = lamina_image::HashingReader::new(file);

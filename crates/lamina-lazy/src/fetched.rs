@@ -26,6 +26,8 @@ pub struct Fetched {
     /// Start → end, disjoint and not touching (merged as they come); `None` once
     /// [`Fetched::discard`]ed.
     ranges: Mutex<Option<BTreeMap<u64, u64>>>,
+    /// Nothing more is written once set: what a completion hashed is what it imports.
+    sealed: std::sync::atomic::AtomicBool,
 }
 
 impl Fetched {
@@ -44,6 +46,7 @@ impl Fetched {
             file,
             size,
             ranges: Mutex::new(Some(BTreeMap::new())),
+            sealed: Default::default(),
         })
     }
 
@@ -62,10 +65,21 @@ impl Fetched {
         let Some(ranges) = ranges.as_mut() else {
             return Ok(());
         };
+        if self.sealed.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
         self.file
             .write_all_at(&bytes[..(end - start) as usize], start)?;
         insert(ranges, start, end);
         Ok(())
+    }
+
+    /// Writes nothing more (a completion's reads and the import follow); gaps are
+    /// filled by [`Fetched::fill`] first. Waits for a write in progress.
+    pub fn seal(&self) {
+        let _ranges = self.ranges.lock().unwrap_or_else(PoisonError::into_inner);
+        self.sealed
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Lets the bytes go (the layer is whole): the file is emptied and removed, and
@@ -125,10 +139,28 @@ impl Fetched {
                         bytes.len()
                     )));
                 }
-                self.record(at, &bytes)?;
+                self.write_fill(at, &bytes)?;
                 at += len;
             }
         }
+        Ok(())
+    }
+}
+
+impl Fetched {
+    /// [`Fetched::record`] for a fill, which a seal does not stop (the fill comes first).
+    fn write_fill(&self, start: u64, bytes: &[u8]) -> io::Result<()> {
+        let mut ranges = self.ranges.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(ranges) = ranges.as_mut() else {
+            return Ok(());
+        };
+        let end = start.saturating_add(bytes.len() as u64).min(self.size);
+        if end <= start {
+            return Ok(());
+        }
+        self.file
+            .write_all_at(&bytes[..(end - start) as usize], start)?;
+        insert(ranges, start, end);
         Ok(())
     }
 }

@@ -5,10 +5,12 @@
 //! (`lamina_image::lazy::estargz::prefetch_end`); everything before the landmark is
 //! prefetched.
 //!
-//! The chunks are claimed as a read claims them (`Fetching`), so a read wanting one
-//! waits for the prefetch rather than fetching it again; each is checked against its
-//! digest as a read checks it, and one that fails goes back to `Missing` for a read to
-//! fetch itself: a prefetch never fails a read.
+//! Each piece's chunks are claimed as a read claims them (`Fetching`) just before the
+//! piece is fetched, so a read wanting one waits for that one request rather than
+//! fetching it again, and a read of a chunk in a later piece fetches it itself; each is
+//! checked against its digest as a read checks it, and one that fails goes back to
+//! `Missing` for a read to fetch itself: a prefetch never fails a read. At most
+//! [`MAX_PREFETCH_BYTES`] of the blob are prefetched, whatever the landmark says.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -25,6 +27,9 @@ use crate::objects_fs::{ObjectsFs, State};
 const PIECE_BYTES: u64 = 16 << 20;
 /// A prefetch's requests in flight at once.
 const PIECES_AT_ONCE: usize = 4;
+/// The most of a blob a prefetch fetches: an image's producer says what is read at
+/// start, and a landmark past this (hostile, or a huge image) is taken as read there.
+pub const MAX_PREFETCH_BYTES: u64 = 512 << 20;
 
 /// What a prefetch brought.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -47,9 +52,10 @@ struct Piece {
 
 impl ObjectsFs {
     /// Fetches every missing chunk whose member ends at or before `end` in the blob (the
-    /// prefetch region), [`PIECES_AT_ONCE`] requests at a time.
+    /// prefetch region, at most [`MAX_PREFETCH_BYTES`]), [`PIECES_AT_ONCE`] requests at a
+    /// time.
     pub fn prefetch(&self, end: u64) -> Prefetched {
-        let pieces = self.claim_prefetch(end);
+        let pieces = self.plan_prefetch(end.min(MAX_PREFETCH_BYTES));
         let next = AtomicUsize::new(0);
         let total = Mutex::new(Prefetched::default());
         std::thread::scope(|scope| {
@@ -68,14 +74,13 @@ impl ObjectsFs {
         total.into_inner().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Claims the missing chunks of the prefetch region and cuts them into pieces.
-    fn claim_prefetch(&self, end: u64) -> Vec<Piece> {
+    /// The missing chunks of the prefetch region, cut into pieces (not claimed yet).
+    fn plan_prefetch(&self, end: u64) -> Vec<Piece> {
         let mut claimed = Vec::new();
         for (n, served) in self.objects.iter().enumerate() {
-            let mut state = served.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let state = served.state.lock().unwrap_or_else(PoisonError::into_inner);
             for (i, chunk) in served.object.file.chunks.iter().enumerate() {
                 if !chunk.zeros && chunk.member.1 <= end && state[i] == State::Missing {
-                    state[i] = State::Fetching;
                     claimed.push((n, i));
                 }
             }
@@ -100,9 +105,28 @@ impl ObjectsFs {
         pieces
     }
 
-    /// Fetches one piece and settles each of its chunks: present if its bytes checked
-    /// and were written, missing again otherwise (a panic included).
-    fn fetch_piece(&self, piece: &Piece) -> Prefetched {
+    /// Claims what of `planned` is still missing, fetches the span of it and settles each
+    /// chunk: present if its bytes checked and were written, missing again otherwise (a
+    /// panic included).
+    fn fetch_piece(&self, planned: &Piece) -> Prefetched {
+        let mut chunks = Vec::new();
+        for &(n, i) in &planned.chunks {
+            let served = &self.objects[n];
+            let mut state = served.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state[i] == State::Missing {
+                state[i] = State::Fetching;
+                chunks.push((n, i));
+            }
+        }
+        let member = |&(n, i): &(usize, usize)| self.objects[n].object.file.chunks[i].member;
+        let (Some(start), Some(end)) = (
+            chunks.iter().map(|c| member(c).0).min(),
+            chunks.iter().map(|c| member(c).1).max(),
+        ) else {
+            return Prefetched::default();
+        };
+        let piece = Piece { start, end, chunks };
+        let piece = &piece;
         let mut settle = SettleMany {
             fs: self,
             left: piece.chunks.clone(),
@@ -116,8 +140,13 @@ impl ObjectsFs {
         let mut copies: HashMap<usize, File> = HashMap::new();
         let mut present = Vec::new();
         let mut inflated: Option<((u64, u64), Vec<u8>)> = None;
+        // A member that would not decompress is not tried again for its other chunks.
+        let mut broken: Option<(u64, u64)> = None;
         for (k, &(n, i)) in piece.chunks.iter().enumerate() {
             let chunk = &self.objects[n].object.file.chunks[i];
+            if broken == Some(chunk.member) {
+                continue;
+            }
             if inflated.as_ref().is_none_or(|(m, _)| *m != chunk.member) {
                 // Decompressed once, as far as the furthest chunk of it in this piece.
                 let upto = piece.chunks[k..]
@@ -135,6 +164,7 @@ impl ObjectsFs {
                     .map(|whole| (chunk.member, whole));
             }
             let Some((_, whole)) = &inflated else {
+                broken = Some(chunk.member);
                 continue;
             };
             let written = chunk_from(whole, chunk)

@@ -25,7 +25,9 @@ use crate::complete::{Completed, complete};
 use crate::fetched::Fetched;
 use crate::layer::{self, LazyRecord};
 
-/// Layers completed at once: each is a whole blob's download and unpack.
+/// Layers completed at once from one registry host: each is a blob's download and unpack.
+/// Counted per host, so a registry that trickles its blobs (an image's own, which it
+/// controls) holds back only the completion of its own layers.
 const COMPLETING_AT_ONCE: usize = 2;
 /// How long a completion that failed (the registry, the disk) waits to be tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -60,6 +62,8 @@ struct Serving {
     since: Instant,
     last_fetch: Arc<AtomicU64>,
     fetched: Arc<Fetched>,
+    /// The registry host its blob comes from.
+    host: String,
 }
 
 /// Completion waits until a layer has been served this long and no read has fetched
@@ -104,7 +108,8 @@ pub struct Server {
     copies: String,
     /// Layers whose completion ended (whole or bad), or is running, or waits to retry.
     completed: HashSet<Digest>,
-    completing: Arc<Mutex<HashSet<Digest>>>,
+    /// Layers being completed, each with its registry host.
+    completing: Arc<Mutex<HashMap<Digest, String>>>,
     /// When a completion that failed may be tried again, and how many times it failed.
     retry_at: Arc<Mutex<HashMap<Digest, (Instant, u32)>>>,
     lock: File,
@@ -201,7 +206,7 @@ impl Server {
             }
             let last_fetch = Arc::new(AtomicU64::new(0));
             match self.serve(mounter, &chain_id, last_fetch.clone()) {
-                Ok((session, fetched)) => {
+                Ok((session, fetched, host)) => {
                     tracing::info!(layer = %chain_id, "serving lazy layer");
                     self.failed.remove(&chain_id);
                     let serving = Serving {
@@ -209,6 +214,7 @@ impl Server {
                         since: now,
                         last_fetch,
                         fetched,
+                        host,
                     };
                     self.served.insert(chain_id, serving);
                     started += 1;
@@ -227,7 +233,7 @@ impl Server {
         mounter: &dyn Mounter,
         chain_id: &Digest,
         last_fetch: Arc<AtomicU64>,
-    ) -> io::Result<(fuser::BackgroundSession, Arc<Fetched>)> {
+    ) -> io::Result<(fuser::BackgroundSession, Arc<Fetched>, String)> {
         let root = self.store.root();
         let record = LazyRecord::read(root, chain_id).map_err(io::Error::other)?;
         let tree = record.tree(root).map_err(io::Error::other)?;
@@ -308,7 +314,11 @@ impl Server {
                 tracing::info!(layer = %layer, chunks = got.chunks, bytes = got.bytes, failed = got.failed, "prefetched what the image marks as read at start");
             });
         }
-        Ok((session, fetched))
+        let host = lamina_registry::RegistryRef::parse(&record.repository)
+            .and_then(Result::ok)
+            .map(|r| r.host)
+            .unwrap_or_default();
+        Ok((session, fetched, host))
     }
 }
 
@@ -338,16 +348,20 @@ impl Server {
                 .unwrap_or_else(PoisonError::into_inner)
                 .get(chain_id)
                 .is_some_and(|(at, _)| *at > now);
-            if completing.contains(chain_id) || waiting || completing.len() >= COMPLETING_AT_ONCE {
+            let from_host = completing
+                .values()
+                .filter(|host| **host == serving.host)
+                .count();
+            if completing.contains_key(chain_id) || waiting || from_host >= COMPLETING_AT_ONCE {
                 continue;
             }
-            completing.insert(chain_id.clone());
+            completing.insert(chain_id.clone(), serving.host.clone());
             let fetched = serving.fetched.clone();
             let (store, pull, chain_id) = (self.store.clone(), self.pull.clone(), chain_id.clone());
             let (completing, retry_at) = (self.completing.clone(), self.retry_at.clone());
             std::thread::spawn(move || {
                 // The slot is given back however the completion ends, a panic included.
-                struct Slot(Arc<Mutex<HashSet<Digest>>>, Digest);
+                struct Slot(Arc<Mutex<HashMap<Digest, String>>>, Digest);
                 impl Drop for Slot {
                     fn drop(&mut self) {
                         self.0
@@ -365,6 +379,7 @@ impl Server {
                         let mut retries = retry_at.lock().unwrap_or_else(PoisonError::into_inner);
                         let failures = retries.get(&chain_id).map_or(0, |(_, n)| *n) + 1;
                         if failures >= GIVE_UP_AFTER {
+                            fetched.discard();
                             let why = format!("completion failed {failures} times, last: {e}");
                             if let Err(e) = crate::complete::mark_bad(&store, &chain_id, &why) {
                                 tracing::error!(layer = %chain_id, error = %e, "cannot mark lazy layer bad");
@@ -377,8 +392,13 @@ impl Server {
                 }
             });
         }
-        // A layer is completed for good once it is whole or bad.
+        // A layer is completed once it is whole or bad; whole, until `clean` collects the
+        // ordinary layer while its lazy one is still served: then it is completed again.
         let root = self.store.root();
+        let store = &self.store;
+        self.completed.retain(|chain_id| {
+            store.has_layer(chain_id) || crate::complete::bad_reason(root, chain_id).is_some()
+        });
         for chain_id in self.served.keys() {
             if self.store.has_layer(chain_id)
                 || crate::complete::bad_reason(root, chain_id).is_some()
@@ -387,7 +407,7 @@ impl Server {
                     .completing
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .contains(chain_id);
+                    .contains_key(chain_id);
                 if !running {
                     self.completed.insert(chain_id.clone());
                 }

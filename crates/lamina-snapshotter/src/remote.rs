@@ -145,6 +145,7 @@ impl Snapshotter {
             sources,
             pull,
             in_flight: Default::default(),
+            images: Default::default(),
         }));
         Ok(self)
     }
@@ -196,8 +197,11 @@ impl Snapshotter {
             }
             None => Vec::new(),
         };
-        let image = lamina_registry::resolve(&asked.manifest, pull, &Platform::host())
-            .map_err(|e| e.to_string())?;
+        let image = self
+            .remote
+            .as_ref()
+            .map(|r| r.images.resolve(&asked.manifest, pull))
+            .unwrap_or_else(|| Err("remote snapshots are off".into()))?;
         let n = position(&image, asked, &below, labels)?;
         // No layers-in-use lock while the index is fetched: collection never takes a
         // lazy layer, and the row naming it is written under the lock.
@@ -239,6 +243,45 @@ pub(crate) struct Remote {
     sources: RemoteSources,
     pull: PullOptions,
     in_flight: std::sync::atomic::AtomicUsize,
+    images: Resolved,
+}
+
+/// Images resolved lately, by the reference (pinned by manifest digest) that named them:
+/// containerd prepares an image's layers one after another, each Prepare naming the same
+/// manifest, which is fetched (with its config) once rather than once a layer.
+#[derive(Debug, Default)]
+struct Resolved(std::sync::Mutex<Vec<(String, std::time::Instant, Image)>>);
+
+/// How long, and how many, resolved images are kept.
+const RESOLVED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+const RESOLVED_KEPT: usize = 16;
+
+impl Resolved {
+    fn resolve(&self, reference: &RegistryRef, pull: &PullOptions) -> Result<Image, String> {
+        let key = reference.to_string();
+        let now = std::time::Instant::now();
+        {
+            let mut kept = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            kept.retain(|(_, at, _)| now.duration_since(*at) < RESOLVED_FOR);
+            if let Some((_, _, image)) = kept.iter().find(|(k, _, _)| *k == key) {
+                return Ok(image.clone());
+            }
+        }
+        let image = lamina_registry::resolve(reference, pull, &Platform::host())
+            .map_err(|e| e.to_string())?;
+        let mut kept = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if kept.len() >= RESOLVED_KEPT {
+            kept.remove(0);
+        }
+        kept.push((key, now, image.clone()));
+        Ok(image)
+    }
 }
 
 /// One of the [`AT_ONCE`] remote preparations, given back when dropped.

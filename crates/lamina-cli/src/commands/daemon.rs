@@ -180,7 +180,10 @@ fn serve_lazy_forever(
             tracing::warn!(
                 "the store's lazy layers are no longer this daemon's (the store was deleted): stopped serving them"
             );
-            server = None;
+            // Let go without unmounting by path: a new store may have a mount there.
+            if let Some(server) = server.take() {
+                server.abandon();
+            }
         }
         if server.is_none() && lamina_lazy::layer::lazy_root(store.root()).is_dir() {
             match lamina_lazy::serve::Server::start(store, pull.clone()) {

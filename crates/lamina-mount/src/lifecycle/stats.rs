@@ -69,7 +69,16 @@ pub fn stats(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Stats, Ro
             Some(written) => written,
             None => lamina_store::disk_usage(&dirs.upper)?,
         };
-        let usage = store.container_usage(&container.record, written)?;
+        // A lazy layer has no import record yet: its files' sizes, as its index lists them.
+        let (lazy, mut record) = (
+            crate::providers::lazy::lazy_layers(store, &container.record.layers),
+            container.record.clone(),
+        );
+        record.layers.retain(|c| !lazy.contains(c));
+        let mut usage = store.container_usage(&record, written)?;
+        for c in &lazy {
+            usage.total_bytes_used += crate::providers::lazy::indexed_bytes(store, c)?;
+        }
         Ok(Stats {
             disk_usage: DiskUsage::new(usage, container.record.disk_limit),
         })

@@ -167,6 +167,13 @@ pub(crate) fn commit_lowers(store: &Store, chain_ids: &[Digest]) -> Vec<PathBuf>
         .collect()
 }
 
+/// The bytes of lazy layer `chain_id`'s regular files, as its index lists them: what it
+/// will hold once complete.
+pub(crate) fn indexed_bytes(store: &Store, chain_id: &Digest) -> Result<u64, StoreError> {
+    let tree = LazyRecord::read(store.root(), chain_id)?.tree(store.root())?;
+    Ok(tree.files.iter().map(|f| f.size).sum())
+}
+
 /// Where the store's lazy layers are (`lazy/`).
 pub fn layers_root(store: &Store) -> PathBuf {
     layer::lazy_root(store.root())
