@@ -46,8 +46,9 @@ pub use model::record::{Container, RootfsRecord, UpperFsRecord};
 pub use model::strategy::{Strategies, UpperBackend};
 pub use model::{Flavour, Model, Provider, Teardown};
 pub use providers::lazy::{
-    LazyServer, layer_dir as lazy_layer_dir, layers_root as lazy_layers_root,
-    prepare_layer as prepare_lazy_layer, pull as pull_lazily, tree_of as layer_tree,
+    LazyServer, layer_usage as lazy_layer_usage, layers_root as lazy_layers_root,
+    prepare_layer as prepare_lazy_layer, pull as pull_lazily, still_lazy as is_lazy_layer,
+    tree_of as layer_tree,
 };
 pub use providers::{Attach, CreateOptions, ToMount};
 pub use uppers::isolated::{DiskLimit, UpperPlan};

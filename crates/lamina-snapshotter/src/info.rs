@@ -111,10 +111,15 @@ impl Snapshotter {
             .get(key)?
             .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
         let dir = match (&record.layer, &record.container) {
-            // A lazy layer's directory holds what was fetched of it; its files not yet
-            // fetched take no blocks.
-            (Some(layer), _) => lamina_mount::lazy_layer_dir(&self.store, layer)
-                .unwrap_or_else(|| self.store.layout().layer_diff(layer)),
+            // A lazy layer counts what was fetched of it; its files not yet fetched take
+            // no blocks.
+            (Some(layer), _) => match lamina_mount::lazy_layer_usage(&self.store, layer) {
+                Some(usage) => {
+                    let (bytes, inodes) = usage?;
+                    return Ok(Usage { bytes, inodes });
+                }
+                None => self.store.layout().layer_diff(layer),
+            },
             (None, Some(_)) if record.kind == SnapshotKind::View => return Ok(Usage::default()),
             (None, Some(id)) => {
                 // Its own filesystem's or qgroup's account where it has one, read anew;

@@ -519,7 +519,7 @@ impl Snapshotter {
         };
         // A lazy layer is only the image's claim until its completion checks it: reused
         // only by a remote snapshot from its own source (`remote.rs`), never by name.
-        if lamina_mount::lazy_layer_dir(&self.store, &layer).is_some() {
+        if lamina_mount::is_lazy_layer(&self.store, &layer) {
             return Ok(false);
         }
         if self.index().has_committed(parent, target)? {

@@ -134,11 +134,45 @@ pub(crate) fn refuse_bad(store: &Store, chain_id: &Digest) -> Result<(), StoreEr
     }
 }
 
-/// The directory of lazy layer `chain_id` (its tree, index and the chunks fetched so
-/// far), if it is one and not yet an ordinary layer.
-pub fn layer_dir(store: &Store, chain_id: &Digest) -> Option<PathBuf> {
-    (!store.has_layer(chain_id) && layer::is_lazy(store.root(), chain_id))
-        .then(|| layer::dir(store.root(), chain_id))
+/// Whether `chain_id` is a lazy layer of `store` not yet an ordinary one.
+pub fn still_lazy(store: &Store, chain_id: &Digest) -> bool {
+    !store.has_layer(chain_id) && layer::is_lazy(store.root(), chain_id)
+}
+
+/// What lazy layer `chain_id` holds on disk (bytes, inodes: its tree, index, the chunks
+/// fetched so far and the blob bytes kept for completion), if it is one and not yet an
+/// ordinary layer. Its objects' mount is not walked: a dead server's fails every look,
+/// and a stalled one's never answers.
+pub fn layer_usage(store: &Store, chain_id: &Digest) -> Option<Result<(u64, u64), StoreError>> {
+    if !still_lazy(store, chain_id) {
+        return None;
+    }
+    let dir = layer::dir(store.root(), chain_id);
+    let mount = layer::objects_mount(store.root(), chain_id);
+    let walk = || -> Result<(u64, u64), StoreError> {
+        let (mut bytes, mut inodes) = (0, 1);
+        for entry in std::fs::read_dir(&dir).map_err(StoreError::io("measuring", &dir))? {
+            let entry = entry.map_err(StoreError::io("measuring", &dir))?;
+            let path = entry.path();
+            if path == mount {
+                continue;
+            }
+            let meta = entry
+                .metadata()
+                .map_err(StoreError::io("measuring", &path))?;
+            let (b, i) = match meta.is_dir() {
+                true => lamina_store::disk_usage_and_inodes(&path)?,
+                false => {
+                    use std::os::unix::fs::MetadataExt;
+                    (meta.blocks() * 512, 1)
+                }
+            };
+            bytes += b;
+            inodes += i;
+        }
+        Ok((bytes, inodes))
+    };
+    Some(walk())
 }
 
 /// The directory showing layer `chain_id`'s tree: its lazy tree while it is lazy, else
