@@ -33,8 +33,9 @@ pub struct Request {
     /// restart, where a composefs overlay's options name the image's mount, which does not.
     pub caller_mounts: bool,
     /// The image has indexed layers the store lacks, and a server of lazy layers runs for
-    /// the store (`lamina daemon`): `auto` serves them lazily. Never asked to start one.
-    pub lazy_served: bool,
+    /// the store (`lamina daemon`): `auto` serves them lazily, on demand. Never asked to
+    /// start one.
+    pub served_on_demand: bool,
 }
 
 /// Where an image's composefs metadata image stands (`composefs.rs`).
@@ -82,7 +83,7 @@ impl Request {
             idmapped_layers: store.properties().idmaps_layers(),
             metadata_image: MetadataImage::Absent,
             caller_mounts: false,
-            lazy_served: false,
+            served_on_demand: false,
         }
     }
 }
@@ -249,7 +250,7 @@ fn choose_auto(request: &Request, probe: &Probe, layers: usize, pools: &Pools<'_
     };
     let mut why = vec!["deferred delete always"];
     // A lazy overlay is a metacopy one with data-only lowers.
-    if request.lazy_served
+    if request.served_on_demand
         && !request.disk_limit
         && !request.idmapped_layers
         && probe.metacopy
@@ -473,7 +474,7 @@ mod tests {
     #[test]
     fn auto_serves_indexed_layers_lazily_only_where_a_server_runs_and_it_can() {
         let served = |read_only| Request {
-            lazy_served: true,
+            served_on_demand: true,
             ..auto(read_only, false)
         };
         assert_eq!(

@@ -18,7 +18,7 @@ use crate::{RootfsError, gc::clean, lifecycle::delete};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
     /// `tmp_abandoned`, `crashed_create`, `pending_delete`, `missing_layer`, `bad_layer`,
-    /// `bad_lazy_layer`,
+    /// `bad_lazy_layer` (a pending layer's provider marked it bad),
     /// `bad_record`, `orphan_mount`, `rootfs_not_mounted`, `leaked_loop_device`,
     /// `snapshot_missing_layer`, `snapshot_missing_container`, `snapshot_missing_upper`,
     /// `snapshot_missing_parent`, `unfinished_commit`; with `--verify`,
@@ -124,11 +124,8 @@ pub fn check_verified(
         .map(|r| r.id.clone())
         .chain(scan.bad.iter().map(|b| b.id.clone()))
         .collect();
-    for (dir, why) in crate::providers::lazy::bad_layers(store.root()) {
-        let detail = format!("lazy layer marked bad: {why}; new creates from it are refused");
-        findings
-            .problems
-            .push(found("bad_lazy_layer", &dir, &detail));
+    for (kind, dir, detail) in crate::providers::bad_pending_layers(store) {
+        findings.problems.push(found(kind, &dir, &detail));
     }
     let mut referenced: HashSet<Digest> = HashSet::new();
     for container in &scan.containers {
@@ -136,7 +133,7 @@ pub fn check_verified(
         for layer in &record.layers {
             referenced.insert(layer.clone());
             if !store.layout().layer_diff(layer).is_dir()
-                && !crate::providers::lazy::is_lazy(store.root(), layer)
+                && !crate::providers::is_pending_layer(store, layer)
             {
                 let detail = format!(
                     "container `{}` needs layer {layer}, which is gone; recreate the container",
@@ -243,10 +240,10 @@ pub fn check_verified(
                     &detail,
                 ));
             }
-            // A remote snapshot's layer is lazy until its completion.
+            // A remote snapshot's layer is pending until its provider completes it.
             if let Some(layer) = &snapshot.layer
                 && !store.has_layer(layer)
-                && !crate::providers::lazy::is_lazy(store.root(), layer)
+                && !crate::providers::is_pending_layer(store, layer)
             {
                 let detail =
                     format!("containerd snapshot `{key}` is held by layer {layer}, which is gone");
@@ -486,10 +483,10 @@ fn orphan_mounts(
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
                 .unwrap_or_default();
             live.contains(&id) || store.try_lock_dir(&layout.container(&id))?.is_none()
-        } else if under(layout.composefs()) {
-            true // a composefs metadata image's mount: `clean` releases unused ones
-        } else if under(lamina_lazy::layer::lazy_root(root)) {
-            crate::providers::lazy::owns_mount(root, &mount)
+        } else if under(layout.composefs()) || crate::providers::serves_mount(store, &mount) {
+            // A composefs metadata image's mount (`clean` releases unused ones), or one a
+            // provider serves pending layers from.
+            true
         } else if under(layout.tmp()) {
             !abandoned.iter().any(|a| mount.starts_with(a))
         } else {

@@ -98,8 +98,7 @@ pub struct UpperToCommit {
     pub upper: PathBuf,
     /// With metacopy, files copied up for metadata only have no data in the upper: the
     /// lowers (top-most first) to fill them from before the upper can stand alone; over
-    /// lazy layers, their trees and then their objects, which the trees' absolute
-    /// redirects name.
+    /// pending (lazy) layers, their trees and then where those redirect.
     pub metacopy_lowers: Option<Vec<PathBuf>>,
 }
 
@@ -161,7 +160,7 @@ pub fn upper_to_commit(
         upper: container.dirs(store).upper,
         metacopy_lowers: model
             .metadata_copy_up()
-            .then(|| crate::providers::lazy::commit_lowers(store, &container.record.layers)),
+            .then(|| crate::providers::commit_lowers(store, &container.record.layers)),
     })
 }
 

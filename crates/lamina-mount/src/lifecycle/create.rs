@@ -81,21 +81,21 @@ impl Layers<'_> {
         }
     }
 
-    /// Makes sure every layer is in the store (or, for `lazy`, lazy where it can be); the
-    /// caller holds the layers-in-use lock.
-    fn ensure(&self, store: &Store, lazy: bool) -> Result<Vec<Digest>, StoreError> {
+    /// Makes sure every layer is in the store, or kept pending by `model`'s provider
+    /// (`providers::import`); the caller holds the layers-in-use lock.
+    fn ensure(&self, store: &Store, model: &Model) -> Result<Vec<Digest>, StoreError> {
         match self {
-            Layers::Image(image) if lazy => crate::providers::lazy::import(store, image),
-            Layers::Image(image) => store.import(image),
+            Layers::Image(image) => providers::import(store, image, model),
             Layers::Stored(stored) => {
+                // Pending layers came with the choice of their provider (`choice`).
                 for c in &stored.chain_ids {
                     if store.has_layer(c) {
                         continue;
                     }
-                    if !lazy || !crate::providers::lazy::is_lazy(store.root(), c) {
+                    if !providers::is_pending_layer(store, c) {
                         return Err(StoreError::LayerMissing(c.to_string()));
                     }
-                    crate::providers::lazy::refuse_bad(store, c)?;
+                    providers::refuse_bad_pending(store, c)?;
                 }
                 Ok(stored.chain_ids.clone())
             }
@@ -159,8 +159,7 @@ fn create_locked(
     // Held until this function returns, after the record names the layers: layer
     // collection never takes a layer from under a create.
     let _layers_in_use = store.use_layers()?;
-    let lazy = choice.model.strategies().lazy;
-    let chain_ids = layers.ensure(store, lazy)?;
+    let chain_ids = layers.ensure(store, &choice.model)?;
     store.pause_point("create-imported");
     let choice = crate::lowers::prepare(store, mounter, &chain_ids, choice)?;
     let upper = crate::uppers::plan(
@@ -260,8 +259,8 @@ fn choice(
     request: Request,
     options: &CreateOptions,
 ) -> Result<Choice, RootfsError> {
-    let choice = if let Some(lazy) = lazy_stored_layer(store, layers) {
-        for_lazy_layers(&request, &lazy)?
+    let choice = if let Some(pending) = pending_stored_layer(store, layers) {
+        providers::for_pending_chain(&request, &pending)?
     } else if request.strategies == Strategies::CLASSIC && !request.ephemeral && !request.disk_limit
     {
         Choice {
@@ -291,9 +290,9 @@ fn choice(
                 request.metadata_image
             },
             caller_mounts: options.without_mount && !options.mount_volatile_without_mount,
-            lazy_served: request.strategies.auto
+            served_on_demand: request.strategies.auto
                 && options.idmap.is_none()
-                && matches!(layers, Layers::Image(image) if crate::providers::lazy::served_lazily(store, image)),
+                && matches!(layers, Layers::Image(image) if providers::served_on_demand(store, image)),
             ..request
         };
         choose(&request, &probe, chain_ids.len(), &pools)?
@@ -308,42 +307,13 @@ fn choice(
     Ok(choice)
 }
 
-/// A stored layer that is still lazy (a containerd remote snapshot not yet completed), if
-/// any: only the `lazy` provider serves such a chain.
-fn lazy_stored_layer(store: &Store, layers: &Layers<'_>) -> Option<Digest> {
+/// A stored layer a provider keeps pending (a containerd remote snapshot's, not yet
+/// whole), if any: only that provider serves the chain.
+fn pending_stored_layer(store: &Store, layers: &Layers<'_>) -> Option<Digest> {
     let Layers::Stored(stored) = layers else {
         return None;
     };
-    crate::providers::lazy::lazy_layers(store, &stored.chain_ids)
+    providers::pending_layers(store, &stored.chain_ids)
         .into_iter()
         .next()
-}
-
-/// The choice for a chain with lazy layer `lazy`: `lazy`, when `auto`, `lazy` or
-/// `classic` was asked (classic's overlay of the layers in the store is, over lazy ones,
-/// a lazy overlay: how an unpack over a lazy layer gets its snapshot); any other strategy
-/// is refused, never silently replaced, and so is a disk limit (lazy has no upper of its
-/// own). An ephemeral container gets a durable upper: more than it asked.
-fn for_lazy_layers(request: &Request, lazy: &Digest) -> Result<Choice, RootfsError> {
-    let asked = request.strategies;
-    if !asked.auto && !asked.lazy && asked != Strategies::CLASSIC {
-        return Err(RootfsError::Refused(format!(
-            "layer {lazy} is lazy (its data is still being fetched): only strategy `lazy`, `classic` or `auto` serves it, not `{asked}`"
-        )));
-    }
-    if request.disk_limit {
-        return Err(RootfsError::Refused(format!(
-            "layer {lazy} is lazy (its data is still being fetched): a disk limit needs an isolated upper, which strategy `lazy` does not give; ask again once the layer is complete"
-        )));
-    }
-    let strategies = Strategies {
-        deferred: asked.deferred,
-        ..Strategies::parse("lazy").map_err(RootfsError::Refused)?
-    };
-    Ok(Choice {
-        model: Model::named(strategies, request.read_only).map_err(RootfsError::Refused)?,
-        reason: format!("layer {lazy} is lazy (its data is still being fetched)"),
-        named: !asked.auto,
-        build_metadata_image: false,
-    })
 }

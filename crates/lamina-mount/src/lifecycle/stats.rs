@@ -69,15 +69,15 @@ pub fn stats(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Stats, Ro
             Some(written) => written,
             None => lamina_store::disk_usage(&dirs.upper)?,
         };
-        // A lazy layer has no import record yet: its files' sizes, as its index lists them.
-        let (lazy, mut record) = (
-            crate::providers::lazy::lazy_layers(store, &container.record.layers),
+        // A pending layer has no import record yet: what it will hold once whole.
+        let (pending, mut record) = (
+            crate::providers::pending_layers(store, &container.record.layers),
             container.record.clone(),
         );
-        record.layers.retain(|c| !lazy.contains(c));
+        record.layers.retain(|c| !pending.contains(c));
         let mut usage = store.container_usage(&record, written)?;
-        for c in &lazy {
-            usage.total_bytes_used += crate::providers::lazy::indexed_bytes(store, c)?;
+        for c in &pending {
+            usage.total_bytes_used += crate::providers::pending_bytes(store, c)?;
         }
         Ok(Stats {
             disk_usage: DiskUsage::new(usage, container.record.disk_limit),

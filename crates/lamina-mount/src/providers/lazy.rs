@@ -208,6 +208,39 @@ pub(crate) fn indexed_bytes(store: &Store, chain_id: &Digest) -> Result<u64, Sto
     Ok(tree.files.iter().map(|f| f.size).sum())
 }
 
+/// The choice for a chain with lazy layer `lazy`: `lazy`, when `auto`, `lazy` or
+/// `classic` was asked (classic's overlay of the layers in the store is, over lazy ones,
+/// a lazy overlay: how an unpack over a lazy layer gets its snapshot); any other strategy
+/// is refused, never silently replaced, and so is a disk limit (lazy has no upper of its
+/// own). An ephemeral container gets a durable upper: more than it asked.
+pub(crate) fn for_lazy_layers(
+    request: &crate::choose::Request,
+    lazy: &Digest,
+) -> Result<crate::choose::Choice, RootfsError> {
+    use crate::{Model, Strategies};
+    let asked = request.strategies;
+    if !asked.auto && !asked.lazy && asked != Strategies::CLASSIC {
+        return Err(RootfsError::Refused(format!(
+            "layer {lazy} is lazy (its data is still being fetched): only strategy `lazy`, `classic` or `auto` serves it, not `{asked}`"
+        )));
+    }
+    if request.disk_limit {
+        return Err(RootfsError::Refused(format!(
+            "layer {lazy} is lazy (its data is still being fetched): a disk limit needs an isolated upper, which strategy `lazy` does not give; ask again once the layer is complete"
+        )));
+    }
+    let strategies = Strategies {
+        deferred: asked.deferred,
+        ..Strategies::parse("lazy").map_err(RootfsError::Refused)?
+    };
+    Ok(crate::choose::Choice {
+        model: Model::named(strategies, request.read_only).map_err(RootfsError::Refused)?,
+        reason: format!("layer {lazy} is lazy (its data is still being fetched)"),
+        named: !asked.auto,
+        build_metadata_image: false,
+    })
+}
+
 /// Where the store's lazy layers are (`lazy/`).
 pub fn layers_root(store: &Store) -> PathBuf {
     layer::lazy_root(store.root())
@@ -499,6 +532,9 @@ pub fn is_lazy(store: &Path, chain_id: &Digest) -> bool {
 /// Whether `mount` is where a server serves a lazy layer's objects (for `check`: the
 /// server's, or a dead server's that the next one replaces).
 pub fn owns_mount(store: &Path, mount: &Path) -> bool {
+    if !mount.starts_with(layer::lazy_root(store)) {
+        return false;
+    }
     let hex = mount
         .strip_prefix(layer::lazy_root(store))
         .ok()

@@ -192,6 +192,90 @@ pub(crate) fn still_served(
     }
 }
 
+// Layers a provider keeps outside `layers/` until they are whole ("pending": lazy's, in
+// `lazy/`). The lifecycle and `check` ask these steps, never a provider by name.
+
+/// Imports `image`'s layers as `model`'s provider makes them present (lazy: pending
+/// where an index serves them); bottom-most first. The caller holds the layers-in-use
+/// lock.
+pub(crate) fn import(
+    store: &Store,
+    image: &lamina_image::Image,
+    model: &crate::Model,
+) -> Result<Vec<Digest>, lamina_store::StoreError> {
+    match model.provider {
+        Provider::Lazy { .. } => lazy::import(store, image),
+        Provider::Fresh { .. }
+        | Provider::Pooled { .. }
+        | Provider::SharedRo
+        | Provider::Direct => store.import(image),
+    }
+}
+
+/// The layers of `chain_ids` the store has not imported but a provider keeps, bottom-most
+/// first: a chain with any is served by that provider only ([`for_pending_chain`]).
+pub(crate) fn pending_layers(store: &Store, chain_ids: &[Digest]) -> Vec<Digest> {
+    lazy::lazy_layers(store, chain_ids)
+}
+
+/// Whether `chain_id` is a layer a provider keeps (a container or snapshot may name it).
+pub(crate) fn is_pending_layer(store: &Store, chain_id: &Digest) -> bool {
+    lazy::is_lazy(store.root(), chain_id)
+}
+
+/// Refuses pending layer `chain_id` if its provider found it wrong, naming why.
+pub(crate) fn refuse_bad_pending(
+    store: &Store,
+    chain_id: &Digest,
+) -> Result<(), lamina_store::StoreError> {
+    lazy::refuse_bad(store, chain_id)
+}
+
+/// The bytes pending layer `chain_id` will hold once whole (for `stats`).
+pub(crate) fn pending_bytes(
+    store: &Store,
+    chain_id: &Digest,
+) -> Result<u64, lamina_store::StoreError> {
+    lazy::indexed_bytes(store, chain_id)
+}
+
+/// Pending layers their provider marked bad, as `check` reports them: the finding's kind,
+/// the layer's directory, and what to say.
+pub(crate) fn bad_pending_layers(store: &Store) -> Vec<(&'static str, PathBuf, String)> {
+    lazy::bad_layers(store.root())
+        .into_iter()
+        .map(|(dir, why)| {
+            let detail = format!("lazy layer marked bad: {why}; new creates from it are refused");
+            ("bad_lazy_layer", dir, detail)
+        })
+        .collect()
+}
+
+/// Whether `mount`, outside any container, is one a provider serves pending layers from.
+pub(crate) fn serves_mount(store: &Store, mount: &std::path::Path) -> bool {
+    lazy::owns_mount(store.root(), mount)
+}
+
+/// The choice for a stored chain holding pending layer `pending`: the provider that keeps
+/// it, or a refusal naming it.
+pub(crate) fn for_pending_chain(
+    request: &crate::choose::Request,
+    pending: &Digest,
+) -> Result<Choice, RootfsError> {
+    lazy::for_lazy_layers(request, pending)
+}
+
+/// Whether `auto` would serve `image` on demand here (lazily, by a server already running).
+pub(crate) fn served_on_demand(store: &Store, image: &lamina_image::Image) -> bool {
+    lazy::served_lazily(store, image)
+}
+
+/// The lowers a commit fills metadata-only copies from, top-most first (each layer's tree,
+/// then where pending layers' trees redirect).
+pub(crate) fn commit_lowers(store: &Store, chain_ids: &[Digest]) -> Vec<PathBuf> {
+    lazy::commit_lowers(store, chain_ids)
+}
+
 /// Lets go of what a deleted container held outside its directory (its removal done).
 pub(crate) fn release(
     store: &Store,
