@@ -87,13 +87,10 @@ fn assert_pulled_lazily(
     }
 }
 
-#[test]
-fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
-    require_root();
-    let fs = ScratchFs::ext4(1024);
-    let registry = Registry::start(&fs.path().join("registry"), None);
-    push_image(&registry, fs.path(), Format::Estargz, "lazy/ctr:1");
-    let daemon = remote_daemon(&fs, &registry);
+/// [`remote_daemon`] and containerd 2.4 with it as its `lamina` proxy, passing it the
+/// remote-snapshot labels.
+fn ctr_node(fs: &ScratchFs, registry: &Registry) -> (Daemon, Containerd) {
+    let daemon = remote_daemon(fs, registry);
     let store = fs.path().join("store");
     let proxy = Proxy {
         name: "lamina",
@@ -104,7 +101,12 @@ fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
     };
     let ctd =
         Containerd::start_configured(Release::V2, &fs.path().join("containerd"), &[proxy], None);
-    let image = format!("{}/lazy/ctr:1", registry.host);
+    (daemon, ctd)
+}
+
+/// `ctr image pull` of `repo_tag` from `registry` into lamina; the image's name.
+fn pull(ctd: &Containerd, registry: &Registry, repo_tag: &str) -> String {
+    let image = format!("{}/{repo_tag}", registry.host);
     ctd.ctr_ok(&[
         "image",
         "pull",
@@ -113,6 +115,18 @@ fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
         "lamina",
         &image,
     ]);
+    image
+}
+
+#[test]
+fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::Estargz, "lazy/ctr:1");
+    let (daemon, ctd) = ctr_node(&fs, &registry);
+    let store = fs.path().join("store");
+    let image = pull(&ctd, &registry, "lazy/ctr:1");
     let content = ctd.ctr_ok(&["content", "ls"]);
     assert_pulled_lazily(&daemon, &content, &registry, "lazy/ctr:1", 2);
     // Snapshots of lazy layers are the store's own.
@@ -158,15 +172,7 @@ fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
         lamina_sample::SAMPLE_REF,
         "plain/sample:1",
     );
-    let plain = format!("{}/plain/sample:1", registry.host);
-    ctd.ctr_ok(&[
-        "image",
-        "pull",
-        "--plain-http",
-        "--snapshotter",
-        "lamina",
-        &plain,
-    ]);
+    let plain = pull(&ctd, &registry, "plain/sample:1");
     let content = ctd.ctr_ok(&["content", "ls"]);
     for layer in layer_digests(&registry, "plain/sample:1") {
         assert!(
@@ -209,15 +215,7 @@ fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
         &[tar],
         |_| {},
     );
-    let other = format!("{}/other/ctr:1", registry.host);
-    ctd.ctr_ok(&[
-        "image",
-        "pull",
-        "--plain-http",
-        "--snapshotter",
-        "lamina",
-        &other,
-    ]);
+    pull(&ctd, &registry, "other/ctr:1");
     let content = ctd.ctr_ok(&["content", "ls"]);
     for layer in layer_digests(&registry, "other/ctr:1") {
         assert!(
@@ -348,26 +346,8 @@ fn a_layer_without_an_index_unpacks_over_a_lazy_one_and_a_commit_over_it_keeps_i
             }
         },
     );
-    let daemon = remote_daemon(&fs, &registry);
-    let store = fs.path().join("store");
-    let proxy = Proxy {
-        name: "lamina",
-        socket: &daemon.socket,
-        capabilities: &[],
-        exports_root: Some(&store),
-        remote_snapshots: true,
-    };
-    let ctd =
-        Containerd::start_configured(Release::V2, &fs.path().join("containerd"), &[proxy], None);
-    let image = format!("{}/lazy/mixed:1", registry.host);
-    ctd.ctr_ok(&[
-        "image",
-        "pull",
-        "--plain-http",
-        "--snapshotter",
-        "lamina",
-        &image,
-    ]);
+    let (daemon, ctd) = ctr_node(&fs, &registry);
+    let image = pull(&ctd, &registry, "lazy/mixed:1");
     let log = daemon.log();
     assert_eq!(
         log.matches("remote snapshot: layer served lazily").count(),
