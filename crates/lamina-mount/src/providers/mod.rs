@@ -1,9 +1,12 @@
 //! The providers: how a container's rootfs comes to exist. One module each — [`fresh`]
-//! (an overlay mounted for this container), [`pooled`], [`shared_ro`], [`direct`] — and in
-//! this file the one `match` per lifecycle step that sends a model to its module:
-//! [`admit`] (before any layer is fetched), [`provide`] (create), [`mount_again`] (mount
-//! after an unmount or a host restart), [`attach`] (what a caller that mounts for itself
-//! binds) and [`release`] (what delete lets go of).
+//! (an overlay mounted for this container), [`pooled`], [`shared_ro`], [`direct`],
+//! [`lazy`] (layers served before their data arrives) — and in this file the one `match`
+//! per lifecycle step that sends a model to its module: [`admit`] (before any layer is
+//! fetched), [`provide`] (create), [`mount_again`] (mount after an unmount or a host
+//! restart), [`attach`] (what a caller that mounts for itself binds), [`still_served`]
+//! (whether a mounted rootfs's data is still served) and [`release`] (what delete lets go
+//! of); and the pending-layer steps (layers a provider keeps outside `layers/` until they
+//! are whole), which the lifecycle and `check` ask without naming a provider.
 //!
 //! An overlay provider composes its lowers ([`crate::lowers`]: the layers, or a composefs
 //! image) with an upper ([`crate::uppers`]: the store, a disk, memory, a quota): neither is
