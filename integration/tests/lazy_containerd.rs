@@ -408,3 +408,51 @@ fn a_layer_without_an_index_unpacks_over_a_lazy_one_and_a_commit_over_it_keeps_i
     }
     ctd.ctr_ok(&["image", "rm", &image]);
 }
+
+#[test]
+fn mounts_of_a_lazy_snapshot_are_refused_once_its_server_restarted() {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let registry = Registry::start(&fs.path().join("registry"), None);
+    push_image(&registry, fs.path(), Format::Estargz, "lazy/restart:1");
+    let (mut daemon, ctd) = ctr_node(&fs, &registry);
+    pull(&ctd, &registry, "lazy/restart:1");
+    let top = top_snapshot(&ctd);
+    let snapshot = |args: &[&str]| {
+        let mut all = vec!["snapshot", "--snapshotter", "lamina"];
+        all.extend_from_slice(args);
+        ctd.ctr(&all)
+    };
+    assert_eq!(snapshot(&["prepare", "work", &top]).code, 0);
+    let before = snapshot(&["mounts", "/mnt", "work"]);
+    assert_eq!(before.code, 0, "{before:?}");
+
+    // The daemon, and with it the server of the lazy layers, dies and starts again: the
+    // snapshot's overlay still holds the dead server's mount, and Mounts says so rather
+    // than handing containerd a rootfs whose unfetched reads fail.
+    daemon.crash_and_restart();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let refused = loop {
+        let out = snapshot(&["mounts", "/mnt", "work"]);
+        if out.code != 0 && out.stderr.contains("restarted") {
+            break out;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Mounts did not refuse the stale overlay: {out:?}\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(
+        refused.stderr.contains("unmount and mount it again"),
+        "{refused:?}"
+    );
+    // A new snapshot is served by the new server.
+    assert_eq!(snapshot(&["prepare", "fresh", &top]).code, 0);
+    let fresh = snapshot(&["mounts", "/mnt", "fresh"]);
+    assert_eq!(fresh.code, 0, "{fresh:?}");
+    for key in ["fresh", "work"] {
+        snapshot(&["rm", key]);
+    }
+}

@@ -463,6 +463,7 @@ pub(crate) fn provide<'a>(cx: &Provide<'a, '_>, read_only: bool) -> Result<Made<
     let spec = spec_of(store, cx.chain_ids, &claim.dirs, read_only, &lazy, flavour);
     let mounts = !options.without_mount || options.mount_volatile_without_mount;
     if mounts {
+        note_servers(store, &claim.dirs.base, &lazy)?;
         mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
     }
     let rootfs = RootfsRecord::new(cx.choice.model, mounts, spec.option_strings());
@@ -487,25 +488,74 @@ pub(crate) fn mount_again(
     let dirs = container.dirs(store);
     let layers = &container.record.layers;
     let spec = spec_of(store, layers, &dirs, read_only, &lazy, Flavour::LAZY);
+    note_servers(store, &dirs.base, &lazy)?;
     mounter.mount_overlay(&spec, &dirs.rootfs)?;
     container.rootfs.mount_options = spec.option_strings();
     record_mounted(store, container)
 }
 
-/// Refuses a mounted lazy container whose lazy layers are not all served now.
+/// Beside a container, which served mount (its device) each of its lazy layers had when
+/// its overlay was mounted: the overlay keeps that mount for its life, so once a new
+/// server serves the layer the container reads from a dead one.
+const SERVERS: &str = "lazy-servers";
+
+/// The device of `chain_id`'s objects mount now (the caller knows it answers).
+fn served_device(store: &Store, chain_id: &Digest) -> Result<u64, RootfsError> {
+    let mount = layer::objects_mount(store.root(), chain_id);
+    rustix::fs::stat(&mount)
+        .map(|st| st.st_dev)
+        .map_err(|e| StoreError::errno("looking at", &mount)(e).into())
+}
+
+/// Notes, beside the container at `base`, the mounts serving `lazy` (its lazy layers,
+/// served now) that its overlay is about to hold.
+fn note_servers(store: &Store, base: &Path, lazy: &[Digest]) -> Result<(), RootfsError> {
+    let mut lines = String::new();
+    for c in lazy {
+        lines.push_str(&format!("{} {}\n", c.hex(), served_device(store, c)?));
+    }
+    let path = base.join(SERVERS);
+    std::fs::write(&path, lines).map_err(|e| StoreError::io("writing", &path)(e).into())
+}
+
+/// Refuses a mounted lazy container whose lazy layers are not all served now, or are
+/// served by another mount than the one its overlay holds (the server restarted: reads of
+/// what was never fetched fail until it is mounted again).
 pub(crate) fn still_served(
     store: &Store,
     mounter: &dyn Mounter,
     container: &Container,
 ) -> Result<(), RootfsError> {
     let lazy = lazy_layers(store, &container.record.layers);
-    match lazy.is_empty() || served(store, mounter, &lazy)? {
-        true => Ok(()),
-        false => Err(RootfsError::Refused(format!(
+    if !lazy.is_empty() && !served(store, mounter, &lazy)? {
+        return Err(RootfsError::Refused(format!(
             "lazy layer {} is not served: its reads would fail; see the log of `lamina daemon` for this store",
             lazy[0]
-        ))),
+        )));
     }
+    let noted = container.dirs(store).base.join(SERVERS);
+    let Ok(noted) = lamina_store::read_regular_file(&noted) else {
+        return Ok(());
+    };
+    for line in String::from_utf8_lossy(&noted).lines() {
+        let Some((hex, device)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some(chain_id) = Digest::from_hex(hex) else {
+            continue;
+        };
+        let now = match answers(&layer::objects_mount(store.root(), &chain_id))? {
+            true => served_device(store, &chain_id).ok(),
+            false => None,
+        };
+        if now.map(|d| d.to_string()).as_deref() != Some(device) {
+            return Err(RootfsError::Refused(format!(
+                "the server of lazy layer {chain_id} restarted since container `{}` was mounted: its overlay holds the dead server's mount, so reads of data not yet fetched fail; unmount and mount it again (`lamina unmount`, `lamina mount`), or make it again",
+                container.id()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The overlay a caller mounts itself, rebuilt from the layers (see `fresh::attach`).
