@@ -54,18 +54,25 @@ impl Fetched {
         &self.path
     }
 
-    /// Keeps `bytes`, fetched from `start`. Bytes past the blob's end are not kept.
+    /// Keeps `bytes`, fetched from `start`, unless sealed. Bytes past the blob's end are
+    /// not kept.
     pub fn record(&self, start: u64, bytes: &[u8]) -> io::Result<()> {
+        self.keep(start, bytes, false)
+    }
+
+    /// Writes `bytes` at `start` and lists the range: not once discarded, nor once sealed
+    /// unless `past_seal` (a completion's own fill, which comes before its seal).
+    fn keep(&self, start: u64, bytes: &[u8], past_seal: bool) -> io::Result<()> {
         let end = start.saturating_add(bytes.len() as u64).min(self.size);
         if end <= start {
             return Ok(());
         }
-        // Held while writing: a discard waits, and nothing is written after it.
+        // Held while writing: a discard or a seal waits, and nothing is written after it.
         let mut ranges = self.ranges.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(ranges) = ranges.as_mut() else {
             return Ok(());
         };
-        if self.sealed.load(std::sync::atomic::Ordering::Acquire) {
+        if !past_seal && self.sealed.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
         }
         self.file
@@ -139,28 +146,10 @@ impl Fetched {
                         bytes.len()
                     )));
                 }
-                self.write_fill(at, &bytes)?;
+                self.keep(at, &bytes, true)?;
                 at += len;
             }
         }
-        Ok(())
-    }
-}
-
-impl Fetched {
-    /// [`Fetched::record`] for a fill, which a seal does not stop (the fill comes first).
-    fn write_fill(&self, start: u64, bytes: &[u8]) -> io::Result<()> {
-        let mut ranges = self.ranges.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(ranges) = ranges.as_mut() else {
-            return Ok(());
-        };
-        let end = start.saturating_add(bytes.len() as u64).min(self.size);
-        if end <= start {
-            return Ok(());
-        }
-        self.file
-            .write_all_at(&bytes[..(end - start) as usize], start)?;
-        insert(ranges, start, end);
         Ok(())
     }
 }

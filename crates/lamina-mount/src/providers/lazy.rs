@@ -125,9 +125,18 @@ pub fn prepare_layer(store: &Store, image: &Image, n: usize) -> Result<bool, Sto
 
 /// Refuses lazy layer `chain_id` if its completion found it bad, naming why.
 pub(crate) fn refuse_bad(store: &Store, chain_id: &Digest) -> Result<(), StoreError> {
+    refuse_bad_as(store, chain_id, || chain_id.to_string())
+}
+
+/// [`refuse_bad`], the error naming the layer as `layer` describes it.
+fn refuse_bad_as(
+    store: &Store,
+    chain_id: &Digest,
+    layer: impl FnOnce() -> String,
+) -> Result<(), StoreError> {
     match lamina_lazy::complete::bad_reason(store.root(), chain_id) {
         Some(why) => Err(StoreError::Layer {
-            layer: chain_id.to_string(),
+            layer: layer(),
             message: format!("lazy layer {chain_id} is bad: {why}"),
         }),
         None => Ok(()),
@@ -178,7 +187,7 @@ pub fn layer_usage(store: &Store, chain_id: &Digest) -> Option<Result<(u64, u64)
 /// The directory showing layer `chain_id`'s tree: its lazy tree while it is lazy, else
 /// its ordinary one.
 pub fn tree_of(store: &Store, chain_id: &Digest) -> PathBuf {
-    match !store.has_layer(chain_id) && layer::is_lazy(store.root(), chain_id) {
+    match still_lazy(store, chain_id) {
         true => layer::diff(store.root(), chain_id),
         false => store.layout().layer_diff(chain_id),
     }
@@ -287,12 +296,7 @@ fn lazily(store: &Store, blob: &LayerBlob, chain: &[Digest]) -> Result<bool, Sto
         if !layer::same_source(root, chain_id, source)? {
             return other();
         }
-        if let Some(why) = lamina_lazy::complete::bad_reason(root, chain_id) {
-            return Err(StoreError::Layer {
-                layer: blob.describe(),
-                message: format!("lazy layer {chain_id} is bad: {why}"),
-            });
-        }
+        refuse_bad_as(store, chain_id, || blob.describe())?;
         return Ok(true);
     }
     let (index, bytes, tree) = match fetch_index(remote, blob_size) {
@@ -339,7 +343,7 @@ pub fn pull(
 pub(crate) fn lazy_layers(store: &Store, chain_ids: &[Digest]) -> Vec<Digest> {
     chain_ids
         .iter()
-        .filter(|c| !store.has_layer(c) && layer::is_lazy(store.root(), c))
+        .filter(|c| still_lazy(store, c))
         .cloned()
         .collect()
 }
@@ -544,7 +548,10 @@ pub(crate) fn still_served(
         let Some(chain_id) = Digest::from_hex(hex) else {
             continue;
         };
-        let now = match answers(&layer::objects_mount(store.root(), &chain_id))? {
+        // Those still lazy were asked to answer just above; a completed one is asked now.
+        let answering =
+            lazy.contains(&chain_id) || answers(&layer::objects_mount(store.root(), &chain_id))?;
+        let now = match answering {
             true => served_device(store, &chain_id).ok(),
             false => None,
         };
