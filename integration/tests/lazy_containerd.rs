@@ -67,22 +67,42 @@ fn assert_pulled_lazily(
     repo_tag: &str,
     lazy: usize,
 ) {
-    let log = daemon.log();
-    assert_eq!(
-        log.matches("remote snapshot: layer served lazily").count(),
-        lazy,
-        "{log}"
-    );
-    // The manifest's own labels name its layers; the first column is what is held.
-    let held: Vec<&str> = content
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
+    assert_eq!(served_lazily(daemon), lazy, "{}", daemon.log());
+    let held = held(content);
     for layer in layer_digests(registry, repo_tag) {
         assert!(
             !held.contains(&layer.as_str()),
             "containerd downloaded layer {layer}:\n{content}"
+        );
+    }
+}
+
+/// Layers the daemon has served lazily so far, by its log.
+fn served_lazily(daemon: &Daemon) -> usize {
+    daemon
+        .log()
+        .matches("remote snapshot: layer served lazily")
+        .count()
+}
+
+/// The blobs `ctr content ls` printed (`content`) says containerd holds: its first
+/// column (a manifest's own labels name its layers too).
+fn held(content: &str) -> Vec<&str> {
+    content
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect()
+}
+
+/// That containerd downloaded every layer blob of `repo_tag` (it unpacked them itself).
+fn assert_downloaded(ctd: &Containerd, registry: &Registry, repo_tag: &str) {
+    let content = ctd.ctr_ok(&["content", "ls"]);
+    let held = held(&content);
+    for layer in layer_digests(registry, repo_tag) {
+        assert!(
+            held.contains(&layer.as_str()),
+            "{layer} not downloaded: {content}"
         );
     }
 }
@@ -173,18 +193,9 @@ fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
         "plain/sample:1",
     );
     let plain = pull(&ctd, &registry, "plain/sample:1");
-    let content = ctd.ctr_ok(&["content", "ls"]);
-    for layer in layer_digests(&registry, "plain/sample:1") {
-        assert!(
-            content.contains(&layer),
-            "{layer} not downloaded: {content}"
-        );
-    }
+    assert_downloaded(&ctd, &registry, "plain/sample:1");
     assert_eq!(
-        daemon
-            .log()
-            .matches("remote snapshot: layer served lazily")
-            .count(),
+        served_lazily(&daemon),
         2,
         "no layer of the plain image is lazy"
     );
@@ -216,25 +227,13 @@ fn ctr_pulls_without_downloading_layers_and_runs_from_lazy_snapshots() {
         |_| {},
     );
     pull(&ctd, &registry, "other/ctr:1");
-    let content = ctd.ctr_ok(&["content", "ls"]);
-    for layer in layer_digests(&registry, "other/ctr:1") {
-        assert!(
-            content.contains(&layer),
-            "{layer} not downloaded: {content}"
-        );
-    }
+    assert_downloaded(&ctd, &registry, "other/ctr:1");
     assert!(
         daemon
             .log()
             .contains("not from a registry remote snapshots may come from")
     );
-    assert_eq!(
-        daemon
-            .log()
-            .matches("remote snapshot: layer served lazily")
-            .count(),
-        2
-    );
+    assert_eq!(served_lazily(&daemon), 2);
 }
 
 /// The top layer's committed snapshot (the one whose parent is a chain ID) of the only
@@ -348,12 +347,7 @@ fn a_layer_without_an_index_unpacks_over_a_lazy_one_and_a_commit_over_it_keeps_i
     );
     let (daemon, ctd) = ctr_node(&fs, &registry);
     let image = pull(&ctd, &registry, "lazy/mixed:1");
-    let log = daemon.log();
-    assert_eq!(
-        log.matches("remote snapshot: layer served lazily").count(),
-        1,
-        "{log}"
-    );
+    assert_eq!(served_lazily(&daemon), 1, "{}", daemon.log());
     let out = ctd.ctr_ok(&[
         "run",
         "--rm",

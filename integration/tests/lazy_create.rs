@@ -40,6 +40,14 @@ impl Drop for Daemons {
     }
 }
 
+/// A store on `fs` (`store`), and the daemons that come to serve it, killed when dropped.
+fn lazy_store(fs: &ScratchFs) -> (PathBuf, Lamina, Daemons) {
+    let store = fs.path().join("store");
+    let lamina = Lamina::init(&store);
+    let daemons = Daemons(store.clone());
+    (store, lamina, daemons)
+}
+
 /// `lamina FLAGS... create --strategy lazy REFERENCE ID`, pulling from `host` over HTTP.
 fn create_lazy(
     lamina: &Lamina,
@@ -75,9 +83,7 @@ fn lazy_create_boots_and_reads(format: Format, repo_tag: &str) {
     let fs = ScratchFs::ext4(512);
     let registry = Registry::start(&fs.path().join("registry"), None);
     push_image(&registry, fs.path(), format, repo_tag);
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
-    let _daemons = Daemons(store.clone());
+    let (store, lamina, _daemons) = lazy_store(&fs);
     let reference = registry.reference(repo_tag);
     let create = |id: &str| {
         create_lazy(
@@ -190,9 +196,7 @@ fn completion_fetches_only_what_reads_did_not_and_nothing_twice() {
         .sum();
     // Every byte lamina fetches passes the proxy, counted.
     let proxy = lamina_integration::delay_proxy::DelayProxy::start(&registry.host, Duration::ZERO);
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
-    let _daemons = Daemons(store.clone());
+    let (_, lamina, _daemons) = lazy_store(&fs);
     let reference = format!("docker://{}/lazy/once:v1", proxy.host);
     let out = create_lazy(&lamina, &proxy.host, &[], &reference, "reader");
     assert_eq!(out.code, 0, "{out:?}");
@@ -224,9 +228,7 @@ fn reads_fail_with_eio_when_the_registry_or_the_server_is_gone_and_a_new_server_
     let fs = ScratchFs::ext4(512);
     let mut registry = Registry::start(&fs.path().join("registry"), None);
     push_image(&registry, fs.path(), Format::Estargz, "lazy/faults:v1");
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
-    let daemons = Daemons(store.clone());
+    let (_, lamina, daemons) = lazy_store(&fs);
     let reference = registry.reference("lazy/faults:v1");
     let host = registry.host.clone();
     let create = |id: &str| {
@@ -314,9 +316,7 @@ fn a_chunk_with_wrong_bytes_fails_its_read_with_eio() {
     blob[middle] ^= 0xff;
     std::fs::write(&blob_path, &blob).unwrap();
 
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
-    let _daemons = Daemons(store.clone());
+    let (_, lamina, _daemons) = lazy_store(&fs);
     let reference = registry.reference("lazy/bad:v1");
     let out = create_lazy(&lamina, &registry.host, &[], &reference, "bad");
     assert_eq!(out.code, 0, "{out:?}");
@@ -357,9 +357,7 @@ fn a_layer_whose_tar_is_not_its_diff_id_is_marked_bad_and_refused() {
         "lazy/diffid:v1",
         |layer| layer.diff_id = Digest::of(b"another tar"),
     );
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
-    let _daemons = Daemons(store.clone());
+    let (_, lamina, _daemons) = lazy_store(&fs);
     let reference = registry.reference("lazy/diffid:v1");
     let out = create_lazy(&lamina, &registry.host, &[], &reference, "early");
     assert_eq!(out.code, 0, "served lazily before completion: {out:?}");
@@ -397,9 +395,7 @@ fn an_index_that_does_not_match_its_annotation_is_pulled_whole() {
             );
         },
     );
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
-    let _daemons = Daemons(store.clone());
+    let (_, lamina, _daemons) = lazy_store(&fs);
     let reference = registry.reference("lazy/lying:v1");
     let out = create_lazy(
         &lamina,
@@ -427,9 +423,7 @@ fn an_index_that_lies_about_its_tar_marks_the_lazy_layer_bad_at_completion() {
     let fs = ScratchFs::ext4(512);
     let registry = Registry::start(&fs.path().join("registry"), None);
     push_lying_estargz(&registry, fs.path(), "lazy/lying-toc:v1");
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
-    let _daemons = Daemons(store.clone());
+    let (_, lamina, _daemons) = lazy_store(&fs);
     let reference = registry.reference("lazy/lying-toc:v1");
     let out = create_lazy(&lamina, &registry.host, &[], &reference, "lied-to");
     assert_eq!(out.code, 0, "{out:?}");
@@ -470,9 +464,7 @@ fn pull_lazy_fetches_the_indexes_and_starts_the_server_for_the_creates_after_it(
     let fs = ScratchFs::ext4(512);
     let registry = Registry::start(&fs.path().join("registry"), None);
     push_image(&registry, fs.path(), Format::ZstdChunked, "lazy/pulled:v1");
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
-    let _daemons = Daemons(store.clone());
+    let (_, lamina, _daemons) = lazy_store(&fs);
     let reference = registry.reference("lazy/pulled:v1");
     let pulled = lamina.run(&[
         "--insecure-registry",
@@ -572,9 +564,7 @@ fn an_image_that_claims_another_images_diff_ids_does_not_serve_its_layers_to_it(
         &[base, evil_top],
         |layer| layer.diff_id = claimed.lock().unwrap().next().unwrap(),
     );
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
-    let _daemons = Daemons(store.clone());
+    let (_, lamina, _daemons) = lazy_store(&fs);
     let evil = registry.reference("evil/app:v1");
     let out = create_lazy(&lamina, &registry.host, &[], &evil, "evil");
     assert_eq!(out.code, 0, "{out:?}");
@@ -602,9 +592,7 @@ fn a_deleted_store_is_no_longer_served_and_a_new_store_gets_a_server_of_its_own(
     let fs = ScratchFs::ext4(512);
     let registry = Registry::start(&fs.path().join("registry"), None);
     push_image(&registry, fs.path(), Format::Estargz, "lazy/again:v1");
-    let store = fs.path().join("store");
-    let lamina = Lamina::init(&store);
-    let daemons = Daemons(store.clone());
+    let (store, lamina, daemons) = lazy_store(&fs);
     let reference = registry.reference("lazy/again:v1");
     assert_eq!(
         create_lazy(&lamina, &registry.host, &[], &reference, "one").code,
