@@ -55,7 +55,12 @@ impl ObjectsFs {
     /// prefetch region, at most [`MAX_PREFETCH_BYTES`]), [`PIECES_AT_ONCE`] requests at a
     /// time.
     pub fn prefetch(&self, end: u64) -> Prefetched {
-        let pieces = self.plan_prefetch(end.min(MAX_PREFETCH_BYTES));
+        self.prefetch_within(end, MAX_PREFETCH_BYTES)
+    }
+
+    /// [`ObjectsFs::prefetch`] of no more than the blob's first `most` bytes.
+    fn prefetch_within(&self, end: u64, most: u64) -> Prefetched {
+        let pieces = self.plan_prefetch(end.min(most));
         let next = AtomicUsize::new(0);
         let total = Mutex::new(Prefetched::default());
         std::thread::scope(|scope| {
@@ -327,6 +332,51 @@ mod tests {
         );
         // A second prefetch finds nothing missing.
         assert_eq!(fs.prefetch(end), Prefetched::default());
+    }
+
+    #[test]
+    fn a_prefetch_stops_at_its_bound_whatever_the_landmark_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, source, end) = served(dir.path());
+        // The bound falls inside `b`: `a` comes whole, `b`'s chunks past it do not.
+        let a_end = fs.objects[0].object.file.chunks.last().unwrap().member.1;
+        let got = fs.prefetch_within(end, a_end);
+        assert_eq!((got.chunks, got.failed), (4, 0));
+        assert!(
+            source
+                .fetched
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|(_, e)| *e <= a_end)
+        );
+        assert!(states(&fs, 1).iter().all(|s| *s == State::Missing));
+    }
+
+    #[test]
+    fn a_chunk_whose_member_is_broken_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut fs, source, end) = served(dir.path());
+        // `a`'s second chunk's member, its deflate stream broken.
+        let (start, stop) = fs.objects[0].object.file.chunks[1].member;
+        let mut blob = source.blob.clone();
+        for byte in &mut blob[(start + 12) as usize..(stop - 8) as usize] {
+            *byte = 0xff;
+        }
+        fs.source = Arc::new(Recording {
+            blob,
+            fetched: Mutex::default(),
+        });
+        let got = fs.prefetch(end);
+        assert_eq!((got.chunks, got.failed), (5, 1), "{got:?}");
+        let a = states(&fs, 0);
+        assert_eq!(a[1], State::Missing, "left to a read, which fails it");
+        assert!(
+            a.iter()
+                .enumerate()
+                .all(|(i, s)| i == 1 || *s == State::Present)
+        );
+        assert!(fs.fill(0, 64 << 10, 65 << 10).is_err());
     }
 
     #[test]
