@@ -360,3 +360,46 @@ fn daemon_runs_only_a_trusted_lamina_daemon_beside_lamina() {
     assert_eq!(code, Some(0), "{stdout}");
     assert!(stdout.trim_end().ends_with("daemon"), "{stdout}");
 }
+
+/// A warm create names a rootfs tar's layer from the store's memo of its digest
+/// (`run/tar-digests/`), not by reading the tar again; a tar rewritten in place, even at
+/// the same size with its modification time put back, is named by its new content.
+#[test]
+fn a_rootfs_tar_rewritten_in_place_is_named_by_its_new_content() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let tar = fs.path().join("rootfs.tar");
+    let write = |content: &[u8]| {
+        std::fs::write(
+            &tar,
+            lamina_sample::RawTar::default()
+                .file("greeting", content)
+                .finish(),
+        )
+        .unwrap()
+    };
+    write(b"first");
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let tar_arg = tar.display().to_string();
+    lamina.run(&["create", &tar_arg, "one"]);
+    lamina.run(&["create", &tar_arg, "two"]);
+    let memos = std::fs::read_dir(fs.path().join("store/run/tar-digests")).unwrap();
+    assert_eq!(memos.count(), 1, "one memo for one tar path");
+    let greeting = |id: &str| std::fs::read(lamina.rootfs(id).join("greeting")).unwrap();
+    assert_eq!(greeting("two"), b"first");
+
+    let mtime = std::fs::metadata(&tar).unwrap().modified().unwrap();
+    write(b"other");
+    std::fs::File::options()
+        .write(true)
+        .open(&tar)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    lamina.run(&["create", &tar_arg, "three"]);
+    assert_eq!(greeting("three"), b"other");
+    assert_eq!(greeting("one"), b"first");
+    for id in ["one", "two", "three"] {
+        lamina.run(&["delete", id]);
+    }
+}

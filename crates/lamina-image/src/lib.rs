@@ -14,6 +14,7 @@ mod platform;
 mod reference;
 mod rootfs_tar;
 pub mod spec;
+mod tar_memo;
 
 pub use blobs::{BlobLocation, Members, RemoteBlob, RemoteOpener};
 pub use compression::Compression;
@@ -23,6 +24,7 @@ pub use oci::pick_platform;
 pub use platform::Platform;
 pub use reference::ImageRef;
 pub use spec::ImageConfig;
+pub use tar_memo::{FileIdentity, NoMemo, TarMemo};
 
 /// `s` as lamina prints any string that came from an image or a registry (a media type,
 /// an annotation, a tag, a digest that failed to parse, a platform): control characters
@@ -116,6 +118,17 @@ pub fn resolve_limited(
     platform: &Platform,
     max_layer_bytes: u64,
 ) -> Result<Image, ImageError> {
+    resolve_remembering(reference, platform, max_layer_bytes, &NoMemo)
+}
+
+/// [`resolve_limited`], taking a plain rootfs tar's digest from `memo` when it remembers
+/// the file as it is now, and leaving it there when it had to hash it.
+pub fn resolve_remembering(
+    reference: &ImageRef,
+    platform: &Platform,
+    max_layer_bytes: u64,
+    memo: &dyn TarMemo,
+) -> Result<Image, ImageError> {
     let path = reference.path();
     let missing = || {
         ImageError::new(format!(
@@ -151,7 +164,7 @@ pub fn resolve_limited(
         ImageRef::DockerArchive { reference: r, .. } => {
             docker_archive::resolve(&Members::tar(path)?, r.as_deref(), platform)
         }
-        ImageRef::RootfsTar { path } => rootfs_tar::resolve(path, max_layer_bytes),
+        ImageRef::RootfsTar { path } => rootfs_tar::resolve(path, max_layer_bytes, memo),
     }
     .map_err(|e| {
         // Image-supplied parts of the message are escaped where they are written.

@@ -7,24 +7,32 @@ use std::path::Path;
 use crate::blobs::BlobLocation;
 use crate::compression::decoder;
 use crate::spec::RootFs;
+use crate::tar_memo::{FileIdentity, TarMemo};
 use crate::{Digest, HashingReader, Image, ImageConfig, ImageError, LayerBlob};
 
 /// Resolves the tar at `path`, hashing at most `max_layer_bytes` of its uncompressed
-/// content: past that it is refused as a decompression bomb, as the import would.
-pub fn resolve(path: &Path, max_layer_bytes: u64) -> Result<Image, ImageError> {
+/// content: past that it is refused as a decompression bomb, as the import would. A digest
+/// `memo` remembers for the file as it is now is taken without reading the tar.
+pub fn resolve(path: &Path, max_layer_bytes: u64, memo: &dyn TarMemo) -> Result<Image, ImageError> {
     let fail = |e: std::io::Error| ImageError::new(format!("reading {}: {e}", path.display()));
     if !path.is_file() {
         return Err(ImageError::new(format!("{} is not a file", path.display())));
     }
     let file = File::open(path).map_err(fail)?;
-    let what = format!("rootfs tar {}", path.display());
-    // One pass to learn the content digest, so a tar already in the store is not unpacked
-    // again; the import pass verifies the same digest, catching a file changed in between.
-    // This pass is bounded like the import: a few MB of zstd frames can decode to many
-    // GB of zeros, and hashing them all would take minutes before any limit applied.
-    let (diff_id, _) = HashingReader::with_limit(decoder(file, None, &what)?, max_layer_bytes)
-        .finish()
-        .map_err(|e| ImageError::new(format!("layer 0 ({what}): reading: {e}")))?;
+    let identity = FileIdentity::of(&file).map_err(fail)?;
+    let diff_id = match memo.recall(path, &identity) {
+        Some(diff_id) => diff_id,
+        None => {
+            let diff_id = hash(file, path, max_layer_bytes)?;
+            // A tar written to while it was hashed is not remembered: its digest may be of
+            // neither version.
+            let now = File::open(path).and_then(|file| FileIdentity::of(&file));
+            if now.is_ok_and(|now| now == identity) {
+                memo.remember(path, &identity, &diff_id);
+            }
+            diff_id
+        }
+    };
     let config = ImageConfig {
         architecture: crate::Platform::host().architecture,
         os: "linux".into(),
@@ -52,21 +60,95 @@ pub fn resolve(path: &Path, max_layer_bytes: u64) -> Result<Image, ImageError> {
     })
 }
 
+/// One pass to learn the content digest, so a tar already in the store is not unpacked
+/// again; the import pass verifies the same digest, catching a file changed in between.
+/// This pass is bounded like the import: a few MB of zstd frames can decode to many GB of
+/// zeros, and hashing them all would take minutes before any limit applied.
+fn hash(file: File, path: &Path, max_layer_bytes: u64) -> Result<Digest, ImageError> {
+    let what = format!("rootfs tar {}", path.display());
+    let (diff_id, _) = HashingReader::with_limit(decoder(file, None, &what)?, max_layer_bytes)
+        .finish()
+        .map_err(|e| ImageError::new(format!("layer 0 ({what}): reading: {e}")))?;
+    Ok(diff_id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tar_memo::NoMemo;
 
     #[test]
     fn the_naming_pass_stops_at_the_layer_limit() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rootfs.tar.zst");
         std::fs::write(&path, zstd::encode_all(&vec![0u8; 4 << 20][..], 3).unwrap()).unwrap();
-        let err = resolve(&path, 1 << 20).unwrap_err();
+        let err = resolve(&path, 1 << 20, &NoMemo).unwrap_err();
         assert!(
             err.message.contains("layer 0") && err.message.contains("limit of 1048576 bytes"),
             "{err}"
         );
-        let image = resolve(&path, 4 << 20).unwrap();
+        let image = resolve(&path, 4 << 20, &NoMemo).unwrap();
         assert_eq!(image.layers[0].diff_id, Digest::of(&vec![0u8; 4 << 20]));
+    }
+
+    /// Remembers in memory, counting what it was asked.
+    #[derive(Default)]
+    struct Remembered {
+        kept: std::cell::RefCell<Option<(FileIdentity, Digest)>>,
+        recalled: std::cell::Cell<usize>,
+    }
+
+    impl TarMemo for Remembered {
+        fn recall(&self, _: &Path, identity: &FileIdentity) -> Option<Digest> {
+            let kept = self.kept.borrow();
+            let (kept_identity, digest) = kept.as_ref()?;
+            (kept_identity == identity).then(|| {
+                self.recalled.set(self.recalled.get() + 1);
+                digest.clone()
+            })
+        }
+
+        fn remember(&self, _: &Path, identity: &FileIdentity, diff_id: &Digest) {
+            *self.kept.borrow_mut() = Some((identity.clone(), diff_id.clone()));
+        }
+    }
+
+    #[test]
+    fn a_remembered_digest_names_the_tar_until_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rootfs.tar");
+        std::fs::write(&path, b"first content").unwrap();
+        let memo = Remembered::default();
+        let first = resolve(&path, u64::MAX, &memo).unwrap().layers[0]
+            .diff_id
+            .clone();
+        assert_eq!(first, Digest::of(b"first content"));
+        assert_eq!(memo.recalled.get(), 0);
+        // The memo is believed while the file is as it was: a planted digest proves the
+        // tar was not read again.
+        let planted = Digest::of(b"planted");
+        memo.kept.borrow_mut().as_mut().unwrap().1 = planted.clone();
+        assert_eq!(
+            resolve(&path, u64::MAX, &memo).unwrap().layers[0].diff_id,
+            planted
+        );
+        assert_eq!(memo.recalled.get(), 1);
+        // Same size, modification time put back: the change time still moves, so the tar
+        // is hashed again and the new content named.
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&path, b"other content").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), mtime);
+        let again = resolve(&path, u64::MAX, &memo).unwrap().layers[0]
+            .diff_id
+            .clone();
+        assert_eq!(again, Digest::of(b"other content"));
+        assert_eq!(memo.recalled.get(), 1);
     }
 }

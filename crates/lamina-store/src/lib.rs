@@ -27,6 +27,7 @@ mod record_paths;
 mod regular_file;
 mod remove_tree;
 mod shift;
+mod tar_memo;
 mod usage;
 
 use std::fs;

@@ -16,7 +16,7 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
         .unwrap_or_else(|| "auto".into());
     let strategies = Strategies::parse(&list).map_err(|e| anyhow!(e))?;
     let store = ctx.open_store()?;
-    let image = ctx.resolve_image(&args.image, args.platform.as_deref())?;
+    let image = ctx.resolve_image(&store, &args.image, args.platform.as_deref())?;
     let options = CreateOptions {
         without_mount: args.without_mount || (ctx.config.create.without_mount && !args.with_mount),
         strategies,

@@ -287,7 +287,7 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
             lazy,
         } => {
             let store = ctx.open_store()?;
-            let resolved = ctx.resolve_image(&image, platform.as_deref())?;
+            let resolved = ctx.resolve_image(&store, &image, platform.as_deref())?;
             let _in_use = store.use_layers()?;
             let chain_ids = if lazy {
                 let server = lazy_server::starter(&ctx);
@@ -532,9 +532,11 @@ fn absolute(path: PathBuf) -> anyhow::Result<PathBuf> {
 
 impl Ctx {
     /// Resolves an image reference for `platform` (default: this host's): a registry for
-    /// `docker://`, the local file or layout otherwise.
+    /// `docker://`, the local file or layout otherwise. A rootfs tar's digest is taken from
+    /// `store`'s memo of it when the file has not changed since it was hashed.
     pub fn resolve_image(
         &self,
+        store: &Store,
         image: &str,
         platform: Option<&str>,
     ) -> anyhow::Result<lamina_image::Image> {
@@ -551,10 +553,11 @@ impl Ctx {
         }
         let reference = lamina_image::ImageRef::parse(image)?;
         image_texts::check_local(&reference)?;
-        Ok(lamina_image::resolve_limited(
+        Ok(lamina_image::resolve_remembering(
             &reference,
             &platform,
             self.max_layer_bytes,
+            store,
         )?)
     }
 }

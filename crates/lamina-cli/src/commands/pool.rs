@@ -24,7 +24,7 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, command: PoolCommand) -> anyhow::Re
             let list = strategy.unwrap_or_else(|| "auto".into());
             let strategies = Strategies::parse(&list).map_err(|e| anyhow!(e))?;
             let resolved = image
-                .map(|image| ctx.resolve_image(&image, platform.as_deref()))
+                .map(|image| ctx.resolve_image(&store, &image, platform.as_deref()))
                 .transpose()?;
             let request = FillRequest {
                 image: resolved.as_ref(),
