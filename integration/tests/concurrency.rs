@@ -234,3 +234,109 @@ fn an_unmount_racing_its_create_waits_for_it() {
     lamina.delete_and_assert_gone("racing", "after mount");
     assert!(!lamina.store.join("locks/id-racing.lock").exists());
 }
+
+/// A deferred delete that finds a reaper running starts none and leaves its container to
+/// it, even when that reaper has already found `trash/` empty and is about to exit (held
+/// there for 2 s by a pause point): the reaper looks once more after letting go of its
+/// lock, takes it back, and reaps the container itself.
+#[test]
+fn a_delete_finding_a_reaper_about_to_exit_is_reaped_by_it() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = sample_image(&fs.path().join("sample")).references()[0].clone();
+    lamina.run(&["create", "--strategy", "deferred", &image, "late"]);
+    let point = "reaper-letting-go";
+    let reaper = lamina
+        .command(&["reap"])
+        .env("LAMINA_PAUSE_AT", point)
+        .env("LAMINA_PAUSE_SECS", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let paused = lamina
+        .store
+        .join(format!("run/paused-{point}.{}", reaper.id()));
+    lamina_integration::wait_until("the reaper to reach its pause point", || paused.exists());
+    let delete = lamina.run(&["delete", "late"]);
+    assert!(delete.stdout.contains("deleted container"), "{delete:?}");
+    assert_eq!(
+        std::fs::read_dir(lamina.store.join("trash"))
+            .unwrap()
+            .count(),
+        1,
+        "the container waits in trash for the paused reaper"
+    );
+    let reaper = reaper.wait_with_output().unwrap();
+    assert!(reaper.status.success(), "{reaper:?}");
+    let reaped: serde_json::Value = serde_json::from_slice(&reaper.stdout).unwrap();
+    assert_eq!(
+        reaped["removed"], 1,
+        "the paused reaper reaped it: {reaped}"
+    );
+    assert_eq!(
+        std::fs::read_dir(lamina.store.join("trash"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert!(mounts_under(&lamina.store.join("trash")).is_empty());
+    std::fs::remove_file(&paused).unwrap();
+    assert_eq!(lamina.run(&["check"]).code, 0);
+}
+
+/// A reaper lingering after it emptied `trash/` reaps the deletes that come meanwhile, and
+/// those deletes start no reaper of their own (a process start each saved).
+#[test]
+fn deletes_while_a_reaper_lingers_start_none_and_it_reaps_them() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = sample_image(&fs.path().join("sample")).references()[0].clone();
+    let ids = ["d0", "d1", "d2", "d3"];
+    for id in ids {
+        lamina.run(&["create", "--strategy", "deferred", &image, id]);
+    }
+    let reaper = lamina
+        .command(&["reap", "--linger-ms", "3000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = fs.path().join("deletes.log");
+    let log_arg = log.display().to_string();
+    lamina_integration::wait_until("the reaper to hold its lock", || {
+        lamina
+            .run(&["check"])
+            .stdout
+            .contains("store is consistent")
+            && std::process::Command::new("flock")
+                .args(["--nonblock", "--conflict-exit-code", "9"])
+                .arg(lamina.store.join("locks/reaper.lock"))
+                .arg("true")
+                .status()
+                .unwrap()
+                .code()
+                == Some(9)
+    });
+    for id in ids {
+        let delete = lamina.run(&["--log-level", "debug", "--log-file", &log_arg, "delete", id]);
+        assert!(delete.stdout.contains("deleted container"), "{delete:?}");
+        lamina_integration::wait_until("the lingering reaper to reap it", || {
+            std::fs::read_dir(lamina.store.join("trash"))
+                .unwrap()
+                .count()
+                == 0
+        });
+    }
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !logged.contains("started background work"),
+        "a delete started a reaper beside the lingering one: {logged}"
+    );
+    let reaper = reaper.wait_with_output().unwrap();
+    let reaped: serde_json::Value = serde_json::from_slice(&reaper.stdout).unwrap();
+    assert_eq!(reaped["removed"], ids.len(), "{reaped}");
+    assert!(mounts_under(&lamina.store.join("trash")).is_empty());
+}

@@ -16,6 +16,7 @@ mod import;
 mod isolated;
 mod permission;
 mod process;
+mod process_grootfs;
 mod publish;
 mod reclaim;
 mod scale;

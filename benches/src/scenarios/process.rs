@@ -21,6 +21,9 @@
 //! same store, and a second table compares the two: on this VM a run's absolute times move
 //! by a fifth from one hour to the next, so a change is measured against its baseline in
 //! one run, never against an earlier table.
+//!
+//! With `GROOTFS_BIN`, a third table times GrootFS on the same rootfs tar
+//! (`process_grootfs.rs`).
 
 use std::fs;
 use std::process::Command;
@@ -68,6 +71,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             "binary bytes: this build / baseline",
         ],
     );
+    let mut grootfs = None;
     for &kind in &ctx.filesystems {
         let rig = Rig::new(kind, 512);
         let reference = crate::images::sample(&rig.scratch("image"));
@@ -194,12 +198,15 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 ]);
             }
         }
+        if grootfs.is_none() && std::env::var_os("GROOTFS_BIN").is_some() {
+            progress(&format!("process {} against GrootFS", rig.fs_name()));
+            grootfs = super::process_grootfs::table(&rig, &this_bin, calls);
+        }
     }
-    if baseline_bin.is_some() {
-        vec![table, compared]
-    } else {
-        vec![table]
-    }
+    let mut tables = vec![table];
+    tables.extend(baseline_bin.is_some().then_some(compared));
+    tables.extend(grootfs);
+    tables
 }
 
 /// A copy of the binary at `from`, at `to`, executable.

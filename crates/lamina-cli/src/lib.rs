@@ -166,7 +166,12 @@ enum Command {
     /// Unmount everything in the store (containers, pools, shared mounts) and remove it; refuses a directory that is not a lamina store
     DeleteStore,
     /// Finish deferred deletes now: unmount and remove what is in the store's trash
-    Reap,
+    Reap {
+        /// Then look for more trash this long before exiting (what the reaper a delete
+        /// starts does: deletes meanwhile start no reaper of their own)
+        #[arg(long, hide = true, default_value_t = 0)]
+        linger_ms: u64,
+    },
     /// Build the composefs metadata image of the image made of these layers (chain IDs,
     /// bottom first): what `create` starts in the background when `auto` served a deep
     /// image from its layers (docs/strategies.md, auto). Prints a JSON line
@@ -324,7 +329,7 @@ impl Command {
             Command::Delete { .. } => "delete",
             Command::List => "list",
             Command::DeleteStore => "delete-store",
-            Command::Reap => "reap",
+            Command::Reap { .. } => "reap",
             Command::BuildMetadataImage { .. } => "build-metadata-image",
             Command::Clean { .. } => "clean",
             Command::Stats { .. } => "stats",

@@ -62,11 +62,21 @@ pub fn spawn(store: &Store, log: Log<'_>, args: &[&str]) {
     }
 }
 
+/// How long a reaper started in the background looks for more trash once it emptied it:
+/// a delete meanwhile finds it running and starts none (a process start each, in a burst of
+/// deletes). Short, because `delete-store` waits for it.
+const REAPER_LINGER_MS: &str = "500";
+
+/// Starts a reaper in the background, which lingers (see [`REAPER_LINGER_MS`]).
+pub fn spawn_reaper(store: &Store, log: Log<'_>) {
+    spawn(store, log, &["reap", "--linger-ms", REAPER_LINGER_MS]);
+}
+
 /// Every start: if a crash (or a reaper that could not finish) left containers in
 /// `trash/` and no reaper is running, start one.
 pub fn finish_crashed_deletes(store: &Store, log: Log<'_>) {
     let pending = store.trash_entries().is_ok_and(|t| !t.is_empty());
     if pending && store.try_lock("reaper").is_ok_and(|l| l.is_some()) {
-        spawn(store, log, &["reap"]);
+        spawn_reaper(store, log);
     }
 }

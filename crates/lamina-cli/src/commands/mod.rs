@@ -365,9 +365,10 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
                 serde_json::json!({ "image": top, "metadata_image": built })
             );
         }
-        Command::Reap => {
+        Command::Reap { linger_ms } => {
             let store = ctx.open_bare_store()?;
-            let reaped = lamina_mount::reap(&store, &mounter)?;
+            let linger = std::time::Duration::from_millis(linger_ms);
+            let reaped = lamina_mount::reap_lingering(&store, &mounter, linger)?;
             println!("{}", crate::output::json_line(&reaped)?);
         }
         Command::Clean { threshold_bytes } => {
@@ -481,7 +482,9 @@ fn delete(ctx: &Ctx, mounter: &RealMounter, id_or_path: &str) -> anyhow::Result<
     match lamina_mount::delete(&store, mounter, &id)? {
         Deleted::Removed => say(&format!("deleted container `{id}`")),
         Deleted::Deferred => {
-            ctx.spawn(&store, &["reap"]);
+            if !lamina_mount::reaper_running(&store) {
+                background::spawn_reaper(&store, ctx.background_log());
+            }
             say(&format!("deleted container `{id}`"));
         }
         Deleted::NotFound => {

@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use lamina_store::{Store, StoreError};
 use lamina_sys::Mounter;
@@ -103,9 +104,65 @@ pub struct Reaped {
 /// Tears down everything in `trash/`, one container at a time. Only one reaper runs per
 /// store: a second waits, then finds what is left (usually nothing).
 pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError> {
-    let _lock = store.lock("reaper")?;
+    reap_lingering(store, mounter, Duration::ZERO)
+}
+
+/// How often a lingering reaper looks for more trash.
+const LINGER_POLL: Duration = Duration::from_millis(10);
+
+/// [`reap`], then, still the store's reaper, looking for more trash for `linger` (every
+/// 10 ms) before exiting: a delete in that time finds a reaper running and starts none
+/// (see [`reaper_running`]), which saves a burst of deletes a process start each.
+///
+/// Invariant: a container renamed into `trash/` before a delete found the reaper lock
+/// held is reaped by that holder, because the holder looks at `trash/` once more after
+/// it lets go of the lock and takes the lock back for anything new.
+pub fn reap_lingering(
+    store: &Store,
+    mounter: &dyn Mounter,
+    linger: Duration,
+) -> Result<Reaped, RootfsError> {
+    let mut lock = Some(store.lock("reaper")?);
     let mut seen = HashSet::new();
     let mut reaped = Reaped::default();
+    while lock.is_some() {
+        drain(store, mounter, &mut seen, &mut reaped)?;
+        let deadline = std::time::Instant::now() + linger;
+        while !more_than(store, &seen)? && std::time::Instant::now() < deadline {
+            std::thread::sleep(LINGER_POLL);
+        }
+        if more_than(store, &seen)? {
+            continue;
+        }
+        store.pause_point("reaper-letting-go");
+        lock = None;
+        if more_than(store, &seen)? {
+            // None: another reaper took the lock, and the container with it.
+            lock = store.try_lock("reaper")?;
+        }
+    }
+    Ok(reaped)
+}
+
+/// Whether a reaper holds the store's reaper lock: a deferred delete then leaves its
+/// container to it (see [`reap_lingering`]'s invariant) instead of starting another.
+/// An unanswerable lock says no, so a reaper is started.
+pub fn reaper_running(store: &Store) -> bool {
+    matches!(store.try_lock("reaper"), Ok(None))
+}
+
+/// Whether `trash/` holds a container not in `seen`.
+fn more_than(store: &Store, seen: &HashSet<PathBuf>) -> Result<bool, RootfsError> {
+    Ok(store.trash_entries()?.iter().any(|p| !seen.contains(p)))
+}
+
+/// Reaps until `trash/` holds nothing this reaper has not tried.
+fn drain(
+    store: &Store,
+    mounter: &dyn Mounter,
+    seen: &mut HashSet<PathBuf>,
+    reaped: &mut Reaped,
+) -> Result<(), RootfsError> {
     loop {
         let pending: Vec<_> = store
             .trash_entries()?
@@ -113,7 +170,7 @@ pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError>
             .filter(|p| !seen.contains(p))
             .collect();
         if pending.is_empty() {
-            return Ok(reaped);
+            return Ok(());
         }
         // One read of the mount table per pass, not one per container: with a thousand
         // binds mounted, each read costs about a millisecond. Listed after `pending`, so
