@@ -1,9 +1,8 @@
 # Shared helpers for lamina's scripts (sourced, not run).
 
 # What building lamina needs beyond cargo: protoc and the protobuf well-known types, for
-# the containerd snapshots API that lamina-snapshotter generates at build time; OpenSSL's
-# static libraries, which the composefs crate links (docs/strategies.md, composefs).
-BUILD_PACKAGES=(protobuf-compiler libprotobuf-dev libssl-dev pkg-config)
+# the containerd snapshots API that lamina-snapshotter generates at build time.
+BUILD_PACKAGES=(protobuf-compiler libprotobuf-dev pkg-config)
 
 # Installs the Debian packages named that are not installed yet. apt-get update runs
 # only when something is missing, so a prepared machine pays nothing.
