@@ -248,3 +248,75 @@ fn fifo_at(path: &std::path::Path) {
     let mode = rustix::fs::Mode::from_raw_mode(0o600);
     rustix::fs::mknodat(rustix::fs::CWD, path, rustix::fs::FileType::Fifo, mode, 0).unwrap();
 }
+
+/// A byte changed in a classic layer's tree — what every classic container of the image
+/// runs — is found by `check --verify`, which names the layer and the file; so is a file
+/// planted in a layer. Plain `check` does not read layer files, and `--repair` leaves
+/// the layer (only a new import makes it again).
+#[test]
+fn check_verify_names_a_layer_file_changed_or_planted() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = sample_image(&fs.path().join("img")).references()[0].clone();
+    let rootfs = lamina.create_with(&["--strategy", "classic"], &image, "a");
+    let clean = lamina.run(&["check", "--verify"]).json();
+    assert_eq!(clean["ok"], true, "{clean}");
+    let covered = &clean["verified_layers"];
+    assert_eq!(covered["layers"], 2, "{clean}");
+    assert_eq!(covered["unlisted_layers"], 0, "{clean}");
+    assert!(covered["files"].as_u64().unwrap() >= 2, "{clean}");
+
+    let busybox = fs::read_dir(lamina.store.join("layers"))
+        .unwrap()
+        .map(|layer| layer.unwrap().path().join("diff/bin/busybox"))
+        .find(|path| path.is_file())
+        .unwrap();
+    let layer = busybox
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap();
+    let chain = layer.file_name().unwrap().to_str().unwrap().to_string();
+    let mut bytes = fs::read(&busybox).unwrap();
+    let original = bytes.clone();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    fs::write(&busybox, &bytes).unwrap();
+    let planted = layer.join("diff/etc-ld.so.preload");
+    fs::write(&planted, b"/tmp/evil.so\n").unwrap();
+    assert_eq!(
+        fs::read(rootfs.join("bin/busybox")).unwrap(),
+        bytes,
+        "the container reads the changed layer"
+    );
+
+    assert_eq!(
+        lamina.run(&["check"]).json()["ok"],
+        true,
+        "plain check reads no layer file"
+    );
+    let out = lamina.run(&["check", "--verify", "--repair"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    let report = report_of(&out.stdout);
+    let problems = report["problems"].as_array().unwrap();
+    let named = |path: &std::path::Path, what: &str| {
+        problems.iter().any(|p| {
+            p["kind"] == "bad_layer_file"
+                && p["path"] == path.to_str().unwrap()
+                && p["repaired"] == false
+                && p["detail"].as_str().unwrap().contains(&chain)
+                && p["detail"].as_str().unwrap().contains(what)
+        })
+    };
+    assert!(named(&busybox, "content changed"), "{report}");
+    assert!(named(&planted, "did not have"), "{report}");
+    assert_eq!(problems.len(), 2, "{report}");
+
+    fs::write(&busybox, &original).unwrap();
+    fs::remove_file(&planted).unwrap();
+    assert_eq!(lamina.run(&["check", "--verify"]).json()["ok"], true);
+    lamina.run(&["delete", "a"]);
+}

@@ -215,13 +215,26 @@ impl Store {
                 },
             )?;
         }
+        // Every file's digest, for `check --verify`; hashed after the chown, which does not
+        // change content, and before anything links the files.
+        let list =
+            crate::file_list::FileList::hash(&diff, cancelled).map_err(|e| StoreError::Layer {
+                layer: layer.describe(),
+                message: format!("listing its files: {e}"),
+            })?;
         let staged = self
             .stage_file_objects(&diff, below, cancelled)
             .map_err(|e| StoreError::Layer {
                 layer: layer.describe(),
                 message: format!("storing its files as objects: {e}"),
             })?;
-        self.publish_staged(&staging, &staging_dir, &record, staged.as_ref())?;
+        self.publish_staged(
+            &staging,
+            &staging_dir,
+            &record,
+            staged.as_ref(),
+            list.as_ref(),
+        )?;
         guard.0 = None;
         let (linked, linked_bytes) = staged.map_or((0, 0), |s| (s.linked, s.linked_bytes));
         tracing::info!(
@@ -254,7 +267,7 @@ impl Store {
         };
         let staged_diff = staging.join("diff");
         fs::rename(diff, &staged_diff).map_err(StoreError::io("moving", diff))?;
-        if let Err(e) = self.publish_staged(&staging, &staging_dir, &record, None) {
+        if let Err(e) = self.publish_staged(&staging, &staging_dir, &record, None, None) {
             if let Err(back) = fs::rename(&staged_diff, diff) {
                 // The files are only in the staging directory now: it stays, for the
                 // caller's recovery to move back (a commit's intent names it).
@@ -319,11 +332,17 @@ impl Store {
         staging_dir: &File,
         record: &LayerRecord,
         staged: Option<&file_objects::Staged>,
+        list: Option<&crate::file_list::FileList>,
     ) -> Result<(), StoreError> {
         let manifest = staging.join(file_objects::MANIFEST);
         if let Some(staged) = staged {
             fs::write(&manifest, file_objects::manifest_bytes(&staged.digests))
                 .map_err(StoreError::io("writing", &manifest))?;
+        }
+        let list_path = staging.join(crate::file_list::FILE_LIST);
+        if let Some(list) = list {
+            fs::write(&list_path, list.to_bytes())
+                .map_err(StoreError::io("writing", &list_path))?;
         }
         let record_path = staging.join("layer.json");
         let json = serde_json::to_vec_pretty(record)
@@ -334,7 +353,8 @@ impl Store {
             .map_err(StoreError::errno("writing", &record_path))?;
         let written_back = direct
             && self.write_back_files(&staging.join("diff"))?
-            && (staged.is_none() || self.write_back_file(&manifest)?);
+            && (staged.is_none() || self.write_back_file(&manifest)?)
+            && (list.is_none() || self.write_back_file(&list_path)?);
         if !written_back {
             if !direct {
                 fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;

@@ -12,6 +12,7 @@ mod container_lock;
 mod durable;
 mod error;
 mod file_caps;
+pub mod file_list;
 pub mod file_objects;
 mod import;
 mod layer_links;

@@ -22,7 +22,8 @@ pub struct Problem {
     /// `bad_record`, `orphan_mount`, `rootfs_not_mounted`, `leaked_loop_device`,
     /// `snapshot_missing_layer`, `snapshot_missing_container`, `snapshot_missing_upper`,
     /// `snapshot_missing_parent`, `unfinished_commit`; with `--verify`,
-    /// `bad_composefs_image`, `bad_object`, `missing_object`; `missing_composefs_image`.
+    /// `bad_composefs_image`, `bad_object`, `missing_object`, `bad_layer_file`,
+    /// `bad_file_list`; `missing_composefs_image`.
     pub kind: &'static str,
     pub path: PathBuf,
     pub detail: String,
@@ -36,6 +37,9 @@ pub struct CheckReport {
     pub ok: bool,
     pub problems: Vec<Problem>,
     pub message: String,
+    /// With `--verify`: what the layers' re-hash covered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verified_layers: Option<crate::gc::layer_verify::LayersVerified>,
 }
 
 /// Checks the store; with `repair`, fixes what is safe to fix. Holds the clean lock while
@@ -50,7 +54,8 @@ pub fn check(
 }
 
 /// [`check`], and with `verify`, every composefs metadata image and object re-hashed
-/// (`composefs_verify.rs`): slow, it reads every byte of them.
+/// (`composefs_verify.rs`) and every layer's files against the list its import wrote
+/// (`layer_verify.rs`): slow, it reads every byte of them.
 pub fn check_verified(
     store: &Store,
     mounter: &dyn Mounter,
@@ -298,13 +303,26 @@ pub fn check_verified(
         }
     }
 
+    let mut verified_layers = None;
     if verify {
         // Read under the layers lock taken shared, as a create holds it: no clean removes
-        // an image or object while it is read.
-        let damages = {
+        // a layer, image or object while it is read.
+        let (damages, layers) = {
             let _layers = store.use_layers()?;
-            crate::gc::composefs_verify::verify(store)?
+            (
+                crate::gc::composefs_verify::verify(store)?,
+                crate::gc::layer_verify::verify(store)?,
+            )
         };
+        let (covered, layer_damage) = layers;
+        verified_layers = Some(covered);
+        // Not repaired: containers may run the layer's files, and only a new import
+        // makes it again (what the detail says to do).
+        for damage in layer_damage {
+            findings
+                .problems
+                .push(found(damage.kind, &damage.path, &damage.detail));
+        }
         let in_use_at_scan = composefs_in_use(store, &scan);
         for damage in damages {
             let problem = found(damage.kind, &damage.path, &damage.detail);
@@ -374,6 +392,7 @@ pub fn check_verified(
         ok: left == 0,
         problems,
         message,
+        verified_layers,
     })
 }
 

@@ -6,3 +6,4 @@ pub mod clean;
 pub(crate) mod collect;
 pub(crate) mod composefs_collect;
 pub(crate) mod composefs_verify;
+pub(crate) mod layer_verify;
