@@ -1,7 +1,9 @@
 //! Import: one large layer, gzip and zstd, unpacked by lamina against GNU `tar -x` and
 //! `umoci unpack` of the same blob, into fresh directories on the same filesystem.
 //! lamina's row is its checked unpack (every entry resolved beneath the root with
-//! openat2); the "store import" row adds digest verification, syncfs and publishing.
+//! openat2); "unpack + file list" adds hashing every file for `check --verify` (what an
+//! import now does); the "store import" row is the whole import: digest verification,
+//! unpack, file list, syncfs and publishing.
 
 use std::fs;
 use std::path::Path;
@@ -43,7 +45,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 .join(blob_digest.hex());
             let blob_mb = fs::metadata(&blob).unwrap().len() >> 20;
             let out = rig.scratch("out");
-            let tools: [(&str, Extractor); 4] = [
+            let tools: [(&str, Extractor); 5] = [
                 (
                     "GNU tar -x",
                     Box::new(|d: &Path| gnu_tar(&blob, compression, d)),
@@ -57,6 +59,20 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                                 .unwrap();
                         lamina_unpack::unpack(decoded, d).unwrap();
                         true
+                    }),
+                ),
+                (
+                    "lamina unpack + file list",
+                    Box::new(|d: &Path| {
+                        let file = fs::File::open(&blob).unwrap();
+                        let decoded =
+                            lamina_image::compression::decoder(file, Some(compression), "bench")
+                                .unwrap();
+                        lamina_unpack::unpack(decoded, d).unwrap();
+                        let never = std::sync::atomic::AtomicBool::new(false);
+                        lamina_store::file_list::FileList::hash(d, &never)
+                            .unwrap()
+                            .is_some()
                     }),
                 ),
                 (
