@@ -340,3 +340,58 @@ fn deletes_while_a_reaper_lingers_start_none_and_it_reaps_them() {
     assert_eq!(reaped["removed"], ids.len(), "{reaped}");
     assert!(mounts_under(&lamina.store.join("trash")).is_empty());
 }
+
+/// A lingering reaper that finds a deferred delete's container still held by that delete
+/// (held 1 s by a pause point just after the rename into `trash/`) comes back for it: the
+/// delete, finding the reaper running, starts none, and the container is still torn down.
+#[test]
+fn a_container_held_when_the_lingering_reaper_looked_is_reaped_once_let_go() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let lamina = Lamina::init(&fs.path().join("store"));
+    let image = sample_image(&fs.path().join("sample")).references()[0].clone();
+    lamina.run(&["create", "--strategy", "deferred", &image, "held"]);
+    let reaper = lamina
+        .command(&["reap", "--linger-ms", "4000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reaper_lock = lamina.store.join("locks/reaper.lock");
+    lamina_integration::wait_until("the reaper to hold its lock", || {
+        std::process::Command::new("flock")
+            .args(["--nonblock", "--conflict-exit-code", "9"])
+            .arg(&reaper_lock)
+            .arg("true")
+            .status()
+            .unwrap()
+            .code()
+            == Some(9)
+    });
+    let log = fs.path().join("delete.log");
+    let delete = std::process::Command::new(lamina_integration::lamina::binary())
+        .arg("--store")
+        .arg(&lamina.store)
+        .args(["--log-level", "debug", "--log-file"])
+        .arg(&log)
+        .args(["delete", "held"])
+        .env("LAMINA_PAUSE_AT", "delete-trashed")
+        .env("LAMINA_PAUSE_SECS", "1")
+        .output()
+        .unwrap();
+    assert!(delete.status.success(), "{delete:?}");
+    assert!(
+        !std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("started background work"),
+        "the delete found the reaper running"
+    );
+    let reaper = reaper.wait_with_output().unwrap();
+    let reaped: serde_json::Value = serde_json::from_slice(&reaper.stdout).unwrap();
+    assert_eq!(reaped["removed"], 1, "{reaped}");
+    assert_eq!(
+        std::fs::read_dir(lamina.store.join("trash")).unwrap().count(),
+        0
+    );
+    assert!(mounts_under(&lamina.store.join("trash")).is_empty());
+}

@@ -37,9 +37,10 @@ pub use lifecycle::attach::{
     UpperToCommit, attach, commit_upper, create_empty, refuse_upper_in_use, upper_to_commit,
 };
 pub use lifecycle::create::{Created, FollowUp, Layers, StoredLayers, create, create_from};
-pub use lifecycle::delete::{Deleted, Reaped, delete, reap, reap_lingering, reaper_running};
+pub use lifecycle::delete::{Deleted, delete};
 pub use lifecycle::delete_store::delete_store;
 pub use lifecycle::init_store::init_store;
+pub use lifecycle::reap::{Reaped, reap, reap_lingering, reaper_running};
 pub use lifecycle::remount::{mount, unmount};
 pub use lifecycle::stats::{DiskUsage, Stats, Walked, Written, stats, written};
 pub use model::record::{Container, RootfsRecord, UpperFsRecord};

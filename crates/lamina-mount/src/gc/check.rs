@@ -12,7 +12,7 @@ use lamina_store::{LayerRecord, Store, StoreError};
 use lamina_sys::Mounter;
 use serde::Serialize;
 
-use crate::{RootfsError, gc::clean, lifecycle::delete};
+use crate::{RootfsError, gc::clean};
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -102,7 +102,7 @@ pub fn check_verified(
             // Repaired only if it is gone afterwards: the reaper logs and leaves what it
             // cannot remove (a busy rootfs, an immutable file), and reports no error.
             findings.fix(problem, &|| {
-                delete::reap(store, mounter)?;
+                crate::reap(store, mounter)?;
                 if dir.exists() {
                     return Err(StoreError::io("tearing down", dir)(std::io::Error::other(
                         "the reaper could not remove it (busy, or a file it may not delete); it stays queued",

@@ -11,9 +11,7 @@ use lamina_sys::Mounter;
 use serde::Serialize;
 
 use crate::uppers::remove_unmounted;
-use crate::{
-    RootfsError, gc::collect, lifecycle::delete, providers::pooled::pool, providers::shared_ro,
-};
+use crate::{RootfsError, gc::collect, providers::pooled::pool, providers::shared_ro};
 
 /// What `clean` found, finished and removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -78,7 +76,7 @@ pub fn clean(
         threshold_bytes,
         ..CleanReport::default()
     };
-    let reaped = delete::reap(store, mounter)?;
+    let reaped = crate::reap(store, mounter)?;
     report.reaped = reaped.removed;
     report.reap_failed = reaped.failed;
     report.bad_records = unreadable_records(store)?;

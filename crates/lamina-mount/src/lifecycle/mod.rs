@@ -7,5 +7,6 @@ pub mod delete;
 pub mod delete_store;
 pub mod init_store;
 pub(crate) mod one_step;
+pub mod reap;
 pub mod remount;
 pub mod stats;

@@ -1,0 +1,220 @@
+//! The reaper: what a deferred delete leaves in `trash/`, torn down one container at a
+//! time per store, so parallel deletes never queue on the same upper filesystem's sync,
+//! and after unlinking each container's written files through its mount, so their dirty
+//! pages are dropped instead of written back.
+//!
+//! One reaper runs per store (the `reaper` lock). A reaper a delete starts lingers a
+//! while after `trash/` is empty, and a deferred delete that finds one running starts
+//! none: a burst of deletes pays one process start, not one each.
+//!
+//! Invariant: a container renamed into `trash/` before a delete found the reaper lock
+//! held is torn down by that holder (or a reaper after it). The delete lets go of the
+//! container's lock before it looks at the reaper's, and the holder, after it lets go of
+//! its own lock, looks at `trash/` once more and takes the lock back for any container
+//! no one holds that it has not failed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lamina_store::{Store, StoreError};
+use lamina_sys::Mounter;
+
+use crate::model::record::{self, Container};
+use crate::{RootfsError, uppers::isolated};
+
+/// What a reaper did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Reaped {
+    pub removed: usize,
+    /// Left in `trash/` for the next reaper (busy, or an error that was logged).
+    pub failed: usize,
+}
+
+/// How often a lingering reaper looks for more trash.
+const LINGER_POLL: Duration = Duration::from_millis(10);
+
+/// How long after a container's teardown failed (a busy rootfs) the same reaper tries it
+/// again.
+const RETRY_FAILED: Duration = Duration::from_secs(1);
+
+/// Longest a reaper keeps its lock while deletes keep coming: then it lets go for
+/// [`YIELD`], so a `clean`, `check --repair` or `delete-store` waiting for it gets a turn.
+const MAX_HOLD: Duration = Duration::from_secs(5);
+const YIELD: Duration = Duration::from_millis(50);
+
+/// Tears down everything in `trash/` no one else holds. A second reaper waits for the
+/// first, then finds what is left (usually nothing).
+pub fn reap(store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError> {
+    reap_lingering(store, mounter, Duration::ZERO)
+}
+
+/// [`reap`], then, still the store's reaper, looking for more trash (every 10 ms) until
+/// none came for `linger` (see the module's invariant).
+pub fn reap_lingering(
+    store: &Store,
+    mounter: &dyn Mounter,
+    linger: Duration,
+) -> Result<Reaped, RootfsError> {
+    let mut reaped = Reaped::default();
+    // Containers whose teardown failed, and when to try each again.
+    let mut failed: HashMap<PathBuf, Instant> = HashMap::new();
+    let mut lock = Some(store.lock("reaper")?);
+    while lock.is_some() {
+        let held_since = Instant::now();
+        let mut quiet_since = held_since;
+        loop {
+            if drain(store, mounter, &mut failed, &mut reaped)? {
+                quiet_since = Instant::now();
+            }
+            if quiet_since.elapsed() >= linger || held_since.elapsed() >= MAX_HOLD {
+                break;
+            }
+            std::thread::sleep(LINGER_POLL);
+        }
+        store.pause_point("reaper-letting-go");
+        let yielding = held_since.elapsed() >= MAX_HOLD;
+        lock = None;
+        if yielding {
+            std::thread::sleep(YIELD);
+        }
+        if claimable(store, &failed)? {
+            // None: another reaper, or a clean, took the lock and the container with it.
+            lock = store.try_lock("reaper")?;
+        }
+    }
+    reaped.failed = failed.keys().filter(|dir| dir.exists()).count();
+    Ok(reaped)
+}
+
+/// Whether a reaper holds the store's reaper lock: a deferred delete then leaves its
+/// container to it (see the module's invariant) instead of starting another. An
+/// unanswerable lock says no, so a reaper is started.
+pub fn reaper_running(store: &Store) -> bool {
+    matches!(store.try_lock("reaper"), Ok(None))
+}
+
+/// Containers in `trash/` this reaper may try now: not failed, or failed long enough ago.
+fn due(store: &Store, failed: &HashMap<PathBuf, Instant>) -> Result<Vec<PathBuf>, RootfsError> {
+    let now = Instant::now();
+    Ok(store
+        .trash_entries()?
+        .into_iter()
+        .filter(|dir| failed.get(dir).is_none_or(|again| *again <= now))
+        .collect())
+}
+
+/// Whether a container this reaper has not failed is in `trash/` with no one holding it.
+fn claimable(store: &Store, failed: &HashMap<PathBuf, Instant>) -> Result<bool, RootfsError> {
+    Ok(store
+        .trash_entries()?
+        .iter()
+        .filter(|dir| !failed.contains_key(*dir))
+        .any(|dir| matches!(store.try_lock_dir(dir), Ok(Some(_)))))
+}
+
+/// Tears down every container due in `trash/` that no one holds, until a pass finds none;
+/// returns whether it tried any. One held (an inline delete removing its own, a deferred
+/// delete between its rename and its return) is left for a later pass.
+fn drain(
+    store: &Store,
+    mounter: &dyn Mounter,
+    failed: &mut HashMap<PathBuf, Instant>,
+    reaped: &mut Reaped,
+) -> Result<bool, RootfsError> {
+    let mut tried_any = false;
+    loop {
+        let pending = due(store, failed)?;
+        if pending.is_empty() {
+            return Ok(tried_any);
+        }
+        // One read of the mount table per pass, not one per container: with a thousand
+        // binds mounted, each read costs about a millisecond. Listed after `pending`, so
+        // it includes every pending container's mounts (renames carry mounts along).
+        let mounted = mounter.mounts_under(&store.layout().trash())?;
+        let mut held = Vec::new();
+        for dir in pending {
+            // Held while it is judged, torn down and removed: not anyone else's to touch
+            // meanwhile (both removing one tree fails one of them with ENOENT).
+            let lock = match store.try_lock_dir(&dir) {
+                Ok(Some(lock)) => lock,
+                Ok(None) => continue,
+                Err(e) => {
+                    // Said, and tried again later: skipped silently, it would stay in
+                    // trash for ever.
+                    tracing::warn!(dir = %dir.display(), error = %e, "reaper left a container in trash");
+                    failed.insert(dir, Instant::now() + RETRY_FAILED);
+                    continue;
+                }
+            };
+            let record = record::read_in(store, &dir).unwrap_or(None);
+            let mounts: Vec<PathBuf> = mounted
+                .iter()
+                .filter(|m| m.starts_with(&dir))
+                .cloned()
+                .collect();
+            held.push((dir, record, mounts, lock));
+        }
+        if held.is_empty() {
+            return Ok(tried_any);
+        }
+        tried_any = true;
+        // Discard every pending container's written data before the first unmount:
+        // each unmount syncs the whole upper filesystem, so one container's unmount
+        // would otherwise write back the data of every container still waiting here.
+        for (dir, record, mounts, _) in &held {
+            discard(dir, record.as_ref(), mounts);
+        }
+        for (dir, record, mounts, _lock) in held {
+            match teardown(store, mounter, &dir, record, mounts) {
+                Ok(()) => {
+                    reaped.removed += 1;
+                    failed.remove(&dir);
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "reaper left a container in trash");
+                    failed.insert(dir, Instant::now() + RETRY_FAILED);
+                }
+            }
+        }
+    }
+}
+
+/// Unlinks a trashed read-write overlay's written files through its mount, so its
+/// unmount — and every other unmount on the same upper filesystem — has nothing of it
+/// to write back. Anything else (read-only binds, unmounted dirs) is left alone.
+fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
+    let Some(container) = container.filter(|c| c.rootfs.mounted) else {
+        return;
+    };
+    // Read-only, or a tmpfs upper that is never written back: nothing to save.
+    if !container.model().writes_back() {
+        return;
+    }
+    let dirs = container.dirs_in(dir.to_path_buf());
+    if mounts.contains(&dirs.rootfs) {
+        let discarded = lamina_sys::unlink_written(&dirs.upper, &dirs.rootfs);
+        tracing::debug!(dir = %dir.display(), discarded, "unlinked written files before unmount");
+    }
+}
+
+/// Unmounts `mounts` (what is mounted in container directory `dir`, deepest first),
+/// removes the directory, and drops the shared-mount lease its `record` names.
+fn teardown(
+    store: &Store,
+    mounter: &dyn Mounter,
+    dir: &Path,
+    container: Option<Container>,
+    mounts: Vec<PathBuf>,
+) -> Result<(), RootfsError> {
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    for mount in mounts {
+        mounter
+            .unmount(&mount)
+            .map_err(|e| RootfsError::unmounting(&name, e))?;
+    }
+    isolated::delete_subvolume_in(mounter, dir)?;
+    lamina_store::remove_tree(dir).map_err(StoreError::io("removing", dir))?;
+    crate::providers::release(store, mounter, container.as_ref())?;
+    Ok(())
+}
