@@ -379,6 +379,9 @@ fn a_rootfs_tar_rewritten_in_place_is_named_by_its_new_content() {
         .unwrap()
     };
     write(b"first");
+    // A tar written this recently is hashed on every create, not remembered: coarse
+    // timestamps could hide a second write (lamina_image's tar_memo).
+    std::thread::sleep(lamina_image::TAR_SETTLED + std::time::Duration::from_millis(100));
     let lamina = Lamina::init(&fs.path().join("store"));
     let tar_arg = tar.display().to_string();
     lamina.run(&["create", &tar_arg, "one"]);
@@ -387,6 +390,27 @@ fn a_rootfs_tar_rewritten_in_place_is_named_by_its_new_content() {
     assert_eq!(memos.count(), 1, "one memo for one tar path");
     let greeting = |id: &str| std::fs::read(lamina.rootfs(id).join("greeting")).unwrap();
     assert_eq!(greeting("two"), b"first");
+
+    // A memo that names other content (as a write the identity could not show would
+    // leave it): the import's digest check refuses the tar, the failed create forgets
+    // the memo, and the next create hashes the tar again.
+    let memo_path = std::fs::read_dir(fs.path().join("store/run/tar-digests"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut memo: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&memo_path).unwrap()).unwrap();
+    memo["diff_id"] = lamina_image::Digest::of(b"other content").to_string().into();
+    std::fs::write(&memo_path, serde_json::to_vec(&memo).unwrap()).unwrap();
+    let refused = lamina.run(&["create", &tar_arg, "stale"]);
+    assert_ne!(refused.code, 0, "{refused:?}");
+    assert!(refused.stdout.contains("diffID"), "{refused:?}");
+    assert!(!memo_path.exists(), "the failed create forgot the memo");
+    lamina.run(&["create", &tar_arg, "again"]);
+    assert_eq!(greeting("again"), b"first");
+    lamina.run(&["delete", "again"]);
 
     let mtime = std::fs::metadata(&tar).unwrap().modified().unwrap();
     write(b"other");

@@ -24,7 +24,7 @@ pub use oci::pick_platform;
 pub use platform::Platform;
 pub use reference::ImageRef;
 pub use spec::ImageConfig;
-pub use tar_memo::{FileIdentity, NoMemo, TarMemo};
+pub use tar_memo::{FileIdentity, NoMemo, SETTLED as TAR_SETTLED, TarMemo};
 
 /// `s` as lamina prints any string that came from an image or a registry (a media type,
 /// an annotation, a tag, a digest that failed to parse, a platform): control characters

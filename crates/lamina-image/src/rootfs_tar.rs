@@ -14,6 +14,16 @@ use crate::{Digest, HashingReader, Image, ImageConfig, ImageError, LayerBlob};
 /// content: past that it is refused as a decompression bomb, as the import would. A digest
 /// `memo` remembers for the file as it is now is taken without reading the tar.
 pub fn resolve(path: &Path, max_layer_bytes: u64, memo: &dyn TarMemo) -> Result<Image, ImageError> {
+    resolve_at(path, max_layer_bytes, memo, std::time::SystemTime::now())
+}
+
+/// [`resolve`], judging whether the tar has settled against `now`.
+fn resolve_at(
+    path: &Path,
+    max_layer_bytes: u64,
+    memo: &dyn TarMemo,
+    now: std::time::SystemTime,
+) -> Result<Image, ImageError> {
     let fail = |e: std::io::Error| ImageError::new(format!("reading {}: {e}", path.display()));
     if !path.is_file() {
         return Err(ImageError::new(format!("{} is not a file", path.display())));
@@ -23,11 +33,15 @@ pub fn resolve(path: &Path, max_layer_bytes: u64, memo: &dyn TarMemo) -> Result<
     let diff_id = match memo.recall(path, &identity) {
         Some(diff_id) => diff_id,
         None => {
-            let diff_id = hash(file, path, max_layer_bytes)?;
-            // A tar written to while it was hashed is not remembered: its digest may be of
-            // neither version.
-            let now = File::open(path).and_then(|file| FileIdentity::of(&file));
-            if now.is_ok_and(|now| now == identity) {
+            let hashed = file.try_clone().map_err(fail)?;
+            let diff_id = hash(hashed, path, max_layer_bytes)?;
+            // Remembered only for a file that did not change while it was hashed (its
+            // descriptor and its path both still describe it; the path is not opened
+            // again, so nothing swapped in there is read) and that was last written
+            // long enough before (see `FileIdentity::settled`).
+            let unchanged = FileIdentity::of(&file).is_ok_and(|now| now == identity)
+                && std::fs::metadata(path).is_ok_and(|m| FileIdentity::from(&m) == identity);
+            if unchanged && identity.settled(now) {
                 memo.remember(path, &identity, &diff_id);
             }
             diff_id
@@ -75,7 +89,7 @@ fn hash(file: File, path: &Path, max_layer_bytes: u64) -> Result<Digest, ImageEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tar_memo::NoMemo;
+    use crate::tar_memo::{NoMemo, SETTLED};
 
     #[test]
     fn the_naming_pass_stops_at_the_layer_limit() {
@@ -111,6 +125,10 @@ mod tests {
         fn remember(&self, _: &Path, identity: &FileIdentity, diff_id: &Digest) {
             *self.kept.borrow_mut() = Some((identity.clone(), diff_id.clone()));
         }
+
+        fn forget(&self, _: &Path) {
+            *self.kept.borrow_mut() = None;
+        }
     }
 
     #[test]
@@ -119,7 +137,7 @@ mod tests {
         let path = dir.path().join("rootfs.tar");
         std::fs::write(&path, b"first content").unwrap();
         let memo = Remembered::default();
-        let first = resolve(&path, u64::MAX, &memo).unwrap().layers[0]
+        let first = resolve_at(&path, u64::MAX, &memo, later()).unwrap().layers[0]
             .diff_id
             .clone();
         assert_eq!(first, Digest::of(b"first content"));
@@ -129,7 +147,7 @@ mod tests {
         let planted = Digest::of(b"planted");
         memo.kept.borrow_mut().as_mut().unwrap().1 = planted.clone();
         assert_eq!(
-            resolve(&path, u64::MAX, &memo).unwrap().layers[0].diff_id,
+            resolve_at(&path, u64::MAX, &memo, later()).unwrap().layers[0].diff_id,
             planted
         );
         assert_eq!(memo.recalled.get(), 1);
@@ -145,10 +163,30 @@ mod tests {
             .set_modified(mtime)
             .unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), mtime);
-        let again = resolve(&path, u64::MAX, &memo).unwrap().layers[0]
+        let again = resolve_at(&path, u64::MAX, &memo, later()).unwrap().layers[0]
             .diff_id
             .clone();
         assert_eq!(again, Digest::of(b"other content"));
         assert_eq!(memo.recalled.get(), 1);
+    }
+
+    /// A moment long after any write the tests make: every tar has settled by then.
+    fn later() -> std::time::SystemTime {
+        std::time::SystemTime::now() + std::time::Duration::from_secs(60)
+    }
+
+    #[test]
+    fn a_tar_written_just_now_is_hashed_every_time_not_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rootfs.tar");
+        std::fs::write(&path, b"fresh").unwrap();
+        let memo = Remembered::default();
+        resolve(&path, u64::MAX, &memo).unwrap();
+        assert!(
+            memo.kept.borrow().is_none(),
+            "a tar written within {SETTLED:?}"
+        );
+        resolve_at(&path, u64::MAX, &memo, later()).unwrap();
+        assert!(memo.kept.borrow().is_some());
     }
 }

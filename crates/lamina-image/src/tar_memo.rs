@@ -6,10 +6,22 @@
 //! modification and the change time to the nanosecond. Writing to the file moves its
 //! change time, and so does setting its modification time back; only setting the system
 //! clock could forge a match, which takes the privilege to rewrite the tar anyway.
+//!
+//! What the identity cannot see, and how it is handled:
+//! - two writes within one tick of a coarse clock (before Linux 6.13 the change time
+//!   moves in jiffies; some filesystems keep whole seconds): a tar written less than
+//!   [`SETTLED`] before it was hashed is not remembered;
+//! - writes through a shared mapping move the times only on the first write to a page
+//!   after it was written back, and a filesystem over the network or FUSE may report
+//!   cached times: a tar changed that way can be named by its earlier content. Garden's
+//!   rootfs tars are installed as files and replaced, not edited in place; a create that
+//!   fails on a tar forgets its memo, so an import's digest check refusing the tar is never
+//!   repeated.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -25,16 +37,42 @@ pub struct FileIdentity {
     pub ctime: (i64, i64),
 }
 
+/// How long before it is hashed a tar must have been last written for its digest to be
+/// remembered: longer than any filesystem's timestamp tick.
+pub const SETTLED: Duration = Duration::from_secs(2);
+
 impl FileIdentity {
     pub fn of(file: &File) -> std::io::Result<Self> {
-        let meta = file.metadata()?;
-        Ok(Self {
+        Ok(Self::from(&file.metadata()?))
+    }
+
+    /// Whether both times are at least [`SETTLED`] before `now`: a write after this
+    /// identity was taken then moves one of them.
+    pub fn settled(&self, now: SystemTime) -> bool {
+        let Some(horizon) = now
+            .duration_since(UNIX_EPOCH)
+            .ok()
+            .and_then(|d| d.checked_sub(SETTLED))
+        else {
+            return false;
+        };
+        let before = |(secs, nanos): (i64, i64)| {
+            u64::try_from(secs)
+                .is_ok_and(|secs| Duration::new(secs, u32::try_from(nanos).unwrap_or(0)) < horizon)
+        };
+        before(self.mtime) && before(self.ctime)
+    }
+}
+
+impl From<&std::fs::Metadata> for FileIdentity {
+    fn from(meta: &std::fs::Metadata) -> Self {
+        Self {
             dev: meta.dev(),
             ino: meta.ino(),
             size: meta.size(),
             mtime: (meta.mtime(), meta.mtime_nsec()),
             ctime: (meta.ctime(), meta.ctime_nsec()),
-        })
+        }
     }
 }
 
@@ -45,6 +83,8 @@ pub trait TarMemo {
     /// Keeps `diff_id` for `path` as it is at `identity`. Best effort: a memo that cannot be
     /// written costs the next call a hash, nothing else.
     fn remember(&self, path: &Path, identity: &FileIdentity, diff_id: &Digest);
+    /// Drops what is remembered for `path` (a create from it failed).
+    fn forget(&self, path: &Path);
 }
 
 /// Remembers nothing: every resolve hashes the tar.
@@ -57,4 +97,6 @@ impl TarMemo for NoMemo {
     }
 
     fn remember(&self, _: &Path, _: &FileIdentity, _: &Digest) {}
+
+    fn forget(&self, _: &Path) {}
 }

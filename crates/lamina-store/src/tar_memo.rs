@@ -8,6 +8,7 @@
 
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use lamina_image::{Digest, FileIdentity, TarMemo};
@@ -54,7 +55,15 @@ impl TarMemo for Store {
         };
         let target = self.tar_memo_path(path);
         let written = (|| -> std::io::Result<()> {
-            crate::create_private_dir(target.parent().unwrap_or(self.root()))?;
+            // Only the last directory is made: a store deleted meanwhile (`run/` gone) is
+            // not made again by a memo.
+            match std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(target.parent().unwrap_or(self.root()))
+            {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
             // Written beside the target and renamed over it: a reader sees a whole memo
             // or the previous one. The process ID keeps concurrent creates apart.
             let tmp = target.with_extension(format!("tmp.{}", std::process::id()));
@@ -73,5 +82,9 @@ impl TarMemo for Store {
         if let Err(e) = written {
             tracing::debug!("not remembering the digest of {}: {e}", path.display());
         }
+    }
+
+    fn forget(&self, path: &Path) {
+        let _ = std::fs::remove_file(self.tar_memo_path(path));
     }
 }
