@@ -251,8 +251,8 @@ fn fifo_at(path: &std::path::Path) {
 
 /// A byte changed in a classic layer's tree — what every classic container of the image
 /// runs — is found by `check --verify`, which names the layer and the file; so is a file
-/// planted in a layer. Plain `check` does not read layer files, and `--repair` leaves
-/// the layer (only a new import makes it again).
+/// planted in a layer, and a list removed to hide an edit. Plain `check` does not read
+/// layer files, and `--repair` leaves the layer (only a new import makes it again).
 #[test]
 fn check_verify_names_a_layer_file_changed_or_planted() {
     require_root();
@@ -265,7 +265,7 @@ fn check_verify_names_a_layer_file_changed_or_planted() {
     let covered = &clean["verified_layers"];
     assert_eq!(covered["layers"], 2, "{clean}");
     assert_eq!(covered["unlisted_layers"], 0, "{clean}");
-    assert!(covered["files"].as_u64().unwrap() >= 2, "{clean}");
+    assert!(covered["entries"].as_u64().unwrap() >= 2, "{clean}");
 
     let busybox = fs::read_dir(lamina.store.join("layers"))
         .unwrap()
@@ -317,6 +317,19 @@ fn check_verify_names_a_layer_file_changed_or_planted() {
 
     fs::write(&busybox, &original).unwrap();
     fs::remove_file(&planted).unwrap();
+    assert_eq!(lamina.run(&["check", "--verify"]).json()["ok"], true);
+
+    // Removing the list does not hide an edit: the layer's record says it had one.
+    let list = layer.join("file-list");
+    let kept = fs::read(&list).unwrap();
+    fs::remove_file(&list).unwrap();
+    let out = lamina.run(&["check", "--verify"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stdout.contains("bad_file_list") && out.stdout.contains("is gone"),
+        "{out:?}"
+    );
+    fs::write(&list, kept).unwrap();
     assert_eq!(lamina.run(&["check", "--verify"]).json()["ok"], true);
     lamina.run(&["delete", "a"]);
 }

@@ -1,9 +1,10 @@
 //! Import: one large layer, gzip and zstd, unpacked by lamina against GNU `tar -x` and
 //! `umoci unpack` of the same blob, into fresh directories on the same filesystem.
 //! lamina's row is its checked unpack (every entry resolved beneath the root with
-//! openat2); "unpack + file list" adds hashing every file for `check --verify` (what an
-//! import now does); the "store import" row is the whole import: digest verification,
-//! unpack, file list, syncfs and publishing.
+//! openat2); "unpack + file list" adds listing every entry for `check --verify` (what an
+//! import now does: every file read back and hashed, every xattr listed); the "store
+//! import" row is the whole import: digest verification, unpack, file list, syncfs and
+//! publishing.
 
 use std::fs;
 use std::path::Path;
@@ -70,9 +71,16 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                                 .unwrap();
                         lamina_unpack::unpack(decoded, d).unwrap();
                         let never = std::sync::atomic::AtomicBool::new(false);
-                        lamina_store::file_list::FileList::hash(d, &never)
-                            .unwrap()
-                            .is_some()
+                        let list = d.with_extension("file-list");
+                        let listed = lamina_store::file_list::write(
+                            &lamina_sys::RealHost,
+                            d,
+                            &list,
+                            &never,
+                        )
+                        .unwrap();
+                        fs::remove_file(&list).unwrap();
+                        listed
                     }),
                 ),
                 (

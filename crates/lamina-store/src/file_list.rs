@@ -1,29 +1,35 @@
-//! Every regular file of an imported layer with the fs-verity digest of its content
-//! (`layers/<chain-id>/file-list`), written at import beside `layer.json`, so that
-//! `check --verify` can hash a layer's tree again and name each file changed, added or
-//! gone since. Without it a changed byte in a classic layer's tree (`diff/bin/busybox`)
-//! would run in every container of that image and no check would see it.
+//! Every entry of an imported layer — its type, mode, owner, content and xattrs — as it
+//! was when the import verified the layer (`layers/<chain-id>/file-list`, written beside
+//! `layer.json`), so that `check --verify` can read a layer's tree again and name each
+//! entry changed, added or gone since. Without it a changed byte in a classic layer's tree
+//! (`diff/bin/busybox`), a retargeted symlink or an added setuid bit would be in every
+//! container of that image and no check would see it.
 //!
-//! The digest is composefs's object name (SHA-256 fs-verity, 4 KiB blocks), the same
-//! hashing sharing stores use to store each file's content once. Each inode is hashed
-//! once, whatever number of names it has.
+//! Content is named by its fs-verity digest (SHA-256, 4 KiB blocks: composefs's object
+//! name, the hashing sharing stores use to store each file's content once); a symlink's
+//! by the digest of its target, a device by its number; xattrs by one digest of all of
+//! them. Each inode is read once, whatever number of names it has.
 //!
 //! The list is as trustworthy as the store (root's, 0700): it finds damage and edits that
-//! did not also rewrite the list, not an attacker who can write the store.
+//! did not also rewrite the list, not an attacker who can write the store. Its absence is
+//! noticed: `layer.json` says the import wrote one.
 //!
-//! Format: a header line, then one line per file sorted by path: the digest in hex, a
-//! space, the path with every byte outside `!`..`~` and every `%` written as `%XX`.
+//! Format: a header line, then one line per entry in the order walked (the root first,
+//! as `.`): kind (`f` `d` `l` `c` `b` `p` `s`), mode in octal, uid, gid, content (`-`
+//! for none), xattrs (`-` for none), and the path with every byte outside `!`..`~` and
+//! every `%` written as `%XX`, separated by spaces.
 
-use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsStr;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::{self, BufWriter, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use composefs::fsverity::{FsVerityHashValue, FsVerityHasher};
-use rustix::fs::{FileType, OFlags};
+use lamina_sys::{At, HostFs};
+use rustix::fs::{FileType, OFlags, Stat};
 
 use crate::beneath::{Entry, Tree};
 use crate::file_objects::ObjectId;
@@ -31,30 +37,70 @@ use crate::file_objects::ObjectId;
 /// The file beside a layer's `diff/`.
 pub const FILE_LIST: &str = "file-list";
 
-const HEADER: &str = "lamina file list 1";
+const HEADER: &str = "lamina file list 2";
 
-/// Files listed in one layer, and bytes of their paths: past either the layer gets no list
-/// (a tar of a few megabytes can name a million files under a deep directory).
-const MAX_FILES: usize = 1_000_000;
+/// Entries listed in one layer, and bytes of their paths: past either the layer gets no
+/// list (a tar of a few megabytes can name a million files under a deep directory).
+const MAX_ENTRIES: usize = 1_000_000;
 const MAX_PATH_BYTES: usize = 64 << 20;
 
-/// The largest list read: [`MAX_FILES`] digests and [`MAX_PATH_BYTES`] escaped.
-const MAX_LIST_BYTES: u64 = (MAX_FILES as u64) * 66 + 3 * MAX_PATH_BYTES as u64;
+/// The largest list read: [`MAX_ENTRIES`] lines and [`MAX_PATH_BYTES`] escaped.
+const MAX_LIST_BYTES: u64 = (MAX_ENTRIES as u64) * 200 + 3 * MAX_PATH_BYTES as u64;
 
-/// A layer's regular files and their digests, by path.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct FileList {
-    files: BTreeMap<PathBuf, ObjectId>,
+/// What is recorded of one entry, path aside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Listed {
+    kind: char,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    content: String,
+    xattrs: String,
+}
+
+impl Listed {
+    /// Which part of `self` differs from `was`, for a message.
+    fn change_from(&self, was: &Listed) -> Option<&'static str> {
+        if self.kind != was.kind {
+            Some("its type changed")
+        } else if self.content != was.content {
+            Some(match self.kind {
+                'f' => "its content changed",
+                'l' => "its target changed",
+                _ => "its device number changed",
+            })
+        } else if self.mode != was.mode {
+            Some("its mode changed")
+        } else if (self.uid, self.gid) != (was.uid, was.gid) {
+            Some("its owner changed")
+        } else if self.xattrs != was.xattrs {
+            Some("its xattrs changed")
+        } else {
+            None
+        }
+    }
+
+    fn line(&self, path: &Path, out: &mut Vec<u8>) {
+        out.extend_from_slice(
+            format!(
+                "{} {:o} {} {} {} {} ",
+                self.kind, self.mode, self.uid, self.gid, self.content, self.xattrs
+            )
+            .as_bytes(),
+        );
+        escape(path.as_os_str().as_bytes(), out);
+        out.push(b'\n');
+    }
 }
 
 /// How a layer's tree differs from its list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Difference {
-    /// Listed, and its content hashes to something else now.
-    Changed(PathBuf),
-    /// A regular file the list does not name.
+    /// Listed, and not as it was (which part says what).
+    Changed(PathBuf, &'static str),
+    /// An entry the list does not name.
     Added(PathBuf),
-    /// Listed, and no longer a regular file there.
+    /// Listed, and gone.
     Gone(PathBuf),
     /// Part of the tree could not be walked (moved or replaced while it was read).
     Unwalked,
@@ -63,10 +109,20 @@ pub enum Difference {
 impl std::fmt::Display for Difference {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Changed(p) => write!(f, "{}: content changed since import", shown(p)),
-            Self::Added(p) => write!(f, "{}: a file the layer did not have", shown(p)),
-            Self::Gone(p) => write!(f, "{}: gone (or no longer a regular file)", shown(p)),
+            Self::Changed(p, what) => write!(f, "{}: {what} since import", shown(p)),
+            Self::Added(p) => write!(f, "{}: an entry the layer did not have", shown(p)),
+            Self::Gone(p) => write!(f, "{}: gone", shown(p)),
             Self::Unwalked => f.write_str("the tree changed while it was read"),
+        }
+    }
+}
+
+impl Difference {
+    /// The entry it is about, relative to the layer's tree.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Self::Changed(p, _) | Self::Added(p) | Self::Gone(p) => Some(p),
+            Self::Unwalked => None,
         }
     }
 }
@@ -75,73 +131,86 @@ fn shown(path: &Path) -> String {
     lamina_image::shown(&path.display().to_string())
 }
 
-impl FileList {
-    /// Hashes every regular file under `diff`. `None` when the layer is past what is
-    /// listed, or part of it could not be walked; stops when `cancelled`.
-    pub fn hash(diff: &Path, cancelled: &AtomicBool) -> io::Result<Option<FileList>> {
-        let tree = Tree::open(diff)?;
-        let mut list = FileList::default();
-        let mut path_bytes = 0;
-        let mut by_inode = HashMap::new();
-        let walked = tree.walk(|entry| {
-            if entry.kind() != FileType::RegularFile {
-                return Ok(true);
-            }
-            if cancelled.load(Ordering::Relaxed) {
-                return Err(io::Error::other("the import is being given up"));
-            }
-            let rel = entry.rel();
-            path_bytes += rel.as_os_str().len();
-            if list.files.len() >= MAX_FILES || path_bytes > MAX_PATH_BYTES {
-                return Err(io::Error::other(PastBounds));
-            }
-            let key = (entry.stat.st_dev, entry.stat.st_ino);
-            let digest = match by_inode.get(&key) {
-                Some(digest) => Clone::clone(digest),
-                None => {
-                    let digest = hash_entry(&tree, entry)?;
-                    by_inode.insert(key, digest.clone());
-                    digest
-                }
-            };
-            list.files.insert(rel, digest);
-            Ok(true)
-        });
-        match walked {
-            Ok(true) => Ok(Some(list)),
-            Ok(false) => Ok(None),
-            Err(e) if e.get_ref().is_some_and(|inner| inner.is::<PastBounds>()) => {
-                tracing::info!(layer = %diff.display(), "layer past what is listed for check --verify");
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
+/// Lists every entry under `diff` into `out` (created, not synced). `Ok(false)`, and
+/// `out` removed, when the layer is past what is listed or part of it could not be
+/// walked; stops when `cancelled`.
+pub fn write(
+    host: &dyn HostFs,
+    diff: &Path,
+    out: &Path,
+    cancelled: &AtomicBool,
+) -> io::Result<bool> {
+    let written = write_to(host, diff, out, cancelled);
+    if !matches!(written, Ok(true)) {
+        let _ = std::fs::remove_file(out);
     }
+    match written {
+        Err(e) if e.get_ref().is_some_and(|inner| inner.is::<PastBounds>()) => {
+            tracing::info!(layer = %diff.display(), "layer past what is listed for check --verify");
+            Ok(false)
+        }
+        other => other,
+    }
+}
 
+fn write_to(
+    host: &dyn HostFs,
+    diff: &Path,
+    out: &Path,
+    cancelled: &AtomicBool,
+) -> io::Result<bool> {
+    let tree = Tree::open(diff)?;
+    let mut file = BufWriter::new(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(out)?,
+    );
+    file.write_all(HEADER.as_bytes())?;
+    file.write_all(b"\n")?;
+    let mut reader = Reader::new(host);
+    let mut line = Vec::new();
+    let root = reader.root(&tree)?;
+    root.line(Path::new("."), &mut line);
+    let (mut entries, mut path_bytes) = (0, 0);
+    let whole = tree.walk(|entry| {
+        if cancelled.load(Ordering::Relaxed) {
+            return Err(io::Error::other("the import is being given up"));
+        }
+        let rel = entry.rel();
+        entries += 1;
+        path_bytes += rel.as_os_str().len();
+        if entries > MAX_ENTRIES || path_bytes > MAX_PATH_BYTES {
+            return Err(io::Error::other(PastBounds));
+        }
+        reader.entry(&tree, entry)?.line(&rel, &mut line);
+        if line.len() >= 64 << 10 {
+            file.write_all(&line)?;
+            line.clear();
+        }
+        Ok(true)
+    })?;
+    file.write_all(&line)?;
+    file.flush()?;
+    Ok(whole)
+}
+
+/// A layer's list, read back: each path and what was recorded of it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FileList {
+    entries: HashMap<PathBuf, Listed>,
+}
+
+impl FileList {
     pub fn len(&self) -> usize {
-        self.files.len()
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.files.is_empty()
+        self.entries.is_empty()
     }
 
-    /// The list as written beside a layer's `diff/`.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.files.len() * 100);
-        out.extend_from_slice(HEADER.as_bytes());
-        out.push(b'\n');
-        for (path, digest) in &self.files {
-            out.extend_from_slice(digest.to_hex().as_bytes());
-            out.push(b' ');
-            escape(path.as_os_str().as_bytes(), &mut out);
-            out.push(b'\n');
-        }
-        out
-    }
-
-    /// The list of the layer at `layer_dir`: `Ok(None)` when it has none (imported before
-    /// lists were written, a committed containerd snapshot, a layer past the bounds).
+    /// The list of the layer at `layer_dir`: `Ok(None)` when it has none.
     pub fn read(layer_dir: &Path) -> io::Result<Option<FileList>> {
         let path = layer_dir.join(FILE_LIST);
         let file = match crate::open_regular_file(&path) {
@@ -152,66 +221,143 @@ impl FileList {
         let mut bytes = Vec::new();
         file.take(MAX_LIST_BYTES + 1).read_to_end(&mut bytes)?;
         if bytes.len() as u64 > MAX_LIST_BYTES {
-            return Err(io::Error::other(format!("{}: too large", path.display())));
+            return Err(io::Error::other("too large"));
         }
         parse(&bytes)
             .map(Some)
-            .ok_or_else(|| io::Error::other(format!("{}: not a file list", path.display())))
+            .ok_or_else(|| io::Error::other("not a file list"))
     }
 
-    /// How the tree under `diff` differs from this list, each file hashed again.
-    pub fn differences(&self, diff: &Path) -> io::Result<Vec<Difference>> {
+    /// How the tree under `diff` differs from this list, every entry read again.
+    pub fn differences(&self, host: &dyn HostFs, diff: &Path) -> io::Result<Vec<Difference>> {
         let tree = Tree::open(diff)?;
+        let mut reader = Reader::new(host);
         let mut found = Vec::new();
-        let mut seen = 0;
-        let mut by_inode: HashMap<(u64, u64), ObjectId> = HashMap::new();
-        let whole = tree.walk(|entry| {
-            if entry.kind() != FileType::RegularFile {
-                return Ok(true);
-            }
-            let rel = entry.rel();
-            let Some(listed) = self.files.get(&rel) else {
-                found.push(Difference::Added(rel));
-                return Ok(true);
-            };
-            seen += 1;
-            let key = (entry.stat.st_dev, entry.stat.st_ino);
-            let digest = match by_inode.get(&key) {
-                Some(digest) => Clone::clone(digest),
-                None => {
-                    let digest = hash_entry(&tree, entry)?;
-                    by_inode.insert(key, digest.clone());
-                    digest
+        let mut seen = HashSet::new();
+        let mut compare =
+            |rel: PathBuf, now: Listed, found: &mut Vec<Difference>| match self.entries.get(&rel) {
+                None => found.push(Difference::Added(rel)),
+                Some(was) => {
+                    if let Some(what) = now.change_from(was) {
+                        found.push(Difference::Changed(rel.clone(), what));
+                    }
+                    seen.insert(rel);
                 }
             };
-            if digest != *listed {
-                found.push(Difference::Changed(rel));
-            }
+        compare(PathBuf::from("."), reader.root(&tree)?, &mut found);
+        let whole = tree.walk(|entry| {
+            let listed = reader.entry(&tree, entry)?;
+            compare(entry.rel(), listed, &mut found);
             Ok(true)
         })?;
         if !whole {
             found.push(Difference::Unwalked);
         }
-        if seen < self.files.len() {
-            for path in self.files.keys() {
-                let is_file = crate::beneath::pin_at(tree.root(), path)
-                    .is_ok_and(|(_, st)| FileType::from_raw_mode(st.st_mode).is_file());
-                if !is_file {
-                    found.push(Difference::Gone(path.clone()));
-                }
-            }
-        }
+        let mut gone: Vec<_> = self
+            .entries
+            .keys()
+            .filter(|path| !seen.contains(*path))
+            .cloned()
+            .map(Difference::Gone)
+            .collect();
+        gone.sort_by(|a, b| a.path().cmp(&b.path()));
+        found.extend(gone);
         Ok(found)
     }
 }
 
-/// Past [`MAX_FILES`] or [`MAX_PATH_BYTES`].
+/// Reads entries as the list records them, each inode's content and xattrs once.
+struct Reader<'a> {
+    host: &'a dyn HostFs,
+    by_inode: HashMap<(u64, u64), (String, String)>,
+}
+
+impl<'a> Reader<'a> {
+    fn new(host: &'a dyn HostFs) -> Self {
+        Self {
+            host,
+            by_inode: HashMap::new(),
+        }
+    }
+
+    fn root(&mut self, tree: &Tree) -> io::Result<Listed> {
+        let fd = tree.root();
+        let stat = rustix::fs::fstat(fd)?;
+        let xattrs = xattrs_digest(self.host, At::Fd(fd))?;
+        Ok(listed(&stat, "-".into(), xattrs))
+    }
+
+    fn entry(&mut self, tree: &Tree, entry: &Entry<'_>) -> io::Result<Listed> {
+        let stat = entry.stat;
+        let key = (stat.st_dev, stat.st_ino);
+        if let Some((content, xattrs)) = self.by_inode.get(&key) {
+            return Ok(listed(stat, content.clone(), xattrs.clone()));
+        }
+        let content = match entry.kind() {
+            FileType::RegularFile => hash_file(tree, entry)?.to_hex(),
+            FileType::Symlink => {
+                let target = rustix::fs::readlinkat(entry.dir, entry.name, Vec::new())?;
+                FsVerityHasher::<ObjectId, 12>::hash(target.as_bytes()).to_hex()
+            }
+            FileType::CharacterDevice | FileType::BlockDevice => format!("r{}", stat.st_rdev),
+            _ => "-".into(),
+        };
+        let xattrs = xattrs_digest(self.host, At::Child(entry.dir, entry.name))?;
+        if stat.st_nlink > 1 {
+            self.by_inode.insert(key, (content.clone(), xattrs.clone()));
+        }
+        Ok(listed(stat, content, xattrs))
+    }
+}
+
+fn listed(stat: &Stat, content: String, xattrs: String) -> Listed {
+    let kind = match FileType::from_raw_mode(stat.st_mode) {
+        FileType::RegularFile => 'f',
+        FileType::Directory => 'd',
+        FileType::Symlink => 'l',
+        FileType::CharacterDevice => 'c',
+        FileType::BlockDevice => 'b',
+        FileType::Fifo => 'p',
+        FileType::Socket => 's',
+        FileType::Unknown => '?',
+    };
+    Listed {
+        kind,
+        mode: stat.st_mode & 0o7777,
+        uid: stat.st_uid,
+        gid: stat.st_gid,
+        content,
+        xattrs,
+    }
+}
+
+/// One digest of every xattr (name and value, sorted by name), `-` for none.
+fn xattrs_digest(host: &dyn HostFs, at: At<'_>) -> io::Result<String> {
+    let mut names: Vec<OsString> = host.list_xattrs(at)?;
+    if names.is_empty() {
+        return Ok("-".into());
+    }
+    names.sort();
+    let mut all = Vec::new();
+    for name in names {
+        let Some(value) = host.get_xattr(at, &name)? else {
+            continue;
+        };
+        all.extend_from_slice(name.as_bytes());
+        all.push(0);
+        all.extend_from_slice(&(value.len() as u64).to_le_bytes());
+        all.extend_from_slice(&value);
+    }
+    Ok(FsVerityHasher::<ObjectId, 12>::hash(&all).to_hex())
+}
+
+/// Past [`MAX_ENTRIES`] or [`MAX_PATH_BYTES`].
 #[derive(Debug)]
 struct PastBounds;
 
 impl std::fmt::Display for PastBounds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("past the files a layer's list holds")
+        f.write_str("past the entries a layer's list holds")
     }
 }
 
@@ -219,7 +365,7 @@ impl std::error::Error for PastBounds {}
 
 /// The fs-verity digest of the regular file `entry`, opened from the directory the walk
 /// holds without following its name, and checked to be the inode the walk listed.
-fn hash_entry(tree: &Tree, entry: &Entry<'_>) -> io::Result<ObjectId> {
+fn hash_file(tree: &Tree, entry: &Entry<'_>) -> io::Result<ObjectId> {
     let fd = rustix::fs::openat(
         entry.dir,
         entry.name,
@@ -269,21 +415,46 @@ fn parse(bytes: &[u8]) -> Option<FileList> {
     if lines.next()? != HEADER.as_bytes() {
         return None;
     }
-    let mut files = BTreeMap::new();
+    let mut entries = HashMap::new();
     for line in lines {
-        let space = line.iter().position(|&b| b == b' ')?;
-        let digest = ObjectId::from_hex(std::str::from_utf8(&line[..space]).ok()?).ok()?;
-        let path = PathBuf::from(OsStr::from_bytes(&unescape(&line[space + 1..])?));
-        if path.as_os_str().is_empty() || files.insert(path, digest).is_some() {
+        let mut fields = line.splitn(7, |&b| b == b' ');
+        let mut text = || std::str::from_utf8(fields.next()?).ok().map(str::to_string);
+        let kind = text()?;
+        let mode = u32::from_str_radix(&text()?, 8).ok()?;
+        let uid = text()?.parse().ok()?;
+        let gid = text()?.parse().ok()?;
+        let (content, xattrs) = (text()?, text()?);
+        let path = PathBuf::from(OsStr::from_bytes(&unescape(fields.next()?)?));
+        let mut kind_chars = kind.chars();
+        let (Some(kind), None) = (kind_chars.next(), kind_chars.next()) else {
+            return None;
+        };
+        let listed = Listed {
+            kind,
+            mode,
+            uid,
+            gid,
+            content,
+            xattrs,
+        };
+        if path.as_os_str().is_empty() || entries.insert(path, listed).is_some() {
             return None;
         }
     }
-    Some(FileList { files })
+    Some(FileList { entries })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lamina_sys::RealHost;
+
+    fn listed(dir: &Path) -> FileList {
+        let out = dir.join(FILE_LIST);
+        let _ = std::fs::remove_file(&out);
+        assert!(write(&RealHost, &dir.join("diff"), &out, &AtomicBool::new(false)).unwrap());
+        FileList::read(dir).unwrap().unwrap()
+    }
 
     #[test]
     fn a_list_reads_back_as_written_whatever_bytes_its_paths_hold() {
@@ -294,39 +465,47 @@ mod tests {
         std::fs::write(diff.join("odd name%\n\u{7f}"), b"odd").unwrap();
         std::fs::hard_link(diff.join("etc/passwd"), diff.join("linked")).unwrap();
         std::os::unix::fs::symlink("etc/passwd", diff.join("link")).unwrap();
-        let list = FileList::hash(&diff, &AtomicBool::new(false))
-            .unwrap()
-            .unwrap();
-        assert_eq!(list.len(), 3, "regular files only, every name of an inode");
-        std::fs::write(dir.path().join(FILE_LIST), list.to_bytes()).unwrap();
-        let read = FileList::read(dir.path()).unwrap().unwrap();
-        assert_eq!(read, list);
-        assert_eq!(read.differences(&diff).unwrap(), vec![]);
+        let list = listed(dir.path());
+        assert_eq!(
+            list.len(),
+            6,
+            "the root, a directory, three names of files, a link"
+        );
+        assert_eq!(list.differences(&RealHost, &diff).unwrap(), vec![]);
     }
 
     #[test]
-    fn differences_name_each_file_changed_added_and_gone() {
+    fn differences_name_each_entry_changed_added_and_gone() {
         let dir = tempfile::tempdir().unwrap();
         let diff = dir.path().join("diff");
         std::fs::create_dir_all(diff.join("bin")).unwrap();
         std::fs::write(diff.join("bin/busybox"), vec![7u8; 10_000]).unwrap();
         std::fs::write(diff.join("bin/gone"), b"x").unwrap();
-        std::fs::write(diff.join("kept"), b"kept").unwrap();
-        let list = FileList::hash(&diff, &AtomicBool::new(false))
-            .unwrap()
-            .unwrap();
+        std::fs::write(diff.join("bin/su"), b"su").unwrap();
+        std::os::unix::fs::symlink("busybox", diff.join("bin/sh")).unwrap();
+        let list = listed(dir.path());
         let mut changed = vec![7u8; 10_000];
         changed[4321] = 8;
         std::fs::write(diff.join("bin/busybox"), changed).unwrap();
         std::fs::remove_file(diff.join("bin/gone")).unwrap();
         std::fs::write(diff.join("ld.so.preload"), b"/evil.so").unwrap();
-        let mut found = list.differences(&diff).unwrap();
+        std::fs::remove_file(diff.join("bin/sh")).unwrap();
+        std::os::unix::fs::symlink("/tmp/evil", diff.join("bin/sh")).unwrap();
+        let setuid = std::process::Command::new("chmod")
+            .arg("4755")
+            .arg(diff.join("bin/su"))
+            .status()
+            .unwrap();
+        assert!(setuid.success());
+        let mut found = list.differences(&RealHost, &diff).unwrap();
         found.sort_by_key(|d| format!("{d:?}"));
         assert_eq!(
             found,
             vec![
                 Difference::Added(PathBuf::from("ld.so.preload")),
-                Difference::Changed(PathBuf::from("bin/busybox")),
+                Difference::Changed(PathBuf::from("bin/busybox"), "its content changed"),
+                Difference::Changed(PathBuf::from("bin/sh"), "its target changed"),
+                Difference::Changed(PathBuf::from("bin/su"), "its mode changed"),
                 Difference::Gone(PathBuf::from("bin/gone")),
             ]
         );
@@ -335,19 +514,20 @@ mod tests {
     #[test]
     fn a_damaged_list_is_refused_not_believed() {
         let dir = tempfile::tempdir().unwrap();
+        let line = |rest: &str| format!("{HEADER}\n{rest}\n");
         for bad in [
-            &b"not a list\n"[..],
-            b"lamina file list 1\nzz path\n",
-            b"lamina file list 1\n",
+            "not a list\n".to_string(),
+            line("f 644 0 0 - -"),
+            line("ff 644 0 0 - - a"),
+            line("f 999 0 0 - - a"),
+            line("f 644 0 0 - - a\nf 644 0 0 - - a"),
+            line("f 644 0 0 - - %G0"),
         ] {
-            std::fs::write(dir.path().join(FILE_LIST), bad).unwrap();
-            let read = FileList::read(dir.path());
-            if bad == b"lamina file list 1\n" {
-                assert_eq!(read.unwrap().unwrap().len(), 0);
-            } else {
-                assert!(read.is_err(), "{}", String::from_utf8_lossy(bad));
-            }
+            std::fs::write(dir.path().join(FILE_LIST), &bad).unwrap();
+            assert!(FileList::read(dir.path()).is_err(), "{bad}");
         }
+        std::fs::write(dir.path().join(FILE_LIST), line("f 644 0 0 - - a%20b")).unwrap();
+        assert_eq!(FileList::read(dir.path()).unwrap().unwrap().len(), 1);
         assert!(FileList::read(&dir.path().join("none")).unwrap().is_none());
     }
 }

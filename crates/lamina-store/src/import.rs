@@ -40,6 +40,9 @@ pub struct LayerRecord {
     /// lamina counted them.
     #[serde(default)]
     pub overlay_markers: Option<u64>,
+    /// The import wrote `file-list` beside the tree (`file_list.rs`): its absence is damage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub file_list: bool,
 }
 
 impl LayerRecord {
@@ -206,7 +209,7 @@ impl Store {
         fs::create_dir(&diff).map_err(StoreError::io("creating", &diff))?;
 
         let started = std::time::Instant::now();
-        let record = self.unpack_verified(layer, chain_id, &diff, cancelled)?;
+        let mut record = self.unpack_verified(layer, chain_id, &diff, cancelled)?;
         if self.properties.chowns_layers() {
             crate::shift::shift_ownership(&*self.host, &diff, &self.properties.id_map).map_err(
                 |e| StoreError::Layer {
@@ -215,10 +218,11 @@ impl Store {
                 },
             )?;
         }
-        // Every file's digest, for `check --verify`; hashed after the chown, which does not
-        // change content, and before anything links the files.
-        let list =
-            crate::file_list::FileList::hash(&diff, cancelled).map_err(|e| StoreError::Layer {
+        // Every entry as the import verified it, for `check --verify`: after the chown,
+        // before anything links the files (which keeps all that is listed).
+        let list_path = staging.join(crate::file_list::FILE_LIST);
+        record.file_list = crate::file_list::write(&*self.host, &diff, &list_path, cancelled)
+            .map_err(|e| StoreError::Layer {
                 layer: layer.describe(),
                 message: format!("listing its files: {e}"),
             })?;
@@ -228,13 +232,7 @@ impl Store {
                 layer: layer.describe(),
                 message: format!("storing its files as objects: {e}"),
             })?;
-        self.publish_staged(
-            &staging,
-            &staging_dir,
-            &record,
-            staged.as_ref(),
-            list.as_ref(),
-        )?;
+        self.publish_staged(&staging, &staging_dir, &record, staged.as_ref())?;
         guard.0 = None;
         let (linked, linked_bytes) = staged.map_or((0, 0), |s| (s.linked, s.linked_bytes));
         tracing::info!(
@@ -264,10 +262,11 @@ impl Store {
             blob_digest: None,
             size: crate::disk_usage(diff)?,
             overlay_markers: None,
+            file_list: false,
         };
         let staged_diff = staging.join("diff");
         fs::rename(diff, &staged_diff).map_err(StoreError::io("moving", diff))?;
-        if let Err(e) = self.publish_staged(&staging, &staging_dir, &record, None, None) {
+        if let Err(e) = self.publish_staged(&staging, &staging_dir, &record, None) {
             if let Err(back) = fs::rename(&staged_diff, diff) {
                 // The files are only in the staging directory now: it stays, for the
                 // caller's recovery to move back (a commit's intent names it).
@@ -332,7 +331,6 @@ impl Store {
         staging_dir: &File,
         record: &LayerRecord,
         staged: Option<&file_objects::Staged>,
-        list: Option<&crate::file_list::FileList>,
     ) -> Result<(), StoreError> {
         let manifest = staging.join(file_objects::MANIFEST);
         if let Some(staged) = staged {
@@ -340,10 +338,6 @@ impl Store {
                 .map_err(StoreError::io("writing", &manifest))?;
         }
         let list_path = staging.join(crate::file_list::FILE_LIST);
-        if let Some(list) = list {
-            fs::write(&list_path, list.to_bytes())
-                .map_err(StoreError::io("writing", &list_path))?;
-        }
         let record_path = staging.join("layer.json");
         let json = serde_json::to_vec_pretty(record)
             .map_err(|e| StoreError::io("encoding", &record_path)(e.into()))?;
@@ -354,7 +348,7 @@ impl Store {
         let written_back = direct
             && self.write_back_files(&staging.join("diff"))?
             && (staged.is_none() || self.write_back_file(&manifest)?)
-            && (list.is_none() || self.write_back_file(&list_path)?);
+            && (!record.file_list || self.write_back_file(&list_path)?);
         if !written_back {
             if !direct {
                 fs::write(&record_path, json).map_err(StoreError::io("writing", &record_path))?;
@@ -549,6 +543,7 @@ impl Store {
             blob_digest: layer.digest.clone(),
             size,
             overlay_markers: Some(summary.overlay_markers),
+            file_list: false,
         })
     }
 

@@ -306,15 +306,12 @@ pub fn check_verified(
     let mut verified_layers = None;
     if verify {
         // Read under the layers lock taken shared, as a create holds it: no clean removes
-        // a layer, image or object while it is read.
-        let (damages, layers) = {
+        // an image or object while it is read. Layers take it one at a time.
+        let damages = {
             let _layers = store.use_layers()?;
-            (
-                crate::gc::composefs_verify::verify(store)?,
-                crate::gc::layer_verify::verify(store)?,
-            )
+            crate::gc::composefs_verify::verify(store)?
         };
-        let (covered, layer_damage) = layers;
+        let (covered, layer_damage) = crate::gc::layer_verify::verify(store)?;
         verified_layers = Some(covered);
         // Not repaired: containers may run the layer's files, and only a new import
         // makes it again (what the detail says to do).
