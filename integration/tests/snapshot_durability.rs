@@ -745,3 +745,46 @@ fn next_number(snapshotter: &Snapshotter) -> u64 {
     let index = snapshotter.store().snapshots().unwrap();
     index.next_container_number().unwrap()
 }
+
+/// An active's Remove is committed without a sync of its own, so a power cut can bring
+/// its row back. Made here exactly: the database as it was before the Remove, the
+/// container gone as the Remove left it. The start makes the container again like any
+/// other a cut lost, and the Remove containerd's garbage collection sends again (containerd
+/// forgot the snapshot first) takes it away, leaving nothing for `check`.
+#[test]
+fn an_active_whose_removal_a_power_cut_lost_is_made_again_and_removed_again() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let root = fs.path().join("store");
+    let snapshotter = store_with_a_layer(&root);
+    snapshotter
+        .prepare("active", "layer", BTreeMap::new())
+        .unwrap();
+    let removed = container_of(&snapshotter, "active");
+    drop(snapshotter);
+    // Closed, the database is one file (its log checkpointed and removed).
+    let db = root.join("snapshots/metadata.db");
+    let before = fs::read(&db).unwrap();
+
+    let snapshotter = open_snapshotter(&root).unwrap();
+    snapshotter.remove("active").unwrap();
+    drop(snapshotter);
+    Lamina::new(&root).run(&["reap"]);
+    assert!(!root.join("images").join(&removed).exists());
+    for log in ["metadata.db-wal", "metadata.db-shm"] {
+        let _ = fs::remove_file(root.join("snapshots").join(log));
+    }
+    fs::write(&db, before).unwrap();
+
+    let snapshotter = open_snapshotter(&root).unwrap();
+    let again = container_of(&snapshotter, "active");
+    assert!(root.join("images").join(&again).is_dir(), "made again");
+    assert!(!snapshotter.mounts("active").unwrap().is_empty());
+    snapshotter.remove("active").unwrap();
+    assert!(snapshotter.stat("active").is_err());
+    drop(snapshotter);
+    let lamina = Lamina::new(&root);
+    lamina.run(&["reap"]);
+    let check = lamina.run(&["check"]);
+    assert_eq!(check.code, 0, "{check:?}");
+}

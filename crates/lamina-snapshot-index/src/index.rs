@@ -409,22 +409,43 @@ impl SnapshotIndex {
         new_key: &str,
         record: &SnapshotRecord,
     ) -> Result<(), StoreError> {
+        self.unsynced(|tx| replace_rows(tx, old, new_key, record))
+    }
+
+    /// `change` in one transaction committed without syncing the log
+    /// (`synchronous=NORMAL` for it alone); later writes sync every write again.
+    fn unsynced(
+        &mut self,
+        change: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>,
+    ) -> Result<(), StoreError> {
         self.relaxed = true;
         self.conn
             .pragma_update(None, "synchronous", "NORMAL")
             .map_err(|e| sql_error("writing", &self.path, e))?;
-        let replaced = self.transaction(|tx| replace_rows(tx, old, new_key, record));
+        let changed = self.transaction(change);
         // The change is made whatever this says: a failure here is the next write's.
-        // Returned as the commit's, it would fail a commit that happened and leave every
-        // later intent unsynced.
+        // Returned as the change's, it would fail a call that happened and leave every
+        // later write unsynced.
         if let Err(e) = self.sync_every_write() {
             tracing::warn!(error = %e, "could not set the snapshot database to sync every write again: the next write tries first");
         }
-        replaced
+        changed
     }
 
     pub fn remove(&mut self, key: &str) -> Result<(), StoreError> {
         self.write(|tx| {
+            delete(tx, key)?;
+            forget_shape(tx, key)
+        })
+    }
+
+    /// [`SnapshotIndex::remove`], committed without syncing the log: for an active or a
+    /// view, whose row a crash may bring back. containerd has forgotten the snapshot
+    /// before it asks (its garbage collection removes it again from the snapshotter's
+    /// walk), and the daemon's start makes its container again like any other a crash
+    /// lost. The next synced write makes the removal durable with everything before it.
+    pub fn remove_unsynced(&mut self, key: &str) -> Result<(), StoreError> {
+        self.unsynced(|tx| {
             delete(tx, key)?;
             forget_shape(tx, key)
         })

@@ -261,7 +261,14 @@ impl Snapshotter {
             self.refuse_removing_a_rebase_parent(key)?;
         }
         let container = snapshot.container;
-        self.index().remove(key)?;
+        // An active's or a view's row is removed unsynced (one sync less per container
+        // start and stop): a crash that brings it back costs a container made again and
+        // removed again (`SnapshotIndex::remove_unsynced`). A committed one names a layer
+        // that collection may take once the row is gone, so its removal is synced.
+        match snapshot.kind {
+            SnapshotKind::Committed => self.index().remove(key)?,
+            SnapshotKind::Active | SnapshotKind::View => self.index().remove_unsynced(key)?,
+        }
         self.usage_cache.forget(key);
         // A committed snapshot's layer stays until `Cleanup` (or `lamina clean`) finds
         // nothing naming it; an active's container goes now, or to the reaper if its
