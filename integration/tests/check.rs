@@ -331,5 +331,20 @@ fn check_verify_names_a_layer_file_changed_or_planted() {
     );
     fs::write(&list, kept).unwrap();
     assert_eq!(lamina.run(&["check", "--verify"]).json()["ok"], true);
+
+    // A layer whose record names no list (imported by an earlier release) is counted as
+    // not verified, not as damage.
+    let record = layer.join("layer.json");
+    let mut fields: serde_json::Value =
+        serde_json::from_slice(&fs::read(&record).unwrap()).unwrap();
+    assert_eq!(fields["file_list"], true);
+    fields.as_object_mut().unwrap().remove("file_list");
+    fs::write(&record, serde_json::to_vec(&fields).unwrap()).unwrap();
+    let earlier = lamina.run(&["check", "--verify"]).json();
+    assert_eq!(earlier["ok"], true, "{earlier}");
+    assert_eq!(
+        earlier["verified_layers"]["unlisted_layers"], 1,
+        "{earlier}"
+    );
     lamina.run(&["delete", "a"]);
 }

@@ -392,8 +392,8 @@ fn a_rootfs_tar_rewritten_in_place_is_named_by_its_new_content() {
     assert_eq!(greeting("two"), b"first");
 
     // A memo that names other content (as a write the identity could not show would
-    // leave it): the import's digest check refuses the tar, the failed create forgets
-    // the memo, and the next create hashes the tar again.
+    // leave it): the import's digest check refuses the tar and forgets the memo, and the
+    // next create hashes the tar again.
     let memo_path = std::fs::read_dir(fs.path().join("store/run/tar-digests"))
         .unwrap()
         .next()
@@ -402,12 +402,14 @@ fn a_rootfs_tar_rewritten_in_place_is_named_by_its_new_content() {
         .path();
     let mut memo: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&memo_path).unwrap()).unwrap();
-    memo["diff_id"] = lamina_image::Digest::of(b"other content").to_string().into();
+    memo["diff_id"] = lamina_image::Digest::of(b"other content")
+        .to_string()
+        .into();
     std::fs::write(&memo_path, serde_json::to_vec(&memo).unwrap()).unwrap();
     let refused = lamina.run(&["create", &tar_arg, "stale"]);
     assert_ne!(refused.code, 0, "{refused:?}");
     assert!(refused.stdout.contains("diffID"), "{refused:?}");
-    assert!(!memo_path.exists(), "the failed create forgot the memo");
+    assert!(!memo_path.exists(), "the refused import forgot the memo");
     lamina.run(&["create", &tar_arg, "again"]);
     assert_eq!(greeting("again"), b"first");
     lamina.run(&["delete", "again"]);

@@ -390,7 +390,9 @@ fn a_container_held_when_the_lingering_reaper_looked_is_reaped_once_let_go() {
     let reaped: serde_json::Value = serde_json::from_slice(&reaper.stdout).unwrap();
     assert_eq!(reaped["removed"], 1, "{reaped}");
     assert_eq!(
-        std::fs::read_dir(lamina.store.join("trash")).unwrap().count(),
+        std::fs::read_dir(lamina.store.join("trash"))
+            .unwrap()
+            .count(),
         0
     );
     assert!(mounts_under(&lamina.store.join("trash")).is_empty());

@@ -14,9 +14,8 @@
 //! - writes through a shared mapping move the times only on the first write to a page
 //!   after it was written back, and a filesystem over the network or FUSE may report
 //!   cached times: a tar changed that way can be named by its earlier content. Garden's
-//!   rootfs tars are installed as files and replaced, not edited in place; a create that
-//!   fails on a tar forgets its memo, so an import's digest check refusing the tar is never
-//!   repeated.
+//!   rootfs tars are installed as files and replaced, not edited in place; an import whose
+//!   digest check refuses the tar forgets its memo, so the refusal is not repeated.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -46,8 +45,9 @@ impl FileIdentity {
         Ok(Self::from(&file.metadata()?))
     }
 
-    /// Whether both times are at least [`SETTLED`] before `now`: a write after this
-    /// identity was taken then moves one of them.
+    /// Whether the change time is at least [`SETTLED`] before `now`: a write after this
+    /// identity was taken then moves it (every write does; the modification time can be
+    /// set anywhere, a future one from a build machine's clock included).
     pub fn settled(&self, now: SystemTime) -> bool {
         let Some(horizon) = now
             .duration_since(UNIX_EPOCH)
@@ -60,7 +60,7 @@ impl FileIdentity {
             u64::try_from(secs)
                 .is_ok_and(|secs| Duration::new(secs, u32::try_from(nanos).unwrap_or(0)) < horizon)
         };
-        before(self.mtime) && before(self.ctime)
+        before(self.ctime)
     }
 }
 
@@ -83,7 +83,7 @@ pub trait TarMemo {
     /// Keeps `diff_id` for `path` as it is at `identity`. Best effort: a memo that cannot be
     /// written costs the next call a hash, nothing else.
     fn remember(&self, path: &Path, identity: &FileIdentity, diff_id: &Digest);
-    /// Drops what is remembered for `path` (a create from it failed).
+    /// Drops what is remembered for `path` (its content was not the digest remembered).
     fn forget(&self, path: &Path);
 }
 

@@ -20,7 +20,7 @@ use crate::{Store, StoreError};
 const RECORD: &str = "container.json";
 /// Held (flock) by whoever is creating the container; free once it is complete or its
 /// creator died.
-pub(crate) const LOCK: &str = "lock";
+pub const LOCK: &str = "lock";
 
 /// What the store remembers about a container: what it was made from. How its rootfs
 /// is provided (provider, upper, teardown, what is mounted) is lamina-mount's part of the

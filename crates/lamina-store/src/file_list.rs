@@ -331,9 +331,16 @@ fn listed(stat: &Stat, content: String, xattrs: String) -> Listed {
     }
 }
 
-/// One digest of every xattr (name and value, sorted by name), `-` for none.
+/// One digest of every xattr the layer's files carry for what they are (name and value,
+/// sorted by name), `-` for none. The host's own security labels (`security.selinux`,
+/// IMA's and EVM's) are not the layer's: a relabel changes them on every file. A file
+/// capability is the layer's.
 fn xattrs_digest(host: &dyn HostFs, at: At<'_>) -> io::Result<String> {
     let mut names: Vec<OsString> = host.list_xattrs(at)?;
+    names.retain(|name| {
+        let name = name.as_bytes();
+        !name.starts_with(b"security.") || name == b"security.capability"
+    });
     if names.is_empty() {
         return Ok("-".into());
     }
@@ -369,7 +376,12 @@ fn hash_file(tree: &Tree, entry: &Entry<'_>) -> io::Result<ObjectId> {
     let fd = rustix::fs::openat(
         entry.dir,
         entry.name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        OFlags::RDONLY
+            | OFlags::NOFOLLOW
+            | OFlags::NONBLOCK
+            | OFlags::NOCTTY
+            | OFlags::NOATIME
+            | OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )?;
     let now = rustix::fs::fstat(&fd)?;

@@ -532,6 +532,13 @@ impl Store {
             )));
         }
         if diff_id != layer.diff_id {
+            // A plain rootfs tar's diffID may have come from the store's memo of it
+            // (`tar_memo.rs`): a tar changed in a way its identity did not show is hashed
+            // again by the next call instead of failing this check for ever.
+            if let (lamina_image::BlobLocation::File(path), None) = (&layer.location, &layer.digest)
+            {
+                lamina_image::TarMemo::forget(self, path);
+            }
             return Err(fail(format!(
                 "diffID mismatch: image config says {}, content is {diff_id}",
                 layer.diff_id

@@ -37,6 +37,8 @@ use std::sync::Arc;
 
 use lamina_sys::{HostFs, RealHost};
 
+/// The lock file in every container directory.
+pub use container::LOCK as LOCK_FILE;
 pub use container::list_dirs;
 pub use container::{BadRecord, ContainerScan};
 pub use container::{

@@ -37,7 +37,6 @@ pub fn run(ctx: &Ctx, mounter: &dyn Mounter, args: CreateArgs) -> anyhow::Result
         lazy_server: Some(super::lazy_server::starter(ctx)),
     };
     let created = lamina_mount::create(&store, mounter, &image, &args.id, &options)
-        .inspect_err(|_| forget_tar_digest(&store, &args.image))
         .map_err(|e| quota_text(e, &image))?;
 
     for follow_up in &created.follow_ups {
@@ -111,13 +110,4 @@ fn quota_text(error: lamina_mount::RootfsError, image: &lamina_image::Image) -> 
     anyhow!(
         "uncompressed layer size exceeds quota: disk limit of {limit} bytes leaves no room to write: the image unpacks to {unpacked} bytes, {stored} as stored (raise the limit, or pass --exclude-image-from-quota)"
     )
-}
-
-/// After a failed create from a rootfs tar, its remembered digest goes: if the tar changed
-/// in a way its identity could not show (`lamina_image::tar_memo`), the next create hashes
-/// it again instead of failing the import's digest check for ever.
-fn forget_tar_digest(store: &lamina_store::Store, image: &str) {
-    if let Ok(lamina_image::ImageRef::RootfsTar { path }) = lamina_image::ImageRef::parse(image) {
-        lamina_image::TarMemo::forget(store, &path);
-    }
 }

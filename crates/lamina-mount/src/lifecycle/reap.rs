@@ -39,9 +39,18 @@ const LINGER_POLL: Duration = Duration::from_millis(10);
 const RETRY_FAILED: Duration = Duration::from_secs(1);
 
 /// Longest a reaper keeps its lock while deletes keep coming: then it lets go for
-/// [`YIELD`], so a `clean`, `check --repair` or `delete-store` waiting for it gets a turn.
+/// [`YIELD`], so a `clean`, `check --repair` or `delete-store` waiting for it (they look
+/// every 50 ms) gets a turn.
 const MAX_HOLD: Duration = Duration::from_secs(5);
-const YIELD: Duration = Duration::from_millis(50);
+const YIELD: Duration = Duration::from_millis(150);
+
+/// Containers one pass locks and tears down: each lock is an open file.
+const PASS: usize = 256;
+
+/// How long a container in `trash/` without its lock file is left alone: that is an
+/// inline delete (or a reaper) removing it, whose lock went first; one a crash left
+/// half-removed is old, and is finished.
+const REMOVAL_IN_FLIGHT: Duration = Duration::from_secs(2);
 
 /// Tears down everything in `trash/` no one else holds. A second reaper waits for the
 /// first, then finds what is left (usually nothing).
@@ -60,23 +69,29 @@ pub fn reap_lingering(
     // Containers whose teardown failed, and when to try each again.
     let mut failed: HashMap<PathBuf, Instant> = HashMap::new();
     let mut lock = Some(store.lock("reaper")?);
+    let mut held_since = Instant::now();
     while lock.is_some() {
-        let held_since = Instant::now();
-        let mut quiet_since = held_since;
+        let mut quiet_since = Instant::now();
+        let mut done = false;
         loop {
-            if drain(store, mounter, &mut failed, &mut reaped)? {
+            let yield_at = held_since + MAX_HOLD;
+            if drain(store, mounter, &mut failed, &mut reaped, yield_at)? {
                 quiet_since = Instant::now();
             }
-            if quiet_since.elapsed() >= linger || held_since.elapsed() >= MAX_HOLD {
+            if Instant::now() >= yield_at {
+                break;
+            }
+            if quiet_since.elapsed() >= linger {
+                done = true;
                 break;
             }
             std::thread::sleep(LINGER_POLL);
         }
         store.pause_point("reaper-letting-go");
-        let yielding = held_since.elapsed() >= MAX_HOLD;
         lock = None;
-        if yielding {
+        if !done {
             std::thread::sleep(YIELD);
+            held_since = Instant::now();
         }
         if claimable(store, &failed)? {
             // None: another reaper, or a clean, took the lock and the container with it.
@@ -94,13 +109,15 @@ pub fn reaper_running(store: &Store) -> bool {
     matches!(store.try_lock("reaper"), Ok(None))
 }
 
-/// Containers in `trash/` this reaper may try now: not failed, or failed long enough ago.
+/// Containers in `trash/` this reaper may try now: not failed, or failed long enough ago,
+/// and not being removed by someone else.
 fn due(store: &Store, failed: &HashMap<PathBuf, Instant>) -> Result<Vec<PathBuf>, RootfsError> {
     let now = Instant::now();
     Ok(store
         .trash_entries()?
         .into_iter()
         .filter(|dir| failed.get(dir).is_none_or(|again| *again <= now))
+        .filter(|dir| !removal_in_flight(dir))
         .collect())
 }
 
@@ -109,25 +126,38 @@ fn claimable(store: &Store, failed: &HashMap<PathBuf, Instant>) -> Result<bool, 
     Ok(store
         .trash_entries()?
         .iter()
-        .filter(|dir| !failed.contains_key(*dir))
+        .filter(|dir| !failed.contains_key(*dir) && !removal_in_flight(dir))
         .any(|dir| matches!(store.try_lock_dir(dir), Ok(Some(_)))))
 }
 
-/// Tears down every container due in `trash/` that no one holds, until a pass finds none;
-/// returns whether it tried any. One held (an inline delete removing its own, a deferred
-/// delete between its rename and its return) is left for a later pass.
+/// A container directory whose lock file is gone and that changed within
+/// [`REMOVAL_IN_FLIGHT`]: someone is removing it (the lock file goes first).
+fn removal_in_flight(dir: &Path) -> bool {
+    !dir.join(lamina_store::LOCK_FILE).exists()
+        && std::fs::symlink_metadata(dir)
+            .and_then(|m| m.modified())
+            .is_ok_and(|changed| changed.elapsed().is_ok_and(|age| age < REMOVAL_IN_FLIGHT))
+}
+
+/// Tears down every container due in `trash/` that no one holds, [`PASS`] at a time,
+/// until a pass finds none or `until` has passed; returns whether it tried any. One held
+/// (an inline delete removing its own, a deferred delete between its rename and its
+/// return) is left for a later pass.
 fn drain(
     store: &Store,
     mounter: &dyn Mounter,
     failed: &mut HashMap<PathBuf, Instant>,
     reaped: &mut Reaped,
+    until: Instant,
 ) -> Result<bool, RootfsError> {
     let mut tried_any = false;
     loop {
-        let pending = due(store, failed)?;
-        if pending.is_empty() {
+        failed.retain(|dir, _| dir.exists());
+        let mut pending = due(store, failed)?;
+        if pending.is_empty() || Instant::now() >= until {
             return Ok(tried_any);
         }
+        pending.truncate(PASS);
         // One read of the mount table per pass, not one per container: with a thousand
         // binds mounted, each read costs about a millisecond. Listed after `pending`, so
         // it includes every pending container's mounts (renames carry mounts along).
