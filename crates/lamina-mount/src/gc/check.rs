@@ -102,7 +102,7 @@ pub fn check_verified(
             // Repaired only if it is gone afterwards: the reaper logs and leaves what it
             // cannot remove (a busy rootfs, an immutable file), and reports no error.
             findings.fix(problem, &|| {
-                crate::reap(store, mounter)?;
+                crate::lifecycle::reap::reap(store, mounter)?;
                 if dir.exists() {
                     return Err(StoreError::io("tearing down", dir)(std::io::Error::other(
                         "the reaper could not remove it (busy, or a file it may not delete); it stays queued",

@@ -76,7 +76,7 @@ pub fn clean(
         threshold_bytes,
         ..CleanReport::default()
     };
-    let reaped = crate::reap(store, mounter)?;
+    let reaped = crate::lifecycle::reap::reap(store, mounter)?;
     report.reaped = reaped.removed;
     report.reap_failed = reaped.failed;
     report.bad_records = unreadable_records(store)?;
