@@ -306,14 +306,14 @@ fn deletes_while_a_reaper_lingers_start_none_and_it_reaps_them() {
         .unwrap();
     let log = fs.path().join("deletes.log");
     let log_arg = log.display().to_string();
-    lamina_integration::wait_until("the reaper to hold its lock", || {
+    lamina_integration::wait_until("the reaper to be at work", || {
         lamina
             .run(&["check"])
             .stdout
             .contains("store is consistent")
             && std::process::Command::new("flock")
                 .args(["--nonblock", "--conflict-exit-code", "9"])
-                .arg(lamina.store.join("locks/reaper.lock"))
+                .arg(lamina.store.join("locks/reaping.lock"))
                 .arg("true")
                 .status()
                 .unwrap()
@@ -357,8 +357,8 @@ fn a_container_held_when_the_lingering_reaper_looked_is_reaped_once_let_go() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let reaper_lock = lamina.store.join("locks/reaper.lock");
-    lamina_integration::wait_until("the reaper to hold its lock", || {
+    let reaper_lock = lamina.store.join("locks/reaping.lock");
+    lamina_integration::wait_until("the reaper to be at work", || {
         std::process::Command::new("flock")
             .args(["--nonblock", "--conflict-exit-code", "9"])
             .arg(&reaper_lock)

@@ -376,12 +376,7 @@ fn hash_file(tree: &Tree, entry: &Entry<'_>) -> io::Result<ObjectId> {
     let fd = rustix::fs::openat(
         entry.dir,
         entry.name,
-        OFlags::RDONLY
-            | OFlags::NOFOLLOW
-            | OFlags::NONBLOCK
-            | OFlags::NOCTTY
-            | OFlags::NOATIME
-            | OFlags::CLOEXEC,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )?;
     let now = rustix::fs::fstat(&fd)?;

@@ -220,12 +220,24 @@ impl Store {
         }
         // Every entry as the import verified it, for `check --verify`: after the chown,
         // before anything links the files (which keeps all that is listed).
+        // A layer that cannot be listed (a file this process may not read, when lamina
+        // runs without root) is imported without a list, as one past the bounds is:
+        // `check --verify` counts it as unlisted.
         let list_path = staging.join(crate::file_list::FILE_LIST);
-        record.file_list = crate::file_list::write(&*self.host, &diff, &list_path, cancelled)
-            .map_err(|e| StoreError::Layer {
-                layer: layer.describe(),
-                message: format!("listing its files: {e}"),
-            })?;
+        record.file_list = match crate::file_list::write(&*self.host, &diff, &list_path, cancelled)
+        {
+            Ok(listed) => listed,
+            Err(_) if cancelled.load(std::sync::atomic::Ordering::Relaxed) => {
+                return Err(StoreError::Layer {
+                    layer: layer.describe(),
+                    message: "the import is being given up".into(),
+                });
+            }
+            Err(e) => {
+                tracing::info!(layer = %layer.describe(), error = %e, "layer imported without a list of its entries");
+                false
+            }
+        };
         let staged = self
             .stage_file_objects(&diff, below, cancelled)
             .map_err(|e| StoreError::Layer {

@@ -199,7 +199,9 @@ fn serve_lazy_forever(
 }
 
 fn work_once(store: &Store, mounter: &dyn Mounter) {
-    if store.trash_entries().is_ok_and(|t| !t.is_empty()) {
+    // A reaper at work (a lingering one a CLI delete started) reaps what is there; waiting
+    // for its lock would hold up this loop, and with it the lazy layers' serving.
+    if store.trash_entries().is_ok_and(|t| !t.is_empty()) && !lamina_mount::reaper_running(store) {
         match lamina_mount::reap(store, mounter) {
             Ok(reaped) => {
                 tracing::info!(removed = reaped.removed, failed = reaped.failed, "reaped")

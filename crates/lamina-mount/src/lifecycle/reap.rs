@@ -3,15 +3,18 @@
 //! and after unlinking each container's written files through its mount, so their dirty
 //! pages are dropped instead of written back.
 //!
-//! One reaper runs per store (the `reaper` lock). A reaper a delete starts lingers a
-//! while after `trash/` is empty, and a deferred delete that finds one running starts
-//! none: a burst of deletes pays one process start, not one each.
+//! One reaper runs per store (the `reaper` lock, which `check`, `clean` and
+//! `delete-store` take too). While it holds that lock a reaper also holds `reaping`, which
+//! only reapers take. A reaper a delete starts lingers a while after `trash/` is empty,
+//! and a deferred delete that finds `reaping` held starts none: a burst of deletes pays
+//! one process start, not one each.
 //!
-//! Invariant: a container renamed into `trash/` before a delete found the reaper lock
-//! held is torn down by that holder (or a reaper after it). The delete lets go of the
-//! container's lock before it looks at the reaper's, and the holder, after it lets go of
-//! its own lock, looks at `trash/` once more and takes the lock back for any container
-//! no one holds that it has not failed.
+//! Invariant: a container renamed into `trash/` before a delete found `reaping` held is
+//! torn down by that reaper (or one after it). The delete lets go of the container's lock
+//! before it looks at `reaping`, and the reaper, after it lets go of both its locks,
+//! looks at `trash/` once more and takes them back for any container no one holds that
+//! it has not failed. Anyone else holding `reaper` makes a delete start a reaper, which
+//! waits for it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -68,7 +71,7 @@ pub fn reap_lingering(
     let mut reaped = Reaped::default();
     // Containers whose teardown failed, and when to try each again.
     let mut failed: HashMap<PathBuf, Instant> = HashMap::new();
-    let mut lock = Some(store.lock("reaper")?);
+    let mut lock = Some(reaper_locks(store.lock("reaper")?, store)?);
     let mut held_since = Instant::now();
     while lock.is_some() {
         let mut quiet_since = Instant::now();
@@ -95,18 +98,31 @@ pub fn reap_lingering(
         }
         if claimable(store, &failed)? {
             // None: another reaper, or a clean, took the lock and the container with it.
-            lock = store.try_lock("reaper")?;
+            lock = match store.try_lock("reaper")? {
+                Some(reaper) => Some(reaper_locks(reaper, store)?),
+                None => None,
+            };
         }
     }
     reaped.failed = failed.keys().filter(|dir| dir.exists()).count();
     Ok(reaped)
 }
 
-/// Whether a reaper holds the store's reaper lock: a deferred delete then leaves its
-/// container to it (see the module's invariant) instead of starting another. An
-/// unanswerable lock says no, so a reaper is started.
+/// `reaper`, and `reaping` taken under it (only a `reaper` holder takes it, so it is
+/// free).
+fn reaper_locks(
+    reaper: lamina_store::StoreLock,
+    store: &Store,
+) -> Result<(lamina_store::StoreLock, lamina_store::StoreLock), RootfsError> {
+    let reaping = store.lock("reaping")?;
+    Ok((reaper, reaping))
+}
+
+/// Whether a reaper is at work on the store (it holds `reaping`): a deferred delete then
+/// leaves its container to it (see the module's invariant) instead of starting another.
+/// An unanswerable lock says no, so a reaper is started.
 pub fn reaper_running(store: &Store) -> bool {
-    matches!(store.try_lock("reaper"), Ok(None))
+    matches!(store.try_lock("reaping"), Ok(None))
 }
 
 /// Containers in `trash/` this reaper may try now: not failed, or failed long enough ago,
