@@ -155,8 +155,18 @@ fn paused_create(
     image: &str,
     point: &str,
 ) -> (Child, std::path::PathBuf) {
-    let create = lamina
-        .command(&["create", "--strategy", strategy, image, "racing"])
+    paused(
+        lamina,
+        &["create", "--strategy", strategy, image, "racing"],
+        point,
+    )
+}
+
+/// Starts `lamina ARGS` held for 2 s at pause point `point`, and returns once it is there,
+/// with the marker file the pause wrote.
+fn paused(lamina: &Lamina, args: &[&str], point: &str) -> (Child, std::path::PathBuf) {
+    let child = lamina
+        .command(args)
         .env("LAMINA_PAUSE_AT", point)
         .env("LAMINA_PAUSE_SECS", "2")
         .stdout(Stdio::piped())
@@ -165,9 +175,32 @@ fn paused_create(
         .unwrap();
     let paused = lamina
         .store
-        .join(format!("run/paused-{point}.{}", create.id()));
-    lamina_integration::wait_until("the create to reach its pause point", || paused.exists());
-    (create, paused)
+        .join(format!("run/paused-{point}.{}", child.id()));
+    lamina_integration::wait_until("the process to reach its pause point", || paused.exists());
+    (child, paused)
+}
+
+/// Starts `lamina reap --linger-ms LINGER_MS` and returns once it is at work (holding
+/// `locks/reaping.lock`).
+fn lingering_reaper(lamina: &Lamina, linger_ms: &str) -> Child {
+    let reaper = lamina
+        .command(&["reap", "--linger-ms", linger_ms])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reaping = lamina.store.join("locks/reaping.lock");
+    lamina_integration::wait_until("the reaper to be at work", || {
+        std::process::Command::new("flock")
+            .args(["--nonblock", "--conflict-exit-code", "9"])
+            .arg(&reaping)
+            .arg("true")
+            .status()
+            .unwrap()
+            .code()
+            == Some(9)
+    });
+    reaper
 }
 
 /// Garden deletes a container whose create timed out: the delete arrives while the create
@@ -246,19 +279,7 @@ fn a_delete_finding_a_reaper_about_to_exit_is_reaped_by_it() {
     let lamina = Lamina::init(&fs.path().join("store"));
     let image = sample_image(&fs.path().join("sample")).references()[0].clone();
     lamina.run(&["create", "--strategy", "deferred", &image, "late"]);
-    let point = "reaper-letting-go";
-    let reaper = lamina
-        .command(&["reap"])
-        .env("LAMINA_PAUSE_AT", point)
-        .env("LAMINA_PAUSE_SECS", "2")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let paused = lamina
-        .store
-        .join(format!("run/paused-{point}.{}", reaper.id()));
-    lamina_integration::wait_until("the reaper to reach its pause point", || paused.exists());
+    let (reaper, paused) = paused(&lamina, &["reap"], "reaper-letting-go");
     let delete = lamina.run(&["delete", "late"]);
     assert!(delete.stdout.contains("deleted container"), "{delete:?}");
     assert_eq!(
@@ -298,28 +319,9 @@ fn deletes_while_a_reaper_lingers_start_none_and_it_reaps_them() {
     for id in ids {
         lamina.run(&["create", "--strategy", "deferred", &image, id]);
     }
-    let reaper = lamina
-        .command(&["reap", "--linger-ms", "3000"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let reaper = lingering_reaper(&lamina, "3000");
     let log = fs.path().join("deletes.log");
     let log_arg = log.display().to_string();
-    lamina_integration::wait_until("the reaper to be at work", || {
-        lamina
-            .run(&["check"])
-            .stdout
-            .contains("store is consistent")
-            && std::process::Command::new("flock")
-                .args(["--nonblock", "--conflict-exit-code", "9"])
-                .arg(lamina.store.join("locks/reaping.lock"))
-                .arg("true")
-                .status()
-                .unwrap()
-                .code()
-                == Some(9)
-    });
     for id in ids {
         let delete = lamina.run(&["--log-level", "debug", "--log-file", &log_arg, "delete", id]);
         assert!(delete.stdout.contains("deleted container"), "{delete:?}");
@@ -351,23 +353,7 @@ fn a_container_held_when_the_lingering_reaper_looked_is_reaped_once_let_go() {
     let lamina = Lamina::init(&fs.path().join("store"));
     let image = sample_image(&fs.path().join("sample")).references()[0].clone();
     lamina.run(&["create", "--strategy", "deferred", &image, "held"]);
-    let reaper = lamina
-        .command(&["reap", "--linger-ms", "4000"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let reaper_lock = lamina.store.join("locks/reaping.lock");
-    lamina_integration::wait_until("the reaper to be at work", || {
-        std::process::Command::new("flock")
-            .args(["--nonblock", "--conflict-exit-code", "9"])
-            .arg(&reaper_lock)
-            .arg("true")
-            .status()
-            .unwrap()
-            .code()
-            == Some(9)
-    });
+    let reaper = lingering_reaper(&lamina, "4000");
     let log = fs.path().join("delete.log");
     let delete = std::process::Command::new(lamina_integration::lamina::binary())
         .arg("--store")

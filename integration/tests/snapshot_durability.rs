@@ -756,11 +756,7 @@ fn an_active_whose_removal_a_power_cut_lost_is_made_again_and_removed_again() {
     require_root();
     let fs = ScratchFs::tmpfs();
     let root = fs.path().join("store");
-    let snapshotter = store_with_a_layer(&root);
-    snapshotter
-        .prepare("active", "layer", BTreeMap::new())
-        .unwrap();
-    let removed = container_of(&snapshotter, "active");
+    let (snapshotter, removed) = active_on_a_layer(&root);
     drop(snapshotter);
     // Closed, the database is one file (its log checkpointed and removed).
     let db = root.join("snapshots/metadata.db");

@@ -54,22 +54,14 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 (
                     "lamina unpack",
                     Box::new(|d: &Path| {
-                        let file = fs::File::open(&blob).unwrap();
-                        let decoded =
-                            lamina_image::compression::decoder(file, Some(compression), "bench")
-                                .unwrap();
-                        lamina_unpack::unpack(decoded, d).unwrap();
+                        lamina_unpack_into(&blob, compression, d);
                         true
                     }),
                 ),
                 (
                     "lamina unpack + file list",
                     Box::new(|d: &Path| {
-                        let file = fs::File::open(&blob).unwrap();
-                        let decoded =
-                            lamina_image::compression::decoder(file, Some(compression), "bench")
-                                .unwrap();
-                        lamina_unpack::unpack(decoded, d).unwrap();
+                        lamina_unpack_into(&blob, compression, d);
                         let never = std::sync::atomic::AtomicBool::new(false);
                         let list = d.with_extension("file-list");
                         let listed =
@@ -135,6 +127,13 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
 
 /// Extracts into the given directory; false when the tool refuses the layer.
 type Extractor<'a> = Box<dyn Fn(&Path) -> bool + 'a>;
+
+/// lamina's checked unpack of `blob` into `dest`, decoded in process.
+fn lamina_unpack_into(blob: &Path, compression: Compression, dest: &Path) {
+    let file = fs::File::open(blob).unwrap();
+    let decoded = lamina_image::compression::decoder(file, Some(compression), "bench").unwrap();
+    lamina_unpack::unpack(decoded, dest).unwrap();
+}
 
 fn gnu_tar(blob: &Path, compression: Compression, dest: &Path) -> bool {
     let flag = match compression {

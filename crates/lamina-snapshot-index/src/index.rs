@@ -433,10 +433,7 @@ impl SnapshotIndex {
     }
 
     pub fn remove(&mut self, key: &str) -> Result<(), StoreError> {
-        self.write(|tx| {
-            delete(tx, key)?;
-            forget_shape(tx, key)
-        })
+        self.write(|tx| remove_rows(tx, key))
     }
 
     /// [`SnapshotIndex::remove`], committed without syncing the log: for an active or a
@@ -445,10 +442,7 @@ impl SnapshotIndex {
     /// walk), and the daemon's start makes its container again like any other a crash
     /// lost. The next synced write makes the removal durable with everything before it.
     pub fn remove_unsynced(&mut self, key: &str) -> Result<(), StoreError> {
-        self.unsynced(|tx| {
-            delete(tx, key)?;
-            forget_shape(tx, key)
-        })
+        self.unsynced(|tx| remove_rows(tx, key))
     }
 
     /// Keys of actives whose commit started and may not have finished.
@@ -669,6 +663,12 @@ fn delete(conn: &Connection, key: &str) -> rusqlite::Result<()> {
     conn.prepare_cached("DELETE FROM snapshots WHERE key = ?1")?
         .execute([key])
         .map(drop)
+}
+
+/// Snapshot `key`'s row and the shape its Prepare recorded.
+fn remove_rows(tx: &rusqlite::Transaction<'_>, key: &str) -> rusqlite::Result<()> {
+    delete(tx, key)?;
+    forget_shape(tx, key)
 }
 
 fn forget_shape(conn: &Connection, key: &str) -> rusqlite::Result<()> {

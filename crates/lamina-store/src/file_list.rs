@@ -21,7 +21,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
-use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -29,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use composefs::fsverity::{FsVerityHashValue, FsVerityHasher};
 use lamina_sys::{At, HostFs};
-use rustix::fs::{FileType, OFlags, Stat};
+use rustix::fs::{FileType, Stat};
 
 use crate::beneath::{Entry, Tree};
 use crate::file_objects::ObjectId;
@@ -294,7 +293,7 @@ impl<'a> Reader<'a> {
             return Ok(listed(stat, content.clone(), xattrs.clone()));
         }
         let content = match entry.kind() {
-            FileType::RegularFile => hash_file(tree, entry)?.to_hex(),
+            FileType::RegularFile => crate::file_objects::hash_entry(tree, entry)?.to_hex(),
             FileType::Symlink => {
                 let target = rustix::fs::readlinkat(entry.dir, entry.name, Vec::new())?;
                 FsVerityHasher::<ObjectId, 12>::hash(target.as_bytes()).to_hex()
@@ -369,27 +368,6 @@ impl std::fmt::Display for PastBounds {
 }
 
 impl std::error::Error for PastBounds {}
-
-/// The fs-verity digest of the regular file `entry`, opened from the directory the walk
-/// holds without following its name, and checked to be the inode the walk listed.
-fn hash_file(tree: &Tree, entry: &Entry<'_>) -> io::Result<ObjectId> {
-    let fd = rustix::fs::openat(
-        entry.dir,
-        entry.name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?;
-    let now = rustix::fs::fstat(&fd)?;
-    if (now.st_dev, now.st_ino) != (entry.stat.st_dev, entry.stat.st_ino) {
-        return Err(io::Error::other(format!(
-            "{}: changed while hashed",
-            tree.path().join(entry.rel()).display()
-        )));
-    }
-    let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-    io::copy(&mut File::from(fd), &mut hasher)?;
-    Ok(hasher.digest())
-}
 
 fn escape(bytes: &[u8], out: &mut Vec<u8>) {
     for &b in bytes {

@@ -135,24 +135,7 @@ pub fn hash(diff: &Path, cancelled: &AtomicBool) -> io::Result<Option<Hashed>> {
         if hashed.files.len() >= MAX_FILES || path_bytes > MAX_PATH_BYTES {
             return Err(io::Error::other(PastBounds));
         }
-        // Opened from the directory the walk holds, the name not followed: the staged
-        // tree is the import's own, and the inode must be the one listed.
-        let fd = rustix::fs::openat(
-            entry.dir,
-            entry.name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )?;
-        let now = rustix::fs::fstat(&fd)?;
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
-            return Err(io::Error::other(format!(
-                "{}: changed while hashed",
-                tree.path().join(&rel).display()
-            )));
-        }
-        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-        io::copy(&mut File::from(fd), &mut hasher)?;
-        let id = hasher.digest();
+        let id = hash_entry(&tree, entry)?;
         hashed.digests.insert(id.clone());
         hashed.files.push((rel, st.st_nlink, id));
         Ok(true)
@@ -227,6 +210,28 @@ pub fn link(
         rustix::fs::futimens(&dir, &times)?;
     }
     Ok(staged)
+}
+
+/// The fs-verity digest of the regular file `entry` of a walk of `tree`: opened from the
+/// directory the walk holds, the name not followed (the tree is the import's own), and
+/// checked to be the inode the walk listed.
+pub(crate) fn hash_entry(tree: &Tree, entry: &crate::beneath::Entry<'_>) -> io::Result<ObjectId> {
+    let fd = rustix::fs::openat(
+        entry.dir,
+        entry.name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let now = rustix::fs::fstat(&fd)?;
+    if (now.st_dev, now.st_ino) != (entry.stat.st_dev, entry.stat.st_ino) {
+        return Err(io::Error::other(format!(
+            "{}: changed while hashed",
+            tree.path().join(entry.rel()).display()
+        )));
+    }
+    let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
+    io::copy(&mut File::from(fd), &mut hasher)?;
+    Ok(hasher.digest())
 }
 
 /// A link's temporary name that could not be removed: the import must fail.
