@@ -271,7 +271,13 @@ fn reads_fail_with_eio_when_the_registry_or_the_server_is_gone_and_a_new_server_
     let out = create("after");
     assert_eq!(out.code, 0, "{out:?}");
     let after = lamina.rootfs("after");
-    assert_eq!(std::fs::read(after.join("data/f3")).unwrap(), data(3, 128));
+    let f3 = std::fs::read(after.join("data/f3"));
+    assert!(
+        f3.as_ref().is_ok_and(|b| *b == data(3, 128)),
+        "{:?}; the server's log:\n{}",
+        f3.map(|b| b.len()),
+        std::fs::read_to_string(lamina.store.join("run/background.log")).unwrap_or_default()
+    );
     let booted = Bundle::new(&after, false).run("lazy-after", "sha256sum /data/f1");
     assert_eq!(
         booted.stdout,

@@ -396,14 +396,14 @@ fn served(store: &Store, mounter: &dyn Mounter, lazy: &[Digest]) -> Result<bool,
     Ok(true)
 }
 
-/// Whether the FUSE mount at `target` answers `statfs` (a dead server's fails it). Asked
+/// Whether a FUSE mount at `target` answers `statfs` (a dead server's fails it). Asked
 /// on a thread of its own: a server that is stopped or whose every request thread waits
 /// on a stalled registry never answers, and that refuses the create, naming it.
 fn answers(target: &Path) -> Result<bool, RootfsError> {
     let (tx, rx) = std::sync::mpsc::channel();
     let probe = target.to_path_buf();
     std::thread::spawn(move || {
-        let _ = tx.send(rustix::fs::statfs(&probe).is_ok());
+        let _ = tx.send(fuse_answers_at(&probe));
     });
     rx.recv_timeout(ANSWER_WITHIN).map_err(|_| {
         RootfsError::Refused(format!(
@@ -412,6 +412,23 @@ fn answers(target: &Path) -> Result<bool, RootfsError> {
             ANSWER_WITHIN.as_secs()
         ))
     })
+}
+
+/// Whether `target` is a FUSE mount that answers `statfs`. The directory under a mount
+/// answers too: a new server unmounts the dead one's mount before mounting its own, and
+/// an overlay mounted in between would have that empty directory for its objects.
+fn fuse_answers_at(target: &Path) -> bool {
+    const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
+    if !rustix::fs::statfs(target).is_ok_and(|fs| fs.f_type as u64 == FUSE_SUPER_MAGIC) {
+        return false;
+    }
+    match (
+        rustix::fs::stat(target),
+        target.parent().map(rustix::fs::stat),
+    ) {
+        (Ok(here), Some(Ok(parent))) => here.st_dev != parent.st_dev,
+        _ => false,
+    }
 }
 
 /// Waits until the lazy layers of `chain_ids` are served, starting a server with
@@ -614,4 +631,17 @@ pub fn bad_layers(store: &Path) -> Vec<(PathBuf, String)> {
         .collect();
     bad.sort();
     bad
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_directory_under_an_objects_mount_is_not_a_server_answering() {
+        let dir = tempfile::tempdir().unwrap();
+        let objects = dir.path().join("objects.mnt");
+        std::fs::create_dir(&objects).unwrap();
+        assert!(!answers(&objects).unwrap());
+    }
 }
