@@ -12,6 +12,8 @@ pub mod lamina;
 pub mod lazy_image;
 pub mod prometheus;
 pub mod proof;
+pub mod recorded_fs;
+pub mod recording_disk;
 pub mod records;
 pub mod registry;
 pub mod rng;

@@ -303,11 +303,11 @@ fn run_or_detach(device: &str, cmd: &str, args: &[&str]) -> String {
 }
 
 /// Runs `cmd`, returning its stdout; panics with its stderr if it fails.
-fn run(cmd: &str, args: &[&str]) -> String {
+pub(crate) fn run(cmd: &str, args: &[&str]) -> String {
     try_run(cmd, args).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn try_run(cmd: &str, args: &[&str]) -> Result<String, String> {
+pub(crate) fn try_run(cmd: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new(cmd)
         .args(args)
         .output()
