@@ -62,7 +62,8 @@ impl RecordedFs {
 
     /// Syncs what the set-up wrote and starts recording.
     pub fn start(&self) {
-        rustix::fs::sync();
+        let dir = std::fs::File::open(self.path()).expect("opening the filesystem");
+        rustix::fs::syncfs(&dir).expect("syncfs");
         self.disk.start();
     }
 
@@ -78,9 +79,11 @@ impl RecordedFs {
         recording
     }
 
-    /// Mounts each of `cuts` of `recording` where the filesystem was and calls `check`
-    /// with it; unmounts it after, even if `check` panics. The images are written under
-    /// `scratch` (a tmpfs, so no disk is worn writing them).
+    /// Mounts each of `cuts` of `recording` where the filesystem was (replaying its
+    /// journal) and calls `check` with it; unmounts it after, even if `check` panics,
+    /// and has the filesystem's own checker (`e2fsck -n`, `xfs_repair -n`) find nothing
+    /// wrong with what is left. The images are written under `scratch` (a tmpfs, so no
+    /// disk is worn writing them), each to a new file.
     pub fn check_each(
         &self,
         recording: &Recording,
@@ -88,16 +91,28 @@ impl RecordedFs {
         scratch: &Path,
         mut check: impl FnMut(&CutImage),
     ) {
-        let image_path = scratch.join("cut.img");
-        for cut in cuts {
+        for (n, cut) in cuts.iter().enumerate() {
+            assert!(
+                mounts_under(self.path()).is_empty(),
+                "the previous image is still mounted"
+            );
+            let image_path = scratch.join(format!("cut-{n}.img"));
             std::fs::write(&image_path, recording.image(cut)).expect("writing a cut image");
             let device = attach(&image_path);
             self.mount(&device);
             let unmount = Unmount(self.path().to_path_buf());
             check(cut);
             drop(unmount);
+            let checked = match self.kind {
+                FsKind::Ext4 => try_run("e2fsck", &["-f", "-n", path_str(&image_path)]),
+                FsKind::Xfs => try_run("xfs_repair", &["-n", "-f", path_str(&image_path)]),
+                FsKind::Btrfs => try_run("btrfs", &["check", "--readonly", path_str(&image_path)]),
+            };
+            if let Err(e) = checked {
+                panic!("{}: the filesystem is damaged: {e}", cut.label);
+            }
+            let _ = std::fs::remove_file(&image_path);
         }
-        let _ = std::fs::remove_file(&image_path);
     }
 
     /// Mounts `device` here, detaching it so the kernel releases it at unmount.
@@ -113,9 +128,7 @@ impl RecordedFs {
     }
 
     fn unmount_all(&self) {
-        for mount in mounts_under(self.path()) {
-            let _ = rustix::mount::unmount(&mount, rustix::mount::UnmountFlags::empty());
-        }
+        unmount_all(self.path());
     }
 }
 
@@ -132,16 +145,40 @@ struct Unmount(PathBuf);
 
 impl Drop for Unmount {
     fn drop(&mut self) {
-        for mount in mounts_under(&self.0) {
-            let _ = rustix::mount::unmount(&mount, rustix::mount::UnmountFlags::empty());
+        if std::thread::panicking() {
+            for mount in mounts_under(&self.0) {
+                let _ = rustix::mount::unmount(&mount, rustix::mount::UnmountFlags::DETACH);
+            }
+        } else {
+            unmount_all(&self.0);
+        }
+    }
+}
+
+/// Unmounts everything at and under `root`, deepest first; a mount still busy after a
+/// few tries fails the test (the next image must not be mounted over it).
+fn unmount_all(root: &Path) {
+    for mount in mounts_under(root) {
+        let mut tries = 0;
+        while let Err(e) = rustix::mount::unmount(&mount, rustix::mount::UnmountFlags::empty()) {
+            tries += 1;
+            assert!(
+                e == rustix::io::Errno::BUSY && tries < 50,
+                "unmounting {}: {e}",
+                mount.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
     }
 }
 
 fn attach(file: &Path) -> String {
-    run("losetup", &["--find", "--show", path_str(file)])
-        .trim()
-        .to_string()
+    run(
+        "losetup",
+        &["--find", "--show", "--direct-io=off", path_str(file)],
+    )
+    .trim()
+    .to_string()
 }
 
 fn detach(device: &str) {

@@ -62,9 +62,10 @@ impl State {
 /// The disk, mounted until dropped.
 #[allow(missing_debug_implementations)]
 pub struct RecordingDisk {
+    // Unmounted before its mount point is removed.
+    _session: fuser::BackgroundSession,
     mountpoint: tempfile::TempDir,
     state: Arc<Mutex<(State, Option<Vec<u8>>)>>,
-    _session: fuser::BackgroundSession,
 }
 
 const ROOT: INodeNo = INodeNo(1);
@@ -94,9 +95,9 @@ impl RecordingDisk {
         let session =
             fuser::spawn_mount(served, mountpoint.path(), &config).expect("mounting the disk");
         Self {
+            _session: session,
             mountpoint,
             state,
-            _session: session,
         }
     }
 
@@ -184,12 +185,14 @@ impl Recording {
             .collect()
     }
 
-    /// The images tried: at each flush, nothing of what follows it; every write up to
-    /// the next flush; the first half of them; and `random` subsets drawn by `rng`
-    /// (writes kept out of order: what flush ordering must survive).
+    /// The images tried: at each flush, nothing of what follows it; the first half of
+    /// the writes up to the next flush; and `random` subsets of them drawn by `rng`
+    /// (writes kept out of order: what flush ordering must survive). After the last
+    /// flush, every write too (elsewhere that image is the next flush's).
     pub fn cut_images(&self, random: usize, rng: &mut crate::rng::Xorshift) -> Vec<CutImage> {
         let mut images = Vec::new();
-        for flushes in 0..=self.flush_indexes().len() {
+        let last = self.flush_indexes().len();
+        for flushes in 0..=last {
             let writes = self.unflushed_after(flushes);
             let mut push = |unflushed: Vec<usize>, what: &str| {
                 images.push(CutImage {
@@ -206,8 +209,10 @@ impl Recording {
             if writes.is_empty() {
                 continue;
             }
-            push(writes.clone(), "all");
-            if writes.len() > 2 {
+            if flushes == last {
+                push(writes.clone(), "all");
+            }
+            if writes.len() > 1 {
                 push(writes[..writes.len() / 2].to_vec(), "the first half");
                 for n in 0..random {
                     let subset = writes
@@ -282,6 +287,14 @@ impl Served {
 }
 
 impl Filesystem for Served {
+    fn init(&mut self, _req: &Request, _config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        // This thread answers the loop device's writes: memory it allocates should not
+        // wait on writeback, which may wait on it. Best effort: it needs
+        // CAP_SYS_RESOURCE, which a container may lack (the disks are small beside RAM).
+        let _ = rustix::process::configure_io_flusher_behavior(true);
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match (parent, name == NAME) {
             (ROOT, true) => reply.entry(&TTL, &self.attr(DISK).expect("disk"), Generation(0)),

@@ -17,7 +17,16 @@ impl Tree {
     /// caches, no state a reader trusts).
     pub fn of(root: &Path, skip: &[&str]) -> Tree {
         let mut map = BTreeMap::new();
-        walk(root, root, skip, &mut map);
+        walk(root, root, skip, false, &mut map);
+        Tree(map)
+    }
+
+    /// [`Tree::of`] with each regular file's content digest too: a file of the right
+    /// size holding zeros (a power cut's) differs. A walk that cannot read what it lists
+    /// panics rather than leave the entry out.
+    pub fn with_contents(root: &Path) -> Tree {
+        let mut map = BTreeMap::new();
+        walk(root, root, &[], true, &mut map);
         Tree(map)
     }
 
@@ -42,9 +51,17 @@ impl Tree {
     }
 }
 
-fn walk(root: &Path, dir: &Path, skip: &[&str], map: &mut BTreeMap<PathBuf, String>) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
+fn walk(
+    root: &Path,
+    dir: &Path,
+    skip: &[&str],
+    contents: bool,
+    map: &mut BTreeMap<PathBuf, String>,
+) {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if contents => panic!("reading {}: {e}", dir.display()),
+        Err(_) => return,
     };
     for entry in entries.flatten() {
         let path = entry.path();
@@ -52,8 +69,10 @@ fn walk(root: &Path, dir: &Path, skip: &[&str], map: &mut BTreeMap<PathBuf, Stri
         if skip.iter().any(|s| rel == Path::new(s)) {
             continue;
         }
-        let Ok(meta) = fs::symlink_metadata(&path) else {
-            continue;
+        let meta = match fs::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if contents => panic!("looking at {}: {e}", path.display()),
+            Err(_) => continue,
         };
         let mode = meta.permissions().mode() & 0o7777;
         let what = if meta.is_dir() {
@@ -61,6 +80,11 @@ fn walk(root: &Path, dir: &Path, skip: &[&str], map: &mut BTreeMap<PathBuf, Stri
         } else if meta.file_type().is_symlink() {
             let target = fs::read_link(&path).unwrap_or_default();
             format!("symlink -> {}", target.display())
+        } else if meta.is_file() && contents {
+            let bytes =
+                fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+            let digest = lamina_image::Digest::of(&bytes);
+            format!("file {mode:o} {} bytes {}", meta.len(), digest.hex())
         } else if meta.is_file() {
             format!("file {mode:o} {} bytes", meta.len())
         } else {
@@ -68,7 +92,7 @@ fn walk(root: &Path, dir: &Path, skip: &[&str], map: &mut BTreeMap<PathBuf, Stri
         };
         map.insert(rel, what);
         if meta.is_dir() {
-            walk(root, &path, skip, map);
+            walk(root, &path, skip, contents, map);
         }
     }
 }
