@@ -63,7 +63,7 @@ impl RecordedFs {
     /// Syncs what the set-up wrote and starts recording.
     pub fn start(&self) {
         let dir = std::fs::File::open(self.path()).expect("opening the filesystem");
-        rustix::fs::syncfs(&dir).expect("syncfs");
+        lamina_sys::HostFs::syncfs(&lamina_sys::RealHost, &dir, self.path()).expect("syncfs");
         self.disk.start();
     }
 
