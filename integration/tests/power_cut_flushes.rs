@@ -18,6 +18,7 @@ use lamina_integration::tree::Tree;
 use lamina_integration::{FsKind, Lamina, ScratchFs, require_root, sample_image};
 use lamina_snapshot_index::{SnapshotKind, StoreSnapshots};
 use lamina_snapshotter::Snapshotter;
+use lamina_sys::{HostFs, RealHost};
 
 /// The filesystems tried, each at its smallest convenient size (xfs refuses under 300 MB).
 const FILESYSTEMS: [(FsKind, u64); 2] = [(FsKind::Ext4, 96), (FsKind::Xfs, 300)];
@@ -264,11 +265,12 @@ fn the_harness_finds_a_file_published_without_its_data_synced() {
             let file = fs::File::create(&tmp).unwrap();
             std::io::Write::write_all(&mut &file, &content).unwrap();
             if sync_data {
-                file.sync_all().unwrap();
+                HostFs::fsync(&RealHost, &file, &tmp).unwrap();
             }
             drop(file);
             fs::rename(&tmp, fs.path().join(name)).unwrap();
-            fs::File::open(fs.path()).unwrap().sync_all().unwrap();
+            let dir = fs::File::open(fs.path()).unwrap();
+            HostFs::fsync(&RealHost, &dir, fs.path()).unwrap();
             fs.mark(name);
         }
         let recording: Recording = fs.stop();
