@@ -55,6 +55,24 @@ pub fn running(store: &Path) -> bool {
     }
 }
 
+/// Whether `target` is a FUSE mount whose server answers `statfs` (a dead server's fails
+/// it). The directory under a mount answers too, so it must be a mount point: a new server
+/// unmounts a dead one's mount before mounting its own, and an overlay mounted in between
+/// would get that empty directory for its objects. May block while the server does.
+pub fn answering_fuse_mount(target: &Path) -> bool {
+    const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
+    if !rustix::fs::statfs(target).is_ok_and(|fs| fs.f_type as u64 == FUSE_SUPER_MAGIC) {
+        return false;
+    }
+    match (
+        rustix::fs::stat(target),
+        target.parent().map(rustix::fs::stat),
+    ) {
+        (Ok(here), Some(Ok(parent))) => here.st_dev != parent.st_dev,
+        _ => false,
+    }
+}
+
 /// One layer being served: its FUSE session, since when, when a read last fetched, and
 /// what was fetched of its blob (completion fetches only the rest).
 struct Serving {
@@ -254,7 +272,7 @@ impl Server {
             .into_iter()
             .any(|m| m == target);
         if mounted {
-            if rustix::fs::statfs(&target).is_ok() {
+            if answering_fuse_mount(&target) {
                 return Err(io::Error::other(
                     "its objects are served by another process",
                 ));
@@ -413,5 +431,18 @@ impl Server {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_directory_under_an_objects_mount_is_not_a_server_answering() {
+        let dir = tempfile::tempdir().unwrap();
+        let objects = dir.path().join("objects.mnt");
+        std::fs::create_dir(&objects).unwrap();
+        assert!(!answering_fuse_mount(&objects));
     }
 }

@@ -403,7 +403,7 @@ fn answers(target: &Path) -> Result<bool, RootfsError> {
     let (tx, rx) = std::sync::mpsc::channel();
     let probe = target.to_path_buf();
     std::thread::spawn(move || {
-        let _ = tx.send(fuse_answers_at(&probe));
+        let _ = tx.send(lamina_lazy::serve::answering_fuse_mount(&probe));
     });
     rx.recv_timeout(ANSWER_WITHIN).map_err(|_| {
         RootfsError::Refused(format!(
@@ -412,23 +412,6 @@ fn answers(target: &Path) -> Result<bool, RootfsError> {
             ANSWER_WITHIN.as_secs()
         ))
     })
-}
-
-/// Whether `target` is a FUSE mount that answers `statfs`. The directory under a mount
-/// answers too: a new server unmounts the dead one's mount before mounting its own, and
-/// an overlay mounted in between would have that empty directory for its objects.
-fn fuse_answers_at(target: &Path) -> bool {
-    const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
-    if !rustix::fs::statfs(target).is_ok_and(|fs| fs.f_type as u64 == FUSE_SUPER_MAGIC) {
-        return false;
-    }
-    match (
-        rustix::fs::stat(target),
-        target.parent().map(rustix::fs::stat),
-    ) {
-        (Ok(here), Some(Ok(parent))) => here.st_dev != parent.st_dev,
-        _ => false,
-    }
 }
 
 /// Waits until the lazy layers of `chain_ids` are served, starting a server with
@@ -484,8 +467,9 @@ pub(crate) fn provide<'a>(cx: &Provide<'a, '_>, read_only: bool) -> Result<Made<
     let spec = spec_of(store, cx.chain_ids, &claim.dirs, read_only, &lazy, flavour);
     let mounts = !options.without_mount || options.mount_volatile_without_mount;
     if mounts {
-        note_servers(store, &claim.dirs.base, &lazy)?;
+        let noted = note_servers(store, &claim.dirs.base, &lazy)?;
         mounter.mount_overlay(&spec, &claim.dirs.rootfs)?;
+        still_the_noted_servers(store, &lazy, &noted)?;
     }
     let rootfs = RootfsRecord::new(cx.choice.model, mounts, spec.option_strings());
     Ok(Made {
@@ -509,8 +493,12 @@ pub(crate) fn mount_again(
     let dirs = container.dirs(store);
     let layers = &container.record.layers;
     let spec = spec_of(store, layers, &dirs, read_only, &lazy, Flavour::LAZY);
-    note_servers(store, &dirs.base, &lazy)?;
+    let noted = note_servers(store, &dirs.base, &lazy)?;
     mounter.mount_overlay(&spec, &dirs.rootfs)?;
+    if let Err(e) = still_the_noted_servers(store, &lazy, &noted) {
+        let _ = mounter.unmount(&dirs.rootfs);
+        return Err(e);
+    }
     container.rootfs.mount_options = spec.option_strings();
     record_mounted(store, container)
 }
@@ -529,14 +517,38 @@ fn served_device(store: &Store, chain_id: &Digest) -> Result<u64, RootfsError> {
 }
 
 /// Notes, beside the container at `base`, the mounts serving `lazy` (its lazy layers,
-/// served now) that its overlay is about to hold.
-fn note_servers(store: &Store, base: &Path, lazy: &[Digest]) -> Result<(), RootfsError> {
+/// served now) that its overlay is about to hold; returns their devices.
+fn note_servers(store: &Store, base: &Path, lazy: &[Digest]) -> Result<Vec<u64>, RootfsError> {
     let mut lines = String::new();
+    let mut devices = Vec::new();
     for c in lazy {
-        lines.push_str(&format!("{} {}\n", c.hex(), served_device(store, c)?));
+        let device = served_device(store, c)?;
+        lines.push_str(&format!("{} {device}\n", c.hex()));
+        devices.push(device);
     }
     let path = base.join(SERVERS);
-    std::fs::write(&path, lines).map_err(|e| StoreError::io("writing", &path)(e).into())
+    std::fs::write(&path, lines).map_err(StoreError::io("writing", &path))?;
+    Ok(devices)
+}
+
+/// After the overlay is mounted: each of `lazy` is still served by the mount `noted`
+/// before it. The overlay looked its objects up by path; a mount replaced in between (a
+/// server died and the next one took over) may have left it the directory underneath.
+fn still_the_noted_servers(
+    store: &Store,
+    lazy: &[Digest],
+    noted: &[u64],
+) -> Result<(), RootfsError> {
+    for (c, device) in lazy.iter().zip(noted) {
+        let mount = layer::objects_mount(store.root(), c);
+        let same = answers(&mount)? && served_device(store, c)? == *device;
+        if !same {
+            return Err(RootfsError::Refused(format!(
+                "the server of lazy layer {c} changed while the container was being mounted: try again"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a mounted lazy container whose lazy layers are not all served now, or are
@@ -631,17 +643,4 @@ pub fn bad_layers(store: &Path) -> Vec<(PathBuf, String)> {
         .collect();
     bad.sort();
     bad
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_directory_under_an_objects_mount_is_not_a_server_answering() {
-        let dir = tempfile::tempdir().unwrap();
-        let objects = dir.path().join("objects.mnt");
-        std::fs::create_dir(&objects).unwrap();
-        assert!(!answers(&objects).unwrap());
-    }
 }
