@@ -128,13 +128,14 @@ impl Crash<'_> {
         assert_eq!(check.code, 0, "{context}: check after recovery: {check:?}");
 
         let id = format!("r{run}");
-        let exists = self
-            .lamina
-            .store
-            .join("images")
-            .join(&id)
-            .join("container.json")
-            .exists();
+        let exists = lamina_integration::records::record_exists(
+            &self
+                .lamina
+                .store
+                .join("images")
+                .join(&id)
+                .join("container.json"),
+        );
         match op {
             Op::Import | Op::Create if printed.contains("\"root\"") => {
                 assert!(exists, "{context}: a reported container was lost");

@@ -31,6 +31,23 @@ fn direct(fs: &ScratchFs) -> bool {
     wrote
 }
 
+/// Asks for a small record as a symlink's target in `fs` and checks what was left.
+fn symlinked(fs: &ScratchFs) -> bool {
+    let path = fs.path().join("record.link");
+    let wrote = RealHost
+        .write_new_symlink(&path, b"{\"id\":\"c\"}")
+        .unwrap_or_else(|e| panic!("{}: {e}", fs.path().display()));
+    if wrote {
+        assert_eq!(fs::read_link(&path).unwrap().as_os_str(), "{\"id\":\"c\"}");
+    } else {
+        assert!(
+            path.symlink_metadata().is_err(),
+            "a refused symlink record left its symlink"
+        );
+    }
+    wrote
+}
+
 fn made(kind: FsKind, options: LoopOptions) -> ScratchFs {
     ScratchFs::loop_backed_with(kind, 512, &options)
 }
@@ -38,8 +55,11 @@ fn made(kind: FsKind, options: LoopOptions) -> ScratchFs {
 #[test]
 fn journaled_ext4_and_xfs_take_the_direct_write() {
     require_root();
-    assert!(direct(&made(FsKind::Ext4, LoopOptions::default())));
-    assert!(direct(&made(FsKind::Xfs, LoopOptions::default())));
+    for kind in [FsKind::Ext4, FsKind::Xfs] {
+        let fs = made(kind, LoopOptions::default());
+        assert!(direct(&fs), "{kind:?}");
+        assert!(symlinked(&fs), "{kind:?}");
+    }
     let direct_io = LoopOptions {
         direct_io: true,
         ..LoopOptions::default()
@@ -119,7 +139,15 @@ fn filesystems_without_an_ordered_journal_take_the_fsync_path() {
         ("btrfs", FsKind::Btrfs, LoopOptions::default()),
     ];
     for (case, kind, options) in cases {
-        assert!(!direct(&made(kind, options)), "{case}");
+        let fs = made(kind, options);
+        assert!(!direct(&fs), "{case}");
+        // A symlink's target is journaled wherever a journal runs: only the direct
+        // write's own limits (buffered fallback, sector size) leave it a choice.
+        let journal_in_order = case.contains("data=journal") || case.contains("sectors");
+        if !journal_in_order {
+            assert!(!symlinked(&fs), "{case}: a symlink record");
+        }
     }
     assert!(!direct(&ScratchFs::tmpfs()), "tmpfs");
+    assert!(!symlinked(&ScratchFs::tmpfs()), "tmpfs: a symlink record");
 }

@@ -32,10 +32,9 @@ fn layers(lamina: &Lamina) -> usize {
 
 /// The uncompressed sizes import recorded for a container's layers.
 fn image_bytes(lamina: &Lamina, id: &str) -> u64 {
-    let record: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(lamina.store.join("images").join(id).join("container.json")).unwrap(),
-    )
-    .unwrap();
+    let record = lamina_integration::records::record_json(
+        &lamina.store.join("images").join(id).join("container.json"),
+    );
     record["layers"]
         .as_array()
         .unwrap()

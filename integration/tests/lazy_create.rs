@@ -147,9 +147,8 @@ fn lazy_create_boots_and_reads(format: Format, repo_tag: &str) {
     lamina_integration::wait_until("both layers completed", || lamina.entries("layers") == 2);
     let after = create("after");
     assert_eq!(after.code, 0, "{after:?}");
-    let record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(store.join("images/after/container.json")).unwrap())
-            .unwrap();
+    let record =
+        lamina_integration::records::record_json(&store.join("images/after/container.json"));
     let options = record["rootfs"]["mount_options"].to_string();
     assert!(
         options.contains("lowerdir=") && !options.contains(&*store.join("lazy").to_string_lossy()),

@@ -82,6 +82,17 @@ fn cut_everywhere(kind: FsKind, size_mb: u64) {
     let top = pulled.json()["top_chain_id"].as_str().unwrap().to_string();
     let top = top.strip_prefix("sha256:").unwrap_or(&top).to_string();
 
+    // A Garden container: its first record goes unsynced, and must be whole wherever
+    // the container's own fsync is.
+    let created = lamina.run(&["create", "--strategy", "classic", &reference, "garden"]);
+    assert_eq!(created.code, 0, "{created:?}");
+    let written = lamina.rootfs("garden").join("written");
+    fs::write(&written, b"the container's data").unwrap();
+    let file = fs::File::open(&written).unwrap();
+    HostFs::fsync(&RealHost, &file, &written).unwrap();
+    drop(file);
+    fs.mark("container fsync");
+
     let mut committed = vec![
         Committed {
             key: "c",
@@ -159,7 +170,7 @@ fn cut_everywhere(kind: FsKind, size_mb: u64) {
             if *present { "present" } else { "absent" }
         );
     }
-    assert_eq!(seen.len(), 1 + expected.committed.len(), "{seen:?}");
+    assert_eq!(seen.len(), 2 + expected.committed.len(), "{seen:?}");
 }
 
 /// Checks the store in the image mounted at `expected.root`; returns, for the pulled
@@ -180,6 +191,26 @@ fn check_cut(at: &str, expected: &Expected, must: &dyn Fn(&str) -> bool) -> Vec<
         );
     }
     held.push(("the pulled layer".to_string(), has_layer));
+
+    let store = lamina_store::Store::open(root).unwrap();
+    match store.record("garden") {
+        Ok(record) => assert_eq!(record.id, "garden", "{at}"),
+        Err(lamina_store::StoreError::NotFound(_)) => {}
+        Err(e) => panic!("{at}: the container's record: {e}"),
+    }
+    let written = root.join("images/garden/upper/written");
+    if must("container fsync") {
+        assert!(
+            store.record("garden").is_ok(),
+            "{at}: the record lost under fsynced data"
+        );
+        assert_eq!(fs::read(&written).unwrap(), b"the container's data", "{at}");
+    }
+    held.push((
+        "the container's record".to_string(),
+        store.record("garden").is_ok(),
+    ));
+    drop(store);
 
     let snapshotter = open_snapshotter(root);
     for commit in &expected.committed {
@@ -237,8 +268,17 @@ fn check_cut(at: &str, expected: &Expected, must: &dyn Fn(&str) -> bool) -> Vec<
 
     let lamina = Lamina::new(root);
     let check = lamina.run(&["check", "--verify"]);
-    assert_eq!(check.code, 0, "{at}: {check:?}");
-    let verified = check.json()["verified_layers"]["layers"].as_u64().unwrap();
+    // The one thing a reboot leaves to find: the Garden container is not mounted.
+    let report: serde_json::Value = serde_json::from_str(&check.stdout).unwrap();
+    let problems: Vec<String> = report["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap().to_string())
+        .filter(|kind| kind != "rootfs_not_mounted")
+        .collect();
+    assert!(problems.is_empty(), "{at}: {check:?}");
+    let verified = report["verified_layers"]["layers"].as_u64().unwrap();
     assert!(
         !has_layer || verified >= 1,
         "{at}: the layer was not verified: {check:?}"
@@ -286,5 +326,47 @@ fn the_harness_finds_a_file_published_without_its_data_synced() {
             }
         });
         assert!(torn > 0, "{kind:?}: no image showed the unsynced file torn");
+    }
+}
+
+/// A symlink's target is journaled with its creation on ext4 and xfs: in every image
+/// after a later commit it is whole, and in none is it torn (what lets a small record be
+/// made durable without a write to the device).
+#[test]
+fn a_symlink_is_whole_or_absent_in_every_image() {
+    require_root();
+    for (kind, size_mb) in FILESYSTEMS {
+        let scratch = ScratchFs::tmpfs();
+        let fs = RecordedFs::new(kind, size_mb);
+        let target: String = (0..1000)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        fs.start();
+        std::os::unix::fs::symlink(&target, fs.path().join("record")).unwrap();
+        let other = fs.path().join("other");
+        fs::write(&other, b"later").unwrap();
+        let file = fs::File::open(&other).unwrap();
+        HostFs::fsync(&RealHost, &file, &other).unwrap();
+        drop(file);
+        fs.mark("later");
+        let recording = fs.stop();
+        let cuts = recording.cut_images(4, &mut Xorshift::new(11));
+        let mut seen = [false; 2];
+        fs.check_each(&recording, &cuts, scratch.path(), |cut| {
+            let link = fs.path().join("record");
+            let read = fs::read_link(&link);
+            if let Ok(read) = &read {
+                assert_eq!(read.to_str().unwrap(), target, "{kind:?}, {}", cut.label);
+            }
+            seen[usize::from(read.is_ok())] = true;
+            if cut.flushes >= recording.flushes_before("later") {
+                assert!(
+                    read.is_ok(),
+                    "{kind:?}, {}: lost after a later fsync",
+                    cut.label
+                );
+            }
+        });
+        assert_eq!(seen, [true, true], "{kind:?}");
     }
 }

@@ -272,7 +272,11 @@ fn a_container_a_power_cut_lost_under_its_row_is_made_again_on_its_parent() {
                 fs.remount_after_cut();
                 let lost: Vec<&String> = [&active, &view, &empty]
                     .into_iter()
-                    .filter(|id| !images.join(id).join("container.json").exists())
+                    .filter(|id| {
+                        !lamina_integration::records::record_exists(
+                            &images.join(id).join("container.json"),
+                        )
+                    })
                     .collect();
                 eprintln!("{context}: the cut lost {lost:?}");
             } else {
@@ -479,9 +483,9 @@ fn a_container_whose_record_cannot_be_read_is_not_made_again() {
     drop(snapshotter);
     fs::write(dir.join("upper/written"), "the container's").unwrap();
     let record = dir.join("container.json");
-    let mut newer: serde_json::Value = serde_json::from_slice(&fs::read(&record).unwrap()).unwrap();
+    let mut newer = lamina_integration::records::record_json(&record);
     newer["rootfs"]["version"] = 99.into();
-    fs::write(&record, serde_json::to_vec(&newer).unwrap()).unwrap();
+    lamina_integration::records::overwrite_record(&record, &serde_json::to_vec(&newer).unwrap());
 
     open_snapshotter(&root).unwrap();
     assert_eq!(

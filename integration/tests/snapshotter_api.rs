@@ -572,8 +572,9 @@ fn a_layer_lamina_already_has_answers_already_exists_and_boots() {
     let files = sample_image(&f.fs.path().join("image"));
     let lamina = Lamina::new(&f.daemon.store);
     lamina.create(&files.references()[0], "garden");
-    let record: serde_json::Value =
-        serde_json::from_str(&read(&f.daemon.store.join("images/garden/container.json"))).unwrap();
+    let record = lamina_integration::records::record_json(
+        &f.daemon.store.join("images/garden/container.json"),
+    );
     let chain: Vec<&str> = record["layers"]
         .as_array()
         .unwrap()

@@ -85,7 +85,8 @@ fn a_torn_record_costs_its_own_container_and_never_the_store() {
         .iter()
         .map(|id| lamina.create(&image, id))
         .collect();
-    let valid = fs::read(store.join("images/healthy-a/container.json")).unwrap();
+    let valid =
+        lamina_integration::records::record_bytes(&store.join("images/healthy-a/container.json"));
     let torn = torn_records(&valid);
     for (id, bytes) in &torn {
         let flags: &[&str] = if *id == "torn-isolated" {
@@ -94,7 +95,10 @@ fn a_torn_record_costs_its_own_container_and_never_the_store() {
             &[]
         };
         lamina.create_with(flags, &image, id);
-        fs::write(store.join("images").join(id).join("container.json"), bytes).unwrap();
+        lamina_integration::records::overwrite_record(
+            &store.join("images").join(id).join("container.json"),
+            bytes,
+        );
     }
     let torn_ids: BTreeSet<&str> = torn.iter().map(|(id, _)| *id).collect();
     let layers_with_spare = layer_dirs(&store);
@@ -236,8 +240,7 @@ fn record_paths_that_leave_the_store_are_never_followed() {
         let id = format!("hostile-{}", field.replace('_', "-"));
         lamina.create_with(&["--strategy", "classic"], &image, &id);
         let path = lamina.store.join("images").join(&id).join("container.json");
-        let mut record: serde_json::Value =
-            serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        let mut record = lamina_integration::records::record_json(&path);
         // Each path is made to fit a provider that has it, so only its shape is wrong.
         let rootfs = &mut record["rootfs"];
         match *field {
@@ -253,7 +256,7 @@ fn record_paths_that_leave_the_store_are_never_followed() {
             }
             _ => record[*field] = value.clone().into(),
         }
-        fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+        lamina_integration::records::overwrite_record(&path, &serde_json::to_vec(&record).unwrap());
 
         let check = lamina.run(&["check"]);
         let report = report_of(&check);
@@ -273,8 +276,9 @@ fn record_paths_that_leave_the_store_are_never_followed() {
     assert_eq!(lamina.run(&["check"]).code, 0);
 }
 
-/// A create's first record is written with `O_DIRECT` and no flush (docs/store.md,
-/// "Durability of records"). What a container fsyncs after its create returns must bring
+/// A create's first record is a symlink's target, or written with `O_DIRECT`, with no
+/// flush (docs/store.md, "Durability of records"). What a container fsyncs after its
+/// create returns must bring
 /// its record through a power cut with it: a buffered record would come back empty (the
 /// container's fsync commits the record's rename before its data), and the container,
 /// data and all, would be unreadable. A container created after that fsync comes back
@@ -302,7 +306,7 @@ fn a_record_survives_a_power_cut_whenever_its_containers_fsync_does() {
         fs.crash_and_remount();
 
         let record = lamina.store.join("images/synced/container.json");
-        let bytes = fs::read(&record).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        let bytes = lamina_integration::records::record_bytes(&record);
         let parsed: serde_json::Value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|e| panic!("{kind:?}: the record came back torn ({e}): {bytes:?}"));
         assert_eq!(parsed["id"], "synced", "{kind:?}");
@@ -311,7 +315,8 @@ fn a_record_survives_a_power_cut_whenever_its_containers_fsync_does() {
         assert_eq!(fs::read(&committed).unwrap(), b"txn 42\n", "{kind:?}");
 
         let unsynced = lamina.store.join("images/unsynced/container.json");
-        if let Ok(bytes) = fs::read(&unsynced) {
+        if lamina_integration::records::record_exists(&unsynced) {
+            let bytes = lamina_integration::records::record_bytes(&unsynced);
             serde_json::from_slice::<serde_json::Value>(&bytes)
                 .unwrap_or_else(|e| panic!("{kind:?}: torn ({e}): {bytes:?}"));
         }

@@ -6,6 +6,7 @@
 use std::fs::{self, File};
 use std::io::Read;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -332,7 +333,8 @@ impl Store {
     /// the disk where the filesystem's journal makes that safe
     /// ([`crate::durable::write_new_with`]).
     pub fn write_new_record(&self, record: &ContainerRecord) -> Result<(), StoreError> {
-        let (path, json) = self.encoded(record)?;
+        // Compact: a record short enough is a symlink's target, which xfs caps at 1 KiB.
+        let (path, json) = self.encoded_as(record, serde_json::to_vec)?;
         crate::durable::write_new_with(&**self.host(), &path, &json)
     }
 
@@ -340,9 +342,16 @@ impl Store {
     /// here rather than written: every reader would refuse it (an image config may be up
     /// to 4 MiB, so its environment alone can make one).
     fn encoded(&self, record: &ContainerRecord) -> Result<(PathBuf, Vec<u8>), StoreError> {
+        self.encoded_as(record, serde_json::to_vec_pretty)
+    }
+
+    fn encoded_as(
+        &self,
+        record: &ContainerRecord,
+        encode: fn(&ContainerRecord) -> serde_json::Result<Vec<u8>>,
+    ) -> Result<(PathBuf, Vec<u8>), StoreError> {
         let path = self.layout.container(&record.id).join(RECORD);
-        let json = serde_json::to_vec_pretty(record)
-            .map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
+        let json = encode(record).map_err(|e| StoreError::io("encoding", &path)(e.into()))?;
         if json.len() as u64 > MAX_RECORD_BYTES {
             return Err(StoreError::io("writing", &path)(std::io::Error::other(
                 format!(
@@ -460,25 +469,9 @@ fn read_record(
         path: path.to_path_buf(),
         why,
     };
-    let file = match crate::open_regular_file(path) {
-        Ok(file) => file,
-        // NotADirectory: a stray file in `images/` is no container at all.
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
-            ) =>
-        {
-            return Ok(None);
-        }
-        Err(e) => return Err(bad(e.to_string())),
+    let Some(bytes) = record_bytes(path, &bad)? else {
+        return Ok(None);
     };
-    // A record is one 4 KiB block (written with O_DIRECT) and rarely more: room for two
-    // reads it in one call instead of doubling steps from 32 bytes.
-    let mut bytes = Vec::with_capacity(8192);
-    file.take(MAX_RECORD_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| bad(e.to_string()))?;
     if bytes.len() as u64 > MAX_RECORD_BYTES {
         return Err(bad(format!("it is past {MAX_RECORD_BYTES} bytes")));
     }
@@ -495,6 +488,45 @@ fn read_record(
         )));
     }
     Ok(Some(record))
+}
+
+/// The bytes of the record at `path`: a regular file's, or a symlink's target (a first
+/// record, [`crate::durable::write_new_with`]; never followed). `None` if there is none.
+fn record_bytes(
+    path: &Path,
+    bad: &dyn Fn(String) -> StoreError,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    // Twice: a later record renamed over a symlink between the two looks below.
+    for attempt in 0..2 {
+        let refused = match crate::open_regular_file(path) {
+            Ok(file) => {
+                // A record file is one 4 KiB block (written with O_DIRECT) and rarely
+                // more: room for two reads it in one call instead of doubling steps.
+                let mut bytes = Vec::with_capacity(8192);
+                file.take(MAX_RECORD_BYTES + 1)
+                    .read_to_end(&mut bytes)
+                    .map_err(|e| bad(e.to_string()))?;
+                return Ok(Some(bytes));
+            }
+            // NotADirectory: a stray file in `images/` is no container at all.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => e,
+        };
+        match fs::read_link(path) {
+            Ok(target) => return Ok(Some(target.into_os_string().into_vec())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput && attempt == 0 => continue,
+            Err(_) => return Err(bad(refused.to_string())),
+        }
+    }
+    Err(bad("it kept changing while read".into()))
 }
 
 /// Unique within the store: pid, time and a per-process counter.
@@ -555,6 +587,38 @@ mod tests {
         }
         assert_eq!(printable("a\nb\u{1b}c"), "a\\nb\\u{1b}c");
         assert_eq!(printable("plain"), "plain");
+    }
+
+    /// A first record may be a symlink whose target is the record: read without following
+    /// it, replaced by a later record's file, and a symlink to a file is not that file.
+    #[test]
+    fn a_record_that_is_a_symlinks_target_reads_back_and_a_later_record_replaces_it() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::init(&dir.path().join("store")).unwrap();
+        let path = |id: &str| store.layout().container(id).join(RECORD);
+        for id in ["s", "t"] {
+            drop(store.create_container_dirs(id).unwrap());
+        }
+        let json = serde_json::to_vec(&record("s")).unwrap();
+        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&json), path("s")).unwrap();
+        assert_eq!(store.record("s").unwrap(), record("s"));
+
+        let later = ContainerRecord {
+            image: "oci:///later".into(),
+            ..record("s")
+        };
+        store.write_record(&later).unwrap();
+        assert!(path("s").symlink_metadata().unwrap().is_file());
+        assert_eq!(store.record("s").unwrap(), later);
+
+        let elsewhere = dir.path().join("record-elsewhere.json");
+        fs::write(&elsewhere, serde_json::to_vec(&record("t")).unwrap()).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, path("t")).unwrap();
+        assert!(matches!(
+            store.record("t"),
+            Err(StoreError::BadRecord { .. })
+        ));
     }
 
     fn record(id: &str) -> ContainerRecord {

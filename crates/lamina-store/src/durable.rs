@@ -48,11 +48,13 @@ pub(crate) fn write_durably_with(
 
 /// Writes `path`, which does not exist yet (a create's first container record), whole for
 /// every process and for every crash, without the two device flushes of
-/// [`write_durably`] where the filesystem allows: on ext4 and xfs the bytes go to a
-/// temporary file with `O_DIRECT` ([`HostFs::write_new_direct`]) which is renamed into
-/// place. The journal then holds the file's size before the rename, so after a crash the
-/// file is absent (nothing logged after it survived either: no container fsync, no later
-/// record) or whole — never the empty file a buffered write leaves when a container's own
+/// [`write_durably`] where the filesystem allows. On ext4 and xfs it is a symlink whose
+/// target is `bytes` ([`HostFs::write_new_symlink`]): the journal logs the target with
+/// the name, so after a crash the record is absent (nothing logged after it survived
+/// either: no container fsync, no later record) or whole, and no byte goes to the device
+/// now. Too long for a symlink there, the bytes go to a temporary file with `O_DIRECT`
+/// ([`HostFs::write_new_direct`]) renamed into place, whose size the journal holds ahead
+/// of the rename: never the empty file a buffered write leaves when a container's own
 /// fsync commits the rename first. Elsewhere this is [`write_durably`]. The flushes cost
 /// 0.4–1.6 ms here, most of a create called as a process (docs/store.md).
 pub(crate) fn write_new_with(
@@ -60,6 +62,11 @@ pub(crate) fn write_new_with(
     path: &Path,
     bytes: &[u8],
 ) -> Result<(), StoreError> {
+    match host.write_new_symlink(path, bytes) {
+        Ok(true) => return Ok(()),
+        Ok(false) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(StoreError::errno("writing", path)(e)),
+    }
     let tmp = temporary_beside(path);
     match host.write_new_direct(&tmp, bytes) {
         Ok(true) => fs::rename(&tmp, path).map_err(|e| {

@@ -11,6 +11,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::BorrowedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
@@ -197,6 +198,17 @@ impl HostFs for FakeMounter {
     /// durable path, whose calls it records and can fail. Where the fake kernel says the
     /// journal orders direct writes ([`crate::FakeKernel::ordered_direct_writes`]), the
     /// file is written (buffered: the fake has no device).
+    /// As [`HostFs::write_new_direct`]: made for real where the fake kernel's journal
+    /// is ordered, and never otherwise.
+    fn write_new_symlink(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {
+        if !self.lock().kernel.ordered_direct_writes || bytes.is_empty() || bytes.contains(&0) {
+            return Ok(false);
+        }
+        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(bytes), path)
+            .map(|()| true)
+            .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
+    }
+
     fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {
         if !self.lock().kernel.ordered_direct_writes {
             return Ok(false);

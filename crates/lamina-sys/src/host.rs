@@ -134,6 +134,17 @@ pub trait HostFs: Send + Sync + Debug {
     /// size 0. `Ok(false)`: not such a filesystem or file; nothing is left behind.
     fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno>;
 
+    /// Creates a symlink at `path` whose target is `bytes`, where the filesystem's
+    /// journal is one [`HostFs::write_new_direct`] writes for: ext4 and xfs log a
+    /// symlink's target with its creation (in the inode, or in a block the journal
+    /// carries), so it is whole or absent after any crash and in the journal ahead of
+    /// everything logged later — what the direct write gives, without its write to the
+    /// device (`integration/tests/power_cut_flushes.rs` checks it at every flush).
+    /// `Ok(false)`: not such a filesystem, or `bytes` too long for a target there
+    /// (xfs takes 1024 bytes, ext4 a block), or not one (empty, or with a NUL); nothing
+    /// is left behind.
+    fn write_new_symlink(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno>;
+
     /// Makes the first `len` bytes of `into` (which is `path`) share `from`'s extents,
     /// where the kernel finds the bytes equal (`FIDEDUPERANGE`, safe on files in use).
     /// Returns the bytes now shared. `EOPNOTSUPP`/`EINVAL`: the filesystem has no
@@ -356,6 +367,24 @@ impl HostFs for RealHost {
         rustix::fs::copy_file_range(from, Some(&mut at), into, None, want).map(|n| n as u64)
     }
 
+    fn write_new_symlink(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {
+        if bytes.is_empty() || bytes.contains(&0) || bytes.len() > SYMLINK_MAX {
+            return Ok(false);
+        }
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if !crate::ordered_journal::orders_direct_writes(dir) {
+            return Ok(false);
+        }
+        match rustix::fs::symlink(bytes, path) {
+            Ok(()) => Ok(true),
+            Err(Errno::NAMETOOLONG) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {
         let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
@@ -413,6 +442,10 @@ fn direct_io_honoured(file: &File) -> bool {
 
 /// The block size records are padded to and written in.
 const BLOCK: u32 = 4096;
+
+/// The longest symlink target any filesystem here takes (ext4's with 4 KiB blocks; xfs
+/// refuses past 1024 bytes with `ENAMETOOLONG`).
+const SYMLINK_MAX: usize = 4095;
 
 /// `bytes` as whole aligned blocks, the last padded with spaces.
 fn write_blocks(mut file: &File, bytes: &[u8]) -> Result<(), Errno> {
