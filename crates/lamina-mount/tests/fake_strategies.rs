@@ -96,6 +96,9 @@ fn shared_ro_mounts_once_and_releases_after_the_last_container() {
         b.container.rootfs.bind_source
     );
     let shared = a.container.rootfs.bind_source.clone().unwrap();
+    // A read-only bind writes nothing: its container has no upper or work to make.
+    let dirs = store.container_dirs("a");
+    assert!(dirs.rootfs.is_dir() && !dirs.upper.exists() && !dirs.work.exists());
 
     // Deferred (shared-ro always is): gone from images/ at once, torn down by the reaper.
     assert_eq!(delete(&store, &fake, "a").unwrap(), Deleted::Deferred);
@@ -116,6 +119,8 @@ fn direct_binds_a_flattened_tree_with_whiteouts_applied() {
     let fake = FakeMounter::new();
     let created = create(&store, &fake, &image, "d", &with("direct")).unwrap();
     let flat = created.container.rootfs.bind_source.clone().unwrap();
+    let dirs = store.container_dirs("d");
+    assert!(dirs.rootfs.is_dir() && !dirs.upper.exists() && !dirs.work.exists());
     assert!(
         flat.starts_with(store.layout().flat()),
         "{}",

@@ -201,11 +201,25 @@ impl Store {
     /// Claims `id` and makes its directories. Fails with `AlreadyExists` if the ID is
     /// taken, including by a create still in flight.
     pub fn create_container_dirs(&self, id: &str) -> Result<ContainerClaim, StoreError> {
+        self.create_container_dirs_shaped(id, true)
+    }
+
+    /// [`Store::create_container_dirs`] with `rootfs/` alone: a read-only bind writes
+    /// nothing, so it has no upper or work directory to make and remove.
+    pub fn create_bind_container_dirs(&self, id: &str) -> Result<ContainerClaim, StoreError> {
+        self.create_container_dirs_shaped(id, false)
+    }
+
+    fn create_container_dirs_shaped(
+        &self,
+        id: &str,
+        upper: bool,
+    ) -> Result<ContainerClaim, StoreError> {
         validate_id(id)?;
         if self.container_exists(id) {
             return Err(StoreError::AlreadyExists(id.into()));
         }
-        let (staged, lock) = self.stage_container_dirs("new")?;
+        let (staged, lock) = self.stage_dirs("new", upper)?;
         self.publish_container(&staged.base, lock, id)
     }
 
@@ -213,6 +227,14 @@ impl Store {
     pub fn stage_container_dirs(
         &self,
         prefix: &str,
+    ) -> Result<(ContainerDirs, DirLock), StoreError> {
+        self.stage_dirs(prefix, true)
+    }
+
+    fn stage_dirs(
+        &self,
+        prefix: &str,
+        upper: bool,
     ) -> Result<(ContainerDirs, DirLock), StoreError> {
         let name = format!("{prefix}-{}", unique_suffix());
         let dirs = ContainerDirs::under(self.layout.tmp().join(&name));
@@ -231,7 +253,11 @@ impl Store {
                 return Err(e);
             }
         };
-        for dir in [&dirs.rootfs, &dirs.upper, &dirs.work] {
+        let made = match upper {
+            true => &[&dirs.rootfs, &dirs.upper, &dirs.work][..],
+            false => &[&dirs.rootfs][..],
+        };
+        for dir in made {
             if let Err(e) = fs::create_dir(dir) {
                 let _ = crate::remove_tree(&dirs.base);
                 return Err(StoreError::io("creating", dir)(e));

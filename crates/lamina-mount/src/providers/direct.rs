@@ -29,7 +29,7 @@ use crate::providers::{Attach, Made, Provide, bind_dir, record_mounted};
 /// is not there).
 pub(crate) fn provide<'a>(cx: &Provide<'a, '_>) -> Result<Made<'a>, RootfsError> {
     let source = source(cx.store, cx.chain_ids)?;
-    let claim = cx.store.create_container_dirs(cx.id)?;
+    let claim = cx.store.create_bind_container_dirs(cx.id)?;
     bind_dir(
         cx.store,
         cx.mounter,

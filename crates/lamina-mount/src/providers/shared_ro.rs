@@ -48,7 +48,7 @@ fn lock_name(dir: &Path) -> String {
 pub(crate) fn provide<'a>(cx: &Provide<'a, '_>) -> Result<Made<'a>, RootfsError> {
     let (store, mounter) = (cx.store, cx.mounter);
     let acquired = acquire(store, mounter, cx.chain_ids)?;
-    let claim = match store.create_container_dirs(cx.id) {
+    let claim = match store.create_bind_container_dirs(cx.id) {
         Ok(claim) => claim,
         Err(e) => {
             release(store, mounter, &acquired.lease)?;
