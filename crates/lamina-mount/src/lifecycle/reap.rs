@@ -177,7 +177,8 @@ fn drain(
         // One read of the mount table per pass, not one per container: with a thousand
         // binds mounted, each read costs about a millisecond. Listed after `pending`, so
         // it includes every pending container's mounts (renames carry mounts along).
-        let mounted = mounter.mounts_under(&store.layout().trash())?;
+        let trash = store.layout().trash();
+        let mut mounted = by_entry(&trash, mounter.mounts_under(&trash)?);
         let mut held = Vec::new();
         for dir in pending {
             // Held while it is judged, torn down and removed: not anyone else's to touch
@@ -194,11 +195,10 @@ fn drain(
                 }
             };
             let record = record::read_in(store, &dir).unwrap_or(None);
-            let mounts: Vec<PathBuf> = mounted
-                .iter()
-                .filter(|m| m.starts_with(&dir))
-                .cloned()
-                .collect();
+            let mounts = dir
+                .file_name()
+                .and_then(|name| mounted.remove(name))
+                .unwrap_or_default();
             held.push((dir, record, mounts, lock));
         }
         if held.is_empty() {
@@ -242,6 +242,26 @@ fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
         let discarded = lamina_sys::unlink_written(&dirs.upper, &dirs.rootfs);
         tracing::debug!(dir = %dir.display(), discarded, "unlinked written files before unmount");
     }
+}
+
+/// `mounts` under `trash` (deepest first) grouped by the trash entry each is in, in the
+/// same order: one lookup per container instead of a scan of every mount.
+fn by_entry(
+    trash: &Path,
+    mounts: Vec<PathBuf>,
+) -> std::collections::HashMap<std::ffi::OsString, Vec<PathBuf>> {
+    let mut grouped: std::collections::HashMap<_, Vec<PathBuf>> = Default::default();
+    for mount in mounts {
+        let entry = mount
+            .strip_prefix(trash)
+            .ok()
+            .and_then(|rel| rel.components().next())
+            .map(|c| c.as_os_str().to_os_string());
+        if let Some(entry) = entry {
+            grouped.entry(entry).or_default().push(mount);
+        }
+    }
+    grouped
 }
 
 /// Unmounts `mounts` (what is mounted in container directory `dir`, deepest first),
