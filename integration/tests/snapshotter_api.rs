@@ -1131,7 +1131,16 @@ fn label_row(f: &Fixture, n: usize, row: &LabelRow) {
         assert_eq!(read(&mounted.path().join("new")), written, "kept");
     }
     if row.read_only {
-        f.api.remove(&active).unwrap();
+        // A read-only bind wrote nothing: committing it adds an empty layer.
+        f.api.commit(&committed, &active, none()).unwrap();
+        let mounts = f.api.view(&view, &committed).unwrap();
+        {
+            let mounted = Mounted::new(&mounts);
+            assert_eq!(read(&mounted.path().join("g")), "y");
+            assert!(!mounted.path().join("new").exists());
+        }
+        f.api.remove(&view).unwrap();
+        f.api.remove(&committed).unwrap();
         return;
     }
     match f.api.commit(&committed, &active, none()) {

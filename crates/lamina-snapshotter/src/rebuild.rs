@@ -16,9 +16,10 @@
 //! delete a create in flight, or adopt a Garden container.
 //!
 //! Only a container whose record file is not there is lost. One whose record is there is
-//! whole (on ext4 and xfs the record is written direct and renamed into place after every
-//! directory of the container was made, and the journal commits those in order;
-//! elsewhere the record's write syncs the container's directory), even when the record
+//! whole (on ext4 and xfs the record is a symlink whose target the journal logs with it,
+//! or written direct and renamed into place, after every directory of the container was
+//! made, and the journal commits those in order; elsewhere the record's write syncs the
+//! container's directory), even when the record
 //! cannot be read or stat fails: a newer release's, or one an I/O error hides, is
 //! reported by `lamina check` and left with what the container wrote, never deleted and
 //! made again empty.

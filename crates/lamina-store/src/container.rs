@@ -1,7 +1,8 @@
 //! Container directories and records. A container's directory is built in `tmp/` with a
 //! flocked `lock` file, then renamed into `images/<ID>` without replacing anything: that
 //! rename is the atomic claim of an ID, and the held lock tells crash recovery the create
-//! is still running. `container.json`, written last by rename, makes a container listed.
+//! is still running. `container.json`, written last (a symlink whose target is the record,
+//! or a file renamed into place), makes a container listed.
 
 use std::fs::{self, File};
 use std::io::Read;
@@ -219,8 +220,13 @@ impl Store {
         if self.container_exists(id) {
             return Err(StoreError::AlreadyExists(id.into()));
         }
-        let (staged, lock) = self.stage_dirs("new", upper)?;
+        // Published straight from its hidden name: a create's directory needs no `new-`
+        // stage of its own, and a crash leaves it to `clean` as its dead creator's.
+        let (staged, lock) = self.stage_dirs("new", upper, false)?;
         self.publish_container(&staged.base, lock, id)
+            .inspect_err(|_| {
+                let _ = crate::remove_tree(&staged.base);
+            })
     }
 
     /// Makes a locked container directory (rootfs, upper, work, lock) under `tmp/`.
@@ -228,24 +234,31 @@ impl Store {
         &self,
         prefix: &str,
     ) -> Result<(ContainerDirs, DirLock), StoreError> {
-        self.stage_dirs(prefix, true)
+        self.stage_dirs(prefix, true, true)
     }
 
+    /// Makes a locked container directory under `tmp/`, hidden (`.staging-`), and with
+    /// `shown` renamed to its `prefix-` name once locked.
     fn stage_dirs(
         &self,
         prefix: &str,
         upper: bool,
+        shown: bool,
     ) -> Result<(ContainerDirs, DirLock), StoreError> {
         let name = format!("{prefix}-{}", unique_suffix());
-        let dirs = ContainerDirs::under(self.layout.tmp().join(&name));
         // Made under a hidden name and shown only with its lock held: `clean` judges a
         // `new-`/`pool-` directory by its lock, and must never see one without it.
         let hidden = self.layout.tmp().join(format!("{STAGING_PREFIX}{name}"));
+        let dirs = match shown {
+            true => ContainerDirs::under(self.layout.tmp().join(&name)),
+            false => ContainerDirs::under(hidden.clone()),
+        };
         fs::create_dir(&hidden).map_err(StoreError::io("creating", &hidden))?;
-        let lock = match lock_new(&hidden).and_then(|lock| {
-            fs::rename(&hidden, &dirs.base)
+        let lock = match lock_new(&hidden).and_then(|lock| match shown {
+            true => fs::rename(&hidden, &dirs.base)
                 .map(|()| lock)
-                .map_err(StoreError::io("staging", &hidden))
+                .map_err(StoreError::io("staging", &hidden)),
+            false => Ok(lock),
         }) {
             Ok(lock) => lock,
             Err(e) => {
@@ -361,7 +374,7 @@ impl Store {
     pub fn write_new_record(&self, record: &ContainerRecord) -> Result<(), StoreError> {
         // Compact: a record short enough is a symlink's target, which xfs caps at 1 KiB.
         let (path, json) = self.encoded_as(record, serde_json::to_vec)?;
-        crate::durable::write_new_with(&**self.host(), &path, &json)
+        crate::durable::write_new_with(&**self.host(), &path, &json, self.symlink_records())
     }
 
     /// Where `record` goes, and its bytes. A record past [`MAX_RECORD_BYTES`] is refused
@@ -645,6 +658,54 @@ mod tests {
             store.record("t"),
             Err(StoreError::BadRecord { .. })
         ));
+    }
+
+    /// A store made now writes first records as symlinks where the journal is ordered;
+    /// one made by a lamina from before (version 1) keeps regular files, which that
+    /// lamina reads; a long record is a file either way.
+    #[test]
+    fn only_a_store_whose_version_older_laminas_refuse_gets_symlink_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        let fake = std::sync::Arc::new(lamina_sys::FakeMounter::new());
+        fake.set_kernel(lamina_sys::FakeKernel {
+            ordered_direct_writes: true,
+            ..Default::default()
+        });
+        let host: std::sync::Arc<dyn lamina_sys::HostFs> = fake.clone();
+        let store = Store::init_hosted(&root, &Default::default(), host.clone()).unwrap();
+        assert!(store.symlink_records());
+        let is_symlink = |store: &Store, id: &str| {
+            let path = store.layout().container(id).join(RECORD);
+            path.symlink_metadata().unwrap().file_type().is_symlink()
+        };
+        let long = ContainerRecord {
+            env: vec!["X=".to_string() + &"x".repeat(2000)],
+            ..record("long")
+        };
+        for r in [record("new"), long.clone()] {
+            drop(store.create_container_dirs(&r.id).unwrap());
+            store.write_new_record(&r).unwrap();
+            assert_eq!(store.record(&r.id).unwrap(), r);
+        }
+        assert!(is_symlink(&store, "new"));
+        assert!(
+            !is_symlink(&store, "long"),
+            "past a symlink's length: a file"
+        );
+
+        let marker = store.layout().marker();
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&fs::read(&marker).unwrap()).unwrap();
+        assert_eq!(json["version"], 3);
+        json["version"] = 1.into();
+        fs::write(&marker, serde_json::to_vec(&json).unwrap()).unwrap();
+        let older = Store::open_hosted(&root, host).unwrap();
+        assert!(!older.symlink_records());
+        drop(older.create_container_dirs("old").unwrap());
+        older.write_new_record(&record("old")).unwrap();
+        assert!(!is_symlink(&older, "old"));
+        assert_eq!(older.record("old").unwrap(), record("old"));
     }
 
     fn record(id: &str) -> ContainerRecord {

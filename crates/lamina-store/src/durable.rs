@@ -57,15 +57,17 @@ pub(crate) fn write_durably_with(
 /// of the rename: never the empty file a buffered write leaves when a container's own
 /// fsync commits the rename first. Elsewhere this is [`write_durably`]. The flushes cost
 /// 0.4–1.6 ms here, most of a create called as a process (docs/store.md).
+///
+/// `symlink`: the store's readers take a symlink record ([`crate::Store::symlink_records`]).
+/// A symlink refused for any reason (a security module's policy, say) falls back too.
 pub(crate) fn write_new_with(
     host: &dyn HostFs,
     path: &Path,
     bytes: &[u8],
+    symlink: bool,
 ) -> Result<(), StoreError> {
-    match host.write_new_symlink(path, bytes) {
-        Ok(true) => return Ok(()),
-        Ok(false) | Err(rustix::io::Errno::EXIST) => {}
-        Err(e) => return Err(StoreError::errno("writing", path)(e)),
+    if symlink && let Ok(true) = host.write_new_symlink(path, bytes) {
+        return Ok(());
     }
     let tmp = temporary_beside(path);
     match host.write_new_direct(&tmp, bytes) {
@@ -185,7 +187,7 @@ mod tests {
         let path = dir.path().join("container.json");
         let json =
             serde_json::to_vec(&serde_json::json!({"id": "c", "big": "x".repeat(9000)})).unwrap();
-        write_new_with(&RealHost, &path, &json).unwrap();
+        write_new_with(&RealHost, &path, &json, true).unwrap();
         let read = fs::read(&path).unwrap();
         assert!(read.starts_with(&json));
         assert!(read[json.len()..].iter().all(|&b| b == b' '));

@@ -14,6 +14,15 @@ pub const STORE_VERSION: u32 = 1;
 /// link into verified layers (after a rollback and roll forward).
 pub const SHARING_STORE_VERSION: u32 = 2;
 
+/// The marker versions ([`STORE_VERSION`] and [`SHARING_STORE_VERSION`] otherwise alike)
+/// of a store whose first container records may be symlinks with the record for target
+/// (docs/store.md, "Durability of records"): a lamina from before reads such a record as
+/// damage, and one older still would take a containerd snapshot's container for lost and
+/// make it again empty, so it refuses the store ("not a lamina store") instead. Stores
+/// made by a lamina from before keep their version, and their records regular files.
+pub const SYMLINK_RECORDS_VERSION: u32 = 3;
+pub const SHARING_SYMLINK_RECORDS_VERSION: u32 = 4;
+
 #[derive(Debug, Clone)]
 pub struct Layout {
     root: PathBuf,

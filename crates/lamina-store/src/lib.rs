@@ -75,6 +75,8 @@ pub struct Store {
     /// Where ownership, xattr, device-node and durable-write calls go: the kernel, or a
     /// test's fake ([`Store::init_hosted`]).
     host: Arc<dyn HostFs>,
+    /// [`Store::symlink_records`].
+    symlink_records: bool,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -135,9 +137,9 @@ impl Store {
         permissions::secure_store(&layout, properties, &*host)?;
         if !layout.marker().exists() {
             let version = if properties.shared_file_content {
-                layout::SHARING_STORE_VERSION
+                layout::SHARING_SYMLINK_RECORDS_VERSION
             } else {
-                STORE_VERSION
+                layout::SYMLINK_RECORDS_VERSION
             };
             let marker = serde_json::to_vec(&Marker {
                 version,
@@ -167,12 +169,14 @@ impl Store {
         };
         let marker: Marker = serde_json::from_slice(&bytes)
             .map_err(|_| StoreError::NotAStore(root.to_path_buf()))?;
-        let version_fits = match marker.version {
-            STORE_VERSION => !marker.properties.shared_file_content,
-            layout::SHARING_STORE_VERSION => marker.properties.shared_file_content,
-            _ => false,
+        let (sharing, symlink_records) = match marker.version {
+            STORE_VERSION => (false, false),
+            layout::SHARING_STORE_VERSION => (true, false),
+            layout::SYMLINK_RECORDS_VERSION => (false, true),
+            layout::SHARING_SYMLINK_RECORDS_VERSION => (true, true),
+            _ => return Err(StoreError::NotAStore(root.to_path_buf())),
         };
-        if !version_fits {
+        if sharing != marker.properties.shared_file_content {
             return Err(StoreError::NotAStore(root.to_path_buf()));
         }
         // Stores made by an older lamina lack the newer directories, and were made with
@@ -185,7 +189,14 @@ impl Store {
             properties: marker.properties,
             progress: std::sync::Arc::new(progress::Silent),
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            symlink_records,
         })
+    }
+
+    /// Whether a first container record may be a symlink here: only in stores made by a
+    /// lamina that reads them, whose version older ones refuse.
+    pub fn symlink_records(&self) -> bool {
+        self.symlink_records
     }
 
     pub fn with_max_layer_bytes(mut self, max: u64) -> Self {

@@ -332,18 +332,26 @@ fn a_hardlink_set_of_a_layer_stays_one() {
     );
 }
 
-/// A lamina from before sharing accepts only version 1: a sharing store's marker says 2,
-/// so such a lamina refuses it rather than open it and link snapshots' inodes as objects.
+/// A lamina from before sharing accepts only version 1: a sharing store's marker says 4
+/// (2 from a lamina before symlink records), so such a lamina refuses it rather than open
+/// it and link snapshots' inodes as objects.
 #[test]
 fn a_sharing_store_is_marked_so_that_an_older_lamina_refuses_it() {
     let rig = Rig::new();
     let marker = rig.store.layout().marker();
     let json: serde_json::Value = serde_json::from_slice(&fs::read(&marker).unwrap()).unwrap();
-    assert_eq!(json["version"], 2, "{json}");
+    assert_eq!(json["version"], 4, "{json}");
     assert!(Store::open(rig.store.root()).is_ok());
+    // A sharing store from before symlink records opens, and keeps its records files.
+    let mut earlier = json.clone();
+    earlier["version"] = 2.into();
+    fs::write(&marker, serde_json::to_vec(&earlier).unwrap()).unwrap();
+    assert!(!Store::open(rig.store.root()).unwrap().symlink_records());
     // A marker that says otherwise is no store this lamina opens either.
-    let mut forged = json.clone();
-    forged["version"] = 1.into();
-    fs::write(&marker, serde_json::to_vec(&forged).unwrap()).unwrap();
-    assert!(Store::open(rig.store.root()).is_err());
+    for version in [1, 3] {
+        let mut forged = json.clone();
+        forged["version"] = version.into();
+        fs::write(&marker, serde_json::to_vec(&forged).unwrap()).unwrap();
+        assert!(Store::open(rig.store.root()).is_err(), "{version}");
+    }
 }

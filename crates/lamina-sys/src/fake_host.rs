@@ -194,21 +194,29 @@ impl HostFs for FakeMounter {
             .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
     }
 
-    /// By default the fake's filesystem journals nothing in order: writers take their
-    /// durable path, whose calls it records and can fail. Where the fake kernel says the
-    /// journal orders direct writes ([`crate::FakeKernel::ordered_direct_writes`]), the
-    /// file is written (buffered: the fake has no device).
     /// As [`HostFs::write_new_direct`]: made for real where the fake kernel's journal
-    /// is ordered, and never otherwise.
+    /// is ordered, and never otherwise; recorded as a write (and failed as one), and
+    /// refused past xfs's 1023 bytes, so the direct write behind it is tried too.
     fn write_new_symlink(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {
-        if !self.lock().kernel.ordered_direct_writes || bytes.is_empty() || bytes.contains(&0) {
+        const XFS_SYMLINK_MAX: usize = 1023;
+        if !self.lock().kernel.ordered_direct_writes
+            || bytes.is_empty()
+            || bytes.contains(&0)
+            || bytes.len() > XFS_SYMLINK_MAX
+        {
             return Ok(false);
         }
+        let record = FakeCall::Write(path.to_path_buf());
+        self.lock().enter(Call::Write, path, Some(record))?;
         std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(bytes), path)
             .map(|()| true)
             .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
     }
 
+    /// By default the fake's filesystem journals nothing in order: writers take their
+    /// durable path, whose calls it records and can fail. Where the fake kernel says the
+    /// journal orders direct writes ([`crate::FakeKernel::ordered_direct_writes`]), the
+    /// file is written (buffered: the fake has no device).
     fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {
         if !self.lock().kernel.ordered_direct_writes {
             return Ok(false);

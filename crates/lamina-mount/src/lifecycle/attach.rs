@@ -155,9 +155,14 @@ pub fn upper_to_commit(
     {
         return Err(RootfsError::VolatileUnclean { id: id.into() });
     }
+    // A read-only bind writes nothing and has no upper: what it commits is empty.
+    if model.flavour().is_none() && !dirs.upper.exists() {
+        std::fs::create_dir(&dirs.upper)
+            .map_err(lamina_store::StoreError::io("creating", &dirs.upper))?;
+    }
     // A composefs upper's layers hold the same tree its metadata image was built from.
     Ok(UpperToCommit {
-        upper: container.dirs(store).upper,
+        upper: dirs.upper,
         metacopy_lowers: model
             .metadata_copy_up()
             .then(|| crate::providers::commit_lowers(store, &container.record.layers)),
