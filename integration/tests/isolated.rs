@@ -203,3 +203,41 @@ fn a_memory_upper_larger_than_half_the_hosts_memory_is_refused() {
     assert_eq!(lamina.run(&["list"]).stdout, "Store empty");
     assert!(lamina_integration::scratch::mounts_under(&lamina.store).is_empty());
 }
+
+/// A deleted isolated container's own upper filesystem is shut down before its unmount
+/// (the reaper's discard), so nothing it wrote is written back or unlinked file by file.
+/// The shutdown is taken only where the filesystem is that container's own: asked of the
+/// store's filesystem, or of the container's with another image named, it does nothing.
+/// Once taken, the container's writes fail and the store's go on; teardown then leaves
+/// nothing behind.
+#[test]
+fn only_a_containers_own_upper_filesystem_is_shut_down_and_teardown_follows() {
+    require_root();
+    let fs = ScratchFs::ext4(512);
+    let (lamina, image) = store_with_sample(&fs);
+    let rootfs = lamina.create_with(&["--strategy", "isolated"], &image, "gone");
+    let own = upper_fs(&lamina, "gone");
+    let image_file = lamina.store.join("images/gone/upper.img");
+    for i in 0..200 {
+        std::fs::write(rootfs.join(format!("f{i}")), [7u8; 4096]).unwrap();
+    }
+
+    assert!(!lamina_sys::shut_down_own_fs(fs.path(), &image_file));
+    assert!(!lamina_sys::shut_down_own_fs(&lamina.store, &image_file));
+    assert!(!lamina_sys::shut_down_own_fs(
+        &own,
+        &fs.path().join("other.img")
+    ));
+    std::fs::write(rootfs.join("still"), "written").unwrap();
+
+    assert!(lamina_sys::shut_down_own_fs(&own, &image_file));
+    assert!(std::fs::write(rootfs.join("after"), "refused").is_err());
+    std::fs::write(fs.path().join("store-fs"), "written").unwrap();
+    assert_eq!(
+        std::fs::read(fs.path().join("store-fs")).unwrap(),
+        b"written"
+    );
+
+    lamina.delete_and_assert_gone("gone", "shut down");
+    assert_eq!(lamina.run(&["check"]).code, 0);
+}

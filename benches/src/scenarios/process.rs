@@ -17,8 +17,9 @@
 //! every build is (`.cargo/config.toml`), which is most of what a process pays here.
 //!
 //! With `LAMINA_BASELINE_BIN=/path/to/another/lamina` (an older build), that binary's
-//! create and delete are timed in the same loop too, interleaved with this build's on the
-//! same store, and a second table compares the two: on this VM a run's absolute times move
+//! create and delete are timed in the same loop too, interleaved with this build's, on a
+//! store of its own on the same filesystem (a build from before symlink records refuses
+//! this build's stores), and a second table compares the two: on this VM a run's absolute times move
 //! by a fifth from one hour to the next, so a change is measured against its baseline in
 //! one run, never against an earlier table.
 //!
@@ -86,6 +87,12 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         let baseline_bin = baseline_bin
             .as_deref()
             .map(|bin| installed(bin, &bins.join("baseline")));
+        // A store of the baseline's own on the same filesystem: a build from before
+        // symlink records refuses a store this build made (docs/store.md).
+        let baseline_store = rig.scratch("baseline-store").join("store");
+        if let Some(bin) = &baseline_bin {
+            timed(bin, &baseline_store, "init-store", &[]);
+        }
         let mut classic = None;
         for (strategy, live) in [("classic", 0), ("auto", 0), ("auto", live_count)] {
             progress(&format!(
@@ -101,6 +108,11 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             // per boot, not a per-call cost.
             lamina.create_with(&["--strategy", strategy], &reference, "warmup");
             lamina.run(&["delete", "warmup"]);
+            if let Some(bin) = &baseline_bin {
+                let create = ["--strategy", strategy, &reference, "warmup"];
+                timed(bin, &baseline_store, "create", &create);
+                timed(bin, &baseline_store, "delete", &["warmup"]);
+            }
             let mut spawns = Samples::new();
             let mut creates = Samples::new();
             let mut deletes = Samples::new();
@@ -114,15 +126,15 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                 spawns.push(spawn_true());
                 // With a baseline, every other round runs it first: what one call leaves
                 // behind (a reaper, a journal commit) then weighs on both builds alike.
-                let round = |bin: Option<&std::path::Path>, id: String| {
+                let round = |bin: Option<&std::path::Path>, store: &std::path::Path, id: String| {
                     bin.map(|bin| {
                         let create = ["--strategy", strategy, &reference, &id];
-                        let c = timed(bin, rig.store.root(), "create", &create);
-                        (c, timed(bin, rig.store.root(), "delete", &[&id]))
+                        let c = timed(bin, store, "create", &create);
+                        (c, timed(bin, store, "delete", &[&id]))
                     })
                 };
-                let this = || round(Some(&this_bin), format!("p-{i}"));
-                let baseline = || round(baseline_bin.as_deref(), format!("b-{i}"));
+                let this = || round(Some(&this_bin), rig.store.root(), format!("p-{i}"));
+                let baseline = || round(baseline_bin.as_deref(), &baseline_store, format!("b-{i}"));
                 let (this_times, baseline_times) = if i % 2 == 1 {
                     let b = baseline();
                     (this(), b)

@@ -156,7 +156,7 @@ pub fn upper_to_commit(
         return Err(RootfsError::VolatileUnclean { id: id.into() });
     }
     // A read-only bind writes nothing and has no upper: what it commits is empty.
-    if model.flavour().is_none() && !dirs.upper.exists() {
+    if model.binds() && !dirs.upper.exists() {
         std::fs::create_dir(&dirs.upper)
             .map_err(lamina_store::StoreError::io("creating", &dirs.upper))?;
     }

@@ -238,6 +238,16 @@ fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
         return;
     }
     let dirs = container.dirs_in(dir.to_path_buf());
+    // Its own upper filesystem is gone with it: stopped without a word more written,
+    // its files cost nothing, where unlinking them costs one journal entry each.
+    let own_fs = dirs.upper_fs_mount();
+    if container.model().upper_backend() == Some(crate::UpperBackend::Disk)
+        && mounts.contains(&own_fs)
+        && lamina_sys::shut_down_own_fs(&own_fs, &dirs.upper_image())
+    {
+        tracing::debug!(dir = %dir.display(), "shut its own upper filesystem down before unmount");
+        return;
+    }
     if mounts.contains(&dirs.rootfs) {
         let discarded = lamina_sys::unlink_written(&dirs.upper, &dirs.rootfs);
         tracing::debug!(dir = %dir.display(), discarded, "unlinked written files before unmount");

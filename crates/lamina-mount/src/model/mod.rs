@@ -227,6 +227,11 @@ impl Model {
         self.flavour().is_some_and(|f| f.metacopy || f.composefs)
     }
 
+    /// A read-only bind of a directory lamina keeps elsewhere: no upper of its own.
+    pub fn binds(&self) -> bool {
+        self.provider.binds()
+    }
+
     /// The upper's own filesystem, if it has one.
     pub fn upper_backend(&self) -> Option<UpperBackend> {
         self.flavour().and_then(|f| f.isolated)
