@@ -82,6 +82,43 @@ fn entries(dir: &OwnedFd) -> Vec<(CString, FileType, i64)> {
         .collect()
 }
 
+/// Shuts down the filesystem mounted at `mount` without flushing its log, if it is a
+/// container's own upper filesystem: ext4 or xfs, on a loop device whose backing file is
+/// `image`. Its dirty data and journal are then dropped, not written at unmount: what a
+/// deleted isolated container's thousands of small files cost otherwise, one unlink or
+/// one writeback each. Anything else at `mount` (the store's own filesystem above all) is
+/// left alone: `false`, and the caller unlinks what was written instead.
+pub fn shut_down_own_fs(mount: &Path, image: &Path) -> bool {
+    const EXT4: u64 = 0xEF53;
+    const XFS: u64 = 0x5846_5342;
+    let Some(dir) = open_dir(CWD, mount) else {
+        return false;
+    };
+    let (Ok(here), Some(Ok(parent))) = (
+        rustix::fs::fstat(&dir),
+        mount.parent().map(rustix::fs::stat),
+    ) else {
+        return false;
+    };
+    let is_own_fs = here.st_dev != parent.st_dev
+        && rustix::fs::fstatfs(&dir).is_ok_and(|fs| matches!(fs.f_type as u64, EXT4 | XFS))
+        && backed_by(here.st_dev, image);
+    if !is_own_fs {
+        return false;
+    }
+    crate::raw::shutdown::shut_down_without_flush(dir.as_fd()).is_ok()
+}
+
+/// Whether block device `dev` is a loop device whose backing file is `image`.
+fn backed_by(dev: u64, image: &Path) -> bool {
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let sysfs = format!("/sys/dev/block/{major}:{minor}/loop/backing_file");
+    let (Ok(backing), Ok(image)) = (std::fs::read_to_string(sysfs), image.canonicalize()) else {
+        return false;
+    };
+    Path::new(backing.trim_end_matches('\n')) == image
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,41 +171,4 @@ mod tests {
             "below the cap: left"
         );
     }
-}
-
-/// Shuts down the filesystem mounted at `mount` without flushing its log, if it is a
-/// container's own upper filesystem: ext4 or xfs, on a loop device whose backing file is
-/// `image`. Its dirty data and journal are then dropped, not written at unmount: what a
-/// deleted isolated container's thousands of small files cost otherwise, one unlink or
-/// one writeback each. Anything else at `mount` (the store's own filesystem above all) is
-/// left alone: `false`, and the caller unlinks what was written instead.
-pub fn shut_down_own_fs(mount: &Path, image: &Path) -> bool {
-    const EXT4: u64 = 0xEF53;
-    const XFS: u64 = 0x5846_5342;
-    let Some(dir) = open_dir(CWD, mount) else {
-        return false;
-    };
-    let (Ok(here), Some(Ok(parent))) = (
-        rustix::fs::fstat(&dir),
-        mount.parent().map(|p| rustix::fs::stat(p)),
-    ) else {
-        return false;
-    };
-    let is_own_fs = here.st_dev != parent.st_dev
-        && rustix::fs::fstatfs(&dir).is_ok_and(|fs| matches!(fs.f_type as u64, EXT4 | XFS))
-        && backed_by(here.st_dev, image);
-    if !is_own_fs {
-        return false;
-    }
-    crate::raw::shutdown::shut_down_without_flush(dir.as_fd()).is_ok()
-}
-
-/// Whether block device `dev` is a loop device whose backing file is `image`.
-fn backed_by(dev: u64, image: &Path) -> bool {
-    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
-    let sysfs = format!("/sys/dev/block/{major}:{minor}/loop/backing_file");
-    let (Ok(backing), Ok(image)) = (std::fs::read_to_string(sysfs), image.canonicalize()) else {
-        return false;
-    };
-    Path::new(backing.trim_end_matches('\n')) == image
 }
