@@ -230,6 +230,12 @@ fn only_a_containers_own_upper_filesystem_is_shut_down_and_teardown_follows() {
     ));
     std::fs::write(rootfs.join("still"), "written").unwrap();
 
+    // In use while a file in it is open; idle once it is closed (asked once: a second
+    // idle answer would unmount it).
+    let open = std::fs::File::open(rootfs.join("f0")).unwrap();
+    assert!(lamina_sys::mount_in_use(&rootfs));
+    drop(open);
+    assert!(!lamina_sys::mount_in_use(&rootfs));
     assert!(lamina_sys::shut_down_own_fs(&own, &image_file));
     assert!(std::fs::write(rootfs.join("after"), "refused").is_err());
     std::fs::write(fs.path().join("store-fs"), "written").unwrap();

@@ -160,6 +160,15 @@ fn a_symlinked_store_root_works_and_a_symlinked_top_directory_is_refused_untouch
     let via_link = Lamina::new(&link);
     let out = via_link.run(&["list"]);
     assert_eq!(out.code, 0, "operators link stores elsewhere: {out:?}");
+    // Its mounts are found and torn down through the link too: the mount table names
+    // them by their real paths.
+    let image = lamina_integration::sample_image(&fs.path().join("image")).references()[0].clone();
+    for strategy in ["shared-ro", "classic"] {
+        via_link.create_with(&["--strategy", strategy], &image, strategy);
+        via_link.delete_and_assert_gone(strategy, "through a symlinked store root");
+    }
+    assert!(lamina_integration::scratch::mounts_under(&lamina.store).is_empty());
+    assert_eq!(fs::read_dir(lamina.store.join("trash")).unwrap().count(), 0);
 
     let victim = fs.path().join("victim");
     fs::create_dir(&victim).unwrap();

@@ -109,6 +109,18 @@ pub fn shut_down_own_fs(mount: &Path, image: &Path) -> bool {
     crate::raw::shutdown::shut_down_without_flush(dir.as_fd()).is_ok()
 }
 
+/// Whether the mount at `mount` is in use (a process's open file or working directory in
+/// it, another mount on it): `umount2` with `MNT_EXPIRE` answers `EBUSY` then, and
+/// `EAGAIN` (only marking it, which any use clears) when it is idle. Unknown counts as in
+/// use. The reaper shuts a deleted container's own filesystem down only when no one is in
+/// it: reads of a process still there would fail with EIO.
+pub fn mount_in_use(mount: &Path) -> bool {
+    !matches!(
+        rustix::mount::unmount(mount, rustix::mount::UnmountFlags::EXPIRE),
+        Err(rustix::io::Errno::AGAIN)
+    )
+}
+
 /// Whether block device `dev` is a loop device whose backing file is `image`.
 fn backed_by(dev: u64, image: &Path) -> bool {
     let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));

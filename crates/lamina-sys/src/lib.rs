@@ -47,7 +47,7 @@ mod userns;
 
 pub use api_probe::{MountApiSupport, probe_idmapped_layers, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
-pub use discard::{shut_down_own_fs, unlink_written};
+pub use discard::{mount_in_use, shut_down_own_fs, unlink_written};
 pub use error::{Errno, MountError};
 
 /// The [`MountError::op`] of [`Mounter::mount_erofs`]'s step that reads the image (not

@@ -6,10 +6,21 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-/// Mount points at or beneath `root`, deepest first (the order to unmount them in).
+/// Mount points at or beneath `root`, deepest first (the order to unmount them in),
+/// spelled under `root` as given. The table names mount points by their real paths, so
+/// a store reached through a symlink (or `..`) is looked up at its canonical path and
+/// what is found there is given back under `root`: else its mounts are never seen, never
+/// unmounted, and what they hold is never removed.
 pub fn mounts_under(root: &Path) -> std::io::Result<Vec<PathBuf>> {
     let info = std::fs::read("/proc/self/mountinfo")?;
-    Ok(mounts_under_in(&info, root))
+    let canonical = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    Ok(mounts_under_in(&info, &canonical)
+        .into_iter()
+        .map(|m| match m.strip_prefix(&canonical) {
+            Ok(rel) if canonical != root => root.join(rel),
+            _ => m,
+        })
+        .collect())
 }
 
 fn mounts_under_in(info: &[u8], root: &Path) -> Vec<PathBuf> {

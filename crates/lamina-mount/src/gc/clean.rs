@@ -257,9 +257,12 @@ fn is_abandoned(store: &Store, path: &Path) -> Result<bool, RootfsError> {
     } else if let Some(pid) = name.strip_prefix("probe-") {
         !Path::new("/proc").join(pid).exists()
     } else if let Some(staged) = name.strip_prefix(lamina_store::STAGING_PREFIX) {
-        // A directory being staged, not yet locked: its creator's while it lives.
+        // A directory being staged: its creator's while its lock is held (a create
+        // stages its container here until it publishes it), and before the lock, while
+        // the creator lives (a pid another pid namespace cannot see is only the fallback).
         let pid = staged.split('-').nth(1).unwrap_or_default();
-        pid.is_empty() || !Path::new("/proc").join(pid).exists()
+        store.try_lock_dir(path)?.is_some()
+            && (pid.is_empty() || !Path::new("/proc").join(pid).exists())
     } else {
         name.starts_with("delete-") // an older lamina's removals
     };

@@ -238,11 +238,14 @@ fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
         return;
     }
     let dirs = container.dirs_in(dir.to_path_buf());
-    // Its own upper filesystem is gone with it: stopped without a word more written,
-    // its files cost nothing, where unlinking them costs one journal entry each.
+    // Its own upper filesystem is gone with it: stopped without its log flushed, its
+    // files cost nothing, where unlinking them costs one journal entry each. Only when
+    // nobody is in its rootfs (a process still there would read EIO from then on).
     let own_fs = dirs.upper_fs_mount();
     if container.model().upper_backend() == Some(crate::UpperBackend::Disk)
         && mounts.contains(&own_fs)
+        && mounts.contains(&dirs.rootfs)
+        && !lamina_sys::mount_in_use(&dirs.rootfs)
         && lamina_sys::shut_down_own_fs(&own_fs, &dirs.upper_image())
     {
         tracing::debug!(dir = %dir.display(), "shut its own upper filesystem down before unmount");
