@@ -1,6 +1,7 @@
 //! Every image a power cut may leave, rebuilt from the writes and flushes the disk was
-//! sent (`recording_disk`): the layer publish, containerd's Prepare, Commit and Remove and
-//! the snapshot index run once on a filesystem over a recording disk, then each image —
+//! sent (`recording_disk`): the layer publish, a Garden create whose container fsyncs,
+//! containerd's Prepare, Commit and Remove and the snapshot index run once on a
+//! filesystem over a recording disk, then each image —
 //! at each flush, and with the writes after it kept in part and out of order — is
 //! mounted, opened by the snapshotter, and must hold each layer and snapshot either whole
 //! or not at all, and each committed snapshot for certain once its Commit returned.

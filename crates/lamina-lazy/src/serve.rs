@@ -56,21 +56,14 @@ pub fn running(store: &Path) -> bool {
 }
 
 /// Whether `target` is a FUSE mount whose server answers `statfs` (a dead server's fails
-/// it). The directory under a mount answers too, so it must be a mount point: a new server
-/// unmounts a dead one's mount before mounting its own, and an overlay mounted in between
-/// would get that empty directory for its objects. May block while the server does.
+/// it). The directory under a mount answers too, so it must be a mount's root: a new
+/// server unmounts a dead one's mount before mounting its own, and an overlay mounted in
+/// between would get that empty directory for its objects. May block while the server
+/// does.
 pub fn answering_fuse_mount(target: &Path) -> bool {
     const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
-    if !rustix::fs::statfs(target).is_ok_and(|fs| fs.f_type as u64 == FUSE_SUPER_MAGIC) {
-        return false;
-    }
-    match (
-        rustix::fs::stat(target),
-        target.parent().map(rustix::fs::stat),
-    ) {
-        (Ok(here), Some(Ok(parent))) => here.st_dev != parent.st_dev,
-        _ => false,
-    }
+    rustix::fs::statfs(target).is_ok_and(|fs| fs.f_type as u64 == FUSE_SUPER_MAGIC)
+        && lamina_sys::is_mount_root(target).unwrap_or(false)
 }
 
 /// One layer being served: its FUSE session, since when, when a read last fetched, and

@@ -372,7 +372,8 @@ impl Store {
     /// the disk where the filesystem's journal makes that safe
     /// ([`crate::durable::write_new_with`]).
     pub fn write_new_record(&self, record: &ContainerRecord) -> Result<(), StoreError> {
-        // Compact: a record short enough is a symlink's target, which xfs caps at 1 KiB.
+        // Compact: a record short enough is a symlink's target, which xfs caps at 1023
+        // bytes.
         let (path, json) = self.encoded_as(record, serde_json::to_vec)?;
         crate::durable::write_new_with(&**self.host(), &path, &json, self.symlink_records())
     }

@@ -141,8 +141,8 @@ pub trait HostFs: Send + Sync + Debug {
     /// everything logged later — what the direct write gives, without its write to the
     /// device (`integration/tests/power_cut_flushes.rs` checks it at every flush).
     /// `Ok(false)`: not such a filesystem, or `bytes` too long for a target there
-    /// (xfs takes 1024 bytes, ext4 a block), or not one (empty, or with a NUL); nothing
-    /// is left behind.
+    /// (xfs takes 1023 bytes, ext4 a block less one), or not one (empty, or with a NUL);
+    /// nothing is left behind.
     fn write_new_symlink(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno>;
 
     /// Makes the first `len` bytes of `into` (which is `path`) share `from`'s extents,
@@ -371,10 +371,7 @@ impl HostFs for RealHost {
         if bytes.is_empty() || bytes.contains(&0) || bytes.len() > SYMLINK_MAX {
             return Ok(false);
         }
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
+        let dir = parent_dir(path);
         if !crate::ordered_journal::orders_direct_writes(dir) {
             return Ok(false);
         }
@@ -386,10 +383,7 @@ impl HostFs for RealHost {
     }
 
     fn write_new_direct(&self, path: &Path, bytes: &[u8]) -> Result<bool, Errno> {
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
+        let dir = parent_dir(path);
         if !crate::ordered_journal::orders_direct_writes(dir) {
             return Ok(false);
         }
@@ -440,11 +434,19 @@ fn direct_io_honoured(file: &File) -> bool {
         && divides_block(st.stx_dio_mem_align)
 }
 
+/// The directory `path` is in (`.` for a bare name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
 /// The block size records are padded to and written in.
 const BLOCK: u32 = 4096;
 
 /// The longest symlink target any filesystem here takes (ext4's with 4 KiB blocks; xfs
-/// refuses past 1024 bytes with `ENAMETOOLONG`).
+/// refuses 1024 bytes and more with `ENAMETOOLONG`).
 const SYMLINK_MAX: usize = 4095;
 
 /// `bytes` as whole aligned blocks, the last padded with spaces.

@@ -56,7 +56,7 @@ pub const MOUNT_EROFS_OP: &str = "mount EROFS image";
 pub use fake::{FakeCall, FakeKernel, FakeMounter};
 pub use faults::{Call, When};
 pub use host::{At, HostFs, Node, RealHost, Stat};
-pub use mountinfo::{mounts_under, writable_mount_of};
+pub use mountinfo::{is_mount_root, mounts_under, writable_mount_of};
 pub use overlay_spec::OverlaySpec;
 pub use real::RealMounter;
 pub use upper_fs::{DiskFs, UpperFs, detach_loop_device, loop_backing_files};

@@ -6,6 +6,20 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
+/// Whether `path` (not followed if a symlink) is the root of a mount: statx's
+/// `STATX_ATTR_MOUNT_ROOT`. The directory a mount covers is not.
+pub fn is_mount_root(path: &Path) -> rustix::io::Result<bool> {
+    use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags};
+    let stx = rustix::fs::statx(
+        CWD,
+        path,
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::BASIC_STATS,
+    )?;
+    let root = StatxAttributes::MOUNT_ROOT;
+    Ok(stx.stx_attributes_mask.contains(root) && stx.stx_attributes.contains(root))
+}
+
 /// Mount points at or beneath `root`, deepest first (the order to unmount them in),
 /// spelled under `root` as given. The table names mount points by their real paths, so
 /// a store reached through a symlink (or `..`) is looked up at its canonical path and

@@ -1,10 +1,10 @@
 //! Whether a filesystem puts a direct write ahead of everything it logs after it, so
 //! that a new file written with `O_DIRECT` and renamed into place needs no flush of its
 //! own ([`crate::HostFs::write_new_direct`]); the same journal logs a new symlink's
-//! target with its name ([`crate::HostFs::write_new_symlink`]). Only configurations known to hold pass,
-//! checked on every call, each by asking the filesystem itself — a create runs this, and
-//! the mount table it could also be read from grows with every container on the host
-//! (with 300 overlays mounted, reading it was most of a create's CPU time):
+//! target with its name ([`crate::HostFs::write_new_symlink`]). Only configurations known
+//! to hold pass, checked on every call, each by asking the filesystem itself — a create
+//! runs this, and the mount table it could also be read from grows with every container
+//! on the host (with 300 overlays mounted, reading it was most of a create's CPU time):
 //! - ext4 with its journal inside the filesystem, as jbd2 names it
 //!   (`/proc/fs/jbd2/<dev>-8`, inode 8 being ext4's journal): ext2, ext4 made without a
 //!   journal and an external journal device all lack it. Not mounted `noload` or

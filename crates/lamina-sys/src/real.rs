@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, CWD, OFlags, StatxFlags};
+use rustix::fs::{AtFlags, CWD, OFlags};
 use rustix::io::Errno;
 use rustix::mount::{
     FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, OpenTreeFlags,
@@ -67,15 +67,7 @@ impl Mounter for RealMounter {
     }
 
     fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError> {
-        let stx = rustix::fs::statx(
-            CWD,
-            path,
-            AtFlags::SYMLINK_NOFOLLOW,
-            StatxFlags::BASIC_STATS,
-        )
-        .map_err(|e| MountError::new("statx", path, e))?;
-        let mount_root = rustix::fs::StatxAttributes::MOUNT_ROOT;
-        Ok(stx.stx_attributes_mask.contains(mount_root) && stx.stx_attributes.contains(mount_root))
+        crate::is_mount_root(path).map_err(|e| MountError::new("statx", path, e))
     }
 
     fn bind_read_only(&self, source: &Path, target: &Path) -> Result<(), MountError> {

@@ -1,7 +1,8 @@
 //! The reaper: what a deferred delete leaves in `trash/`, torn down one container at a
 //! time per store, so parallel deletes never queue on the same upper filesystem's sync,
-//! and after unlinking each container's written files through its mount, so their dirty
-//! pages are dropped instead of written back.
+//! and after unlinking each container's written files through its mount (or shutting an
+//! isolated container's own upper filesystem down), so their dirty pages are dropped
+//! instead of written back.
 //!
 //! One reaper runs per store (the `reaper` lock, which `check`, `clean` and
 //! `delete-store` take too). While it holds that lock a reaper also holds `reaping`, which
@@ -259,11 +260,8 @@ fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
 
 /// `mounts` under `trash` (deepest first) grouped by the trash entry each is in, in the
 /// same order: one lookup per container instead of a scan of every mount.
-fn by_entry(
-    trash: &Path,
-    mounts: Vec<PathBuf>,
-) -> std::collections::HashMap<std::ffi::OsString, Vec<PathBuf>> {
-    let mut grouped: std::collections::HashMap<_, Vec<PathBuf>> = Default::default();
+fn by_entry(trash: &Path, mounts: Vec<PathBuf>) -> HashMap<std::ffi::OsString, Vec<PathBuf>> {
+    let mut grouped: HashMap<_, Vec<PathBuf>> = HashMap::new();
     for mount in mounts {
         let entry = mount
             .strip_prefix(trash)

@@ -1,5 +1,6 @@
 //! `FS_IOC_SHUTDOWN` (`<linux/fs.h>`, ext4's and xfs's `_IOR('X', 125, __u32)`): stops a
-//! filesystem at once. With `NOLOGFLUSH` nothing more is written, dirty data included.
+//! filesystem at once. With `NOLOGFLUSH` its log is not flushed and its dirty data is
+//! never written (ext4 still records the journal's abort in the journal's superblock).
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -9,7 +10,8 @@ const FS_IOC_SHUTDOWN: libc::c_ulong = 0x8004_587D;
 /// `FS_SHUTDOWN_FLAGS_NOLOGFLUSH`.
 const NOLOGFLUSH: u32 = 2;
 
-/// Shuts down the filesystem `fd` (its root, or any file on it) is on, writing nothing.
+/// Shuts down the filesystem `fd` (its root, or any file on it) is on, without flushing
+/// its log.
 pub fn shut_down_without_flush(fd: BorrowedFd<'_>) -> Result<(), Errno> {
     let flags: u32 = NOLOGFLUSH;
     // SAFETY: `fd` is live for the borrow; the kernel reads one u32 through the pointer,
