@@ -80,6 +80,8 @@ pub struct InitConfig {
     pub gid_mappings: Vec<String>,
     /// As `init-store --share-file-content`.
     pub share_file_content: bool,
+    /// As `init-store --layer-data`: `objects` or `files`.
+    pub layer_data: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -126,6 +126,9 @@ enum Command {
         /// Store each file content once across images on any filesystem: an import links a file whose content, owner, mode, time and xattrs another image's file has to that file's inode (every view of it then shows the link count: see docs/security.md)
         #[arg(long)]
         share_file_content: bool,
+        /// Where layer file data lives: `objects` keeps each content once in `objects/` and leaves metadata-only stubs in the layers, which overlay reads with metacopy (no inode shared between images: see docs/store.md); `files` keeps every layer's own copy [default: `init.layer_data` in --config, else `objects` when `create.strategy` there names composefs, else `files`]
+        #[arg(long, value_name = "objects|files", value_parser = ["objects", "files"])]
+        layer_data: Option<String>,
         /// Ignored (GrootFS's direct I/O for its loop-mounted XFS store; lamina mounts no store filesystem)
         #[arg(long)]
         with_direct_io: bool,

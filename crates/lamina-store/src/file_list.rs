@@ -167,7 +167,7 @@ fn write_to(
     );
     file.write_all(HEADER.as_bytes())?;
     file.write_all(b"\n")?;
-    let mut reader = Reader::new(host);
+    let mut reader = Reader::new(host, None);
     let mut line = Vec::new();
     let root = reader.root(&tree)?;
     root.line(Path::new("."), &mut line);
@@ -227,10 +227,18 @@ impl FileList {
             .ok_or_else(|| io::Error::other("not a file list"))
     }
 
-    /// How the tree under `diff` differs from this list, every entry read again.
-    pub fn differences(&self, host: &dyn HostFs, diff: &Path) -> io::Result<Vec<Difference>> {
+    /// How the tree under `diff` differs from this list, every entry read again. A stub's
+    /// content is its object's in `objects` (a layer that keeps its data there), its
+    /// xattrs without overlay's two marks.
+    pub fn differences(
+        &self,
+        host: &dyn HostFs,
+        diff: &Path,
+        objects: Option<&Path>,
+    ) -> io::Result<Vec<Difference>> {
         let tree = Tree::open(diff)?;
-        let mut reader = Reader::new(host);
+        let objects = objects.map(Tree::open).transpose()?;
+        let mut reader = Reader::new(host, objects);
         let mut found = Vec::new();
         let mut seen = HashSet::new();
         let mut compare =
@@ -269,20 +277,34 @@ impl FileList {
 struct Reader<'a> {
     host: &'a dyn HostFs,
     by_inode: HashMap<(u64, u64), (String, String)>,
+    /// The store's `objects/`, where stubs' data is.
+    objects: Option<Tree>,
 }
 
 impl<'a> Reader<'a> {
-    fn new(host: &'a dyn HostFs) -> Self {
+    fn new(host: &'a dyn HostFs, objects: Option<Tree>) -> Self {
         Self {
             host,
             by_inode: HashMap::new(),
+            objects,
+        }
+    }
+
+    /// The object `entry` is a stub of, opened, where the layer keeps data in objects.
+    fn stub_data(&self, entry: &Entry<'_>) -> io::Result<Option<std::fs::File>> {
+        let Some(objects) = &self.objects else {
+            return Ok(None);
+        };
+        match crate::object_layers::stub_object(self.host, At::Child(entry.dir, entry.name))? {
+            Some(object) => objects.open_regular(&object).map(Some),
+            None => Ok(None),
         }
     }
 
     fn root(&mut self, tree: &Tree) -> io::Result<Listed> {
         let fd = tree.root();
         let stat = rustix::fs::fstat(fd)?;
-        let xattrs = xattrs_digest(self.host, At::Fd(fd))?;
+        let xattrs = xattrs_digest(self.host, At::Fd(fd), false)?;
         Ok(listed(&stat, "-".into(), xattrs))
     }
 
@@ -292,8 +314,22 @@ impl<'a> Reader<'a> {
         if let Some((content, xattrs)) = self.by_inode.get(&key) {
             return Ok(listed(stat, content.clone(), xattrs.clone()));
         }
+        let stub = match entry.kind() {
+            FileType::RegularFile => self.stub_data(entry)?,
+            _ => None,
+        };
         let content = match entry.kind() {
-            FileType::RegularFile => crate::file_objects::hash_entry(tree, entry)?.to_hex(),
+            FileType::RegularFile => match &stub {
+                Some(object) => {
+                    let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
+                    io::copy(
+                        &mut io::Read::take(object, stat.st_size as u64 + 1),
+                        &mut hasher,
+                    )?;
+                    hasher.digest().to_hex()
+                }
+                None => crate::file_objects::hash_entry(tree, entry)?.to_hex(),
+            },
             FileType::Symlink => {
                 let target = rustix::fs::readlinkat(entry.dir, entry.name, Vec::new())?;
                 FsVerityHasher::<ObjectId, 12>::hash(target.as_bytes()).to_hex()
@@ -301,7 +337,7 @@ impl<'a> Reader<'a> {
             FileType::CharacterDevice | FileType::BlockDevice => format!("r{}", stat.st_rdev),
             _ => "-".into(),
         };
-        let xattrs = xattrs_digest(self.host, At::Child(entry.dir, entry.name))?;
+        let xattrs = xattrs_digest(self.host, At::Child(entry.dir, entry.name), stub.is_some())?;
         if stat.st_nlink > 1 {
             self.by_inode.insert(key, (content.clone(), xattrs.clone()));
         }
@@ -334,10 +370,20 @@ fn listed(stat: &Stat, content: String, xattrs: String) -> Listed {
 /// sorted by name), `-` for none. The host's own security labels (`security.selinux`,
 /// IMA's and EVM's) are not the layer's: a relabel changes them on every file. A file
 /// capability is the layer's.
-fn xattrs_digest(host: &dyn HostFs, at: At<'_>) -> io::Result<String> {
+fn xattrs_digest(host: &dyn HostFs, at: At<'_>, stub: bool) -> io::Result<String> {
     let mut names: Vec<OsString> = host.list_xattrs(at)?;
     names.retain(|name| {
         let name = name.as_bytes();
+        if stub
+            && [
+                crate::object_layers::METACOPY_XATTR,
+                crate::object_layers::REDIRECT_XATTR,
+            ]
+            .iter()
+            .any(|mark| name == mark.as_bytes())
+        {
+            return false;
+        }
         !name.starts_with(b"security.") || name == b"security.capability"
     });
     if names.is_empty() {
@@ -456,7 +502,7 @@ mod tests {
             6,
             "the root, a directory, three names of files, a link"
         );
-        assert_eq!(list.differences(&RealHost, &diff).unwrap(), vec![]);
+        assert_eq!(list.differences(&RealHost, &diff, None).unwrap(), vec![]);
     }
 
     #[test]
@@ -482,7 +528,7 @@ mod tests {
             .status()
             .unwrap();
         assert!(setuid.success());
-        let mut found = list.differences(&RealHost, &diff).unwrap();
+        let mut found = list.differences(&RealHost, &diff, None).unwrap();
         found.sort_by_key(|d| format!("{d:?}"));
         assert_eq!(
             found,

@@ -82,6 +82,9 @@ pub struct Staged {
     /// Files whose content is no object yet, to be published as objects ([`publish`]).
     /// Empty where what lies below the layer is not known.
     pub to_publish: Vec<(PathBuf, ObjectId)>,
+    /// Files whose data moves to `objects/` once the layer's data is durable, leaving
+    /// stubs (a store whose layers keep their data there: `object_layers.rs`).
+    pub to_move: Vec<(PathBuf, u64, ObjectId)>,
     /// Files that became links to an existing object, and their bytes.
     pub linked: usize,
     pub linked_bytes: u64,
@@ -107,6 +110,12 @@ impl Hashed {
     /// Whether the layer has no file an object could be made of.
     pub fn is_empty(&self) -> bool {
         self.files.is_empty()
+    }
+
+    /// The layer's manifest, and each file's path in the layer, link count and digest,
+    /// in the order walked.
+    pub fn into_parts(self) -> (Digests, Vec<(PathBuf, u64, ObjectId)>) {
+        (self.digests, self.files)
     }
 }
 
@@ -414,7 +423,7 @@ fn xattrs(host: &dyn HostFs, fd: BorrowedFd<'_>) -> io::Result<Vec<(OsString, Ve
 }
 
 /// Whether `a` and `b` hold the same bytes, read from their starts.
-fn same_bytes(a: &File, b: &File) -> io::Result<bool> {
+pub(crate) fn same_bytes(a: &File, b: &File) -> io::Result<bool> {
     use std::os::unix::fs::FileExt;
     let mut left = vec![0u8; 128 << 10];
     let mut right = vec![0u8; 128 << 10];

@@ -43,6 +43,10 @@ pub struct LayerRecord {
     /// The import wrote `file-list` beside the tree (`file_list.rs`): its absence is damage.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub file_list: bool,
+    /// Files of the tree may be stubs whose data is in `objects/` (`object_layers.rs`):
+    /// the layer's manifest names the objects it needs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub objects: bool,
 }
 
 impl LayerRecord {
@@ -244,6 +248,9 @@ impl Store {
                 layer: layer.describe(),
                 message: format!("storing its files as objects: {e}"),
             })?;
+        record.objects = staged
+            .as_ref()
+            .is_some_and(|s| s.to_move.iter().any(|(_, nlink, _)| *nlink == 1));
         self.publish_staged(&staging, &staging_dir, &record, staged.as_ref())?;
         guard.0 = None;
         let (linked, linked_bytes) = staged.map_or((0, 0), |s| (s.linked, s.linked_bytes));
@@ -275,6 +282,7 @@ impl Store {
             size: crate::disk_usage(diff)?,
             overlay_markers: None,
             file_list: false,
+            objects: false,
         };
         let staged_diff = staging.join("diff");
         fs::rename(diff, &staged_diff).map_err(StoreError::io("moving", diff))?;
@@ -370,15 +378,51 @@ impl Store {
                 .map_err(StoreError::errno("syncing", staging))?;
         }
         // The layer's data is durable: its new contents may become objects now.
+        let mut _objects_kept = None;
         if let Some(staged) = staged {
             file_objects::publish(
                 &staging.join("diff"),
                 &self.layout.objects(),
                 &staged.to_publish,
             );
+            if record.objects {
+                // No collection may remove an object this layer's stubs name before its
+                // manifest is in `layers/`.
+                _objects_kept = Some(self.use_layers()?);
+                self.move_data_to_objects(staging, staging_dir, &staged.to_move, written_back)?;
+            }
         }
         let final_dir = self.layout.layer(&record.chain_id);
         fs::rename(staging, &final_dir).map_err(StoreError::io("publishing layer", &final_dir))
+    }
+
+    /// Moves the staged layer's file data into `objects/`, leaving stubs, and makes the
+    /// stubs as durable as the tree they replace: where the journal orders them before
+    /// the publishing rename (`written_back`) nothing more is needed, otherwise the
+    /// filesystem is synced again.
+    fn move_data_to_objects(
+        &self,
+        staging: &Path,
+        staging_dir: &File,
+        files: &[(PathBuf, u64, file_objects::ObjectId)],
+        written_back: bool,
+    ) -> Result<(), StoreError> {
+        let diff = staging.join("diff");
+        let moved =
+            crate::object_layers::move_data(&*self.host, &diff, &self.layout.objects(), files)
+                .map_err(StoreError::io("moving file data to objects from", &diff))?;
+        if !written_back {
+            self.host
+                .syncfs(staging_dir, staging)
+                .map_err(StoreError::errno("syncing", staging))?;
+        }
+        tracing::debug!(
+            files = moved.files,
+            bytes = moved.bytes,
+            deduplicated = moved.deduplicated,
+            "layer data moved to objects"
+        );
+        Ok(())
     }
 
     /// Writes every regular file with bytes under `diff` to the device and waits for it,
@@ -444,12 +488,24 @@ impl Store {
         cancelled: &std::sync::atomic::AtomicBool,
     ) -> std::io::Result<Option<file_objects::Staged>> {
         let objects = self.layout.objects();
-        if !self.properties.shared_file_content || !objects.is_dir() {
+        let sharing = self.properties.shared_file_content;
+        let moving = self.properties.layer_data_in_objects;
+        if !(sharing || moving) || !objects.is_dir() {
             return Ok(None);
         }
         let Some(hashed) = file_objects::hash(diff, cancelled)? else {
             return Ok(None);
         };
+        if moving {
+            // Nothing is linked: a stub is the layer's own inode, and what lies below
+            // does not matter.
+            let (digests, files) = hashed.into_parts();
+            return Ok(Some(file_objects::Staged {
+                digests,
+                to_move: files,
+                ..Default::default()
+            }));
+        }
         // The layers below are waited for only when there is something to link.
         let known_below = if hashed.is_empty() {
             None
@@ -563,6 +619,7 @@ impl Store {
             size,
             overlay_markers: Some(summary.overlay_markers),
             file_list: false,
+            objects: false,
         })
     }
 

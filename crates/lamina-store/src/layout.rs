@@ -23,6 +23,12 @@ pub const SHARING_STORE_VERSION: u32 = 2;
 pub const SYMLINK_RECORDS_VERSION: u32 = 3;
 pub const SHARING_SYMLINK_RECORDS_VERSION: u32 = 4;
 
+/// The marker version of a store whose layers keep their data in `objects/`
+/// (`layer_data_in_objects`; symlink records too): a lamina from before would mount its
+/// layers' stubs without the data-only lower and show files of zeros, so it refuses the
+/// store ("not a lamina store") instead.
+pub const OBJECT_LAYERS_VERSION: u32 = 5;
+
 #[derive(Debug, Clone)]
 pub struct Layout {
     root: PathBuf,

@@ -20,6 +20,7 @@ mod layers_below;
 mod layout;
 mod lock_holders;
 mod locks;
+pub mod object_layers;
 mod pause;
 mod permissions;
 pub mod progress;
@@ -136,7 +137,9 @@ impl Store {
         }
         permissions::secure_store(&layout, properties, &*host)?;
         if !layout.marker().exists() {
-            let version = if properties.shared_file_content {
+            let version = if properties.layer_data_in_objects {
+                layout::OBJECT_LAYERS_VERSION
+            } else if properties.shared_file_content {
                 layout::SHARING_SYMLINK_RECORDS_VERSION
             } else {
                 layout::SYMLINK_RECORDS_VERSION
@@ -169,14 +172,17 @@ impl Store {
         };
         let marker: Marker = serde_json::from_slice(&bytes)
             .map_err(|_| StoreError::NotAStore(root.to_path_buf()))?;
-        let (sharing, symlink_records) = match marker.version {
-            STORE_VERSION => (false, false),
-            layout::SHARING_STORE_VERSION => (true, false),
-            layout::SYMLINK_RECORDS_VERSION => (false, true),
-            layout::SHARING_SYMLINK_RECORDS_VERSION => (true, true),
+        let (sharing, symlink_records, object_layers) = match marker.version {
+            STORE_VERSION => (false, false, false),
+            layout::SHARING_STORE_VERSION => (true, false, false),
+            layout::SYMLINK_RECORDS_VERSION => (false, true, false),
+            layout::SHARING_SYMLINK_RECORDS_VERSION => (true, true, false),
+            layout::OBJECT_LAYERS_VERSION => (false, true, true),
             _ => return Err(StoreError::NotAStore(root.to_path_buf())),
         };
-        if sharing != marker.properties.shared_file_content {
+        if sharing != marker.properties.shared_file_content
+            || object_layers != marker.properties.layer_data_in_objects
+        {
             return Err(StoreError::NotAStore(root.to_path_buf()));
         }
         // Stores made by an older lamina lack the newer directories, and were made with
@@ -255,6 +261,9 @@ fn describe(p: &StoreProperties) -> String {
     }
     if p.shared_file_content {
         parts.push("file content shared".into());
+    }
+    if p.layer_data_in_objects {
+        parts.push("layer data in objects".into());
     }
     if parts.is_empty() {
         "no mappings, no size and no shared file content".into()

@@ -141,6 +141,12 @@ pub struct StoreProperties {
     /// container how many images on the host hold that exact file (docs/security.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shared_file_content: bool,
+    /// `init-store --layer-data objects`: an import moves each layer file's data into
+    /// `objects/` (once per content) and leaves a metadata-only stub that overlay reads
+    /// through `metacopy=on` (`object_layers.rs`), so the store holds each content once
+    /// on any filesystem without two images ever sharing an inode.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub layer_data_in_objects: bool,
     /// `init.store_size_bytes`: what `capacity` reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_size_bytes: Option<u64>,
@@ -165,6 +171,18 @@ impl StoreProperties {
     /// A uid map without a gid map (or the reverse) is a typo: a container's root would be
     /// mapped for one and not the other.
     pub fn validate(&self) -> Result<(), String> {
+        if self.layer_data_in_objects && self.mapped() {
+            return Err(
+                "--layer-data objects cannot be combined with --uid-mapping/--gid-mapping: \
+                 a layer's stubs read their data through a data-only lower, which is not idmapped"
+                    .to_string(),
+            );
+        }
+        if self.layer_data_in_objects && self.shared_file_content {
+            return Err("--layer-data objects already stores each content once: \
+                 it cannot be combined with --share-file-content"
+                .to_string());
+        }
         if self.id_map.uids.is_empty() != self.id_map.gids.is_empty() {
             return Err(
                 "a uid-mapped store needs both --uid-mapping and --gid-mapping".to_string(),

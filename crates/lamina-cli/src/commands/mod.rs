@@ -77,13 +77,40 @@ impl Ctx {
     }
 }
 
+/// Whether a new store keeps layer data in `objects/`: as the flag says, else the
+/// config's `init.layer_data`, else yes for a store whose configured strategy is
+/// composefs (each content once is what a composefs store is for).
+fn layer_data_in_objects(
+    ctx: &Ctx,
+    flag: Option<&str>,
+    properties: &StoreProperties,
+) -> anyhow::Result<bool> {
+    let config = &ctx.config;
+    match flag.or(config.init.layer_data.as_deref()) {
+        Some("objects") => Ok(true),
+        Some("files") => Ok(false),
+        Some(other) => Err(anyhow!(
+            "init.layer_data `{}` in the config: expected `objects` or `files`",
+            lamina_image::shown(other)
+        )),
+        // composefs is refused for a mapped store, and a sharing store has its one copy.
+        None => Ok(!properties.mapped()
+            && !properties.shared_file_content
+            && config
+                .create
+                .strategy
+                .as_deref()
+                .is_some_and(|s| s.split(',').any(|name| name.trim() == "composefs"))),
+    }
+}
+
 /// Flags win over the config; mappings are a store property, recorded once.
 fn init_store(
     ctx: &Ctx,
     store_size_bytes: Option<u64>,
     (uid_mappings, gid_mappings): (Vec<String>, Vec<String>),
     chown_layers: bool,
-    share_file_content: bool,
+    (share_file_content, layer_data): (bool, Option<String>),
 ) -> anyhow::Result<()> {
     let init = &ctx.config.init;
     let parse = |flags: Vec<String>, config: &[String]| -> anyhow::Result<Vec<IdMapping>> {
@@ -105,6 +132,11 @@ fn init_store(
         store_size_bytes: store_size_bytes.or(init.store_size_bytes),
         chowned_layers: chown_layers,
         shared_file_content: share_file_content || init.share_file_content,
+        layer_data_in_objects: false,
+    };
+    let properties = StoreProperties {
+        layer_data_in_objects: layer_data_in_objects(ctx, layer_data.as_deref(), &properties)?,
+        ..properties
     };
     let path = &ctx.store_path;
     // GrootFS's text (init_store_test.go, "when the user is not root"): a store is made
@@ -132,6 +164,8 @@ fn init_store(
     };
     let shared = if properties.shared_file_content {
         " (file content shared across images)"
+    } else if properties.layer_data_in_objects {
+        " (layer data in objects, each content once)"
     } else {
         ""
     };
@@ -271,13 +305,14 @@ pub fn run(cli: Cli, daemon_main: Option<DaemonMain>) -> anyhow::Result<()> {
             gid_mappings,
             chown_layers,
             share_file_content,
+            layer_data,
             ..
         } => init_store(
             &ctx,
             store_size_bytes,
             (uid_mappings, gid_mappings),
             chown_layers,
-            share_file_content,
+            (share_file_content, layer_data),
         )?,
         Command::Create(args) => create::run(&ctx, &mounter, args)?,
         Command::Delete { id_or_path } => delete(&ctx, &mounter, &id_or_path)?,

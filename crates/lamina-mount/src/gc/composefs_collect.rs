@@ -95,9 +95,22 @@ pub(crate) fn collect(
     }
     // What the layers left hold: a later import links its files to these (issue 24's
     // one copy per content, for every strategy), so they stay while their layers do.
+    // A layer that keeps its data in objects names them by their short names too, and
+    // one whose manifest cannot be read keeps every object: its stubs need some.
     for layer in entries(&store.layout().layers())? {
-        if let Some(digests) = lamina_store::file_objects::read_manifest(&layer) {
-            referenced.extend(digests.iter().map(|o| o.to_object_pathname()));
+        let stubs = lamina_store::LayerRecord::read(&layer).is_ok_and(|r| r.objects);
+        match lamina_store::file_objects::read_manifest(&layer) {
+            Some(digests) => {
+                referenced.extend(digests.iter().map(|o| o.to_object_pathname()));
+                if stubs {
+                    referenced.extend(digests.iter().map(lamina_store::object_layers::short_name));
+                }
+            }
+            None if stubs => {
+                tracing::warn!(layer = %layer.display(), "a layer keeping its data in objects has no readable manifest: keeping every object");
+                return Ok(collected);
+            }
+            None => {}
         }
     }
     let objects_dir = store.layout().objects();

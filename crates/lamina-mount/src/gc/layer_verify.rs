@@ -83,7 +83,9 @@ pub(crate) fn verify(store: &Store) -> Result<(LayersVerified, Vec<LayerDamage>)
                 continue;
             }
         };
-        match list.differences(&**store.host(), &diff) {
+        let objects = store.layout().objects();
+        let objects = record.objects.then_some(objects.as_path());
+        match list.differences(&**store.host(), &diff, objects) {
             Ok(differences) => {
                 covered.layers += 1;
                 covered.entries += list.len();

@@ -22,7 +22,7 @@ pub fn lowers(store: &Store, chain_ids: &[Digest]) -> Vec<PathBuf> {
 /// The classic plan: every layer as a lower, the container's own upper and work dirs.
 pub fn classic(store: &Store, chain_ids: &[Digest], dirs: &ContainerDirs) -> OverlaySpec {
     let properties = store.properties();
-    OverlaySpec {
+    let mut spec = OverlaySpec {
         lowers: lowers(store, chain_ids),
         upper: Some(dirs.upper.clone()),
         work: Some(dirs.work.clone()),
@@ -32,6 +32,31 @@ pub fn classic(store: &Store, chain_ids: &[Digest], dirs: &ContainerDirs) -> Ove
             (map.host_uid(0), map.host_gid(0))
         }),
         ..OverlaySpec::default()
+    };
+    object_data(&mut spec, store);
+    spec
+}
+
+/// In a store whose layers keep their data in `objects/`, the layers' stubs read it
+/// through `objects/` as a data-only lower, which overlay follows only with metacopy on.
+fn object_data(spec: &mut OverlaySpec, store: &Store) {
+    if store.properties().layer_data_in_objects {
+        spec.data_lowers = vec![store.layout().objects()];
+        add_options(spec, &METACOPY_OPTIONS);
+    }
+}
+
+/// What overlay needs to follow a metacopy redirect (metacopy needs redirect_dir; said
+/// rather than left to the kernel's implication).
+const METACOPY_OPTIONS: [(&str, &str); 2] = [("redirect_dir", "on"), ("metacopy", "on")];
+
+/// Appends each of `options` `spec` does not have yet.
+fn add_options(spec: &mut OverlaySpec, options: &[(&str, &str)]) {
+    for (key, value) in options {
+        if !spec.options.iter().any(|(k, _)| k == key) {
+            spec.options
+                .push((key.to_string(), Some(value.to_string())));
+        }
     }
 }
 
@@ -72,7 +97,13 @@ pub fn read_write(
     if flavour.composefs {
         composefs_lowers(&mut spec, store, chain_ids);
     }
+    let object_options = std::mem::take(&mut spec.options);
     spec.options = flavour.overlay_options();
+    for (key, value) in object_options {
+        if !spec.options.iter().any(|(k, _)| *k == key) {
+            spec.options.push((key, value));
+        }
+    }
     if flavour.composefs && composefs_sealed(store, chain_ids) {
         spec.options.push(("verity".into(), Some("require".into())));
     }
@@ -112,10 +143,12 @@ pub fn read_only(store: &Store, chain_ids: &[Digest], empty: &Path) -> OverlaySp
     if lowers.len() == 1 {
         lowers.push(empty.to_path_buf());
     }
-    OverlaySpec {
+    let mut spec = OverlaySpec {
         lowers,
         read_only: true,
         lower_idmap: lower_idmap(store),
         ..OverlaySpec::default()
-    }
+    };
+    object_data(&mut spec, store);
+    spec
 }

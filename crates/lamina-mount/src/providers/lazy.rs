@@ -367,10 +367,13 @@ fn spec_of(
             false => store.layout().layer_diff(c),
         })
         .collect();
+    // The store's own `objects/` stays last where its layers' stubs need it.
+    let store_objects = std::mem::take(&mut spec.data_lowers);
     spec.data_lowers = lazy
         .iter()
         .rev()
         .map(|c| layer::objects_mount(store.root(), c))
+        .chain(store_objects)
         .collect();
     spec.read_only = read_only;
     spec

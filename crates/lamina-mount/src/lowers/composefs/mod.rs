@@ -347,6 +347,7 @@ fn build(
     ));
     crate::lowers::composefs::snapshot_copies::copy_snapshot_objects(store, host, verity)?;
     let mut objects = Objects::new(host, objects, staging, verity);
+    objects.link_layer_files = !store.properties().layer_data_in_objects;
     // Between the merge's look at each layer and the reads of its files: where a test
     // changes a committed snapshot's files as its container could.
     store.pause_point("composefs-merged");

@@ -34,6 +34,9 @@ pub(crate) struct Objects<'a> {
     /// Fan-out directories this build published objects in, whose entries
     /// [`Objects::sync_names`] makes durable before the image names them.
     published_in: std::collections::BTreeSet<PathBuf>,
+    /// An object may be a layer file's own inode (false where layers keep their data in
+    /// objects: no layer file an image shows is ever another's object).
+    pub(crate) link_layer_files: bool,
 }
 
 impl<'a> Objects<'a> {
@@ -48,6 +51,7 @@ impl<'a> Objects<'a> {
             shared_bytes: 0,
             verity,
             published_in: std::collections::BTreeSet::new(),
+            link_layer_files: true,
         }
     }
 
@@ -59,6 +63,15 @@ impl<'a> Objects<'a> {
     /// own inode, owner, mode and hardlinks for the strategies that mount layers.
     pub(crate) fn store(&mut self, layer_file: &LayerFile) -> io::Result<RegularFile<ObjectId>> {
         let path = &layer_file.path;
+        // An imported layer's stub (a store whose layers keep their data in objects):
+        // its data is an object already, under its short name.
+        if layer_file.linkable
+            && layer_file.size > composefs::INLINE_CONTENT_MAX_V0 as u64
+            && let Some(short) =
+                lamina_store::object_layers::stub_object(self.host, lamina_sys::At::Path(path))?
+        {
+            return self.store_stub(&short, layer_file.size);
+        }
         // A committed snapshot's file may still be written, or swapped for a symlink, by
         // its container: opened once, beneath its layer's root and following nothing.
         let mut file = if layer_file.linkable {
@@ -106,7 +119,7 @@ impl<'a> Objects<'a> {
             // A hardlink set's inode is copied: lent to other images, its thousands of
             // links could reach the filesystem's link limit. Its only name is its own while
             // no object is made of it.
-            let alone = file.metadata()?.nlink() == 1;
+            let alone = self.link_layer_files && file.metadata()?.nlink() == 1;
             drop(file);
             self.publish(path, &object, alone)?;
         }
@@ -145,6 +158,31 @@ impl<'a> Objects<'a> {
         }
         drop(copy);
         self.named(id, &object, hashed)
+    }
+
+    /// The object a stub's redirect names (`short`, under `objects/`), `size` bytes as
+    /// the stub says, as the image names it: by its whole digest, a second name of the
+    /// same inode made if missing. Hashed, so a damaged object fails the build rather
+    /// than be named by a digest it no longer has.
+    fn store_stub(&mut self, short: &Path, size: u64) -> io::Result<RegularFile<ObjectId>> {
+        let tree = lamina_store::beneath::Tree::open(&self.dir)?;
+        let object = tree.open_regular(short)?;
+        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
+        let hashed = io::copy(&mut io::Read::take(&object, size + 1), &mut hasher)?;
+        let id = hasher.digest();
+        if hashed != size || Path::new(&lamina_store::object_layers::short_name(&id)) != short {
+            return Err(io::Error::other(format!(
+                "object {} does not hold the content its name says (`lamina check --verify` names the layer)",
+                self.dir.join(short).display()
+            )));
+        }
+        let named = self.dir.join(id.to_object_pathname());
+        self.make_fan_out(&named)?;
+        match fs::hard_link(self.dir.join(short), &named) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+        self.named(id, &named, hashed)
     }
 
     /// `object` (of content `id`, `len` bytes) as the image names it: its fan-out synced

@@ -22,6 +22,9 @@ use crate::RootfsError;
 use crate::model::record::Container;
 use crate::providers::{Attach, Made, Provide, bind_dir, record_mounted};
 
+mod copies;
+use copies::Copies;
+
 // Owners, whiteouts and xattrs are read and set through the store's host (the kernel
 // seam): a layer's owners and overlay markers are what an import through it recorded.
 
@@ -74,7 +77,9 @@ fn bound(container: &Container) -> Result<PathBuf, RootfsError> {
 /// layer with nothing for overlay to interpret, otherwise the image's flattened tree.
 pub(crate) fn source(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, StoreError> {
     if let [only] = chain_ids
-        && store.layer_record(only)?.overlay_markers == Some(0)
+        && let record = store.layer_record(only)?
+        && record.overlay_markers == Some(0)
+        && !record.objects
     {
         return Ok(store.layout().layer_diff(only));
     }
@@ -122,16 +127,26 @@ pub(crate) fn ensure(store: &Store, chain_ids: &[Digest]) -> Result<PathBuf, Sto
 
 /// Fills the empty directory `dest` with the merged tree of `chain_ids`.
 fn build(host: &dyn HostFs, store: &Store, chain_ids: &[Digest], dest: &Path) -> io::Result<()> {
+    let mut copies = store
+        .properties()
+        .layer_data_in_objects
+        .then(|| Copies::new(store.layout().objects()));
     for chain_id in chain_ids {
         let layer = store.layout().layer_diff(chain_id);
-        apply_dir(host, &layer, dest)?;
+        apply_dir(host, &layer, dest, copies.as_mut())?;
         copy_dir_metadata(host, &layer, dest)?;
     }
     Ok(())
 }
 
-/// Lays the entries of layer directory `src` over the tree at `dst`.
-fn apply_dir(host: &dyn HostFs, src: &Path, dst: &Path) -> io::Result<()> {
+/// Lays the entries of layer directory `src` over the tree at `dst`: hardlinks to the
+/// layers' entries, or copies of them where `copies` is given.
+fn apply_dir(
+    host: &dyn HostFs,
+    src: &Path,
+    dst: &Path,
+    mut copies: Option<&mut Copies>,
+) -> io::Result<()> {
     for entry in fs::read_dir(src)? {
         let name = entry?.file_name();
         let (from, to) = (src.join(&name), dst.join(&name));
@@ -159,14 +174,17 @@ fn apply_dir(host: &dyn HostFs, src: &Path, dst: &Path) -> io::Result<()> {
                 }
                 None => fs::create_dir(&to)?,
             }
-            apply_dir(host, &from, &to)?;
+            apply_dir(host, &from, &to, copies.as_deref_mut())?;
             copy_dir_metadata(host, &from, &to)?;
         } else {
             if let Some(existing) = existing {
                 remove(&to, &existing)?;
             }
-            // linkat without AT_SYMLINK_FOLLOW: a symlink is linked, not its target.
-            fs::hard_link(&from, &to)?;
+            match copies.as_deref_mut() {
+                Some(copies) => copies.copy(host, &from, &st, &to)?,
+                // linkat without AT_SYMLINK_FOLLOW: a symlink is linked, not its target.
+                None => fs::hard_link(&from, &to)?,
+            }
         }
     }
     Ok(())
