@@ -53,6 +53,20 @@ impl Rig {
         )
     }
 
+    /// A rig whose store keeps its layers' data in `objects/` (`init-store --layer-data
+    /// objects`).
+    pub fn layer_data_in_objects(kind: FsKind, size_mb: u64) -> Self {
+        let properties = lamina_store::StoreProperties {
+            layer_data_in_objects: true,
+            ..Default::default()
+        };
+        Self::with(
+            kind,
+            ScratchFs::loop_backed(kind, size_mb.max(512), true),
+            &properties,
+        )
+    }
+
     fn on(kind: FsKind, fs: ScratchFs) -> Self {
         Self::with(kind, fs, &lamina_store::StoreProperties::default())
     }

@@ -8,6 +8,7 @@
 use lamina_conformance::{RealRig, run};
 use lamina_integration::scratch::mounts_under;
 use lamina_integration::{FsKind, ScratchFs, require_root};
+use lamina_store::StoreProperties;
 
 /// One filesystem at a time. Two rigs in one process interfere: a child another thread
 /// spawns (mkfs, losetup, mount) inherits, until it execs, the descriptor of a slot lock
@@ -19,12 +20,16 @@ fn conformance_on(kind: FsKind) {
 }
 
 fn conformance_in(kind: FsKind, fs: ScratchFs) {
+    conformance_with(kind, fs, &StoreProperties::default());
+}
+
+fn conformance_with(kind: FsKind, fs: ScratchFs, properties: &StoreProperties) {
     require_root();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     // Dropped in reverse order: the rig (store, mounter), then the filesystem, which
     // unmounts whatever a failing row left beneath it.
     let report = {
-        let rig = RealRig::new(kind.name(), fs.path());
+        let rig = RealRig::with_properties(kind.name(), fs.path(), properties);
         run(&rig)
     };
     let left = mounts_under(fs.path());
@@ -44,6 +49,21 @@ fn every_strategy_passes_the_conformance_suite_on_ext4() {
 #[test]
 fn every_strategy_passes_the_conformance_suite_on_xfs() {
     conformance_on(FsKind::Xfs);
+}
+
+/// Every strategy on a store whose layers keep their data in objects (docs/store.md):
+/// each layer file a stub that overlay reads through `objects/`.
+#[test]
+fn every_strategy_passes_the_conformance_suite_on_a_store_of_object_layers() {
+    let properties = StoreProperties {
+        layer_data_in_objects: true,
+        ..StoreProperties::default()
+    };
+    conformance_with(
+        FsKind::Ext4,
+        ScratchFs::loop_backed(FsKind::Ext4, 1024, false),
+        &properties,
+    );
 }
 
 /// The rows only a store on btrfs with quotas serves (`isolated-quota`), on one.

@@ -263,6 +263,15 @@ fn stored_once_and_every_view_keeps_its_own_inodes(kind: FsKind) {
     let mut bytes = std::fs::read(&object).unwrap();
     bytes[100] ^= 0xff;
     std::fs::write(&object, &bytes).unwrap();
+    // A missing one too, as the file it held the data of.
+    let aside = lamina.store.join("object-aside");
+    std::fs::rename(&object, &aside).unwrap();
+    let check = lamina.run(&["check", "--verify"]);
+    assert!(
+        check.stdout.contains("bad_layer_file") && check.stdout.contains("/diff/data/"),
+        "{check:?}"
+    );
+    std::fs::rename(&aside, &object).unwrap();
     let check = lamina.run(&["check", "--verify"]);
     assert!(
         check.stdout.contains("bad_layer_file") && check.stdout.contains("its content changed"),

@@ -84,10 +84,22 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
             "build vs import",
         ],
     );
+    let mut import_objects = Table::new(
+        "composefs-import-objects",
+        &[
+            "fs",
+            "layers",
+            "import, default store",
+            "import, layer data in objects",
+            "vs default store",
+        ],
+    );
     for &kind in &ctx.filesystems {
         let rig = Rig::new(kind, 2048);
         // Imports with file objects, and the rows of a store that shares file content.
         let sharing = Rig::sharing_file_content(kind, 2048);
+        // The rows of a store whose layers keep their data in objects.
+        let in_objects = Rig::layer_data_in_objects(kind, 2048);
         for &layers in &layer_counts {
             progress(&format!("composefs {} {layers}-layer image", rig.fs_name()));
             let reference =
@@ -134,13 +146,39 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         let image = crate::images::resolve(&reference);
         let label = format!("1 of {} MiB", total >> 20);
         import_and_build(&sharing, &image, &label, &mut import);
+        import_into_objects(&rig, &in_objects, &image, &label, &mut import_objects);
 
         for &size in &sizes {
             shared_files(&rig, files, size, DEFAULT_STORE_STRATEGIES, &mut shared);
             shared_files(&sharing, files, size, SHARED_STRATEGIES, &mut shared);
+            shared_files(&in_objects, files, size, SHARED_STRATEGIES, &mut shared);
         }
     }
-    vec![deep, shared, import]
+    vec![deep, shared, import, import_objects]
+}
+
+/// Imports `image` into a default store (`files`) and into one whose layers keep their
+/// data in objects, [`IMPORT_ROUNDS`] times each, alternated and each from a store
+/// without the image: the medians, as a row of `table` labelled `layers`.
+fn import_into_objects(files: &Rig, objects: &Rig, image: &Image, layers: &str, table: &mut Table) {
+    let (mut plain, mut moved) = (Samples::new(), Samples::new());
+    for _ in 0..IMPORT_ROUNDS {
+        for (rig, samples) in [(files, &mut plain), (objects, &mut moved)] {
+            forget(rig, image);
+            let t = Instant::now();
+            rig.store.import(image).unwrap();
+            samples.push(t.elapsed());
+        }
+    }
+    forget(objects, image);
+    let (plain, moved) = (plain.summary().p50, moved.summary().p50);
+    table.row(vec![
+        files.fs_name().into(),
+        layers.into(),
+        human(plain),
+        human(moved),
+        ratio(moved, plain),
+    ]);
 }
 
 /// Two images holding the same `files` files of `size` bytes, one as a single layer
@@ -169,6 +207,8 @@ fn shared_files(
     let unique = (files * size) as u64;
     let store = if rig.store.properties().shared_file_content {
         "shares file content"
+    } else if rig.store.properties().layer_data_in_objects {
+        "layer data in objects"
     } else {
         "default"
     };
@@ -280,6 +320,8 @@ fn forget(rig: &Rig, image: &Image) {
                 let objects = rig.store.layout().objects();
                 let _ =
                     std::fs::remove_file(lamina_store::file_objects::object_path(&objects, &id));
+                let short = lamina_store::object_layers::short_name(&id);
+                let _ = std::fs::remove_file(objects.join(short));
             }
         }
         if layer.exists() {

@@ -388,10 +388,16 @@ pub struct RealRig {
 
 impl RealRig {
     pub fn new(name: &str, dir: &Path) -> RealRig {
+        RealRig::with_properties(name, dir, &StoreProperties::default())
+    }
+
+    /// A rig whose store is made with `properties` (one whose layers keep their data in
+    /// objects, say).
+    pub fn with_properties(name: &str, dir: &Path, properties: &StoreProperties) -> RealRig {
         RealRig {
             name: name.to_string(),
             mounter: FaultyMounter::default(),
-            store: Store::init(&dir.join("store")).expect("store"),
+            store: Store::init_with(&dir.join("store"), properties).expect("store"),
             image: sample_image(&dir.join("sample")),
         }
     }

@@ -312,7 +312,8 @@ fn same_tree(
                 if stat.st_size as u64 != file.size {
                     return differs("size");
                 }
-                let digest = content_digest(&root, &rel).map_err(|e| format!("`{shown}`: {e}"))?;
+                let digest = content_digest(store, &root, &rel, &fd)
+                    .map_err(|e| format!("`{shown}`: {e}"))?;
                 if digest != file.digest {
                     return differs("content");
                 }
@@ -360,7 +361,26 @@ fn same_tree(
 }
 
 /// The SHA-256 of the regular file at `rel` under `root`.
-fn content_digest(root: &Tree, rel: &Path) -> io::Result<Digest> {
-    let (digest, _) = lamina_image::HashingReader::new(root.open_regular(rel)?).finish()?;
+/// The digest of the file `rel` under `root` (pinned as `pinned`): of its object's data
+/// where it is a stub of a store whose layers keep their data in objects.
+fn content_digest(
+    store: &Store,
+    root: &Tree,
+    rel: &Path,
+    pinned: &std::os::fd::OwnedFd,
+) -> io::Result<Digest> {
+    use std::os::fd::AsFd;
+    let stub = match store.properties().layer_data_in_objects {
+        true => lamina_store::object_layers::stub_object(
+            &**store.host(),
+            lamina_sys::At::Fd(pinned.as_fd()),
+        )?,
+        false => None,
+    };
+    let file = match stub {
+        Some(object) => Tree::open(&store.layout().objects())?.open_regular(&object)?,
+        None => root.open_regular(rel)?,
+    };
+    let (digest, _) = lamina_image::HashingReader::new(file).finish()?;
     Ok(digest)
 }

@@ -182,12 +182,17 @@ impl Snapshotter {
             let publish = |upper: &lamina_mount::UpperToCommit| -> Result<bool, SnapshotError> {
                 self.store.fail_point("commit-publish")?;
                 if let Some(lowers) = &upper.metacopy_lowers {
-                    let filled = complete_metacopies(&**self.store.host(), &upper.upper, lowers)
-                        .map_err(|e| {
-                            SnapshotError::FailedPrecondition(format!(
-                                "snapshot `{key}`: completing metadata-only copy-ups: {e}"
-                            ))
-                        })?;
+                    let filled = complete_metacopies(
+                        &**self.store.host(),
+                        &upper.upper,
+                        lowers,
+                        upper.objects.as_deref(),
+                    )
+                    .map_err(|e| {
+                        SnapshotError::FailedPrecondition(format!(
+                            "snapshot `{key}`: completing metadata-only copy-ups: {e}"
+                        ))
+                    })?;
                     tracing::debug!(key, filled, "filled metadata-only copy-ups");
                 }
                 Ok(self

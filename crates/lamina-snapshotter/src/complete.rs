@@ -35,12 +35,14 @@ pub(crate) fn complete_metacopies(
     host: &dyn HostFs,
     upper: &Path,
     lowers: &[PathBuf],
+    objects: Option<&Path>,
 ) -> io::Result<usize> {
     let upper = Tree::open(upper)?;
     let lowers = lowers
         .iter()
         .map(|lower| Tree::open(lower))
         .collect::<io::Result<Vec<_>>>()?;
+    let objects = objects.map(Tree::open).transpose()?;
     let mut filled = 0;
     let whole = upper.walk(|entry| {
         if entry.kind() != FileType::RegularFile {
@@ -61,7 +63,14 @@ pub(crate) fn complete_metacopies(
         };
         let regular = FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile;
         if regular && has(host, &pinned, METACOPY)? {
-            fill(host, &upper, &entry.rel(), &pinned, &lowers)?;
+            fill(
+                host,
+                &upper,
+                &entry.rel(),
+                &pinned,
+                &lowers,
+                objects.as_ref(),
+            )?;
             filled += 1;
         }
         Ok(true)
@@ -87,8 +96,9 @@ fn fill(
     rel: &Path,
     pinned: &OwnedFd,
     lowers: &[Tree],
+    objects: Option<&Tree>,
 ) -> io::Result<()> {
-    let mut data = crate::metacopy_origin::open_origin(host, upper, rel, pinned, lowers)?
+    let mut data = crate::metacopy_origin::open_origin(host, upper, rel, pinned, lowers, objects)?
         .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,

@@ -48,6 +48,7 @@ pub(crate) fn open_origin(
     rel: &Path,
     pinned: &OwnedFd,
     lowers: &[Tree],
+    objects: Option<&Tree>,
 ) -> io::Result<Option<File>> {
     let names: Vec<&OsStr> = rel
         .components()
@@ -76,12 +77,12 @@ pub(crate) fn open_origin(
         stack = if marked(host, &dir, OPAQUE)? {
             Vec::new()
         } else {
-            let mut lookup = Lookup::new(host, dir_name, redirect_of(host, &dir)?, true);
+            let mut lookup = Lookup::new(host, dir_name, redirect_of(host, &dir)?, true, objects);
             lookup.run(&root, &stack)?.dirs
         };
         at = dir;
     }
-    let mut lookup = Lookup::new(host, file_name, redirect_of(host, pinned)?, false);
+    let mut lookup = Lookup::new(host, file_name, redirect_of(host, pinned)?, false, objects);
     Ok(lookup.run(&root, &stack)?.file)
 }
 
@@ -94,6 +95,9 @@ struct Lookup<'h> {
     /// Found as a directory (or looking for one, below a directory of the upper).
     is_dir: bool,
     stop: bool,
+    /// The store's `objects/`, where a lower's stub (`lamina_store::object_layers`)
+    /// keeps its data: a data-only layer, reached through a stub's redirect alone.
+    objects: Option<&'h Tree>,
 }
 
 /// What a [`Lookup`] found: the layers the name is a directory in, or its data.
@@ -106,12 +110,19 @@ struct Outcome {
 impl<'h> Lookup<'h> {
     /// The lookup of `own`, as the upper's entry (with `redirect`, if it has one) asks it
     /// of the layers below; `dir`: the upper's entry is a directory.
-    fn new(host: &'h dyn HostFs, own: &OsStr, redirect: Option<Vec<u8>>, dir: bool) -> Self {
+    fn new(
+        host: &'h dyn HostFs,
+        own: &OsStr,
+        redirect: Option<Vec<u8>>,
+        dir: bool,
+        objects: Option<&'h Tree>,
+    ) -> Self {
         Lookup {
             host,
             name: redirect.unwrap_or_else(|| own.as_bytes().to_vec()),
             is_dir: dir,
             stop: false,
+            objects,
         }
     }
 
@@ -220,6 +231,15 @@ impl<'h> Lookup<'h> {
             // it, where its redirect says; taken for the data, it would fill the file with
             // zeros.
             FileType::RegularFile if last && !self.is_dir && has(self.host, &fd, METACOPY)? => {
+                // A layer's stub: its data is the object its redirect names, as overlay
+                // finds it in the data-only lower.
+                if let Some(objects) = self.objects
+                    && let Some(object) =
+                        lamina_store::object_layers::stub_object(self.host, At::Fd(fd.as_fd()))?
+                {
+                    self.stop = true;
+                    return Ok(Some(Entry::File(objects.open_regular(&object)?.into())));
+                }
                 self.follow(&fd, prelen, post)?;
                 Ok(None)
             }
@@ -358,10 +378,71 @@ mod tests {
             &lamina_sys::RealHost,
             &upper,
             &[middle.clone(), bottom.clone()],
+            None,
         )
         .unwrap();
         assert_eq!(filled, 2);
         assert_eq!(fs::read_to_string(upper.join("f")).unwrap(), "F-data");
         assert_eq!(fs::read_to_string(upper.join("h2")).unwrap(), "H-data");
+    }
+
+    /// A layer's stub (a store whose layers keep their data in objects) is filled from
+    /// the object its redirect names; a layer file at that path is never taken for it,
+    /// and without the objects the commit fails rather than fill zeros.
+    #[test]
+    fn a_stub_below_is_filled_from_its_object_and_only_from_it() {
+        let base = tempfile::tempdir_in(
+            Some("/dev/shm")
+                .filter(|p| Path::new(p).is_dir())
+                .unwrap_or("/tmp"),
+        )
+        .unwrap();
+        let dirs: Vec<_> = ["upper", "layer", "decoy", "objects/ab"]
+            .iter()
+            .map(|d| base.path().join(d))
+            .collect();
+        for dir in &dirs {
+            fs::create_dir_all(dir).unwrap();
+        }
+        let (upper, layer, decoy) = (&dirs[0], &dirs[1], &dirs[2]);
+        let name = "ab/qwertyuiopasdfghjklz";
+        fs::write(base.path().join("objects").join(name), "object").unwrap();
+        // A layer below the stub's holds a file at the object's path.
+        fs::create_dir(decoy.join("ab")).unwrap();
+        fs::write(decoy.join(name), "decoy!").unwrap();
+        fs::File::create(layer.join("f"))
+            .unwrap()
+            .set_len(6)
+            .unwrap();
+        mark(&layer.join("f"), super::METACOPY, b"");
+        mark(
+            &layer.join("f"),
+            super::REDIRECT,
+            format!("/{name}").as_bytes(),
+        );
+        let copy_up = || {
+            fs::File::create(upper.join("f"))
+                .unwrap()
+                .set_len(6)
+                .unwrap();
+            mark(&upper.join("f"), super::METACOPY, b"");
+        };
+        copy_up();
+        let lowers = [layer.clone(), decoy.clone()];
+        let filled = crate::complete::complete_metacopies(
+            &lamina_sys::RealHost,
+            upper,
+            &lowers,
+            Some(&base.path().join("objects")),
+        )
+        .unwrap();
+        assert_eq!(filled, 1);
+        assert_eq!(fs::read_to_string(upper.join("f")).unwrap(), "object");
+        fs::remove_file(upper.join("f")).unwrap();
+        copy_up();
+        fs::remove_file(decoy.join(name)).unwrap();
+        let err = crate::complete::complete_metacopies(&lamina_sys::RealHost, upper, &lowers, None)
+            .unwrap_err();
+        assert!(err.to_string().contains("no lower layer has"), "{err}");
     }
 }

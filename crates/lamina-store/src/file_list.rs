@@ -315,12 +315,18 @@ impl<'a> Reader<'a> {
             return Ok(listed(stat, content.clone(), xattrs.clone()));
         }
         let stub = match entry.kind() {
-            FileType::RegularFile => self.stub_data(entry)?,
+            FileType::RegularFile => match self.stub_data(entry) {
+                Ok(data) => data.map(Some),
+                // Said as this entry's change, not as the whole layer unreadable.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Some(None),
+                Err(e) => return Err(e),
+            },
             _ => None,
         };
         let content = match entry.kind() {
             FileType::RegularFile => match &stub {
-                Some(object) => {
+                Some(None) => "its object is gone".into(),
+                Some(Some(object)) => {
                     let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
                     io::copy(
                         &mut io::Read::take(object, stat.st_size as u64 + 1),

@@ -399,7 +399,7 @@ fn same_metadata(a: &Stat, b: &Stat) -> bool {
         && a.st_dev == b.st_dev
 }
 
-fn times_of(st: &Stat) -> Timestamps {
+pub(crate) fn times_of(st: &Stat) -> Timestamps {
     let time = |sec: i64, nsec: u64| rustix::fs::Timespec {
         tv_sec: sec,
         tv_nsec: nsec as _,

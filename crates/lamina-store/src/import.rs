@@ -408,9 +408,17 @@ impl Store {
         written_back: bool,
     ) -> Result<(), StoreError> {
         let diff = staging.join("diff");
-        let moved =
-            crate::object_layers::move_data(&*self.host, &diff, &self.layout.objects(), files)
-                .map_err(StoreError::io("moving file data to objects from", &diff))?;
+        let stubs = staging.join("stubs");
+        fs::create_dir(&stubs).map_err(StoreError::io("creating", &stubs))?;
+        let moved = crate::object_layers::move_data(
+            &*self.host,
+            &diff,
+            &stubs,
+            &self.layout.objects(),
+            files,
+        )
+        .map_err(StoreError::io("moving file data to objects from", &diff))?;
+        fs::remove_dir(&stubs).map_err(StoreError::io("removing", &stubs))?;
         if !written_back {
             self.host
                 .syncfs(staging_dir, staging)

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -31,7 +31,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timestamps};
 use lamina_sys::{At, HostFs};
 
 use crate::beneath::{Tree, resolve_from};
-use crate::file_objects::ObjectId;
+use crate::file_objects::{ObjectId, times_of};
 
 /// Overlay's mark of a file whose data lives in a lower layer below.
 pub const METACOPY_XATTR: &str = "trusted.overlay.metacopy";
@@ -107,18 +107,23 @@ pub fn stub_object(host: &dyn HostFs, at: At<'_>) -> io::Result<Option<PathBuf>>
 }
 
 /// Moves the data of `files` (each a path in the staged layer `diff`, its link count
-/// and its fs-verity digest) into `objects`, leaving stubs. Called once the layer's data
-/// is durable (an object's name must never exist before its content is on disk); the
+/// and its fs-verity digest) into `objects`, leaving stubs, each made in the empty
+/// directory `stubs` (outside the tree, on its filesystem: no name of the layer's is
+/// ever in the way) and renamed into its file's place. Called once the layer's data is
+/// durable (an object's name must never exist before its content is on disk); the
 /// caller keeps objects from being collected until the layer is published, and makes
 /// the stubs durable with it. A failure fails the import, whose staging is removed.
 pub fn move_data(
     host: &dyn HostFs,
     diff: &Path,
+    stubs: &Path,
     objects: &Path,
     files: &[(PathBuf, u64, ObjectId)],
 ) -> io::Result<Moved> {
     let tree = Tree::open(diff)?;
     let objects_dir = Tree::open(objects)?;
+    let stubs = Tree::open(stubs)?;
+    let stubs = stubs.root();
     let mut moved = Moved::default();
     let mut dir_times: HashMap<PathBuf, Timestamps> = HashMap::new();
     let mut fan_outs = std::collections::HashSet::new();
@@ -149,7 +154,7 @@ pub fn move_data(
             Mode::empty(),
         )?);
         let stat = rustix::fs::fstat(&file)?;
-        let stub = make_stub(host, &dir, &file, &stat, id)?;
+        let stub = make_stub(host, stubs, &file, &stat, id)?;
         let deduplicated = match rustix::fs::renameat_with(
             &dir,
             name,
@@ -163,18 +168,18 @@ pub fn move_data(
                 if !crate::file_objects::same_bytes(&file, &object)? {
                     // Another content under the name (a collision, or a damaged object):
                     // the file keeps its own data.
-                    rustix::fs::unlinkat(&dir, STUB_NAME, AtFlags::empty())?;
+                    rustix::fs::unlinkat(stubs, STUB_NAME, AtFlags::empty())?;
                     continue;
                 }
                 true
             }
             Err(e) => {
-                let _ = rustix::fs::unlinkat(&dir, STUB_NAME, AtFlags::empty());
+                let _ = rustix::fs::unlinkat(stubs, STUB_NAME, AtFlags::empty());
                 return Err(e.into());
             }
         };
         drop(stub);
-        rustix::fs::renameat(&dir, STUB_NAME, &dir, name)?;
+        rustix::fs::renameat(stubs, STUB_NAME, &dir, name)?;
         moved.files += 1;
         moved.bytes += stat.st_size as u64;
         moved.deduplicated += usize::from(deduplicated);
@@ -187,19 +192,18 @@ pub fn move_data(
     Ok(moved)
 }
 
-/// The name a stub is made under before it takes its file's place.
-const STUB_NAME: &str = ".lamina-stub";
+/// The name a stub is made under, in the stubs directory, before it takes its file's
+/// place.
+const STUB_NAME: &str = "stub";
 
 /// Makes, at [`STUB_NAME`] in `dir`, the stub of `file` (`stat`, content `id`).
 fn make_stub(
     host: &dyn HostFs,
-    dir: &OwnedFd,
+    dir: BorrowedFd<'_>,
     file: &File,
     stat: &rustix::fs::Stat,
     id: &ObjectId,
 ) -> io::Result<File> {
-    // A stub a failed import left is the import's own (its staging is fresh each time).
-    let _ = rustix::fs::unlinkat(dir, STUB_NAME, AtFlags::empty());
     let stub = File::from(rustix::fs::openat(
         dir,
         STUB_NAME,
@@ -209,6 +213,12 @@ fn make_stub(
     let made = (|| -> io::Result<()> {
         rustix::fs::ftruncate(&stub, stat.st_size as u64)?;
         let at = At::Fd(stub.as_fd());
+        // A default ACL above would have given the new inode an access ACL the file
+        // never had.
+        match host.remove_xattr(at, OsStr::new("system.posix_acl_access")) {
+            Ok(()) | Err(lamina_sys::Errno::NODATA | lamina_sys::Errno::NOTSUP) => {}
+            Err(e) => return Err(e.into()),
+        }
         // Owner before mode (a chown clears set-id bits), xattrs after both (a chown
         // clears file capabilities), times last.
         host.chown(at, stat.st_uid, stat.st_gid)?;
@@ -233,17 +243,6 @@ fn copy_xattrs(host: &dyn HostFs, from: BorrowedFd<'_>, to: At<'_>) -> io::Resul
         }
     }
     Ok(())
-}
-
-fn times_of(st: &rustix::fs::Stat) -> Timestamps {
-    let time = |sec: i64, nsec: u64| rustix::fs::Timespec {
-        tv_sec: sec,
-        tv_nsec: nsec as _,
-    };
-    Timestamps {
-        last_access: time(st.st_atime, st.st_atime_nsec),
-        last_modification: time(st.st_mtime, st.st_mtime_nsec),
-    }
 }
 
 #[cfg(test)]

@@ -97,12 +97,15 @@ pub(crate) fn collect(
     // one copy per content, for every strategy), so they stay while their layers do.
     // A layer that keeps its data in objects names them by their short names too, and
     // one whose manifest cannot be read keeps every object: its stubs need some.
+    let object_layers = store.properties().layer_data_in_objects;
     for layer in entries(&store.layout().layers())? {
-        let stubs = lamina_store::LayerRecord::read(&layer).is_ok_and(|r| r.objects);
+        // A record that cannot be read may be a stub layer's.
+        let stubs =
+            object_layers && lamina_store::LayerRecord::read(&layer).map_or(true, |r| r.objects);
         match lamina_store::file_objects::read_manifest(&layer) {
             Some(digests) => {
                 referenced.extend(digests.iter().map(|o| o.to_object_pathname()));
-                if stubs {
+                if object_layers {
                     referenced.extend(digests.iter().map(lamina_store::object_layers::short_name));
                 }
             }

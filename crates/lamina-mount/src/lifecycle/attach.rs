@@ -100,6 +100,9 @@ pub struct UpperToCommit {
     /// lowers (top-most first) to fill them from before the upper can stand alone; over
     /// pending (lazy) layers, their trees and then where those redirect.
     pub metacopy_lowers: Option<Vec<PathBuf>>,
+    /// Where a lower's stub keeps its data (a store whose layers keep their data in
+    /// objects): reached only through a stub's own redirect, never as a layer.
+    pub objects: Option<PathBuf>,
 }
 
 /// [`RootfsError::UpperInUse`] if an overlay lamina did not mount (containerd mounts a
@@ -161,11 +164,14 @@ pub fn upper_to_commit(
             .map_err(lamina_store::StoreError::io("creating", &dirs.upper))?;
     }
     // A composefs upper's layers hold the same tree its metadata image was built from.
+    // A store whose layers keep their data in objects mounts every overlay with
+    // metacopy, whatever the flavour.
+    let objects = store.properties().layer_data_in_objects;
     Ok(UpperToCommit {
         upper: dirs.upper,
-        metacopy_lowers: model
-            .metadata_copy_up()
+        metacopy_lowers: (model.metadata_copy_up() || objects)
             .then(|| crate::providers::commit_lowers(store, &container.record.layers)),
+        objects: objects.then(|| store.layout().objects()),
     })
 }
 

@@ -23,6 +23,8 @@ pub(super) struct Copies {
     /// Each layer inode already copied: the copy's path and inode, so another name of it
     /// in the image becomes a hardlink to that copy while the copy is still there.
     copied: HashMap<(u64, u64), (PathBuf, u64)>,
+    /// The layer being laid is an import whose files may be stubs.
+    pub(super) stubs: bool,
 }
 
 impl Copies {
@@ -30,6 +32,7 @@ impl Copies {
         Copies {
             objects,
             copied: HashMap::new(),
+            stubs: false,
         }
     }
 
@@ -49,7 +52,11 @@ impl Copies {
         }
         match FileType::from_raw_mode(st.st_mode) {
             FileType::RegularFile => {
-                let data = match lamina_store::object_layers::stub_object(host, At::Path(from))? {
+                let stub = match self.stubs {
+                    true => lamina_store::object_layers::stub_object(host, At::Path(from))?,
+                    false => None,
+                };
+                let data = match stub {
                     Some(object) => self.objects.join(object),
                     None => from.to_path_buf(),
                 };

@@ -133,6 +133,11 @@ fn build(host: &dyn HostFs, store: &Store, chain_ids: &[Digest], dest: &Path) ->
         .then(|| Copies::new(store.layout().objects()));
     for chain_id in chain_ids {
         let layer = store.layout().layer_diff(chain_id);
+        if let Some(copies) = copies.as_mut() {
+            // Only an import's stubs are followed: a committed snapshot's upper may hold
+            // overlay's own marks, which name no object.
+            copies.stubs = store.layer_record(chain_id).is_ok_and(|r| r.objects);
+        }
         apply_dir(host, &layer, dest, copies.as_mut())?;
         copy_dir_metadata(host, &layer, dest)?;
     }
