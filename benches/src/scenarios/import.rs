@@ -68,7 +68,7 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                             lamina_store::file_list::write(&lamina_sys::RealHost, d, &list, &never)
                                 .unwrap();
                         fs::remove_file(&list).unwrap();
-                        listed
+                        listed.is_some()
                     }),
                 ),
                 (

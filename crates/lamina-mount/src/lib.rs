@@ -34,7 +34,8 @@ pub use choose::{COMPOSEFS_FROM_LAYERS, Choice, MetadataImage, Pools, Request, c
 pub use gc::check::{CheckReport, Problem, check, check_verified};
 pub use gc::clean::{CleanReport, clean, remove_crashed_create};
 pub use lifecycle::attach::{
-    UpperToCommit, attach, commit_upper, create_empty, refuse_upper_in_use, upper_to_commit,
+    UpperToCommit, attach, attach_if, commit_upper, create_empty, refuse_upper_in_use,
+    upper_to_commit,
 };
 pub use lifecycle::create::{Created, FollowUp, Layers, StoredLayers, create, create_from};
 pub use lifecycle::delete::{Deleted, delete};

@@ -559,11 +559,14 @@ impl Snapshotter {
             .get(key)?
             .ok_or_else(|| SnapshotError::NotFound(key.into()))?;
         match &snapshot.container {
-            Some(id) if !self.owns(key, id) => Err(SnapshotError::NotFound(format!(
-                "{key}: its container `{id}` was lost in a crash and the name is another's now"
-            ))),
             Some(id) => {
-                let mounts = self.mounts_of(id)?;
+                // Whose the container is, and what it mounts, from one read of its record.
+                let source = format!("{SOURCE_PREFIX}{key}");
+                let Some(mounts) = self.mounts_if(id, |record| record.image == source)? else {
+                    return Err(SnapshotError::NotFound(format!(
+                        "{key}: its container `{id}` was lost in a crash and the name is another's now"
+                    )));
+                };
                 Ok(match self.prepared_for_rebase(key, &snapshot) {
                     true => crate::rebase::as_upper_only_overlay(mounts),
                     false => mounts,
@@ -577,20 +580,34 @@ impl Snapshotter {
 
     /// What containerd mounts for the snapshot whose container is `id`.
     pub(crate) fn mounts_of(&self, id: &str) -> Result<Vec<MountSpec>, SnapshotError> {
-        Ok(vec![
-            match lamina_mount::attach(&self.store, self.mounter.as_ref(), id)? {
-                Attach::Bind { source, read_only } => MountSpec {
-                    kind: "bind".into(),
-                    source: source.display().to_string(),
-                    options: vec!["rbind".into(), if read_only { "ro" } else { "rw" }.into()],
-                },
-                Attach::Overlay { options } => MountSpec {
-                    kind: "overlay".into(),
-                    source: "overlay".into(),
-                    options,
-                },
-            },
-        ])
+        let attach = lamina_mount::attach(&self.store, self.mounter.as_ref(), id)?;
+        Ok(vec![mount_spec(attach)])
+    }
+
+    /// [`Snapshotter::mounts_of`] if `belongs` accepts the container's record.
+    fn mounts_if(
+        &self,
+        id: &str,
+        belongs: impl FnOnce(&lamina_store::ContainerRecord) -> bool,
+    ) -> Result<Option<Vec<MountSpec>>, SnapshotError> {
+        let attach = lamina_mount::attach_if(&self.store, self.mounter.as_ref(), id, belongs)?;
+        Ok(attach.map(|a| vec![mount_spec(a)]))
+    }
+}
+
+/// containerd's form of what to mount.
+fn mount_spec(attach: Attach) -> MountSpec {
+    match attach {
+        Attach::Bind { source, read_only } => MountSpec {
+            kind: "bind".into(),
+            source: source.display().to_string(),
+            options: vec!["rbind".into(), if read_only { "ro" } else { "rw" }.into()],
+        },
+        Attach::Overlay { options } => MountSpec {
+            kind: "overlay".into(),
+            source: "overlay".into(),
+            options,
+        },
     }
 }
 

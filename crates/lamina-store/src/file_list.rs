@@ -130,23 +130,25 @@ fn shown(path: &Path) -> String {
     lamina_image::shown(&path.display().to_string())
 }
 
-/// Lists every entry under `diff` into `out` (created, not synced). `Ok(false)`, and
-/// `out` removed, when the layer is past what is listed or part of it could not be
-/// walked; stops when `cancelled`.
+/// Lists every entry under `diff` into `out` (created, not synced), and returns the
+/// files the listing hashed as file objects would (`file_objects::Hashed`: each inode
+/// of more than the inline limit once), so an import that stores file objects does not
+/// read them again. `None`, and `out` removed, when the layer is past what is listed or
+/// part of it could not be walked; stops when `cancelled`.
 pub fn write(
     host: &dyn HostFs,
     diff: &Path,
     out: &Path,
     cancelled: &AtomicBool,
-) -> io::Result<bool> {
+) -> io::Result<Option<crate::file_objects::Hashed>> {
     let written = write_to(host, diff, out, cancelled);
-    if !matches!(written, Ok(true)) {
+    if !matches!(written, Ok(Some(_))) {
         let _ = std::fs::remove_file(out);
     }
     match written {
         Err(e) if e.get_ref().is_some_and(|inner| inner.is::<PastBounds>()) => {
             tracing::info!(layer = %diff.display(), "layer past what is listed for check --verify");
-            Ok(false)
+            Ok(None)
         }
         other => other,
     }
@@ -157,7 +159,7 @@ fn write_to(
     diff: &Path,
     out: &Path,
     cancelled: &AtomicBool,
-) -> io::Result<bool> {
+) -> io::Result<Option<crate::file_objects::Hashed>> {
     let tree = Tree::open(diff)?;
     let mut file = BufWriter::new(
         std::fs::OpenOptions::new()
@@ -172,6 +174,8 @@ fn write_to(
     let root = reader.root(&tree)?;
     root.line(Path::new("."), &mut line);
     let (mut entries, mut path_bytes) = (0, 0);
+    let mut hashed = crate::file_objects::Hashed::default();
+    let mut inodes = HashSet::new();
     let whole = tree.walk(|entry| {
         if cancelled.load(Ordering::Relaxed) {
             return Err(io::Error::other("the import is being given up"));
@@ -182,7 +186,16 @@ fn write_to(
         if entries > MAX_ENTRIES || path_bytes > MAX_PATH_BYTES {
             return Err(io::Error::other(PastBounds));
         }
-        reader.entry(&tree, entry)?.line(&rel, &mut line);
+        let listed = reader.entry(&tree, entry)?;
+        let stat = entry.stat;
+        if listed.kind == 'f'
+            && crate::file_objects::is_object_sized(stat.st_size)
+            && inodes.insert((stat.st_dev, stat.st_ino))
+            && let Ok(id) = ObjectId::from_hex(&listed.content)
+        {
+            hashed.push(rel.clone(), stat.st_nlink, id);
+        }
+        listed.line(&rel, &mut line);
         if line.len() >= 64 << 10 {
             file.write_all(&line)?;
             line.clear();
@@ -191,7 +204,7 @@ fn write_to(
     })?;
     file.write_all(&line)?;
     file.flush()?;
-    Ok(whole)
+    Ok(whole.then_some(hashed))
 }
 
 /// A layer's list, read back: each path and what was recorded of it.
@@ -489,7 +502,13 @@ mod tests {
     fn listed(dir: &Path) -> FileList {
         let out = dir.join(FILE_LIST);
         let _ = std::fs::remove_file(&out);
-        assert!(write(&RealHost, &dir.join("diff"), &out, &AtomicBool::new(false)).unwrap());
+        let hashed = write(&RealHost, &dir.join("diff"), &out, &AtomicBool::new(false)).unwrap();
+        // What the listing hashed is what file objects would hash.
+        let again = crate::file_objects::hash(&dir.join("diff"), &AtomicBool::new(false)).unwrap();
+        assert_eq!(
+            hashed.expect("listed").into_parts(),
+            again.expect("hashed").into_parts()
+        );
         FileList::read(dir).unwrap().unwrap()
     }
 

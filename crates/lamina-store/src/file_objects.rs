@@ -112,11 +112,23 @@ impl Hashed {
         self.files.is_empty()
     }
 
+    /// Adds the file at `rel` (its inode's first name), of `nlink` links and content `id`.
+    pub(crate) fn push(&mut self, rel: PathBuf, nlink: u64, id: ObjectId) {
+        self.digests.insert(id.clone());
+        self.files.push((rel, nlink, id));
+    }
+
     /// The layer's manifest, and each file's path in the layer, link count and digest,
     /// in the order walked.
     pub fn into_parts(self) -> (Digests, Vec<(PathBuf, u64, ObjectId)>) {
         (self.digests, self.files)
     }
+}
+
+/// Whether a regular file of `size` bytes becomes an object (composefs keeps smaller
+/// ones inline).
+pub(crate) fn is_object_sized(size: i64) -> bool {
+    size >= SMALLEST
 }
 
 /// Hashes the files of the staged layer `diff`, each inode once: done before anything

@@ -228,9 +228,13 @@ impl Store {
         // runs without root) is imported without a list, as one past the bounds is:
         // `check --verify` counts it as unlisted.
         let list_path = staging.join(crate::file_list::FILE_LIST);
+        let mut listed_files = None;
         record.file_list = match crate::file_list::write(&*self.host, &diff, &list_path, cancelled)
         {
-            Ok(listed) => listed,
+            Ok(listed) => {
+                listed_files = listed;
+                listed_files.is_some()
+            }
             Err(_) if cancelled.load(std::sync::atomic::Ordering::Relaxed) => {
                 return Err(StoreError::Layer {
                     layer: layer.describe(),
@@ -243,7 +247,7 @@ impl Store {
             }
         };
         let staged = self
-            .stage_file_objects(&diff, below, cancelled)
+            .stage_file_objects(&diff, listed_files, below, cancelled)
             .map_err(|e| StoreError::Layer {
                 layer: layer.describe(),
                 message: format!("storing its files as objects: {e}"),
@@ -492,6 +496,7 @@ impl Store {
     fn stage_file_objects(
         &self,
         diff: &Path,
+        listed: Option<file_objects::Hashed>,
         below: Below<'_>,
         cancelled: &std::sync::atomic::AtomicBool,
     ) -> std::io::Result<Option<file_objects::Staged>> {
@@ -501,8 +506,13 @@ impl Store {
         if !(sharing || moving) || !objects.is_dir() {
             return Ok(None);
         }
-        let Some(hashed) = file_objects::hash(diff, cancelled)? else {
-            return Ok(None);
+        // The listing's digests where it was written; else the files are read again.
+        let hashed = match listed {
+            Some(hashed) => hashed,
+            None => match file_objects::hash(diff, cancelled)? {
+                Some(hashed) => hashed,
+                None => return Ok(None),
+            },
         };
         if moving {
             // Nothing is linked: a stub is the layer's own inode, and what lies below

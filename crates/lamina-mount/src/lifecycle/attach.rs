@@ -24,11 +24,36 @@ use crate::{RootfsError, Strategies};
 /// the store's filesystem, and a volatile overlay the caller mounted itself could never
 /// be mounted a second time.
 pub fn attach(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach, RootfsError> {
-    holding_id(store, id, || attach_held(store, mounter, id))
+    holding_id(store, id, || {
+        let container = record::read(store, id)?;
+        attach_held(store, mounter, id, container)
+    })
 }
 
-fn attach_held(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach, RootfsError> {
-    let container = record::read(store, id)?;
+/// [`attach`] if `belongs` accepts container `id`'s record, `None` otherwise: the record
+/// read once for both (a containerd snapshot's Mounts asks whether the container is
+/// still its own on every container start).
+pub fn attach_if(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+    belongs: impl FnOnce(&ContainerRecord) -> bool,
+) -> Result<Option<Attach>, RootfsError> {
+    holding_id(store, id, || {
+        let container = record::read(store, id)?;
+        if !belongs(&container.record) {
+            return Ok(None);
+        }
+        attach_held(store, mounter, id, container).map(Some)
+    })
+}
+
+fn attach_held(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+    container: Container,
+) -> Result<Attach, RootfsError> {
     let dirs = container.dirs(store);
     let read_only = container.model().read_only();
     // An idmapped overlay, like a volatile or a composefs one, only lamina mounts.
