@@ -60,11 +60,26 @@ struct Expected {
 fn every_image_a_power_cut_may_leave_holds_each_layer_and_snapshot_whole_or_not_at_all() {
     require_root();
     for (kind, size_mb) in FILESYSTEMS {
-        cut_everywhere(kind, size_mb);
+        cut_everywhere(kind, size_mb, &lamina_store::StoreProperties::default());
     }
 }
 
-fn cut_everywhere(kind: FsKind, size_mb: u64) {
+/// The same in a store whose layers keep their data in objects: the pull's files move
+/// into `objects/` behind stubs, and every image holds the layer with each stub's object
+/// whole (`check --verify` hashes them), or no layer.
+#[test]
+fn every_image_a_power_cut_may_leave_holds_a_layer_of_stubs_with_its_objects_or_none() {
+    require_root();
+    let properties = lamina_store::StoreProperties {
+        layer_data_in_objects: true,
+        ..Default::default()
+    };
+    for (kind, size_mb) in FILESYSTEMS {
+        cut_everywhere(kind, size_mb, &properties);
+    }
+}
+
+fn cut_everywhere(kind: FsKind, size_mb: u64, properties: &lamina_store::StoreProperties) {
     let scratch = ScratchFs::tmpfs();
     let images = scratch.path().join("images");
     fs::create_dir(&images).unwrap();
@@ -73,7 +88,7 @@ fn cut_everywhere(kind: FsKind, size_mb: u64) {
 
     let fs = RecordedFs::new(kind, size_mb);
     let root = fs.path().join("store");
-    lamina_store::Store::init(&root).unwrap();
+    lamina_store::Store::init_with(&root, properties).unwrap();
     let lamina = Lamina::new(&root);
     let snapshotter = open_snapshotter(&root);
     fs.start();
