@@ -268,7 +268,9 @@ fn stored_once_and_every_view_keeps_its_own_inodes(kind: FsKind) {
     std::fs::rename(&object, &aside).unwrap();
     let check = lamina.run(&["check", "--verify"]);
     assert!(
-        check.stdout.contains("bad_layer_file") && check.stdout.contains("/diff/data/"),
+        check.stdout.contains("bad_layer_file")
+            && check.stdout.contains("/diff/data/")
+            && check.stdout.contains("the object holding its data is gone"),
         "{check:?}"
     );
     std::fs::rename(&aside, &object).unwrap();

@@ -54,6 +54,9 @@ struct Expected {
     top: String,
     layer_tree: Tree,
     committed: Vec<Committed>,
+    /// In a store whose layers keep their data in objects, the pulled layer whose files
+    /// became stubs (the top one has none past the inline size).
+    stubbed: Option<String>,
 }
 
 #[test]
@@ -145,6 +148,9 @@ fn cut_everywhere(kind: FsKind, size_mb: u64, properties: &lamina_store::StorePr
     snapshotter.remove("gone").unwrap();
 
     let layer_tree = Tree::with_contents(&root.join("layers").join(&top));
+    let stubbed = properties
+        .layer_data_in_objects
+        .then(|| stubbed_layer(&root));
     for commit in &mut committed {
         let layer = layer_of(&snapshotter, commit.key).unwrap();
         commit.tree = Some(Tree::with_contents(&layer));
@@ -156,6 +162,7 @@ fn cut_everywhere(kind: FsKind, size_mb: u64, properties: &lamina_store::StorePr
         top,
         layer_tree,
         committed,
+        stubbed,
     };
 
     let mut rng = Xorshift::new(0x5eed_cafe);
@@ -186,7 +193,31 @@ fn cut_everywhere(kind: FsKind, size_mb: u64, properties: &lamina_store::StorePr
             if *present { "present" } else { "absent" }
         );
     }
-    assert_eq!(seen.len(), 2 + expected.committed.len(), "{seen:?}");
+    let stubbed = usize::from(expected.stubbed.is_some());
+    assert_eq!(
+        seen.len(),
+        2 + stubbed + expected.committed.len(),
+        "{seen:?}"
+    );
+}
+
+/// The chain (hex) of the one pulled layer whose files became stubs, checked to have
+/// moved data into `objects/`: without it the variant would test nothing new.
+fn stubbed_layer(root: &Path) -> String {
+    let stubbed: Vec<String> = fs::read_dir(root.join("layers"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|layer| {
+            let record: serde_json::Value =
+                serde_json::from_slice(&fs::read(layer.join("layer.json")).unwrap()).unwrap();
+            record["objects"] == true
+        })
+        .map(|layer| layer.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(stubbed.len(), 1, "layers of stubs: {stubbed:?}");
+    let objects = fs::read_dir(root.join("objects")).unwrap().count();
+    assert!(objects > 0, "no object made");
+    stubbed[0].clone()
 }
 
 /// Checks the store in the image mounted at `expected.root`; returns, for the pulled
@@ -207,6 +238,14 @@ fn check_cut(at: &str, expected: &Expected, must: &dyn Fn(&str) -> bool) -> Vec<
         );
     }
     held.push(("the pulled layer".to_string(), has_layer));
+    // Its stubs' objects are hashed against the layer's list by `check --verify` below.
+    let has_stubs = expected
+        .stubbed
+        .as_ref()
+        .is_some_and(|chain| root.join("layers").join(chain).try_exists().unwrap());
+    if let Some(chain) = &expected.stubbed {
+        held.push((format!("the layer of stubs {chain}"), has_stubs));
+    }
 
     let store = lamina_store::Store::open(root).unwrap();
     match store.record("garden") {
@@ -298,6 +337,10 @@ fn check_cut(at: &str, expected: &Expected, must: &dyn Fn(&str) -> bool) -> Vec<
     assert!(
         !has_layer || verified >= 1,
         "{at}: the layer was not verified: {check:?}"
+    );
+    assert!(
+        !has_stubs || verified >= 1,
+        "{at}: the layer of stubs was not verified: {check:?}"
     );
     let reap = lamina.run(&["reap"]);
     assert_eq!(reap.code, 0, "{at}: {reap:?}");

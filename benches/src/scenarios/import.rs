@@ -64,9 +64,14 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                         lamina_unpack_into(&blob, compression, d);
                         let never = std::sync::atomic::AtomicBool::new(false);
                         let list = d.with_extension("file-list");
-                        let listed =
-                            lamina_store::file_list::write(&lamina_sys::RealHost, d, &list, &never)
-                                .unwrap();
+                        let listed = lamina_store::file_list::write(
+                            &lamina_sys::RealHost,
+                            d,
+                            &list,
+                            false,
+                            &never,
+                        )
+                        .unwrap();
                         fs::remove_file(&list).unwrap();
                         listed.is_some()
                     }),

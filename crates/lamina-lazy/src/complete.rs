@@ -245,6 +245,8 @@ fn same_tree(
 ) -> Result<(), String> {
     let root =
         Tree::open(layer_dir).map_err(|e| format!("opening {}: {e}", layer_dir.display()))?;
+    // The store's `objects/`, opened once if a stub asks for it.
+    let objects = std::cell::OnceCell::new();
     let mut listed: HashSet<PathBuf> = HashSet::new();
     for change in &tree.changes {
         let path = match change {
@@ -312,7 +314,7 @@ fn same_tree(
                 if stat.st_size as u64 != file.size {
                     return differs("size");
                 }
-                let digest = content_digest(store, &root, &rel, &fd)
+                let digest = content_digest(store, &root, &objects, &rel, &fd)
                     .map_err(|e| format!("`{shown}`: {e}"))?;
                 if digest != file.digest {
                     return differs("content");
@@ -366,6 +368,7 @@ fn same_tree(
 fn content_digest(
     store: &Store,
     root: &Tree,
+    objects: &std::cell::OnceCell<io::Result<Tree>>,
     rel: &Path,
     pinned: &std::os::fd::OwnedFd,
 ) -> io::Result<Digest> {
@@ -378,7 +381,11 @@ fn content_digest(
         false => None,
     };
     let file = match stub {
-        Some(object) => Tree::open(&store.layout().objects())?.open_regular(&object)?,
+        Some(object) => objects
+            .get_or_init(|| Tree::open(&store.layout().objects()))
+            .as_ref()
+            .map_err(|e| io::Error::new(e.kind(), e.to_string()))?
+            .open_regular(&object)?,
         None => root.open_regular(rel)?,
     };
     let (digest, _) = lamina_image::HashingReader::new(file).finish()?;

@@ -98,6 +98,8 @@ struct Lookup<'h> {
     /// The store's `objects/`, where a lower's stub (`lamina_store::object_layers`)
     /// keeps its data: a data-only layer, reached through a stub's redirect alone.
     objects: Option<&'h Tree>,
+    /// The object the last stub met names, read when no layer has the data.
+    data_only: Option<std::path::PathBuf>,
 }
 
 /// What a [`Lookup`] found: the layers the name is a directory in, or its data.
@@ -123,6 +125,7 @@ impl<'h> Lookup<'h> {
             is_dir: dir,
             stop: false,
             objects,
+            data_only: None,
         }
     }
 
@@ -159,6 +162,10 @@ impl<'h> Lookup<'h> {
                 stack = root[layer + 1..].to_vec();
                 k = 0;
             }
+        }
+        // No layer had the data: the data-only lower, as overlay looks there last.
+        if let (Some(objects), Some(object)) = (self.objects, self.data_only.take()) {
+            outcome.file = Some(objects.open_regular(&object)?);
         }
         Ok(outcome)
     }
@@ -231,14 +238,13 @@ impl<'h> Lookup<'h> {
             // it, where its redirect says; taken for the data, it would fill the file with
             // zeros.
             FileType::RegularFile if last && !self.is_dir && has(self.host, &fd, METACOPY)? => {
-                // A layer's stub: its data is the object its redirect names, as overlay
-                // finds it in the data-only lower.
-                if let Some(objects) = self.objects
-                    && let Some(object) =
-                        lamina_store::object_layers::stub_object(self.host, At::Fd(fd.as_fd()))?
+                // A layer's stub names its object: where overlay reads the data if no
+                // layer below has the redirect's path (the data-only lower comes last).
+                if self.objects.is_some()
+                    && let Some(redirect) = redirect_of(self.host, &fd)?
+                    && let Some(object) = lamina_store::object_layers::object_of_redirect(&redirect)
                 {
-                    self.stop = true;
-                    return Ok(Some(Entry::File(objects.open_regular(&object)?.into())));
+                    self.data_only = Some(object);
                 }
                 self.follow(&fd, prelen, post)?;
                 Ok(None)
@@ -387,8 +393,10 @@ mod tests {
     }
 
     /// A layer's stub (a store whose layers keep their data in objects) is filled from
-    /// the object its redirect names; a layer file at that path is never taken for it,
-    /// and without the objects the commit fails rather than fill zeros.
+    /// the object its redirect names, looked for last, as overlay does: a layer below
+    /// with a file at that path would be what the container read (an import keeps its
+    /// files whole above such a layer: `object_layers::could_shadow_objects`), and
+    /// without the objects the commit fails rather than fill zeros.
     #[test]
     fn a_stub_below_is_filled_from_its_object_and_only_from_it() {
         let base = tempfile::tempdir_in(
@@ -429,20 +437,17 @@ mod tests {
         };
         copy_up();
         let lowers = [layer.clone(), decoy.clone()];
-        let filled = crate::complete::complete_metacopies(
-            &lamina_sys::RealHost,
-            upper,
-            &lowers,
-            Some(&base.path().join("objects")),
-        )
-        .unwrap();
-        assert_eq!(filled, 1);
-        assert_eq!(fs::read_to_string(upper.join("f")).unwrap(), "object");
-        fs::remove_file(upper.join("f")).unwrap();
-        copy_up();
+        let objects = base.path().join("objects");
+        let fill = |objects: Option<&Path>| {
+            fs::remove_file(upper.join("f")).unwrap();
+            copy_up();
+            crate::complete::complete_metacopies(&lamina_sys::RealHost, upper, &lowers, objects)
+                .map(|filled| (filled, fs::read_to_string(upper.join("f")).unwrap()))
+        };
+        assert_eq!(fill(Some(&objects)).unwrap(), (1, "decoy!".into()));
         fs::remove_file(decoy.join(name)).unwrap();
-        let err = crate::complete::complete_metacopies(&lamina_sys::RealHost, upper, &lowers, None)
-            .unwrap_err();
+        assert_eq!(fill(Some(&objects)).unwrap(), (1, "object".into()));
+        let err = fill(None).unwrap_err();
         assert!(err.to_string().contains("no lower layer has"), "{err}");
     }
 }

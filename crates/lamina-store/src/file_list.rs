@@ -46,6 +46,9 @@ const MAX_PATH_BYTES: usize = 64 << 20;
 /// The largest list read: [`MAX_ENTRIES`] lines and [`MAX_PATH_BYTES`] escaped.
 const MAX_LIST_BYTES: u64 = (MAX_ENTRIES as u64) * 200 + 3 * MAX_PATH_BYTES as u64;
 
+/// What a stub whose object is missing reads as, and how its change is said.
+const OBJECT_GONE: &str = "the object holding its data is gone";
+
 /// What is recorded of one entry, path aside.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Listed {
@@ -62,6 +65,8 @@ impl Listed {
     fn change_from(&self, was: &Listed) -> Option<&'static str> {
         if self.kind != was.kind {
             Some("its type changed")
+        } else if self.content == OBJECT_GONE {
+            Some(OBJECT_GONE)
         } else if self.content != was.content {
             Some(match self.kind {
                 'f' => "its content changed",
@@ -130,18 +135,19 @@ fn shown(path: &Path) -> String {
     lamina_image::shown(&path.display().to_string())
 }
 
-/// Lists every entry under `diff` into `out` (created, not synced), and returns the
-/// files the listing hashed as file objects would (`file_objects::Hashed`: each inode
-/// of more than the inline limit once), so an import that stores file objects does not
-/// read them again. `None`, and `out` removed, when the layer is past what is listed or
+/// Lists every entry under `diff` into `out` (created, not synced), and returns, when
+/// `collect`, the files the listing hashed as file objects would (`file_objects::Hashed`:
+/// each inode of more than the inline limit once), so an import that stores file objects
+/// does not read them again. `None`, and `out` removed, when the layer is past what is listed or
 /// part of it could not be walked; stops when `cancelled`.
 pub fn write(
     host: &dyn HostFs,
     diff: &Path,
     out: &Path,
+    collect: bool,
     cancelled: &AtomicBool,
 ) -> io::Result<Option<crate::file_objects::Hashed>> {
-    let written = write_to(host, diff, out, cancelled);
+    let written = write_to(host, diff, out, collect, cancelled);
     if !matches!(written, Ok(Some(_))) {
         let _ = std::fs::remove_file(out);
     }
@@ -158,6 +164,7 @@ fn write_to(
     host: &dyn HostFs,
     diff: &Path,
     out: &Path,
+    collect: bool,
     cancelled: &AtomicBool,
 ) -> io::Result<Option<crate::file_objects::Hashed>> {
     let tree = Tree::open(diff)?;
@@ -188,7 +195,8 @@ fn write_to(
         }
         let listed = reader.entry(&tree, entry)?;
         let stat = entry.stat;
-        if listed.kind == 'f'
+        if collect
+            && listed.kind == 'f'
             && crate::file_objects::is_object_sized(stat.st_size)
             && inodes.insert((stat.st_dev, stat.st_ino))
             && let Ok(id) = ObjectId::from_hex(&listed.content)
@@ -338,7 +346,7 @@ impl<'a> Reader<'a> {
         };
         let content = match entry.kind() {
             FileType::RegularFile => match &stub {
-                Some(None) => "its object is gone".into(),
+                Some(None) => OBJECT_GONE.into(),
                 Some(Some(object)) => {
                     let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
                     io::copy(
@@ -502,7 +510,14 @@ mod tests {
     fn listed(dir: &Path) -> FileList {
         let out = dir.join(FILE_LIST);
         let _ = std::fs::remove_file(&out);
-        let hashed = write(&RealHost, &dir.join("diff"), &out, &AtomicBool::new(false)).unwrap();
+        let hashed = write(
+            &RealHost,
+            &dir.join("diff"),
+            &out,
+            true,
+            &AtomicBool::new(false),
+        )
+        .unwrap();
         // What the listing hashed is what file objects would hash.
         let again = crate::file_objects::hash(&dir.join("diff"), &AtomicBool::new(false)).unwrap();
         assert_eq!(

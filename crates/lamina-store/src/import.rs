@@ -229,8 +229,14 @@ impl Store {
         // `check --verify` counts it as unlisted.
         let list_path = staging.join(crate::file_list::FILE_LIST);
         let mut listed_files = None;
-        record.file_list = match crate::file_list::write(&*self.host, &diff, &list_path, cancelled)
-        {
+        let collect = self.properties.shared_file_content || self.properties.layer_data_in_objects;
+        record.file_list = match crate::file_list::write(
+            &*self.host,
+            &diff,
+            &list_path,
+            collect,
+            cancelled,
+        ) {
             Ok(listed) => {
                 listed_files = listed;
                 listed_files.is_some()
@@ -515,12 +521,25 @@ impl Store {
             },
         };
         if moving {
-            // Nothing is linked: a stub is the layer's own inode, and what lies below
-            // does not matter.
+            // Nothing is linked: a stub is the layer's own inode. What lies below matters
+            // only where it could hide an object from overlay (`could_shadow_objects`):
+            // a chain ID fixes the layers below, so this is decided once for the layer.
             let (digests, files) = hashed.into_parts();
+            let clear_below = files.is_empty()
+                || below
+                    .layers
+                    .dirs(below.index, cancelled)
+                    .is_some_and(|dirs| {
+                        !dirs.iter().any(|dir| {
+                            crate::object_layers::could_shadow_objects(&dir.join("diff"))
+                        })
+                    });
+            if !clear_below {
+                tracing::info!(layer = %diff.display(), "a layer below has an objects-like directory at its root: this layer keeps its files' data");
+            }
             return Ok(Some(file_objects::Staged {
                 digests,
-                to_move: files,
+                to_move: if clear_below { files } else { Vec::new() },
                 ..Default::default()
             }));
         }

@@ -55,19 +55,7 @@ impl<'a> LayersBelow<'a> {
     /// one has none (or is not in the store: its import failed), or when `failed` says
     /// the import is being given up.
     pub(crate) fn manifests(&self, index: usize, failed: &AtomicBool) -> Option<Vec<Arc<Digests>>> {
-        let mut settled = self.settled.lock().unwrap_or_else(PoisonError::into_inner);
-        while !settled[..index].iter().all(|&s| s) {
-            if failed.load(Ordering::Relaxed) {
-                return None;
-            }
-            // Woken by every settle; the timeout only rechecks `failed`.
-            settled = self
-                .changed
-                .wait_timeout(settled, Duration::from_millis(100))
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        drop(settled);
+        self.wait_below(index, failed)?;
         let mut cache = self
             .manifests
             .lock()
@@ -81,6 +69,41 @@ impl<'a> LayersBelow<'a> {
                     })
                     .clone()
             })
+            .collect()
+    }
+}
+
+impl LayersBelow<'_> {
+    /// Waits until every layer below layer `index` is settled; `None` when `failed` says
+    /// the import is being given up.
+    fn wait_below(&self, index: usize, failed: &AtomicBool) -> Option<()> {
+        let mut settled = self.settled.lock().unwrap_or_else(PoisonError::into_inner);
+        while !settled[..index].iter().all(|&s| s) {
+            if failed.load(Ordering::Relaxed) {
+                return None;
+            }
+            // Woken by every settle; the timeout only rechecks `failed`.
+            settled = self
+                .changed
+                .wait_timeout(settled, Duration::from_millis(100))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        Some(())
+    }
+
+    /// The directories of every layer below layer `index`, once each is settled; `None`
+    /// when one is not in the store (its import failed) or the import is being given up.
+    pub(crate) fn dirs(
+        &self,
+        index: usize,
+        failed: &AtomicBool,
+    ) -> Option<Vec<std::path::PathBuf>> {
+        self.wait_below(index, failed)?;
+        self.chain_ids[..index]
+            .iter()
+            .map(|c| self.layout.layer(c))
+            .map(|dir| dir.is_dir().then_some(dir))
             .collect()
     }
 }

@@ -85,6 +85,27 @@ pub fn object_of_redirect(value: &[u8]) -> Option<PathBuf> {
     .then(|| PathBuf::from(OsStr::from_bytes(rest)))
 }
 
+/// Whether the layer tree `diff` has, at its root, an entry named as a fan-out of
+/// `objects/` (two lowercase hex digits). Overlay looks a stub's redirect up in the
+/// regular layers below the stub's before the data-only one, so a file at
+/// `<ab>/<name>` there would be read in place of the object: a layer below such a tree
+/// keeps its files' data (an unreadable tree counts as one).
+pub fn could_shadow_objects(diff: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(diff) else {
+        return true;
+    };
+    entries.into_iter().any(|entry| {
+        entry.map_or(true, |e| {
+            let name = e.file_name();
+            let name = name.as_bytes();
+            name.len() == 2
+                && name
+                    .iter()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+        })
+    })
+}
+
 /// The object a layer file is a stub of (`objects/`-relative), or `None` for a file
 /// holding its own data. A stub is what overlay takes for one: both marks. An unreadable
 /// or foreign redirect is an error naming it.

@@ -222,6 +222,33 @@ fn a_file_whose_short_name_holds_other_bytes_keeps_its_own_data() {
     );
 }
 
+/// Overlay looks a stub's redirect up in the layers below it before `objects/`: above a
+/// layer with an objects-like directory at its root (`ab/`), a layer keeps its files'
+/// data, so nothing below can stand in for its content.
+#[test]
+fn a_layer_above_one_that_could_hide_objects_keeps_its_data() {
+    let Some(mut rig) = Rig::new() else { return };
+    let chain = rig.import(vec![
+        layer()
+            .dir("ab", 0o755)
+            .unwrap()
+            .file("ab/whatever", 0o644, &content(1))
+            .unwrap(),
+        layer().file("app", 0o755, &content(4)).unwrap(),
+    ]);
+    assert!(rig.object_of(&rig.file(&chain[0], "ab/whatever")).is_some());
+    let app = rig.file(&chain[1], "app");
+    assert_eq!(rig.object_of(&app), None, "stubbed above `ab/`");
+    assert_eq!(fs::read(&app).unwrap(), content(4));
+    assert!(!rig.store.layer_record(&chain[1]).unwrap().objects);
+    // A layer above one without it is stubbed, whatever lies further up.
+    let other = rig.import(vec![
+        layer().file("app", 0o755, &content(4)).unwrap(),
+        layer().file("more", 0o644, &content(8)).unwrap(),
+    ]);
+    assert!(rig.object_of(&rig.file(&other[1], "more")).is_some());
+}
+
 #[test]
 fn a_redirect_lamina_did_not_write_is_refused_not_followed() {
     let Some(rig) = Rig::new() else { return };

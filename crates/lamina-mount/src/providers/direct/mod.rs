@@ -136,7 +136,10 @@ fn build(host: &dyn HostFs, store: &Store, chain_ids: &[Digest], dest: &Path) ->
         if let Some(copies) = copies.as_mut() {
             // Only an import's stubs are followed: a committed snapshot's upper may hold
             // overlay's own marks, which name no object.
-            copies.stubs = store.layer_record(chain_id).is_ok_and(|r| r.objects);
+            copies.stubs = store
+                .layer_record(chain_id)
+                .map_err(io::Error::other)?
+                .objects;
         }
         apply_dir(host, &layer, dest, copies.as_mut())?;
         copy_dir_metadata(host, &layer, dest)?;
