@@ -32,32 +32,62 @@ fn entries(dir: &std::path::Path) -> usize {
         .unwrap_or(0)
 }
 
-/// `run --rm --snapshotter lamina IMAGE ID sh -c SCRIPT`, as ctr takes it. IDs must be
+/// A `ctr run --rm --snapshotter lamina IMAGE ID sh -c SCRIPT` whose script's output is
+/// written to a file on a host directory bound into the container, and read from there:
+/// ctr's own copy of a short-lived task's stdout lost all but its first line once (a
+/// known containerd race), which no assertion on lamina should depend on. IDs must be
 /// unique across the tests of this file: they run at once, each with a containerd of its
 /// own, but every containerd's runc keeps its state in `/run/containerd/runc/default`, so
 /// two `proof` containers at once collided ("container with given ID already exists").
-fn run_args<'a>(id: &'a str, script: &'a str) -> [&'a str; 9] {
-    image_run_args(IMAGE, id, script)
+struct CtrRun {
+    out: tempfile::TempDir,
+    args: Vec<String>,
 }
 
-/// [`run_args`] of `image`.
-fn image_run_args<'a>(image: &'a str, id: &'a str, script: &'a str) -> [&'a str; 9] {
-    [
-        "run",
-        "--rm",
-        "--snapshotter",
-        "lamina",
-        image,
-        id,
-        "sh",
-        "-c",
-        script,
-    ]
+impl CtrRun {
+    fn new(image: &str, id: &str, script: &str) -> CtrRun {
+        let out = tempfile::Builder::new()
+            .prefix("lamina-ctr-out-")
+            .tempdir()
+            .unwrap();
+        let args = [
+            "run",
+            "--rm",
+            "--snapshotter",
+            "lamina",
+            "--mount",
+            &format!(
+                "type=bind,src={},dst=/lamina-out,options=rbind:rw",
+                out.path().display()
+            ),
+            image,
+            id,
+            "sh",
+            "-c",
+            &format!("{{ {script}\n}} > /lamina-out/stdout"),
+        ]
+        .map(str::to_string)
+        .to_vec();
+        CtrRun { out, args }
+    }
+
+    /// What the script printed.
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(self.out.path().join("stdout")).unwrap_or_default()
+    }
 }
 
-/// `ctr run --rm --snapshotter lamina IMAGE ID sh -c SCRIPT`; its stdout.
+/// Runs `script` in `image` as container `id`; what it printed.
+fn run_image(ctd: &Containerd, image: &str, id: &str, script: &str) -> String {
+    let run = CtrRun::new(image, id, script);
+    let args: Vec<&str> = run.args.iter().map(String::as_str).collect();
+    ctd.ctr_ok(&args);
+    run.stdout()
+}
+
+/// [`run_image`] of the sample image.
 fn run_on_lamina(ctd: &Containerd, id: &str, script: &str) -> String {
-    ctd.ctr_ok(&run_args(id, script))
+    run_image(ctd, IMAGE, id, script)
 }
 
 /// `ctr images import --snapshotter lamina --base-name NAME ARCHIVE`.
@@ -107,17 +137,19 @@ fn containers_through_a_restart(release: Release) {
         .map(|id| {
             let script =
                 format!("echo {id} > /mine; sleep 1; cat /mine; test ! -e /theirs && echo alone");
-            ctd.ctr_command()
-                .args(run_args(id, &script))
+            let run = CtrRun::new(IMAGE, id, &script);
+            let child = ctd
+                .ctr_command()
+                .args(&run.args)
                 .stdin(Stdio::null())
                 .output()
-                .expect("ctr run")
+                .expect("ctr run");
+            (run, child)
         })
         .collect();
-    for (id, out) in names.iter().zip(runs) {
-        let stdout = String::from_utf8_lossy(&out.stdout);
+    for (id, (run, out)) in names.iter().zip(runs) {
         assert!(out.status.success(), "{id}: {out:?}");
-        assert_eq!(stdout, format!("{id}\nalone\n"), "{id}");
+        assert_eq!(run.stdout(), format!("{id}\nalone\n"), "{id}");
     }
 
     // A running container survives the snapshotter being killed and restarted, and is
@@ -211,11 +243,12 @@ fn ctr_runs_images_of_128_and_300_layers_on_lamina() {
         let image = format!("{name}:latest");
         let id = format!("deep{depth}");
         let before = metadata_images(&store);
-        let out = ctd.ctr_ok(&image_run_args(
+        let out = run_image(
+            &ctd,
             &image,
             &id,
             "ls /deep | wc -l; cat /deep/1 /deep/$(ls /deep | sort -n | tail -1)",
-        ));
+        );
         let last = depth - 1;
         assert_eq!(
             out.split_whitespace().collect::<Vec<_>>(),
@@ -229,11 +262,12 @@ fn ctr_runs_images_of_128_and_300_layers_on_lamina() {
         wait_until("the chain's composefs metadata image", || {
             metadata_images(&store).difference(&before).count() == 1
         });
-        let out = ctd.ctr_ok(&image_run_args(
+        let out = run_image(
+            &ctd,
             &image,
             &id,
             "ls /deep | wc -l; grep -o 'lowerdir[^,]*' /proc/self/mountinfo | head -1",
-        ));
+        );
         assert!(
             out.starts_with(&format!("{last}\n")) && out.contains(".mnt/rootfs"),
             "{depth} layers through composefs: {out}\n{}",
