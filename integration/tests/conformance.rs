@@ -16,16 +16,20 @@ use lamina_store::StoreProperties;
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn conformance_on(kind: FsKind) {
-    conformance_in(kind, ScratchFs::loop_backed(kind, 1024, false));
+    conformance_in(kind, || ScratchFs::loop_backed(kind, 1024, false));
 }
 
-fn conformance_in(kind: FsKind, fs: ScratchFs) {
+fn conformance_in(kind: FsKind, fs: impl FnOnce() -> ScratchFs) {
     conformance_with(kind, fs, &StoreProperties::default());
 }
 
-fn conformance_with(kind: FsKind, fs: ScratchFs, properties: &StoreProperties) {
+/// The suite on the filesystem `fs` makes, made once the lock is held: its mkfs, losetup
+/// and mount children would otherwise inherit, until they exec, descriptors another
+/// rig's reaper holds inside a container's mounts, and that unmount then fails busy.
+fn conformance_with(kind: FsKind, fs: impl FnOnce() -> ScratchFs, properties: &StoreProperties) {
     require_root();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let fs = fs();
     // Dropped in reverse order: the rig (store, mounter), then the filesystem, which
     // unmounts whatever a failing row left beneath it.
     let report = {
@@ -61,7 +65,7 @@ fn every_strategy_passes_the_conformance_suite_on_a_store_of_object_layers() {
     };
     conformance_with(
         FsKind::Ext4,
-        ScratchFs::loop_backed(FsKind::Ext4, 1024, false),
+        || ScratchFs::loop_backed(FsKind::Ext4, 1024, false),
         &properties,
     );
 }
@@ -70,5 +74,5 @@ fn every_strategy_passes_the_conformance_suite_on_a_store_of_object_layers() {
 #[test]
 fn the_quota_rows_pass_the_conformance_suite_on_btrfs_with_quotas() {
     require_root();
-    conformance_in(FsKind::Btrfs, ScratchFs::btrfs_with_quotas(1024));
+    conformance_in(FsKind::Btrfs, || ScratchFs::btrfs_with_quotas(1024));
 }
