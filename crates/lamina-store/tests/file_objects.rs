@@ -7,12 +7,14 @@
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use lamina_image::{Compression, Digest, ImageRef, Platform, resolve};
-use lamina_sample::{Layer, LayerBuilder, build_image, write_oci_layout};
+use lamina_image::Digest;
+use lamina_sample::LayerBuilder;
 use lamina_store::file_objects::MANIFEST;
 use lamina_store::{Store, StoreProperties};
 
@@ -46,20 +48,9 @@ impl Rig {
 
     /// Imports an image of `layers` (bottom first); its chain IDs.
     fn import(&mut self, layers: Vec<LayerBuilder>) -> Vec<Digest> {
-        let layers: Vec<Layer> = layers
-            .into_iter()
-            .map(|l| Layer {
-                tar: l.finish().unwrap(),
-                compression: Compression::None,
-            })
-            .collect();
-        let built = build_image(&layers, &["PATH=/bin"], &Platform::host()).unwrap();
         self.images += 1;
         let dir = self.tmp.path().join(format!("image-{}", self.images));
-        write_oci_layout(&dir, &[&built], &[(built.manifest.clone(), Some("t"))]).unwrap();
-        let reference = format!("oci://{}:t", dir.display());
-        let image = resolve(&ImageRef::parse(&reference).unwrap(), &Platform::host()).unwrap();
-        self.store.import(&image).unwrap()
+        common::import_layers(&self.store, &dir, layers)
     }
 
     fn file(&self, chain_id: &Digest, rel: &str) -> PathBuf {
