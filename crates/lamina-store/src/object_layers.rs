@@ -148,6 +148,7 @@ pub fn move_data(
     let mut moved = Moved::default();
     let mut dir_times: HashMap<PathBuf, Timestamps> = HashMap::new();
     let mut fan_outs = std::collections::HashSet::new();
+    let mut open_dir: Option<(PathBuf, rustix::fd::OwnedFd)> = None;
     for (rel, nlink, id) in files {
         // A hardlink set keeps its one inode (the image's own hardlinks).
         if *nlink != 1 {
@@ -156,9 +157,17 @@ pub fn move_data(
         let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
             continue;
         };
-        let dir = resolve_from(tree.root(), parent, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        // The walk lists a directory's files together: its descriptor is opened once
+        // for them, not walked to from the root for each.
+        if open_dir.as_ref().is_none_or(|(path, _)| path != parent) {
+            let fd = resolve_from(tree.root(), parent, OFlags::RDONLY | OFlags::DIRECTORY)?;
+            open_dir = Some((parent.to_path_buf(), fd));
+        }
+        let Some((_, dir)) = &open_dir else {
+            continue;
+        };
         if let std::collections::hash_map::Entry::Vacant(e) = dir_times.entry(parent.into()) {
-            e.insert(times_of(&rustix::fs::fstat(&dir)?));
+            e.insert(times_of(&rustix::fs::fstat(dir)?));
         }
         let short = short_name(id);
         let fan_out = &short[..2];
@@ -169,7 +178,7 @@ pub fn move_data(
             }
         }
         let file = File::from(rustix::fs::openat(
-            &dir,
+            dir,
             name,
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
@@ -177,7 +186,7 @@ pub fn move_data(
         let stat = rustix::fs::fstat(&file)?;
         let stub = make_stub(host, stubs, &file, &stat, id)?;
         let deduplicated = match rustix::fs::renameat_with(
-            &dir,
+            dir,
             name,
             objects_dir.root(),
             short.as_str(),
@@ -200,7 +209,7 @@ pub fn move_data(
             }
         };
         drop(stub);
-        rustix::fs::renameat(stubs, STUB_NAME, &dir, name)?;
+        rustix::fs::renameat(stubs, STUB_NAME, dir, name)?;
         moved.files += 1;
         moved.bytes += stat.st_size as u64;
         moved.deduplicated += usize::from(deduplicated);
