@@ -348,12 +348,8 @@ impl<'a> Reader<'a> {
             FileType::RegularFile => match &stub {
                 Some(None) => OBJECT_GONE.into(),
                 Some(Some(object)) => {
-                    let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-                    io::copy(
-                        &mut io::Read::take(object, stat.st_size as u64 + 1),
-                        &mut hasher,
-                    )?;
-                    hasher.digest().to_hex()
+                    let content = io::Read::take(object, stat.st_size as u64 + 1);
+                    crate::file_objects::digest_of(content)?.0.to_hex()
                 }
                 None => crate::file_objects::hash_entry(tree, entry)?.to_hex(),
             },

@@ -250,9 +250,15 @@ pub(crate) fn hash_entry(tree: &Tree, entry: &crate::beneath::Entry<'_>) -> io::
             tree.path().join(entry.rel()).display()
         )));
     }
+    Ok(digest_of(File::from(fd))?.0)
+}
+
+/// The fs-verity digest of everything `content` reads (composefs's object name), and
+/// how many bytes that was.
+pub fn digest_of(mut content: impl Read) -> io::Result<(ObjectId, u64)> {
     let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-    io::copy(&mut File::from(fd), &mut hasher)?;
-    Ok(hasher.digest())
+    let read = io::copy(&mut content, &mut hasher)?;
+    Ok((hasher.digest(), read))
 }
 
 /// A link's temporary name that could not be removed: the import must fail.
@@ -423,7 +429,10 @@ pub(crate) fn times_of(st: &Stat) -> Timestamps {
 }
 
 /// Every xattr of `fd`, sorted by name, read through the kernel seam.
-fn xattrs(host: &dyn HostFs, fd: BorrowedFd<'_>) -> io::Result<Vec<(OsString, Vec<u8>)>> {
+pub(crate) fn xattrs(
+    host: &dyn HostFs,
+    fd: BorrowedFd<'_>,
+) -> io::Result<Vec<(OsString, Vec<u8>)>> {
     let mut all = Vec::new();
     for name in host.list_xattrs(At::Fd(fd))? {
         if let Some(value) = host.get_xattr(At::Fd(fd), &name)? {

@@ -76,11 +76,10 @@ fn redirect(id: &ObjectId) -> String {
 pub fn object_of_redirect(value: &[u8]) -> Option<PathBuf> {
     let rest = value.strip_prefix(b"/")?;
     let (fan_out, name) = (rest.get(..2)?, rest.get(3..)?);
-    let hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
     let b64 = |b: &u8| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_';
     (rest.len() == 3 + SHORT_CHARS
         && rest[2] == b'/'
-        && fan_out.iter().all(hex)
+        && is_fan_out_name(fan_out)
         && name.iter().all(b64))
     .then(|| PathBuf::from(OsStr::from_bytes(rest)))
 }
@@ -94,16 +93,17 @@ pub fn could_shadow_objects(diff: &Path) -> bool {
     let Ok(entries) = std::fs::read_dir(diff) else {
         return true;
     };
-    entries.into_iter().any(|entry| {
-        entry.map_or(true, |e| {
-            let name = e.file_name();
-            let name = name.as_bytes();
-            name.len() == 2
-                && name
-                    .iter()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
-        })
-    })
+    entries
+        .into_iter()
+        .any(|entry| entry.map_or(true, |e| is_fan_out_name(e.file_name().as_bytes())))
+}
+
+/// Whether `name` is an `objects/` fan-out's: two lowercase hex digits.
+fn is_fan_out_name(name: &[u8]) -> bool {
+    name.len() == 2
+        && name
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
 }
 
 /// The object a layer file is a stub of (`objects/`-relative), or `None` for a file
@@ -253,7 +253,9 @@ fn make_stub(
         // clears file capabilities), times last.
         host.chown(at, stat.st_uid, stat.st_gid)?;
         host.set_mode(at, stat.st_mode & 0o7777)?;
-        copy_xattrs(host, file.as_fd(), at)?;
+        for (name, value) in crate::file_objects::xattrs(host, file.as_fd())? {
+            host.set_xattr(at, &name, &value)?;
+        }
         host.set_xattr(at, OsStr::new(METACOPY_XATTR), b"")?;
         host.set_xattr(at, OsStr::new(REDIRECT_XATTR), redirect(id).as_bytes())?;
         rustix::fs::futimens(&stub, &times_of(stat))?;
@@ -264,15 +266,6 @@ fn make_stub(
         return Err(e);
     }
     Ok(stub)
-}
-
-fn copy_xattrs(host: &dyn HostFs, from: BorrowedFd<'_>, to: At<'_>) -> io::Result<()> {
-    for name in host.list_xattrs(At::Fd(from))? {
-        if let Some(value) = host.get_xattr(At::Fd(from), &name)? {
-            host.set_xattr(to, &name, &value)?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

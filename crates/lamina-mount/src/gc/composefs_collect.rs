@@ -99,9 +99,6 @@ pub(crate) fn collect(
     // one whose manifest cannot be read keeps every object: its stubs need some.
     let object_layers = store.properties().layer_data_in_objects;
     for layer in entries(&store.layout().layers())? {
-        // A record that cannot be read may be a stub layer's.
-        let stubs =
-            object_layers && lamina_store::LayerRecord::read(&layer).map_or(true, |r| r.objects);
         match lamina_store::file_objects::read_manifest(&layer) {
             Some(digests) => {
                 referenced.extend(digests.iter().map(|o| o.to_object_pathname()));
@@ -109,7 +106,10 @@ pub(crate) fn collect(
                     referenced.extend(digests.iter().map(lamina_store::object_layers::short_name));
                 }
             }
-            None if stubs => {
+            // A record that cannot be read may be a stub layer's.
+            None if object_layers
+                && lamina_store::LayerRecord::read(&layer).map_or(true, |r| r.objects) =>
+            {
                 tracing::warn!(layer = %layer.display(), "a layer keeping its data in objects has no readable manifest: keeping every object");
                 return Ok(collected);
             }

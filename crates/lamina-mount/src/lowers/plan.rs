@@ -42,7 +42,8 @@ pub fn classic(store: &Store, chain_ids: &[Digest], dirs: &ContainerDirs) -> Ove
 fn object_data(spec: &mut OverlaySpec, store: &Store) {
     if store.properties().layer_data_in_objects {
         spec.data_lowers = vec![store.layout().objects()];
-        add_options(spec, &METACOPY_OPTIONS);
+        let metacopy = METACOPY_OPTIONS.map(|(k, v)| (k.to_string(), Some(v.to_string())));
+        add_options(spec, metacopy);
     }
 }
 
@@ -51,11 +52,13 @@ fn object_data(spec: &mut OverlaySpec, store: &Store) {
 const METACOPY_OPTIONS: [(&str, &str); 2] = [("redirect_dir", "on"), ("metacopy", "on")];
 
 /// Appends each of `options` `spec` does not have yet.
-fn add_options(spec: &mut OverlaySpec, options: &[(&str, &str)]) {
+fn add_options(
+    spec: &mut OverlaySpec,
+    options: impl IntoIterator<Item = (String, Option<String>)>,
+) {
     for (key, value) in options {
-        if !spec.options.iter().any(|(k, _)| k == key) {
-            spec.options
-                .push((key.to_string(), Some(value.to_string())));
+        if !spec.options.iter().any(|(k, _)| *k == key) {
+            spec.options.push((key, value));
         }
     }
 }
@@ -97,13 +100,8 @@ pub fn read_write(
     if flavour.composefs {
         composefs_lowers(&mut spec, store, chain_ids);
     }
-    let object_options = std::mem::take(&mut spec.options);
-    spec.options = flavour.overlay_options();
-    for (key, value) in object_options {
-        if !spec.options.iter().any(|(k, _)| *k == key) {
-            spec.options.push((key, value));
-        }
-    }
+    let object_options = std::mem::replace(&mut spec.options, flavour.overlay_options());
+    add_options(&mut spec, object_options);
     if flavour.composefs && composefs_sealed(store, chain_ids) {
         spec.options.push(("verity".into(), Some("require".into())));
     }

@@ -10,8 +10,9 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use composefs::fsverity::{FsVerityHashValue, FsVerityHasher};
+use composefs::fsverity::FsVerityHashValue;
 use composefs::tree::RegularFile;
+use lamina_store::file_objects::digest_of;
 
 use lamina_sys::HostFs;
 
@@ -104,9 +105,7 @@ impl<'a> Objects<'a> {
             }
             return stored;
         }
-        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-        let hashed = io::copy(&mut file, &mut hasher)?;
-        let id = hasher.digest();
+        let (id, hashed) = digest_of(&mut file)?;
         let object = self.dir.join(id.to_object_pathname());
         if object.exists() {
             self.share(&object, &file, path, hashed);
@@ -140,9 +139,7 @@ impl<'a> Objects<'a> {
         // bytes just read are that object's, so it is what the image names, and nothing
         // is copied or synced (copying and syncing every snapshot file on every build costs
         // 4316 fsyncs where 567 do).
-        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-        let read = io::copy(&mut io::Read::take(file, size), &mut hasher)?;
-        let id = hasher.digest();
+        let (id, read) = digest_of(io::Read::take(file, size))?;
         let object = self.dir.join(id.to_object_pathname());
         if read == size && object.exists() {
             return self.named(id, &object, read);
@@ -167,9 +164,7 @@ impl<'a> Objects<'a> {
     fn store_stub(&mut self, short: &Path, size: u64) -> io::Result<RegularFile<ObjectId>> {
         let tree = lamina_store::beneath::Tree::open(&self.dir)?;
         let object = tree.open_regular(short)?;
-        let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-        let hashed = io::copy(&mut io::Read::take(&object, size + 1), &mut hasher)?;
-        let id = hasher.digest();
+        let (id, hashed) = digest_of(io::Read::take(&object, size + 1))?;
         if hashed != size || Path::new(&lamina_store::object_layers::short_name(&id)) != short {
             return Err(io::Error::other(format!(
                 "object {} does not hold the content its name says (`lamina check --verify` names the layer)",
@@ -328,9 +323,8 @@ pub(crate) fn copy_and_hash(
             Err(e) => return Err(e.into()),
         }
     }
-    let mut hasher = FsVerityHasher::<ObjectId, 12>::new();
-    let hashed = io::copy(&mut File::open(staging)?, &mut hasher)?;
-    Ok((copy, hasher.digest(), hashed))
+    let (id, hashed) = digest_of(File::open(staging)?)?;
+    Ok((copy, id, hashed))
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@
 //! and times; the image's own hardlinks stay one inode.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
 use std::fs;
 use std::io;
 use std::os::fd::AsFd;
@@ -121,14 +120,7 @@ fn copy_metadata(host: &dyn HostFs, from: &Path, st: &Stat, to: &Path) -> io::Re
     if !symlink {
         host.set_mode(At::Path(to), st.st_mode & 0o7777)?;
     }
-    for name in host.list_xattrs(At::Path(from))? {
-        if name.as_encoded_bytes().starts_with(b"trusted.overlay.") {
-            continue;
-        }
-        if let Some(value) = host.get_xattr(At::Path(from), OsStr::new(&name))? {
-            host.set_xattr(At::Path(to), &name, &value)?;
-        }
-    }
+    super::copy_xattrs(host, from, to)?;
     let time = |sec: i64, nsec: u64| Timespec {
         tv_sec: sec,
         tv_nsec: nsec as _,
