@@ -247,3 +247,78 @@ fn only_a_containers_own_upper_filesystem_is_shut_down_and_teardown_follows() {
     lamina.delete_and_assert_gone("gone", "shut down");
     assert_eq!(lamina.run(&["check"]).code, 0);
 }
+
+/// The reaper tears containers with upper filesystems of their own down a few at once,
+/// beside one on the store's filesystem: every one goes, with its mounts and loop device.
+/// One still in use among them stays in `trash/` (its unmount is busy) without keeping
+/// the others, and the next reaper takes it once it is free.
+#[test]
+fn isolated_containers_are_reaped_together_and_a_busy_one_waits_alone() {
+    require_root();
+    let fs = ScratchFs::ext4(1024);
+    let (lamina, image) = store_with_sample(&fs);
+    let ids = [
+        "disk-0", "disk-1", "disk-2", "disk-3", "disk-4", "memory", "shared", "busy",
+    ];
+    for id in ids {
+        let strategy = match id {
+            "memory" => "isolated-memory",
+            "shared" => "deferred",
+            _ => "isolated",
+        };
+        let rootfs = lamina.create_with(&["--strategy", strategy], &image, id);
+        for i in 0..100 {
+            std::fs::write(rootfs.join(format!("f{i}")), [7u8; 4096]).unwrap();
+        }
+    }
+    assert_eq!(
+        loop_devices_under(&lamina.store),
+        6,
+        "five disk uppers and busy's"
+    );
+    let busy = std::fs::File::open(lamina.store.join("images/busy/rootfs/f0")).unwrap();
+    for id in ids {
+        let out = lamina.run(&["delete", id]);
+        assert_eq!(out.code, 0, "{id}: {out:?}");
+    }
+
+    let reaped = lamina.run(&["reap"]).json();
+    assert_eq!(reaped["failed"], 1, "only the busy one stays: {reaped}");
+    assert_eq!(lamina.entries("trash"), 1);
+    let trash = lamina.store.join("trash");
+    let left = lamina_integration::scratch::mounts_under(&lamina.store);
+    let busy_entry = std::fs::read_dir(&trash)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(
+        !left.is_empty() && left.iter().all(|m| m.starts_with(&busy_entry)),
+        "only the busy container's mounts are left: {left:?}"
+    );
+    assert_eq!(
+        loop_devices_under(&lamina.store),
+        1,
+        "only busy's loop device"
+    );
+
+    drop(busy);
+    let reaped = lamina.run(&["reap"]).json();
+    assert_eq!(reaped["failed"], 0, "{reaped}");
+    assert_eq!(lamina.entries("trash"), 0);
+    assert!(lamina_integration::scratch::mounts_under(&lamina.store).is_empty());
+    assert_eq!(loop_devices_under(&lamina.store), 0);
+    assert_eq!(lamina.run(&["check"]).code, 0);
+}
+
+/// How many loop devices have a backing file under `dir`.
+fn loop_devices_under(dir: &Path) -> usize {
+    let dir = dir.canonicalize().unwrap();
+    std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter_map(|d| std::fs::read_to_string(d.path().join("loop/backing_file")).ok())
+        .filter(|backing| Path::new(backing.trim_end()).starts_with(&dir))
+        .count()
+}

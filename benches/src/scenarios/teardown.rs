@@ -27,6 +27,21 @@ const STRATEGIES: &[&str] = &[
     "isolated-memory",
 ];
 
+/// What the kernel alone takes for each kind of teardown, measured in the same run as
+/// the strategies above it: the floor a strategy's time until no trace stands on.
+type Floor = fn(&Rig, Load, usize, usize) -> Duration;
+const FLOORS: [(&str, Floor); 3] = [
+    (
+        "files unlinked alone, one container after another",
+        |rig, load, n, round| unlink_floor(rig, load, n, round, false),
+    ),
+    (
+        "files unlinked alone, all at once",
+        |rig, load, n, round| unlink_floor(rig, load, n, round, true),
+    ),
+    ("own filesystems alone, all at once", own_fs_floor),
+];
+
 /// The neighbour table: a shared upper's options, against the container's own upper.
 const NEIGHBOUR_STRATEGIES: &[&str] = &[
     "classic",
@@ -125,6 +140,29 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                     row.extend(result.cells(&base));
                     table.row(row);
                 }
+                let base = baseline.expect("classic ran");
+                for (floor, work) in FLOORS {
+                    progress(&format!("S1 {} {} {floor}", rig.fs_name(), load.name()));
+                    let wall = (0..rounds)
+                        .map(|round| work(&rig, load, containers, round))
+                        .collect::<Samples>()
+                        .summary()
+                        .p50;
+                    table.row(vec![
+                        rig.fs_name().into(),
+                        load.name(),
+                        format!(
+                            "{containers} {}",
+                            if parallel { "in parallel" } else { "serially" }
+                        ),
+                        floor.to_string(),
+                        "–".into(),
+                        "–".into(),
+                        "–".into(),
+                        crate::stats::human(wall),
+                        crate::stats::ratio(wall, base.wall),
+                    ]);
+                }
             }
         }
     }
@@ -198,6 +236,82 @@ fn clean_among_dirty(
     let gone = start.elapsed();
     rig.delete_all();
     gone
+}
+
+/// The kernel's floor under `isolated`: `n` filesystems made as an isolated upper is
+/// (sparse image, loop device with direct I/O, lamina's default upper filesystem), each
+/// holding `load` written straight into it, then shut down without a log flush,
+/// unmounted and removed — no overlay, no record, nothing of lamina's. All `n` go at
+/// once, the kernel's best, whether the deletes above it came at once or one after
+/// another. Returns the time until all are gone.
+fn own_fs_floor(rig: &Rig, load: Load, n: usize, round: usize) -> Duration {
+    use lamina_sys::{DiskFs, Mounter, UpperFs};
+    rustix::fs::sync();
+    let dir = rig.scratch(&format!("floor-{round}"));
+    let own: Vec<(std::path::PathBuf, std::path::PathBuf)> = (0..n)
+        .map(|i| {
+            let (image, target) = (dir.join(format!("{i}.img")), dir.join(format!("{i}")));
+            fs::create_dir(&target).unwrap();
+            let spec = UpperFs::Disk {
+                image: image.clone(),
+                size_bytes: lamina_mount::isolated::DEFAULT_DISK_BYTES,
+                fs: DiskFs::default(),
+                format: true,
+            };
+            rig.mounter.mount_upper_fs(&spec, &target).unwrap();
+            load.write(&target);
+            (image, target)
+        })
+        .collect();
+    let tear_down = |(image, target): &(std::path::PathBuf, std::path::PathBuf)| {
+        assert!(
+            lamina_sys::shut_down_own_fs(target, image),
+            "shutting {} down",
+            target.display()
+        );
+        rig.mounter.unmount(target).unwrap();
+        fs::remove_file(image).unwrap();
+    };
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for one in &own {
+            s.spawn(move || tear_down(one));
+        }
+    });
+    let wall = start.elapsed();
+    fs::remove_dir_all(&dir).unwrap();
+    wall
+}
+
+/// The kernel's floor under `deferred`: `load` written, `n` times, into directories on
+/// the store's filesystem and left dirty, as a container's upper holds it, then every
+/// file unlinked (a thread per directory, or one directory after another) — no overlay,
+/// no unmount, nothing of lamina's. Leaving no trace means at least this. Returns the
+/// time until all are gone.
+fn unlink_floor(rig: &Rig, load: Load, n: usize, round: usize, at_once: bool) -> Duration {
+    rustix::fs::sync();
+    let dir = rig.scratch(&format!("unlink-floor-{round}"));
+    let dirs: Vec<std::path::PathBuf> = (0..n)
+        .map(|i| {
+            let one = dir.join(i.to_string());
+            fs::create_dir(&one).unwrap();
+            load.write(&one);
+            one
+        })
+        .collect();
+    let start = Instant::now();
+    if at_once {
+        std::thread::scope(|s| {
+            for one in &dirs {
+                s.spawn(move || fs::remove_dir_all(one).unwrap());
+            }
+        });
+    } else {
+        dirs.iter().for_each(|one| fs::remove_dir_all(one).unwrap());
+    }
+    let wall = start.elapsed();
+    fs::remove_dir_all(&dir).unwrap();
+    wall
 }
 
 /// One round: `n` containers write `load`, then all are deleted (in parallel or one by

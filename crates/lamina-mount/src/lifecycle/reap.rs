@@ -1,8 +1,9 @@
-//! The reaper: what a deferred delete leaves in `trash/`, torn down one container at a
-//! time per store, so parallel deletes never queue on the same upper filesystem's sync,
-//! and after unlinking each container's written files through its mount (or shutting an
-//! isolated container's own upper filesystem down), so their dirty pages are dropped
-//! instead of written back.
+//! The reaper: what a deferred delete leaves in `trash/`, torn down after unlinking each
+//! container's written files through its mount (or shutting an isolated container's own
+//! upper filesystem down), so their dirty pages are dropped instead of written back.
+//! Containers whose uppers share the store's filesystem are unmounted one at a time per
+//! store, so they never queue on that filesystem's sync; those with an upper filesystem
+//! of their own share nothing to queue on and go a few at once.
 //!
 //! One reaper runs per store (the `reaper` lock, which `check`, `clean` and
 //! `delete-store` take too). While it holds that lock a reaper also holds `reaping`, which
@@ -50,6 +51,18 @@ const YIELD: Duration = Duration::from_millis(150);
 
 /// Containers one pass locks and tears down: each lock is an open file.
 const PASS: usize = 256;
+
+/// Containers on the store's filesystem whose written files are unlinked at once. The
+/// unlinks are the kernel's CPU work (ext4's or xfs's unlink and inode eviction), so two
+/// threads did them in 0.6–0.7× of one's time on two cores; four were no faster on ext4
+/// and slower on xfs, whose log they contend for (docs/benchmarks.md, S1).
+const DISCARDS_AT_ONCE: usize = 2;
+
+/// Containers on upper filesystems of their own torn down at once. Such a teardown
+/// (shutdown, two unmounts, a loop device's release) mostly waits on the kernel — a
+/// journal write, RCU grace periods, kernel threads stopping — so a few overlap well even
+/// on two cores, and nothing they wait on is shared; more than four gained little.
+const OWN_FS_AT_ONCE: usize = 4;
 
 /// How long a container in `trash/` without its lock file is left alone: that is an
 /// inline delete (or a reaper) removing it, whose lock went first; one a crash left
@@ -206,14 +219,29 @@ fn drain(
             return Ok(tried_any);
         }
         tried_any = true;
+        let (own, shared): (Vec<Held>, Vec<Held>) = held
+            .into_iter()
+            .partition(|(_, record, _, _)| on_own_upper_fs(record.as_ref()));
         // Discard every pending container's written data before the first unmount:
         // each unmount syncs the whole upper filesystem, so one container's unmount
         // would otherwise write back the data of every container still waiting here.
-        for (dir, record, mounts, _) in &held {
+        at_once(shared.iter().collect(), DISCARDS_AT_ONCE, |held: &Held| {
+            let (dir, record, mounts, _) = held;
             discard(dir, record.as_ref(), mounts);
+        });
+        let mut done = at_once(own, OWN_FS_AT_ONCE, |(dir, record, mounts, lock)| {
+            discard(&dir, record.as_ref(), &mounts);
+            let result = teardown(store, mounter, &dir, record, mounts);
+            drop(lock);
+            (dir, result)
+        });
+        for (dir, record, mounts, lock) in shared {
+            let result = teardown(store, mounter, &dir, record, mounts);
+            drop(lock);
+            done.push((dir, result));
         }
-        for (dir, record, mounts, _lock) in held {
-            match teardown(store, mounter, &dir, record, mounts) {
+        for (dir, result) in done {
+            match result {
                 Ok(()) => {
                     reaped.removed += 1;
                     failed.remove(&dir);
@@ -225,6 +253,55 @@ fn drain(
             }
         }
     }
+}
+
+/// A container in `trash/` the reaper holds: its directory, record (if readable), what is
+/// mounted in it, and its lock.
+type Held = (
+    PathBuf,
+    Option<Container>,
+    Vec<PathBuf>,
+    lamina_store::DirLock,
+);
+
+/// Whether a container's upper is on a superblock of its own (`isolated`,
+/// `isolated-memory`): its unmount syncs nothing of anyone else's.
+fn on_own_upper_fs(container: Option<&Container>) -> bool {
+    container.is_some_and(|c| {
+        matches!(
+            c.model().upper_backend(),
+            Some(crate::UpperBackend::Disk | crate::UpperBackend::Memory)
+        )
+    })
+}
+
+/// Runs `work` on every item, `workers` threads at a time, and returns what each gave, in
+/// no particular order. A panic in `work` is the caller's, as if it had run inline.
+fn at_once<T: Send, R: Send>(
+    items: Vec<T>,
+    workers: usize,
+    work: impl Fn(T) -> R + Sync,
+) -> Vec<R> {
+    let workers = workers.min(items.len());
+    let queue = std::sync::Mutex::new(items.into_iter());
+    let next = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    while let Some(item) = next() {
+                        done.push(work(item));
+                    }
+                    done
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 /// Unlinks a trashed read-write overlay's written files through its mount, so its
@@ -294,4 +371,34 @@ fn teardown(
     lamina_store::remove_tree(dir).map_err(StoreError::io("removing", dir))?;
     crate::providers::release(store, mounter, container.as_ref())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::at_once;
+
+    #[test]
+    fn at_once_gives_every_result_with_no_more_than_its_workers_running() {
+        let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let mut results = at_once((0..40).collect(), 3, |i: u32| {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            running.fetch_sub(1, Ordering::SeqCst);
+            i * 2
+        });
+        results.sort_unstable();
+        assert_eq!(results, (0..40).map(|i| i * 2).collect::<Vec<_>>());
+        let most = most.load(Ordering::SeqCst);
+        assert!((1..=3).contains(&most), "{most} ran at once");
+        assert!(at_once(Vec::<u32>::new(), 3, |i| i).is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "item 7")]
+    fn a_panic_in_the_work_is_the_callers() {
+        at_once((0..10).collect(), 2, |i: u32| assert_ne!(i, 7, "item {i}"));
+    }
 }
