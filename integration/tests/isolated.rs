@@ -249,9 +249,9 @@ fn only_a_containers_own_upper_filesystem_is_shut_down_and_teardown_follows() {
 }
 
 /// The reaper tears containers with upper filesystems of their own down a few at once,
-/// beside one on the store's filesystem: every one goes, with its mounts and loop device.
-/// One still in use among them stays in `trash/` (its unmount is busy) without keeping
-/// the others, and the next reaper takes it once it is free.
+/// beside one on the store's filesystem, in one pass: every one goes, with its mounts and
+/// loop device. One still in use among them stays in `trash/` (its unmount is busy)
+/// without keeping the others, and the next reaper takes it once it is free.
 #[test]
 fn isolated_containers_are_reaped_together_and_a_busy_one_waits_alone() {
     require_root();
@@ -277,10 +277,16 @@ fn isolated_containers_are_reaped_together_and_a_busy_one_waits_alone() {
         "five disk uppers and busy's"
     );
     let busy = std::fs::File::open(lamina.store.join("images/busy/rootfs/f0")).unwrap();
+    // The reaper's lock, held while all are deleted: they pile up in `trash/`, and the
+    // first reaper to get the lock takes them in one pass.
+    let reaper = std::fs::File::create(lamina.store.join("locks/reaper.lock")).unwrap();
+    rustix::fs::flock(&reaper, rustix::fs::FlockOperation::LockExclusive).unwrap();
     for id in ids {
         let out = lamina.run(&["delete", id]);
         assert_eq!(out.code, 0, "{id}: {out:?}");
     }
+    assert_eq!(lamina.entries("trash"), ids.len());
+    drop(reaper);
 
     let reaped = lamina.run(&["reap"]).json();
     assert_eq!(reaped["failed"], 1, "only the busy one stays: {reaped}");

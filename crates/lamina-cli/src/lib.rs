@@ -367,6 +367,7 @@ pub fn daemon_in_process() -> Daemon {
 /// Both binaries' `main`.
 pub fn main(daemon: Daemon) -> ExitCode {
     lamina_store::use_fixed_umask();
+    lamina_sys::raise_open_file_limit();
     let cli = match usage::parse() {
         Ok(cli) => cli,
         Err(code) => return code,

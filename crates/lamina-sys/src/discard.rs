@@ -16,8 +16,9 @@ use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags};
 /// its tree as deep as it likes; below this its files are written back at unmount.
 const MAX_DEPTH: usize = 256;
 /// How many directories wait their turn at most (two fds each): a container's wide tree
-/// must not take the fds a daemon serves its other calls with. A reaper walks up to four
-/// containers at once, so together they hold at most 1024.
+/// must not take the fds a daemon serves its other calls with. A walk holds at most
+/// 2 × 128 + 3; a reaper walks up to four containers at once and holds a lock per pending
+/// container, so lamina raises its soft fd limit at start ([`crate::raise_open_file_limit`]).
 const MAX_PENDING: usize = 128;
 
 /// Unlinks, through `rootfs`, every non-empty regular file found in `upper` (the same

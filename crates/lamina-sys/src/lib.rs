@@ -36,6 +36,7 @@ mod fake;
 mod fake_host;
 mod faults;
 mod host;
+mod limits;
 mod mountinfo;
 mod ordered_journal;
 mod overlay_spec;
@@ -49,6 +50,7 @@ pub use api_probe::{MountApiSupport, probe_idmapped_layers, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
 pub use discard::{mount_in_use, shut_down_own_fs, unlink_written};
 pub use error::{Errno, MountError};
+pub use limits::raise_open_file_limit;
 
 /// The [`MountError::op`] of [`Mounter::mount_erofs`]'s step that reads the image (not
 /// the attach at the target): its errors are the kernel's verdict on the image.

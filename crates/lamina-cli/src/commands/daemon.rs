@@ -158,7 +158,11 @@ fn tell_systemd(state: &[sd_notify::NotifyState]) {
 
 fn work_forever(store: &Store, mounter: &dyn Mounter, interval: Duration) -> ! {
     loop {
-        work_once(store, mounter);
+        // A bug that panics in one pass must not stop reaping and refills for good.
+        let pass = std::panic::AssertUnwindSafe(|| work_once(store, mounter));
+        if std::panic::catch_unwind(pass).is_err() {
+            tracing::error!("a reap or pool refill panicked; retrying");
+        }
         std::thread::sleep(interval);
     }
 }

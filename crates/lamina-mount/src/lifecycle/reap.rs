@@ -1,9 +1,9 @@
 //! The reaper: what a deferred delete leaves in `trash/`, torn down after unlinking each
 //! container's written files through its mount (or shutting an isolated container's own
 //! upper filesystem down), so their dirty pages are dropped instead of written back.
-//! Containers whose uppers share the store's filesystem are unmounted one at a time per
-//! store, so they never queue on that filesystem's sync; those with an upper filesystem
-//! of their own share nothing to queue on and go a few at once.
+//! Containers whose uppers share the store's filesystem go one at a time per store, so
+//! they never queue on that filesystem's sync or contend for its locks; those with an
+//! upper filesystem of their own have no shared sync to queue on and go a few at once.
 //!
 //! One reaper runs per store (the `reaper` lock, which `check`, `clean` and
 //! `delete-store` take too). While it holds that lock a reaper also holds `reaping`, which
@@ -52,16 +52,12 @@ const YIELD: Duration = Duration::from_millis(150);
 /// Containers one pass locks and tears down: each lock is an open file.
 const PASS: usize = 256;
 
-/// Containers on the store's filesystem whose written files are unlinked at once. The
-/// unlinks are the kernel's CPU work (ext4's or xfs's unlink and inode eviction), so two
-/// threads did them in 0.6–0.7× of one's time on two cores; four were no faster on ext4
-/// and slower on xfs, whose log they contend for (docs/benchmarks.md, S1).
-const DISCARDS_AT_ONCE: usize = 2;
-
 /// Containers on upper filesystems of their own torn down at once. Such a teardown
 /// (shutdown, two unmounts, a loop device's release) mostly waits on the kernel — a
 /// journal write, RCU grace periods, kernel threads stopping — so a few overlap well even
-/// on two cores, and nothing they wait on is shared; more than four gained little.
+/// on two cores. They share only the store's filesystem, where each image file is
+/// fsynced (ext4's journal abort) and unlinked. Four at once took 0.6–0.7× of one at a
+/// time, ten little less than four (docs/benchmarks.md, S1).
 const OWN_FS_AT_ONCE: usize = 4;
 
 /// How long a container in `trash/` without its lock file is left alone: that is an
@@ -222,13 +218,15 @@ fn drain(
         let (own, shared): (Vec<Held>, Vec<Held>) = held
             .into_iter()
             .partition(|(_, record, _, _)| on_own_upper_fs(record.as_ref()));
-        // Discard every pending container's written data before the first unmount:
-        // each unmount syncs the whole upper filesystem, so one container's unmount
-        // would otherwise write back the data of every container still waiting here.
-        at_once(shared.iter().collect(), DISCARDS_AT_ONCE, |held: &Held| {
-            let (dir, record, mounts, _) = held;
+        // Discard the written data of every pending container on the store's filesystem
+        // before the first unmount there: each unmount syncs that whole filesystem, so
+        // one container's unmount would otherwise write back the data of every container
+        // still waiting here. One at a time: their unlinks contend for that filesystem's
+        // locks (two at once on xfs took 2.5× as long, waiting on an allocation group's
+        // inode buffer).
+        for (dir, record, mounts, _) in &shared {
             discard(dir, record.as_ref(), mounts);
-        });
+        }
         let mut done = at_once(own, OWN_FS_AT_ONCE, |(dir, record, mounts, lock)| {
             discard(&dir, record.as_ref(), &mounts);
             let result = teardown(store, mounter, &dir, record, mounts);
@@ -275,32 +273,38 @@ fn on_own_upper_fs(container: Option<&Container>) -> bool {
     })
 }
 
-/// Runs `work` on every item, `workers` threads at a time, and returns what each gave, in
-/// no particular order. A panic in `work` is the caller's, as if it had run inline.
+/// Runs `work` on every item, on the calling thread and up to `workers - 1` more, and
+/// returns what each gave, in no particular order. A thread the system refuses is done
+/// without: the caller works through what is left. A panic in `work` is re-raised once
+/// every thread has stopped (the others finish the items still queued).
 fn at_once<T: Send, R: Send>(
     items: Vec<T>,
     workers: usize,
     work: impl Fn(T) -> R + Sync,
 ) -> Vec<R> {
-    let workers = workers.min(items.len());
+    let helpers = workers.min(items.len()).saturating_sub(1);
     let queue = std::sync::Mutex::new(items.into_iter());
     let next = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+    let drain = || {
+        let mut done = Vec::new();
+        while let Some(item) = next() {
+            done.push(work(item));
+        }
+        done
+    };
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut done = Vec::new();
-                    while let Some(item) = next() {
-                        done.push(work(item));
-                    }
-                    done
-                })
-            })
+        let handles: Vec<_> = (0..helpers)
+            .map_while(|_| std::thread::Builder::new().spawn_scoped(s, drain).ok())
             .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+        let mut done = drain();
+        for handle in handles {
+            done.extend(
+                handle
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            );
+        }
+        done
     })
 }
 
@@ -376,24 +380,45 @@ fn teardown(
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Condvar, Mutex};
+    use std::time::Duration;
 
     use super::at_once;
 
     #[test]
-    fn at_once_gives_every_result_with_no_more_than_its_workers_running() {
+    fn at_once_runs_its_workers_together_and_gives_every_result() {
+        // The first three items each wait (at most 10 s) until three are running: they
+        // meet only if three threads work at once.
+        let (started, met) = (Mutex::new(0), Condvar::new());
         let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
         let mut results = at_once((0..40).collect(), 3, |i: u32| {
             let now = running.fetch_add(1, Ordering::SeqCst) + 1;
             most.fetch_max(now, Ordering::SeqCst);
-            std::thread::sleep(std::time::Duration::from_millis(2));
+            if i < 3 {
+                let mut n = started.lock().unwrap();
+                *n += 1;
+                met.notify_all();
+                let (n, _) = met
+                    .wait_timeout_while(n, Duration::from_secs(10), |n| *n < 3)
+                    .unwrap();
+                assert_eq!(*n, 3, "three workers never ran at once");
+            }
             running.fetch_sub(1, Ordering::SeqCst);
             i * 2
         });
         results.sort_unstable();
         assert_eq!(results, (0..40).map(|i| i * 2).collect::<Vec<_>>());
-        let most = most.load(Ordering::SeqCst);
-        assert!((1..=3).contains(&most), "{most} ran at once");
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            3,
+            "never more than its workers"
+        );
         assert!(at_once(Vec::<u32>::new(), 3, |i| i).is_empty());
+        assert_eq!(
+            at_once(vec![5u32], 0, |i| i),
+            [5],
+            "the caller works when alone"
+        );
     }
 
     #[test]
