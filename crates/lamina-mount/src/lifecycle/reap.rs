@@ -56,8 +56,8 @@ const PASS: usize = 256;
 /// (shutdown, two unmounts, a loop device's release) mostly waits on the kernel — a
 /// journal write, RCU grace periods, kernel threads stopping — so a few overlap well even
 /// on two cores. They share only the store's filesystem, where each image file is
-/// fsynced (ext4's journal abort) and unlinked. Four at once took 0.6–0.7× of one at a
-/// time, ten little less than four (docs/benchmarks.md, S1).
+/// fsynced (ext4's journal abort) and unlinked. Four at once took 0.5–0.75× of one at a
+/// time for ten containers (docs/benchmarks.md, S1).
 const OWN_FS_AT_ONCE: usize = 4;
 
 /// How long a container in `trash/` without its lock file is left alone: that is an
