@@ -7,7 +7,6 @@
 use std::fs::{self, File};
 use std::io::Read;
 use std::os::fd::AsFd;
-use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -530,15 +529,27 @@ fn read_record(
     Ok(Some(record))
 }
 
+/// The longest symlink target Linux stores (`PATH_MAX`, its NUL included).
+const LONGEST_LINK: usize = 4096;
+
 /// The bytes of the record at `path`: a regular file's, or a symlink's target (a first
 /// record, [`crate::durable::write_new_with`]; never followed). `None` if there is none.
 fn record_bytes(
     path: &Path,
     bad: &dyn Fn(String) -> StoreError,
 ) -> Result<Option<Vec<u8>>, StoreError> {
-    // Twice: a later record renamed over a symlink between the two looks below.
+    // Twice: a record file renamed over a symlink, or the reverse, between the two
+    // looks below. The symlink is tried first: a first record is one, and one
+    // `readlink` into a buffer of the longest target reads it.
     for attempt in 0..2 {
-        let refused = match crate::open_regular_file(path) {
+        match rustix::fs::readlink(path, Vec::with_capacity(LONGEST_LINK)) {
+            Ok(target) => return Ok(Some(target.into_bytes())),
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => return Ok(None),
+            // Not a symlink: a record file, or something refused below.
+            Err(rustix::io::Errno::INVAL) => {}
+            Err(e) => return Err(bad(std::io::Error::from(e).to_string())),
+        }
+        match crate::open_regular_file(path) {
             Ok(file) => {
                 // A record file is one 4 KiB block (written with O_DIRECT) and rarely
                 // more: room for two reads it in one call instead of doubling steps.
@@ -557,13 +568,10 @@ fn record_bytes(
             {
                 return Ok(None);
             }
-            Err(e) => e,
-        };
-        match fs::read_link(path) {
-            Ok(target) => return Ok(Some(target.into_os_string().into_vec())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput && attempt == 0 => continue,
-            Err(_) => return Err(bad(refused.to_string())),
+            Err(_) if attempt == 0 && path.symlink_metadata().is_ok_and(|m| m.is_symlink()) => {
+                continue;
+            }
+            Err(e) => return Err(bad(e.to_string())),
         }
     }
     Err(bad("it kept changing while read".into()))

@@ -34,22 +34,28 @@ impl Store {
         let mut len = SHORTEST;
         loop {
             let link = links.join(&hex[..len]);
-            match std::os::unix::fs::symlink(&target, &link) {
-                Ok(()) => return Ok(link),
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                    if fs::read_link(&link).is_ok_and(|t| t == target) {
-                        return Ok(link);
+            // Read first: the link is there for every layer after its first use.
+            match fs::read_link(&link) {
+                Ok(found) if found == target => return Ok(link),
+                // Another layer's link, or anything else: a longer name.
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::InvalidInput => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    match std::os::unix::fs::symlink(&target, &link) {
+                        Ok(()) => return Ok(link),
+                        // Made meanwhile: read it again.
+                        Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+                        Err(e) => return Err(StoreError::io("linking", &link)(e)),
                     }
-                    // Another layer's link (or anything else) holds the name.
-                    if len == hex.len() {
-                        return Err(StoreError::io("linking", &link)(std::io::Error::other(
-                            "the name is taken by something that is not this layer's link",
-                        )));
-                    }
-                    len = (len + STEP).min(hex.len());
                 }
                 Err(e) => return Err(StoreError::io("linking", &link)(e)),
             }
+            if len == hex.len() {
+                return Err(StoreError::io("linking", &link)(std::io::Error::other(
+                    "the name is taken by something that is not this layer's link",
+                )));
+            }
+            len = (len + STEP).min(hex.len());
         }
     }
 
