@@ -1,6 +1,7 @@
 //! `lamina daemon --metrics-address`: a real daemon on a loop-backed ext4 store, its
 //! `/metrics` scraped over HTTP and read by a strict parser of the Prometheus text format
-//! (`lamina_integration::prometheus`) after snapshot calls, Garden creates and pool fills.
+//! (`lamina_integration::prometheus`) after snapshot calls, Garden creates and pool fills;
+//! and its log, for how often its reaper tries a container it cannot tear down.
 //! The daemon picks a free port itself (`127.0.0.1:0`) and logs it, so no port is
 //! guessed, and nothing waits but on a condition polled against a deadline.
 
@@ -272,6 +273,36 @@ impl Drop for Killed {
 }
 
 /// Waits at most `limit` for `child` to exit; its status, or none if it still runs.
+/// The daemon's reaper tries a deleted container it cannot tear down (a process is still
+/// in its rootfs) again after 1 s, then 2 s, 4 s…, not on every pass of its loop (ten a
+/// second): each try walks the container's upper. Once the process is gone, a reaper
+/// removes it.
+#[test]
+fn the_daemons_reaper_waits_longer_each_time_a_busy_container_stays() {
+    let f = fixture();
+    let image = sample_image(&f.fs.path().join("image")).references()[0].clone();
+    let lamina = Lamina::new(&f.daemon.store);
+    let rootfs = lamina.create_with(&["--strategy", "deferred"], &image, "busy");
+    std::fs::write(rootfs.join("written"), "x").unwrap();
+    let busy = std::fs::File::open(rootfs.join("written")).unwrap();
+    assert_eq!(lamina.run(&["delete", "busy"]).code, 0);
+    let log = f.daemon.store.with_extension("daemon.log");
+    let tries = || log_lines(&log, "reaper left a container in trash").len();
+    wait_until("the daemon's reaper trying the busy container", || {
+        tries() >= 1
+    });
+    // Tried again after 1 s and 3 s: three tries at most (thirty-five every 100 ms).
+    std::thread::sleep(Duration::from_millis(3500));
+    let tried = tries();
+    assert!(tried <= 3, "tried {tried} times in 3.5 s");
+    assert_eq!(lamina.entries("trash"), 1);
+
+    drop(busy);
+    let reaped = lamina.run(&["reap"]).json();
+    assert_eq!(reaped["failed"], 0, "{reaped}");
+    assert_eq!(lamina.entries("trash"), 0);
+}
+
 fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + limit;
     loop {

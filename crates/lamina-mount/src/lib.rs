@@ -41,7 +41,7 @@ pub use lifecycle::create::{Created, FollowUp, Layers, StoredLayers, create, cre
 pub use lifecycle::delete::{Deleted, delete};
 pub use lifecycle::delete_store::delete_store;
 pub use lifecycle::init_store::init_store;
-pub use lifecycle::reap::{Reaped, reap, reap_lingering, reaper_running};
+pub use lifecycle::reap::{Reaped, Reaper, reap, reap_lingering, reaper_running};
 pub use lifecycle::remount::{mount, unmount};
 pub use lifecycle::stats::{DiskUsage, Stats, Walked, Written, stats, written};
 pub use model::record::{Container, RootfsRecord, UpperFsRecord};

@@ -157,9 +157,11 @@ fn tell_systemd(state: &[sd_notify::NotifyState]) {
 }
 
 fn work_forever(store: &Store, mounter: &dyn Mounter, interval: Duration) -> ! {
+    // One for the daemon's life: a container whose teardown failed waits its turn.
+    let mut reaper = lamina_mount::Reaper::default();
     loop {
         // A bug that panics in one pass must not stop reaping and refills for good.
-        let pass = std::panic::AssertUnwindSafe(|| work_once(store, mounter));
+        let pass = std::panic::AssertUnwindSafe(|| work_once(store, mounter, &mut reaper));
         if std::panic::catch_unwind(pass).is_err() {
             tracing::error!("a reap or pool refill panicked; retrying");
         }
@@ -202,14 +204,17 @@ fn serve_lazy_forever(
     }
 }
 
-fn work_once(store: &Store, mounter: &dyn Mounter) {
+fn work_once(store: &Store, mounter: &dyn Mounter, reaper: &mut lamina_mount::Reaper) {
     // A reaper at work (a lingering one a CLI delete started) reaps what is there; waiting
     // for its lock would hold up this loop, and with it the lazy layers' serving.
     if store.trash_entries().is_ok_and(|t| !t.is_empty()) && !lamina_mount::reaper_running(store) {
-        match lamina_mount::reap(store, mounter) {
-            Ok(reaped) => {
+        match reaper.reap(store, mounter) {
+            // Each failure is warned of when it is tried; a pass that removed nothing
+            // has nothing to say (it runs every interval while a busy one waits).
+            Ok(reaped) if reaped.removed > 0 => {
                 tracing::info!(removed = reaped.removed, failed = reaped.failed, "reaped")
             }
+            Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "reaping failed; retrying"),
         }
     }

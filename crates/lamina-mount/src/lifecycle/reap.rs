@@ -40,8 +40,11 @@ pub struct Reaped {
 const LINGER_POLL: Duration = Duration::from_millis(10);
 
 /// How long after a container's teardown failed (a busy rootfs) the same reaper tries it
-/// again.
+/// again; each further failure doubles the wait, up to [`LONGEST_RETRY`]. A container
+/// whose process stays in its rootfs costs a walk of its upper per try, so the daemon's
+/// reaper, which lives as long as the daemon, must not try it every pass.
 const RETRY_FAILED: Duration = Duration::from_secs(1);
+const LONGEST_RETRY: Duration = Duration::from_secs(60);
 
 /// Longest a reaper keeps its lock while deletes keep coming: then it lets go for
 /// [`YIELD`], so a `clean`, `check --repair` or `delete-store` waiting for it (they look
@@ -78,9 +81,50 @@ pub fn reap_lingering(
     mounter: &dyn Mounter,
     linger: Duration,
 ) -> Result<Reaped, RootfsError> {
+    Reaper::default().reap_lingering(store, mounter, linger)
+}
+
+/// A reaper that runs again and again (the daemon's): it remembers the containers whose
+/// teardown failed and tries each again only once its wait is over.
+#[derive(Debug, Default)]
+pub struct Reaper {
+    failed: Failed,
+}
+
+impl Reaper {
+    /// [`reap`], with what earlier calls failed still waiting its turn.
+    pub fn reap(&mut self, store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError> {
+        self.reap_lingering(store, mounter, Duration::ZERO)
+    }
+
+    fn reap_lingering(
+        &mut self,
+        store: &Store,
+        mounter: &dyn Mounter,
+        linger: Duration,
+    ) -> Result<Reaped, RootfsError> {
+        reap_with(store, mounter, linger, &mut self.failed)
+    }
+}
+
+/// Containers whose teardown failed: when to try each again, and how long it waited last.
+type Failed = HashMap<PathBuf, (Instant, Duration)>;
+
+/// Notes that `dir`'s teardown failed: its wait doubles from [`RETRY_FAILED`].
+fn note_failure(failed: &mut Failed, dir: PathBuf) {
+    let wait = failed
+        .get(&dir)
+        .map_or(RETRY_FAILED, |(_, last)| (*last * 2).min(LONGEST_RETRY));
+    failed.insert(dir, (Instant::now() + wait, wait));
+}
+
+fn reap_with(
+    store: &Store,
+    mounter: &dyn Mounter,
+    linger: Duration,
+    failed: &mut Failed,
+) -> Result<Reaped, RootfsError> {
     let mut reaped = Reaped::default();
-    // Containers whose teardown failed, and when to try each again.
-    let mut failed: HashMap<PathBuf, Instant> = HashMap::new();
     let mut lock = Some(reaper_locks(store.lock("reaper")?, store)?);
     let mut held_since = Instant::now();
     while lock.is_some() {
@@ -88,7 +132,7 @@ pub fn reap_lingering(
         let mut done = false;
         loop {
             let yield_at = held_since + MAX_HOLD;
-            if drain(store, mounter, &mut failed, &mut reaped, yield_at)? {
+            if drain(store, mounter, failed, &mut reaped, yield_at)? {
                 quiet_since = Instant::now();
             }
             if Instant::now() >= yield_at {
@@ -106,7 +150,7 @@ pub fn reap_lingering(
             std::thread::sleep(YIELD);
             held_since = Instant::now();
         }
-        if claimable(store, &failed)? {
+        if claimable(store, failed)? {
             // None: another reaper, or a clean, took the lock and the container with it.
             lock = match store.try_lock("reaper")? {
                 Some(reaper) => Some(reaper_locks(reaper, store)?),
@@ -137,18 +181,18 @@ pub fn reaper_running(store: &Store) -> bool {
 
 /// Containers in `trash/` this reaper may try now: not failed, or failed long enough ago,
 /// and not being removed by someone else.
-fn due(store: &Store, failed: &HashMap<PathBuf, Instant>) -> Result<Vec<PathBuf>, RootfsError> {
+fn due(store: &Store, failed: &Failed) -> Result<Vec<PathBuf>, RootfsError> {
     let now = Instant::now();
     Ok(store
         .trash_entries()?
         .into_iter()
-        .filter(|dir| failed.get(dir).is_none_or(|again| *again <= now))
+        .filter(|dir| failed.get(dir).is_none_or(|(again, _)| *again <= now))
         .filter(|dir| !removal_in_flight(dir))
         .collect())
 }
 
 /// Whether a container this reaper has not failed is in `trash/` with no one holding it.
-fn claimable(store: &Store, failed: &HashMap<PathBuf, Instant>) -> Result<bool, RootfsError> {
+fn claimable(store: &Store, failed: &Failed) -> Result<bool, RootfsError> {
     Ok(store
         .trash_entries()?
         .iter()
@@ -172,7 +216,7 @@ fn removal_in_flight(dir: &Path) -> bool {
 fn drain(
     store: &Store,
     mounter: &dyn Mounter,
-    failed: &mut HashMap<PathBuf, Instant>,
+    failed: &mut Failed,
     reaped: &mut Reaped,
     until: Instant,
 ) -> Result<bool, RootfsError> {
@@ -200,7 +244,7 @@ fn drain(
                     // Said, and tried again later: skipped silently, it would stay in
                     // trash for ever.
                     tracing::warn!(dir = %dir.display(), error = %e, "reaper left a container in trash");
-                    failed.insert(dir, Instant::now() + RETRY_FAILED);
+                    note_failure(failed, dir);
                     continue;
                 }
             };
@@ -246,7 +290,7 @@ fn drain(
                 }
                 Err(e) => {
                     tracing::warn!(dir = %dir.display(), error = %e, "reaper left a container in trash");
-                    failed.insert(dir, Instant::now() + RETRY_FAILED);
+                    note_failure(failed, dir);
                 }
             }
         }
@@ -383,7 +427,7 @@ mod tests {
     use std::sync::{Condvar, Mutex};
     use std::time::Duration;
 
-    use super::at_once;
+    use super::{Failed, LONGEST_RETRY, RETRY_FAILED, at_once, note_failure};
 
     #[test]
     fn at_once_runs_its_workers_together_and_gives_every_result() {
@@ -419,6 +463,21 @@ mod tests {
             [5],
             "the caller works when alone"
         );
+    }
+
+    #[test]
+    fn each_failure_doubles_the_wait_up_to_a_minute() {
+        let (mut failed, dir) = (Failed::new(), std::path::PathBuf::from("/trash/busy"));
+        let waits: Vec<Duration> = (0..10)
+            .map(|_| {
+                note_failure(&mut failed, dir.clone());
+                failed[&dir].1
+            })
+            .collect();
+        assert_eq!(waits[0], RETRY_FAILED);
+        assert_eq!(waits[3], RETRY_FAILED * 8);
+        assert_eq!(waits[9], LONGEST_RETRY);
+        assert!(failed[&dir].0 > std::time::Instant::now() + RETRY_FAILED);
     }
 
     #[test]
