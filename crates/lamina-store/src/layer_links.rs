@@ -32,6 +32,9 @@ impl Store {
             .join("diff");
         let hex = chain_id.hex();
         let mut len = SHORTEST;
+        // A name seen missing and then taken is read again, a few times at most: only
+        // something making and removing it over and over keeps that up.
+        let mut races = 0;
         loop {
             let link = links.join(&hex[..len]);
             // Read first: the link is there for every layer after its first use.
@@ -44,7 +47,10 @@ impl Store {
                     match std::os::unix::fs::symlink(&target, &link) {
                         Ok(()) => return Ok(link),
                         // Made meanwhile: read it again.
-                        Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+                        Err(e) if e.kind() == ErrorKind::AlreadyExists && races < 3 => {
+                            races += 1;
+                            continue;
+                        }
                         Err(e) => return Err(StoreError::io("linking", &link)(e)),
                     }
                 }

@@ -94,6 +94,10 @@ pub struct Containerd {
 /// (fetching as `pull` says), every `interval`; with
 /// `containerd`, also serves snapshots until SIGTERM or SIGINT; with `metrics_address`,
 /// serves Prometheus metrics there.
+/// Fewer open files than this allowed is worth an operator's warning: a reaper's pass can
+/// hold ~1,300 (a lock per pending container, four tree walks), besides the calls served.
+const FEW_OPEN_FILES: u64 = 4096;
+
 pub fn run(
     store: &Store,
     mounter: Arc<dyn Mounter>,
@@ -108,6 +112,13 @@ pub fn run(
         .map(lamina_snapshotter::metrics::bind)
         .transpose()?;
     tracing::info!(store = %store.root().display(), "daemon started");
+    // Raised at start (lamina_sys::raise_open_file_limit); this asks what it came to.
+    if let Some(open_files) = lamina_sys::raise_open_file_limit().filter(|n| *n < FEW_OPEN_FILES) {
+        tracing::warn!(
+            open_files,
+            "the daemon may open only this many files; its reaper and calls can run out (raise LimitNOFILE)"
+        );
+    }
     {
         let (store, mounter, pull) = (store.clone(), mounter.clone(), pull.clone());
         std::thread::spawn(move || serve_lazy_forever(&store, mounter.as_ref(), pull));

@@ -269,16 +269,25 @@ fn drain(
         // locks (two at once on xfs took 2.5× as long, waiting on an allocation group's
         // inode buffer).
         for (dir, record, mounts, _) in &shared {
-            discard(dir, record.as_ref(), mounts);
+            // Only an optimisation: a panic here leaves the data to the unmount.
+            let discarded = contained(dir, || {
+                discard(dir, record.as_ref(), mounts);
+                Ok(())
+            });
+            if let Err(e) = discarded {
+                tracing::warn!(dir = %dir.display(), error = %e, "reaper could not discard a container's data");
+            }
         }
         let mut done = at_once(own, OWN_FS_AT_ONCE, |(dir, record, mounts, lock)| {
-            discard(&dir, record.as_ref(), &mounts);
-            let result = teardown(store, mounter, &dir, record, mounts);
+            let result = contained(&dir, || {
+                discard(&dir, record.as_ref(), &mounts);
+                teardown(store, mounter, &dir, record, mounts)
+            });
             drop(lock);
             (dir, result)
         });
         for (dir, record, mounts, lock) in shared {
-            let result = teardown(store, mounter, &dir, record, mounts);
+            let result = contained(&dir, || teardown(store, mounter, &dir, record, mounts));
             drop(lock);
             done.push((dir, result));
         }
@@ -295,6 +304,25 @@ fn drain(
             }
         }
     }
+}
+
+/// Runs `work` for the container in `dir`; a panic becomes its error, so the container
+/// waits its turn like any that failed and the rest of the pass goes on.
+fn contained<R>(
+    dir: &Path,
+    work: impl FnOnce() -> Result<R, RootfsError>,
+) -> Result<R, RootfsError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(RootfsError::Refused(format!(
+            "tearing {} down panicked: {why}",
+            dir.display()
+        )))
+    })
 }
 
 /// A container in `trash/` the reaper holds: its directory, record (if readable), what is
@@ -478,6 +506,20 @@ mod tests {
         assert_eq!(waits[3], RETRY_FAILED * 8);
         assert_eq!(waits[9], LONGEST_RETRY);
         assert!(failed[&dir].0 > std::time::Instant::now() + RETRY_FAILED);
+    }
+
+    #[test]
+    fn a_panicking_teardown_is_that_containers_error() {
+        let dir = std::path::Path::new("/trash/odd");
+        let err = super::contained(dir, || -> Result<(), crate::RootfsError> {
+            panic!("a bug")
+        })
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("/trash/odd down panicked: a bug"),
+            "{err}"
+        );
+        assert!(super::contained(dir, || Ok(7)).is_ok_and(|n| n == 7));
     }
 
     #[test]
