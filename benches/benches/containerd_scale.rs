@@ -141,7 +141,12 @@ fn main() {
                 _ => None,
             };
             if let Some(socket) = socket {
-                direct_stats.push((snapshotter, size, direct_stat_p50(&socket, sizes.cycles)));
+                direct_stats.push((
+                    snapshotter,
+                    size,
+                    direct_stat_p50(&socket, sizes.cycles),
+                    direct_cycle_p50(&socket, &parent, &target, size, sizes.cycles),
+                ));
             }
         }
         let pid = match (snapshotter, &proxy) {
@@ -156,10 +161,21 @@ fn main() {
     print_tables(&cycles, &commits, &memory, &sizes, baselines);
     print_breakdown(&breakdown, baselines);
     println!();
-    println!("| snapshotter | committed snapshots | Stat p50 on its own socket (no containerd) |");
-    println!("|---|---|---|");
-    for (who, size, p50) in &direct_stats {
-        println!("| `{who}` | {size} | {} |", ms(*p50));
+    println!(
+        "| snapshotter | committed snapshots | Stat p50 on its own socket (no containerd) | cycle p50 on its own socket | vs `{OVERLAY_PROXY}` |"
+    );
+    println!("|---|---|---|---|---|");
+    for (who, size, stat, cycle) in &direct_stats {
+        let base = direct_stats
+            .iter()
+            .find(|(w, s, _, _)| *w == OVERLAY_PROXY && s == size)
+            .map(|d| d.3);
+        let vs = base.map_or("–".into(), |b| lamina_benches::stats::ratio(*cycle, b));
+        println!(
+            "| `{who}` | {size} | {} | {} | {vs} |",
+            ms(*stat),
+            ms(*cycle)
+        );
     }
     println!();
     println!(
@@ -279,6 +295,27 @@ fn cycle(
     });
     timed(4, &mut || api.remove(key).unwrap());
     (steps[1..].iter().sum(), steps)
+}
+
+/// p50 of `n` container cycles ([`cycle`]) straight to the snapshotter at `socket`,
+/// containerd left out: the snapshotter's own share of the cycle. The parent is the
+/// image's top layer (containerd's key for it ends with `parent`, its name there).
+fn direct_cycle_p50(socket: &Path, parent: &str, target: &Path, size: usize, n: usize) -> Duration {
+    let api = Api::connect(socket);
+    let parent = api
+        .list(&["kind==committed"])
+        .unwrap()
+        .into_iter()
+        .find(|key| key.ends_with(&format!("/{parent}")))
+        .expect("the image's top layer on the snapshotter's own socket");
+    let mut samples: Vec<Duration> = (0..n)
+        .map(|i| {
+            let key = format!("direct-cycle-{size}-{i}");
+            cycle(&api, &parent, &key, target, &Labels::new()).0
+        })
+        .collect();
+    samples.sort();
+    nearest_rank(&samples, 0.5)
 }
 
 /// p50 of `n` Stat calls of one committed snapshot, straight to the snapshotter at
