@@ -250,8 +250,9 @@ fn only_a_containers_own_upper_filesystem_is_shut_down_and_teardown_follows() {
 
 /// The reaper tears containers with upper filesystems of their own down a few at once,
 /// beside one on the store's filesystem, in one pass: every one goes, with its mounts and
-/// loop device. One still in use among them stays in `trash/` (its unmount is busy)
-/// without keeping the others, and the next reaper takes it once it is free.
+/// loop device. One still in use among them stays in `trash/`, untouched (nothing it wrote
+/// is unlinked under its process), without keeping the others, and the next reaper takes
+/// it once it is free.
 #[test]
 fn isolated_containers_are_reaped_together_and_a_busy_one_waits_alone() {
     require_root();
@@ -307,6 +308,12 @@ fn isolated_containers_are_reaped_together_and_a_busy_one_waits_alone() {
         loop_devices_under(&lamina.store),
         1,
         "only busy's loop device"
+    );
+    // Left untouched while in use: nothing it wrote was unlinked under its process.
+    assert_eq!(
+        std::fs::read(busy_entry.join("rootfs/f99")).unwrap(),
+        [7u8; 4096],
+        "a busy container's files are kept until it is free"
     );
 
     drop(busy);

@@ -259,6 +259,21 @@ fn drain(
             return Ok(tried_any);
         }
         tried_any = true;
+        // One still in use is left untouched, not walked or shut down: its unmount
+        // would fail busy anyway, and a reaper may come by every second.
+        let (busy, held): (Vec<Held>, Vec<Held>) = held
+            .into_iter()
+            .partition(|(dir, record, mounts, _)| in_use(dir, record.as_ref(), mounts));
+        let mut done: Vec<_> = busy
+            .into_iter()
+            .map(|(dir, record, _, _)| {
+                let rootfs = record
+                    .map(|c| c.dirs_in(dir.clone()).rootfs)
+                    .unwrap_or_default();
+                let why = format!("a process is still in its rootfs ({})", rootfs.display());
+                (dir, Err(RootfsError::Refused(why)))
+            })
+            .collect();
         let (own, shared): (Vec<Held>, Vec<Held>) = held
             .into_iter()
             .partition(|(_, record, _, _)| on_own_upper_fs(record.as_ref()));
@@ -278,14 +293,18 @@ fn drain(
                 tracing::warn!(dir = %dir.display(), error = %e, "reaper could not discard a container's data");
             }
         }
-        let mut done = at_once(own, OWN_FS_AT_ONCE, |(dir, record, mounts, lock)| {
-            let result = contained(&dir, || {
-                discard(&dir, record.as_ref(), &mounts);
-                teardown(store, mounter, &dir, record, mounts)
-            });
-            drop(lock);
-            (dir, result)
-        });
+        done.extend(at_once(
+            own,
+            OWN_FS_AT_ONCE,
+            |(dir, record, mounts, lock)| {
+                let result = contained(&dir, || {
+                    discard(&dir, record.as_ref(), &mounts);
+                    teardown(store, mounter, &dir, record, mounts)
+                });
+                drop(lock);
+                (dir, result)
+            },
+        ));
         for (dir, record, mounts, lock) in shared {
             let result = contained(&dir, || teardown(store, mounter, &dir, record, mounts));
             drop(lock);
@@ -380,6 +399,23 @@ fn at_once<T: Send, R: Send>(
     })
 }
 
+/// Whether the rootfs lamina mounted for the container in `dir` has a process in it (an
+/// open file, a working directory). One with mounts beneath it is not asked: teardown
+/// unmounts those first. Asked once per try: `umount2`'s `MNT_EXPIRE` marks an idle
+/// mount, and a second idle answer would unmount it. Left untouched, a busy container's
+/// written data may be written back by another container's unmount meanwhile.
+fn in_use(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) -> bool {
+    let Some(container) = container else {
+        return false;
+    };
+    let rootfs = container.dirs_in(dir.to_path_buf()).rootfs;
+    mounts.contains(&rootfs)
+        && !mounts
+            .iter()
+            .any(|m| m != &rootfs && m.starts_with(&rootfs))
+        && lamina_sys::mount_in_use(&rootfs)
+}
+
 /// Unlinks a trashed read-write overlay's written files through its mount, so its
 /// unmount — and every other unmount on the same upper filesystem — has nothing of it
 /// to write back. Anything else (read-only binds, unmounted dirs) is left alone.
@@ -393,13 +429,12 @@ fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
     }
     let dirs = container.dirs_in(dir.to_path_buf());
     // Its own upper filesystem is gone with it: stopped without its log flushed, its
-    // files cost nothing, where unlinking them costs one journal entry each. Only when
-    // nobody is in its rootfs (a process still there would read EIO from then on).
+    // files cost nothing, where unlinking them costs one journal entry each. Nobody is
+    // in its rootfs (`in_use` said so; a process still there would read EIO).
     let own_fs = dirs.upper_fs_mount();
     if container.model().upper_backend() == Some(crate::UpperBackend::Disk)
         && mounts.contains(&own_fs)
         && mounts.contains(&dirs.rootfs)
-        && !lamina_sys::mount_in_use(&dirs.rootfs)
         && lamina_sys::shut_down_own_fs(&own_fs, &dirs.upper_image())
     {
         tracing::debug!(dir = %dir.display(), "shut its own upper filesystem down before unmount");
