@@ -302,6 +302,10 @@ impl Mounter for FaultyMounter {
         self.inner.unmount(target)
     }
 
+    fn in_use(&self, mount: &Path) -> bool {
+        self.inner.in_use(mount)
+    }
+
     fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError> {
         self.inner.is_mountpoint(path)
     }

@@ -183,3 +183,47 @@ fn a_failed_mount_leaves_no_upper_filesystem_and_no_container() {
         0
     );
 }
+
+/// A deleted container whose rootfs is in use is left untouched by the reaper — no
+/// unmount is tried, nothing of it is torn down — and waits its turn while the others
+/// go; once it is free, the next reaper removes it.
+#[test]
+fn a_busy_container_is_left_untouched_while_the_others_go() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image) = setup(tmp.path());
+    let fake = FakeMounter::new();
+    for id in ["busy", "free"] {
+        create(&store, &fake, &image, id, &with("isolated")).unwrap();
+    }
+    let in_use = Arc::new(AtomicBool::new(true));
+    let busy = in_use.clone();
+    let is_busy = move |p: &std::path::Path| {
+        busy.load(Ordering::SeqCst) && p.to_string_lossy().contains("/busy.")
+    };
+    fake.fail(
+        lamina_sys::Call::InUse,
+        lamina_sys::When::Path(Arc::new(is_busy)),
+        Errno::BUSY,
+    );
+    for id in ["busy", "free"] {
+        assert_eq!(delete(&store, &fake, id).unwrap(), Deleted::Deferred);
+    }
+
+    let reaped = reap(&store, &fake).unwrap();
+    assert_eq!((reaped.removed, reaped.failed), (1, 1));
+    let touched: Vec<_> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, FakeCall::Unmount(p) if p.to_string_lossy().contains("/busy.")))
+        .collect();
+    assert!(touched.is_empty(), "{touched:?}");
+    assert_eq!(store.trash_entries().unwrap().len(), 1);
+
+    in_use.store(false, Ordering::SeqCst);
+    let reaped = reap(&store, &fake).unwrap();
+    assert_eq!((reaped.removed, reaped.failed), (1, 0));
+    assert!(store.trash_entries().unwrap().is_empty());
+}

@@ -324,6 +324,11 @@ impl Mounter for FakeMounter {
         Ok(dir_id(target).is_some_and(|id| state.mounted.remove(&id).is_some()))
     }
 
+    /// Idle unless a fault is injected for [`Call::InUse`] at `mount`.
+    fn in_use(&self, mount: &Path) -> bool {
+        self.lock().enter(Call::InUse, mount, None).is_err()
+    }
+
     fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError> {
         let mut state = self.lock();
         state

@@ -20,6 +20,8 @@ pub enum Call {
     /// [`crate::Mounter::mount_erofs`]: a composefs metadata image.
     MountErofs,
     Unmount,
+    /// [`crate::Mounter::in_use`]: a fault makes the mount busy.
+    InUse,
     IsMountpoint,
     BindReadOnly,
     /// [`crate::Mounter::sync_filesystem`]: syncfs of a mounted overlay's upper.

@@ -79,6 +79,13 @@ pub trait Mounter: Send + Sync + Debug {
     /// Whether `path` is the root of a mount.
     fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError>;
 
+    /// Whether the mount at `mount` is in use in this mount namespace (an open file, a
+    /// working directory, a mount on it); unknown counts as in use. A process in another
+    /// mount namespace's copy of it is not seen. Ask once per teardown: the real answer
+    /// (`umount2(MNT_EXPIRE)`) marks an idle mount expired, and a second idle answer
+    /// unmounts it.
+    fn in_use(&self, mount: &Path) -> bool;
+
     /// Attaches a read-only bind of the mount (or directory) at `source` on `target`:
     /// a clone of the source mount, so no new superblock is made and every bind shares
     /// the source's page and inode caches.

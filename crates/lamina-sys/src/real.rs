@@ -66,6 +66,10 @@ impl Mounter for RealMounter {
         }
     }
 
+    fn in_use(&self, mount: &Path) -> bool {
+        crate::mount_in_use(mount)
+    }
+
     fn is_mountpoint(&self, path: &Path) -> Result<bool, MountError> {
         crate::is_mount_root(path).map_err(|e| MountError::new("statx", path, e))
     }

@@ -253,7 +253,14 @@ fn drain(
                 .file_name()
                 .and_then(|name| mounted.remove(name))
                 .unwrap_or_default();
-            held.push((dir, record, mounts, lock));
+            let rootfs = rootfs_use(mounter, &dir, record.as_ref(), &mounts);
+            held.push(Held {
+                dir,
+                record,
+                mounts,
+                lock,
+                rootfs,
+            });
         }
         if held.is_empty() {
             return Ok(tried_any);
@@ -261,53 +268,49 @@ fn drain(
         tried_any = true;
         // One still in use is left untouched, not walked or shut down: its unmount
         // would fail busy anyway, and a reaper may come by every second.
-        let (busy, held): (Vec<Held>, Vec<Held>) = held
-            .into_iter()
-            .partition(|(dir, record, mounts, _)| in_use(dir, record.as_ref(), mounts));
+        let (busy, held): (Vec<Held>, Vec<Held>) =
+            held.into_iter().partition(|h| h.rootfs == RootfsUse::Busy);
         let mut done: Vec<_> = busy
             .into_iter()
-            .map(|(dir, record, _, _)| {
-                let rootfs = record
-                    .map(|c| c.dirs_in(dir.clone()).rootfs)
-                    .unwrap_or_default();
-                let why = format!("a process is still in its rootfs ({})", rootfs.display());
-                (dir, Err(RootfsError::Refused(why)))
+            .map(|h| {
+                let rootfs = h.record.map(|c| c.dirs_in(h.dir.clone()).rootfs);
+                let why = format!(
+                    "a process is still in its rootfs ({})",
+                    rootfs.unwrap_or_default().display()
+                );
+                (h.dir, Err(RootfsError::Refused(why)))
             })
             .collect();
         let (own, shared): (Vec<Held>, Vec<Held>) = held
             .into_iter()
-            .partition(|(_, record, _, _)| on_own_upper_fs(record.as_ref()));
+            .partition(|h| on_own_upper_fs(h.record.as_ref()));
         // Discard the written data of every pending container on the store's filesystem
         // before the first unmount there: each unmount syncs that whole filesystem, so
         // one container's unmount would otherwise write back the data of every container
         // still waiting here. One at a time: their unlinks contend for that filesystem's
         // locks (two at once on xfs took 2.5× as long, waiting on an allocation group's
         // inode buffer).
-        for (dir, record, mounts, _) in &shared {
+        for h in &shared {
             // Only an optimisation: a panic here leaves the data to the unmount.
-            let discarded = contained(dir, || {
-                discard(dir, record.as_ref(), mounts);
+            let discarded = contained(&h.dir, || {
+                discard(h);
                 Ok(())
             });
             if let Err(e) = discarded {
-                tracing::warn!(dir = %dir.display(), error = %e, "reaper could not discard a container's data");
+                tracing::warn!(dir = %h.dir.display(), error = %e, "reaper could not discard a container's data");
             }
         }
-        done.extend(at_once(
-            own,
-            OWN_FS_AT_ONCE,
-            |(dir, record, mounts, lock)| {
-                let result = contained(&dir, || {
-                    discard(&dir, record.as_ref(), &mounts);
-                    teardown(store, mounter, &dir, record, mounts)
-                });
-                drop(lock);
-                (dir, result)
-            },
-        ));
-        for (dir, record, mounts, lock) in shared {
-            let result = contained(&dir, || teardown(store, mounter, &dir, record, mounts));
-            drop(lock);
+        done.extend(at_once(own, OWN_FS_AT_ONCE, |h: Held| {
+            let dir = h.dir.clone();
+            let result = contained(&dir, || {
+                discard(&h);
+                tear_down_held(store, mounter, h)
+            });
+            (dir, result)
+        }));
+        for h in shared {
+            let dir = h.dir.clone();
+            let result = contained(&dir, || tear_down_held(store, mounter, h));
             done.push((dir, result));
         }
         for (dir, result) in done {
@@ -344,14 +347,43 @@ fn contained<R>(
     })
 }
 
-/// A container in `trash/` the reaper holds: its directory, record (if readable), what is
-/// mounted in it, and its lock.
-type Held = (
-    PathBuf,
-    Option<Container>,
-    Vec<PathBuf>,
-    lamina_store::DirLock,
-);
+/// A container in `trash/` the reaper holds.
+struct Held {
+    dir: PathBuf,
+    /// Its record, if readable.
+    record: Option<Container>,
+    /// What is mounted in it, deepest first.
+    mounts: Vec<PathBuf>,
+    lock: lamina_store::DirLock,
+    rootfs: RootfsUse,
+}
+
+/// [`teardown`] of a held container; its lock is let go once it is removed.
+fn tear_down_held(store: &Store, mounter: &dyn Mounter, held: Held) -> Result<(), RootfsError> {
+    let Held {
+        dir,
+        record,
+        mounts,
+        lock,
+        ..
+    } = held;
+    let result = teardown(store, mounter, &dir, record, mounts);
+    drop(lock);
+    result
+}
+
+/// What the reaper knows of a trashed container's rootfs mount, asked once per try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RootfsUse {
+    /// A process is in it: the container is left untouched this time.
+    Busy,
+    /// Nobody is in it (in lamina's mount namespace): its own upper filesystem may be
+    /// shut down.
+    Idle,
+    /// Not asked: not mounted here, no record, or mounts beneath it, which teardown
+    /// unmounts first (the mount is busy until then).
+    NotAsked,
+}
 
 /// Whether a container's upper is on a superblock of its own (`isolated`,
 /// `isolated-memory`): its unmount syncs nothing of anyone else's.
@@ -400,27 +432,38 @@ fn at_once<T: Send, R: Send>(
 }
 
 /// Whether the rootfs lamina mounted for the container in `dir` has a process in it (an
-/// open file, a working directory). One with mounts beneath it is not asked: teardown
-/// unmounts those first. Asked once per try: `umount2`'s `MNT_EXPIRE` marks an idle
-/// mount, and a second idle answer would unmount it. Left untouched, a busy container's
-/// written data may be written back by another container's unmount meanwhile.
-fn in_use(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) -> bool {
+/// open file, a working directory), asked once per try ([`Mounter::in_use`]). One with
+/// mounts beneath it is not asked. Left untouched, a busy container's written data may be
+/// written back by another container's unmount meanwhile.
+fn rootfs_use(
+    mounter: &dyn Mounter,
+    dir: &Path,
+    container: Option<&Container>,
+    mounts: &[PathBuf],
+) -> RootfsUse {
     let Some(container) = container else {
-        return false;
+        return RootfsUse::NotAsked;
     };
     let rootfs = container.dirs_in(dir.to_path_buf()).rootfs;
-    mounts.contains(&rootfs)
-        && !mounts
+    if !mounts.contains(&rootfs)
+        || mounts
             .iter()
             .any(|m| m != &rootfs && m.starts_with(&rootfs))
-        && lamina_sys::mount_in_use(&rootfs)
+    {
+        return RootfsUse::NotAsked;
+    }
+    match mounter.in_use(&rootfs) {
+        true => RootfsUse::Busy,
+        false => RootfsUse::Idle,
+    }
 }
 
 /// Unlinks a trashed read-write overlay's written files through its mount, so its
 /// unmount — and every other unmount on the same upper filesystem — has nothing of it
 /// to write back. Anything else (read-only binds, unmounted dirs) is left alone.
-fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
-    let Some(container) = container.filter(|c| c.rootfs.mounted) else {
+fn discard(held: &Held) {
+    let (dir, mounts) = (&held.dir, &held.mounts);
+    let Some(container) = held.record.as_ref().filter(|c| c.rootfs.mounted) else {
         return;
     };
     // Read-only, or a tmpfs upper that is never written back: nothing to save.
@@ -429,12 +472,12 @@ fn discard(dir: &Path, container: Option<&Container>, mounts: &[PathBuf]) {
     }
     let dirs = container.dirs_in(dir.to_path_buf());
     // Its own upper filesystem is gone with it: stopped without its log flushed, its
-    // files cost nothing, where unlinking them costs one journal entry each. Nobody is
-    // in its rootfs (`in_use` said so; a process still there would read EIO).
+    // files cost nothing, where unlinking them costs one journal entry each. Only when
+    // nobody was in its rootfs (a process still there would read EIO from then on).
     let own_fs = dirs.upper_fs_mount();
     if container.model().upper_backend() == Some(crate::UpperBackend::Disk)
+        && held.rootfs == RootfsUse::Idle
         && mounts.contains(&own_fs)
-        && mounts.contains(&dirs.rootfs)
         && lamina_sys::shut_down_own_fs(&own_fs, &dirs.upper_image())
     {
         tracing::debug!(dir = %dir.display(), "shut its own upper filesystem down before unmount");
