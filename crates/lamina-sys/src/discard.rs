@@ -113,13 +113,15 @@ pub fn shut_down_own_fs(mount: &Path, image: &Path) -> bool {
 
 /// Whether the mount at `mount` is in use (a process's open file or working directory in
 /// it, another mount on it): `umount2` with `MNT_EXPIRE` answers `EBUSY` then, and
-/// `EAGAIN` (only marking it, which any use clears) when it is idle. Unknown counts as in
-/// use. The reaper shuts a deleted container's own filesystem down only when no one is in
-/// it: reads of a process still there would fail with EIO.
+/// `EAGAIN` (only marking it, which any use clears) when it is idle. A mount a former ask
+/// marked and nobody used since is unmounted by this one: idle too (a reaper whose
+/// teardown failed after asking asks again on its next try). Unknown counts as in use.
+/// The reaper shuts a deleted container's own filesystem down only when no one is in it:
+/// reads of a process still there would fail with EIO.
 pub fn mount_in_use(mount: &Path) -> bool {
     !matches!(
         rustix::mount::unmount(mount, rustix::mount::UnmountFlags::EXPIRE),
-        Err(rustix::io::Errno::AGAIN)
+        Ok(()) | Err(rustix::io::Errno::AGAIN)
     )
 }
 

@@ -82,8 +82,8 @@ pub trait Mounter: Send + Sync + Debug {
     /// Whether the mount at `mount` is in use in this mount namespace (an open file, a
     /// working directory, a mount on it); unknown counts as in use. A process in another
     /// mount namespace's copy of it is not seen. Ask once per teardown: the real answer
-    /// (`umount2(MNT_EXPIRE)`) marks an idle mount expired, and a second idle answer
-    /// unmounts it.
+    /// (`umount2(MNT_EXPIRE)`) marks an idle mount expired, and a second ask of a mount
+    /// still idle unmounts it (and answers idle).
     fn in_use(&self, mount: &Path) -> bool;
 
     /// Attaches a read-only bind of the mount (or directory) at `source` on `target`:
