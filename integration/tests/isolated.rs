@@ -335,3 +335,45 @@ fn loop_devices_under(dir: &Path) -> usize {
         .filter(|backing| Path::new(backing.trim_end()).starts_with(&dir))
         .count()
 }
+
+/// `mount_in_use` marks an idle mount the first time it is asked. Asked again with nobody
+/// in it since (a reaper's next try after a teardown that failed), the kernel unmounts it,
+/// and that answers idle too. A mount with an open file in it is in use, and stays.
+#[test]
+fn an_idle_mount_asked_twice_is_unmounted_and_answers_idle() {
+    require_root();
+    let fs = ScratchFs::tmpfs();
+    let target = fs.path().join("m");
+    std::fs::create_dir(&target).unwrap();
+    // From the mount table: a path walk into the mount would clear its mark.
+    let mounted = |p: &Path| {
+        lamina_sys::mounts_under(fs.path())
+            .unwrap()
+            .contains(&p.to_path_buf())
+    };
+    let mount = || {
+        rustix::mount::mount(
+            "tmpfs",
+            &target,
+            "tmpfs",
+            rustix::mount::MountFlags::empty(),
+            None,
+        )
+        .unwrap();
+    };
+
+    mount();
+    assert!(!lamina_sys::mount_in_use(&target));
+    assert!(mounted(&target), "the first ask only marks it");
+    assert!(!lamina_sys::mount_in_use(&target));
+    assert!(!mounted(&target), "the second ask unmounted it");
+
+    mount();
+    std::fs::write(target.join("f"), "x").unwrap();
+    let open = std::fs::File::open(target.join("f")).unwrap();
+    assert!(lamina_sys::mount_in_use(&target));
+    assert!(lamina_sys::mount_in_use(&target));
+    assert!(mounted(&target), "in use: never unmounted");
+    drop(open);
+    unmount(&target);
+}
