@@ -112,6 +112,14 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
         let image = rig.warm(&crate::images::sample(&rig.scratch("image")));
         for load in [Load::OneFile(mb), Load::SmallFiles(small)] {
             for parallel in [true, false] {
+                let group = [
+                    rig.fs_name().to_string(),
+                    load.name(),
+                    format!(
+                        "{containers} {}",
+                        if parallel { "in parallel" } else { "serially" }
+                    ),
+                ];
                 let mut baseline = None;
                 for strategy in STRATEGIES {
                     progress(&format!(
@@ -128,15 +136,8 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                     }
                     let result = storms.result();
                     let base = *baseline.get_or_insert(result);
-                    let mut row = vec![
-                        rig.fs_name().into(),
-                        load.name(),
-                        format!(
-                            "{containers} {}",
-                            if parallel { "in parallel" } else { "serially" }
-                        ),
-                        format!("`{strategy}`"),
-                    ];
+                    let mut row = group.to_vec();
+                    row.push(format!("`{strategy}`"));
                     row.extend(result.cells(&base));
                     table.row(row);
                 }
@@ -148,20 +149,13 @@ pub fn run(ctx: &Ctx) -> Vec<Table> {
                         .collect::<Samples>()
                         .summary()
                         .p50;
-                    table.row(vec![
-                        rig.fs_name().into(),
-                        load.name(),
-                        format!(
-                            "{containers} {}",
-                            if parallel { "in parallel" } else { "serially" }
-                        ),
-                        floor.to_string(),
-                        "–".into(),
-                        "–".into(),
-                        "–".into(),
+                    let mut row = group.to_vec();
+                    row.extend([floor.to_string(), "–".into(), "–".into(), "–".into()]);
+                    row.extend([
                         crate::stats::human(wall),
                         crate::stats::ratio(wall, base.wall),
                     ]);
+                    table.row(row);
                 }
             }
         }

@@ -90,14 +90,14 @@ pub struct Containerd {
     pub remote_snapshots: Option<String>,
 }
 
-/// Reaps deferred deletes as they arrive, refills pools and serves new lazy layers
-/// (fetching as `pull` says), every `interval`; with
-/// `containerd`, also serves snapshots until SIGTERM or SIGINT; with `metrics_address`,
-/// serves Prometheus metrics there.
 /// Fewer open files than this allowed is worth an operator's warning: a reaper's pass can
 /// hold ~1,300 (a lock per pending container, four tree walks), besides the calls served.
 const FEW_OPEN_FILES: u64 = 4096;
 
+/// Reaps deferred deletes as they arrive, refills pools and serves new lazy layers
+/// (fetching as `pull` says), every `interval`; with
+/// `containerd`, also serves snapshots until SIGTERM or SIGINT; with `metrics_address`,
+/// serves Prometheus metrics there.
 pub fn run(
     store: &Store,
     mounter: Arc<dyn Mounter>,

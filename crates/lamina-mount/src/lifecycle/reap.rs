@@ -81,7 +81,7 @@ pub fn reap_lingering(
     mounter: &dyn Mounter,
     linger: Duration,
 ) -> Result<Reaped, RootfsError> {
-    Reaper::default().reap_lingering(store, mounter, linger)
+    reap_with(store, mounter, linger, &mut Failed::new())
 }
 
 /// A reaper that runs again and again (the daemon's): it remembers the containers whose
@@ -94,16 +94,7 @@ pub struct Reaper {
 impl Reaper {
     /// [`reap`], with what earlier calls failed still waiting its turn.
     pub fn reap(&mut self, store: &Store, mounter: &dyn Mounter) -> Result<Reaped, RootfsError> {
-        self.reap_lingering(store, mounter, Duration::ZERO)
-    }
-
-    fn reap_lingering(
-        &mut self,
-        store: &Store,
-        mounter: &dyn Mounter,
-        linger: Duration,
-    ) -> Result<Reaped, RootfsError> {
-        reap_with(store, mounter, linger, &mut self.failed)
+        reap_with(store, mounter, Duration::ZERO, &mut self.failed)
     }
 }
 
