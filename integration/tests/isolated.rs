@@ -249,22 +249,24 @@ fn only_a_containers_own_upper_filesystem_is_shut_down_and_teardown_follows() {
 }
 
 /// The reaper tears containers with upper filesystems of their own down a few at once,
-/// beside one on the store's filesystem, in one pass: every one goes, with its mounts and
-/// loop device. One still in use among them stays in `trash/`, untouched (nothing it wrote
-/// is unlinked under its process), without keeping the others, and the next reaper takes
-/// it once it is free.
+/// beside three on the store's filesystem (their files unlinked two at once on ext4, all
+/// three unmounted before any is removed), in one pass: every one goes, with its mounts
+/// and loop device. One still in use among them stays in `trash/`, untouched (nothing it
+/// wrote is unlinked under its process), without keeping the others, and the next reaper
+/// takes it once it is free.
 #[test]
 fn isolated_containers_are_reaped_together_and_a_busy_one_waits_alone() {
     require_root();
     let fs = ScratchFs::ext4(1024);
     let (lamina, image) = store_with_sample(&fs);
     let ids = [
-        "disk-0", "disk-1", "disk-2", "disk-3", "disk-4", "memory", "shared", "busy",
+        "disk-0", "disk-1", "disk-2", "disk-3", "disk-4", "memory", "shared-0", "shared-1",
+        "shared-2", "busy",
     ];
     for id in ids {
         let strategy = match id {
             "memory" => "isolated-memory",
-            "shared" => "deferred",
+            _ if id.starts_with("shared") => "deferred",
             _ => "isolated",
         };
         let rootfs = lamina.create_with(&["--strategy", strategy], &image, id);
@@ -323,6 +325,21 @@ fn isolated_containers_are_reaped_together_and_a_busy_one_waits_alone() {
     assert!(lamina_integration::scratch::mounts_under(&lamina.store).is_empty());
     assert_eq!(loop_devices_under(&lamina.store), 0);
     assert_eq!(lamina.run(&["check"]).code, 0);
+}
+
+/// Written files of containers on the store's filesystem are unlinked two containers at
+/// once on ext4 and one at a time on xfs (two walks there wait on one allocation group's
+/// inode buffer) or anything else.
+#[test]
+fn unlinks_go_two_at_once_on_ext4_only() {
+    require_root();
+    let ext4 = ScratchFs::ext4(64);
+    assert_eq!(lamina_sys::unlinks_at_once(ext4.path()), 2);
+    let xfs = ScratchFs::loop_backed(lamina_integration::FsKind::Xfs, 320, false);
+    assert_eq!(lamina_sys::unlinks_at_once(xfs.path()), 1);
+    let tmpfs = ScratchFs::tmpfs();
+    assert_eq!(lamina_sys::unlinks_at_once(tmpfs.path()), 1);
+    assert_eq!(lamina_sys::unlinks_at_once(&ext4.path().join("absent")), 1);
 }
 
 /// How many loop devices have a backing file under `dir`.

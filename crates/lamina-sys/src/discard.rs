@@ -21,6 +21,22 @@ const MAX_DEPTH: usize = 256;
 /// container, so lamina raises its soft fd limit at start ([`crate::raise_open_file_limit`]).
 const MAX_PENDING: usize = 128;
 
+/// `statfs` magic numbers (`<linux/magic.h>`).
+const EXT4: u64 = 0xEF53;
+const XFS: u64 = 0x5846_5342;
+
+/// How many containers' written files are best unlinked at once on the filesystem that
+/// holds `dir`: two on ext4, where two walks took 0.4–0.7× the time of one after the other
+/// on two cores; one anywhere else. On xfs two walks took 2.5× as long, both waiting on
+/// one allocation group's inode buffer (`xfs_iunlink`), and other filesystems are
+/// unmeasured.
+pub fn unlinks_at_once(dir: &Path) -> usize {
+    match rustix::fs::statfs(dir) {
+        Ok(fs) if fs.f_type as u64 == EXT4 => 2,
+        _ => 1,
+    }
+}
+
 /// Unlinks, through `rootfs`, every non-empty regular file found in `upper` (the same
 /// tree, as overlay lays it out). Errors are skipped: the unmount and removal that follow
 /// are what must succeed. Returns how many files were unlinked.
@@ -91,8 +107,6 @@ fn entries(dir: &OwnedFd) -> Vec<(CString, FileType, i64)> {
 /// one writeback each. Anything else at `mount` (the store's own filesystem above all) is
 /// left alone: `false`, and the caller unlinks what was written instead.
 pub fn shut_down_own_fs(mount: &Path, image: &Path) -> bool {
-    const EXT4: u64 = 0xEF53;
-    const XFS: u64 = 0x5846_5342;
     let Some(dir) = open_dir(CWD, mount) else {
         return false;
     };

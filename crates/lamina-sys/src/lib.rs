@@ -48,7 +48,7 @@ mod userns;
 
 pub use api_probe::{MountApiSupport, probe_idmapped_layers, probe_mount_api};
 /// `Errno` is re-exported so callers can match on it without depending on rustix.
-pub use discard::{mount_in_use, shut_down_own_fs, unlink_written};
+pub use discard::{mount_in_use, shut_down_own_fs, unlink_written, unlinks_at_once};
 pub use error::{Errno, MountError};
 pub use limits::raise_open_file_limit;
 
