@@ -143,8 +143,10 @@ fn main() {
             if let Some(socket) = socket {
                 // containerd's collector removes snapshots its metadata does not hold,
                 // such as the direct cycle's: it is run to the end first, while nothing
-                // in containerd's metadata changes during the direct calls.
+                // in containerd's metadata changes during the direct calls. Its Removes
+                // hand lamina's reaper the cycles' containers: those go first too.
                 ctd.collect_garbage(NAMESPACE);
+                wait_for_reaper(&fs.path().join("store").join("trash"));
                 direct_stats.push((
                     snapshotter,
                     size,

@@ -226,3 +226,59 @@ fn check_skips_a_container_whose_rootfs_went_since_the_scan() {
         "{report:?}"
     );
 }
+
+/// The reaper unmounts every container of a pass before it removes any (each unmount
+/// syncs the store's filesystem, which a removal before it would give a journal commit
+/// to wait for); one whose unmount fails busy stays in `trash/`, and the others go.
+#[test]
+fn the_reaper_unmounts_a_whole_pass_before_removing_and_keeps_one_busy_at_unmount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image, fake) = setup_fake(tmp.path());
+    let deferred = common::with("deferred");
+    for id in ["a", "b", "c"] {
+        create(&store, &*fake, &image, id, &deferred).unwrap();
+        assert_eq!(
+            delete(&store, &*fake, id).unwrap(),
+            lamina_mount::Deleted::Deferred
+        );
+    }
+    let trash = store.layout().trash();
+    // Asked at every unmount (and never failing one): how many containers are still in
+    // `trash/` at that moment.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (seen_at, trash_at) = (seen.clone(), trash.clone());
+    fake.fail(
+        Call::Unmount,
+        When::Path(std::sync::Arc::new(move |_| {
+            let left = std::fs::read_dir(&trash_at).unwrap().count();
+            seen_at.lock().unwrap().push(left);
+            false
+        })),
+        Errno::IO,
+    );
+    let trash_b = trash.clone();
+    let b = move |p: &std::path::Path| {
+        p.strip_prefix(&trash_b)
+            .is_ok_and(|rel| rel.to_string_lossy().starts_with("b."))
+    };
+    fake.fail(
+        Call::Unmount,
+        When::Path(std::sync::Arc::new(b)),
+        Errno::BUSY,
+    );
+
+    let reaped = lamina_mount::reap(&store, &*fake).unwrap();
+    assert_eq!((reaped.removed, reaped.failed), (2, 1), "{reaped:?}");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![3; 3],
+        "every unmount came before the first removal"
+    );
+    let left: Vec<String> = std::fs::read_dir(&trash)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.len() == 1 && left[0].starts_with("b."), "{left:?}");
+    assert_eq!(fake.mounted().len(), 1, "b is still mounted");
+}

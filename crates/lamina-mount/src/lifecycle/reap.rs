@@ -291,6 +291,17 @@ fn drain(
                 tracing::warn!(dir = %h.dir.display(), error = %e, "reaper could not discard a container's data");
             }
         });
+        // All unmounted before anything of the pass is removed from the store's
+        // filesystem (their own directories, or an isolated container's image): each
+        // unmount syncs that filesystem, and a removal before it would give it a journal
+        // commit to wait for.
+        let unmounted: Vec<_> = shared
+            .into_iter()
+            .map(|h| {
+                let result = contained(&h.dir, || unmount_in(mounter, &h.dir, &h.mounts));
+                (h, result)
+            })
+            .collect();
         done.extend(at_once(own, OWN_FS_AT_ONCE, |h: Held| {
             let dir = h.dir.clone();
             let result = contained(&dir, || {
@@ -299,16 +310,6 @@ fn drain(
             });
             (dir, result)
         }));
-        // All unmounted before any is removed: each unmount syncs the store's
-        // filesystem, and a removal between two unmounts would give the second a journal
-        // commit of its own to wait for.
-        let unmounted: Vec<_> = shared
-            .into_iter()
-            .map(|h| {
-                let result = contained(&h.dir, || unmount_in(mounter, &h.dir, &h.mounts));
-                (h, result)
-            })
-            .collect();
         for (h, unmounted) in unmounted {
             let dir = h.dir.clone();
             let result =
@@ -366,12 +367,12 @@ fn tear_down_held(store: &Store, mounter: &dyn Mounter, held: Held) -> Result<()
     remove_held(store, mounter, held)
 }
 
-/// [`remove_unmounted`] of a held container; its lock is let go once it is removed.
+/// [`remove_trashed`] of a held container; its lock is let go once it is removed.
 fn remove_held(store: &Store, mounter: &dyn Mounter, held: Held) -> Result<(), RootfsError> {
     let Held {
         dir, record, lock, ..
     } = held;
-    let result = remove_unmounted(store, mounter, &dir, record.as_ref());
+    let result = remove_trashed(store, mounter, &dir, record.as_ref());
     drop(lock);
     result
 }
@@ -523,7 +524,7 @@ fn unmount_in(mounter: &dyn Mounter, dir: &Path, mounts: &[PathBuf]) -> Result<(
 
 /// Removes container directory `dir`, nothing mounted in it any more, and drops the
 /// shared-mount lease its record (`container`) names.
-fn remove_unmounted(
+fn remove_trashed(
     store: &Store,
     mounter: &dyn Mounter,
     dir: &Path,

@@ -75,7 +75,7 @@ pub struct Flavour {
 pub enum Teardown {
     /// Unmount and remove before `delete` returns (GrootFS's way).
     Inline,
-    /// One rename into `trash/`; the reaper unmounts and removes, one at a time (S1).
+    /// One rename into `trash/`; the reaper discards, unmounts and removes later (S1).
     Deferred,
 }
 

@@ -14,7 +14,7 @@ pub struct Strategies {
     /// `volatile`: no sync of the upper filesystem at unmount (stall S1); the container's
     /// writes do not survive a crash, which an ephemeral container never needs.
     pub volatile: bool,
-    /// `delete` only renames the container away; a reaper unmounts, one at a time, after
+    /// `delete` only renames the container away; a reaper unmounts it later, after
     /// discarding the data it would otherwise write back (stall S1).
     pub deferred: bool,
     /// Claim a pre-mounted overlay from the image's pool, no mount syscall (stall S2).
