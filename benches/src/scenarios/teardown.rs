@@ -30,7 +30,7 @@ const STRATEGIES: &[&str] = &[
 /// What the kernel alone takes for each kind of teardown, measured in the same run as
 /// the strategies above it: the floor a strategy's time until no trace stands on.
 type Floor = fn(&Rig, Load, usize, usize) -> Duration;
-const FLOORS: [(&str, Floor); 3] = [
+const FLOORS: [(&str, Floor); 5] = [
     (
         "files unlinked alone, one container after another",
         |rig, load, n, round| unlink_floor(rig, load, n, round, false),
@@ -38,6 +38,14 @@ const FLOORS: [(&str, Floor); 3] = [
     (
         "files unlinked alone, all at once",
         |rig, load, n, round| unlink_floor(rig, load, n, round, true),
+    ),
+    (
+        "files unlinked through overlays alone, one after another",
+        |rig, load, n, round| overlay_unlink_floor(rig, load, n, round, false),
+    ),
+    (
+        "files unlinked through overlays alone, all at once",
+        |rig, load, n, round| overlay_unlink_floor(rig, load, n, round, true),
     ),
     ("own filesystems alone, all at once", own_fs_floor),
 ];
@@ -83,6 +91,17 @@ impl Load {
                 for i in 0..n {
                     fs::write(dir.join(format!("f{i}")), &data).unwrap();
                 }
+            }
+        }
+    }
+
+    /// The files [`Load::write`] writes under `rootfs`.
+    fn files(self, rootfs: &Path) -> Vec<std::path::PathBuf> {
+        match self {
+            Load::OneFile(_) => vec![rootfs.join("data.bin")],
+            Load::SmallFiles(n) => {
+                let dir = rootfs.join("small");
+                (0..n).map(|i| dir.join(format!("f{i}"))).collect()
             }
         }
     }
@@ -306,6 +325,100 @@ fn unlink_floor(rig: &Rig, load: Load, n: usize, round: usize, at_once: bool) ->
     let wall = start.elapsed();
     fs::remove_dir_all(&dir).unwrap();
     wall
+}
+
+/// The kernel's floor under `deferred` itself: `load` written through `n` plain overlays
+/// (an empty lower; upper and work directories on the store's filesystem, as a
+/// container's) and left dirty; then each file unlinked through its overlay by the name
+/// it was written under, with no directory read (a thread per overlay, or one overlay
+/// after another), and only then each overlay unmounted (a sync of the store's
+/// filesystem each) and its directories removed — nothing of lamina's. A delete whose
+/// container's upper is on the shared filesystem, and that leaves nothing written back,
+/// does at least this.
+fn overlay_unlink_floor(rig: &Rig, load: Load, n: usize, round: usize, at_once: bool) -> Duration {
+    rustix::fs::sync();
+    let dir = rig.scratch(&format!("overlay-floor-{round}"));
+    let lower = dir.join("lower");
+    fs::create_dir(&lower).unwrap();
+    let overlays: Vec<Overlay> = (0..n)
+        .map(|i| Overlay::mount(&dir.join(i.to_string()), &lower))
+        .collect();
+    for overlay in &overlays {
+        load.write(&overlay.merged);
+    }
+    let unlink = |overlay: &Overlay| {
+        for file in load.files(&overlay.merged) {
+            fs::remove_file(file).unwrap();
+        }
+    };
+    let start = Instant::now();
+    if at_once {
+        std::thread::scope(|s| {
+            for overlay in &overlays {
+                s.spawn(move || unlink(overlay));
+            }
+        });
+    } else {
+        overlays.iter().for_each(unlink);
+    }
+    for overlay in overlays {
+        overlay.unmount_and_remove();
+    }
+    let wall = start.elapsed();
+    fs::remove_dir_all(&dir).unwrap();
+    wall
+}
+
+/// A plain read-write overlay in `dir` (`upper`, `work`, `merged`), unmounted on drop if
+/// a panic comes first.
+struct Overlay {
+    dir: std::path::PathBuf,
+    merged: std::path::PathBuf,
+    mounted: bool,
+}
+
+impl Overlay {
+    fn mount(dir: &Path, lower: &Path) -> Overlay {
+        let [upper, work, merged] = ["upper", "work", "merged"].map(|d| dir.join(d));
+        for d in [&upper, &work, &merged] {
+            fs::create_dir_all(d).unwrap();
+        }
+        let data = std::ffi::CString::new(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        ))
+        .unwrap();
+        rustix::mount::mount(
+            "overlay",
+            &merged,
+            "overlay",
+            rustix::mount::MountFlags::empty(),
+            data.as_c_str(),
+        )
+        .unwrap();
+        Overlay {
+            dir: dir.to_path_buf(),
+            merged,
+            mounted: true,
+        }
+    }
+
+    /// Unmounts (the sync a container's unmount makes) and removes its directories.
+    fn unmount_and_remove(mut self) {
+        rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::empty()).unwrap();
+        self.mounted = false;
+        fs::remove_dir_all(&self.dir).unwrap();
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
 }
 
 /// One round: `n` containers write `load`, then all are deleted (in parallel or one by
