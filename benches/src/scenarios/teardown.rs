@@ -331,16 +331,16 @@ fn unlink_floor(rig: &Rig, load: Load, n: usize, round: usize, at_once: bool) ->
 /// (an empty lower; upper and work directories on the store's filesystem, as a
 /// container's) and left dirty; then each file unlinked through its overlay by the name
 /// it was written under, with no directory read (a thread per overlay, or one overlay
-/// after another), and only then each overlay unmounted (a sync of the store's
-/// filesystem each) and its directories removed — nothing of lamina's. A delete whose
+/// after another), and only then every overlay unmounted (a sync of the store's
+/// filesystem each) before any directory is removed — nothing of lamina's. A delete whose
 /// container's upper is on the shared filesystem, and that leaves nothing written back,
 /// does at least this.
 fn overlay_unlink_floor(rig: &Rig, load: Load, n: usize, round: usize, at_once: bool) -> Duration {
     rustix::fs::sync();
     let dir = rig.scratch(&format!("overlay-floor-{round}"));
     let lower = dir.join("lower");
-    fs::create_dir(&lower).unwrap();
-    let overlays: Vec<Overlay> = (0..n)
+    fs::create_dir_all(&lower).unwrap();
+    let mut overlays: Vec<Overlay> = (0..n)
         .map(|i| Overlay::mount(&dir.join(i.to_string()), &lower))
         .collect();
     for overlay in &overlays {
@@ -361,8 +361,11 @@ fn overlay_unlink_floor(rig: &Rig, load: Load, n: usize, round: usize, at_once: 
     } else {
         overlays.iter().for_each(unlink);
     }
-    for overlay in overlays {
-        overlay.unmount_and_remove();
+    for overlay in &mut overlays {
+        overlay.unmount();
+    }
+    for overlay in &overlays {
+        fs::remove_dir_all(&overlay.dir).unwrap();
     }
     let wall = start.elapsed();
     fs::remove_dir_all(&dir).unwrap();
@@ -405,11 +408,10 @@ impl Overlay {
         }
     }
 
-    /// Unmounts (the sync a container's unmount makes) and removes its directories.
-    fn unmount_and_remove(mut self) {
+    /// Unmounts it: the sync of the upper filesystem a container's unmount makes.
+    fn unmount(&mut self) {
         rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::empty()).unwrap();
         self.mounted = false;
-        fs::remove_dir_all(&self.dir).unwrap();
     }
 }
 

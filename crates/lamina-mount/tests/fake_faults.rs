@@ -227,16 +227,21 @@ fn check_skips_a_container_whose_rootfs_went_since_the_scan() {
     );
 }
 
-/// The reaper unmounts every container of a pass before it removes any (each unmount
-/// syncs the store's filesystem, which a removal before it would give a journal commit
-/// to wait for); one whose unmount fails busy stays in `trash/`, and the others go.
+/// The reaper unmounts every container of a pass on the store's filesystem before it
+/// removes anything there — their directories, or an isolated container's (each unmount
+/// syncs that filesystem, which a removal before it would give a journal commit to wait
+/// for); one whose unmount fails busy stays in `trash/`, and the others go.
 #[test]
 fn the_reaper_unmounts_a_whole_pass_before_removing_and_keeps_one_busy_at_unmount() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, image, fake) = setup_fake(tmp.path());
-    let deferred = common::with("deferred");
-    for id in ["a", "b", "c"] {
-        create(&store, &*fake, &image, id, &deferred).unwrap();
+    for (id, strategy) in [
+        ("a", "deferred"),
+        ("b", "deferred"),
+        ("c", "deferred"),
+        ("d", "isolated"),
+    ] {
+        create(&store, &*fake, &image, id, &common::with(strategy)).unwrap();
         assert_eq!(
             delete(&store, &*fake, id).unwrap(),
             lamina_mount::Deleted::Deferred
@@ -268,11 +273,13 @@ fn the_reaper_unmounts_a_whole_pass_before_removing_and_keeps_one_busy_at_unmoun
     );
 
     let reaped = lamina_mount::reap(&store, &*fake).unwrap();
-    assert_eq!((reaped.removed, reaped.failed), (2, 1), "{reaped:?}");
+    assert_eq!((reaped.removed, reaped.failed), (3, 1), "{reaped:?}");
     let seen = seen.lock().unwrap().clone();
+    // a, b and c's rootfs, then d's rootfs and own upper filesystem: all before the
+    // first removal.
     assert_eq!(
         seen,
-        vec![3; 3],
+        vec![4; 5],
         "every unmount came before the first removal"
     );
     let left: Vec<String> = std::fs::read_dir(&trash)
