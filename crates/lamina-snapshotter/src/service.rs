@@ -333,7 +333,11 @@ mod blocking_tests {
         assert_eq!(ran_on, caller);
         let panicked = blocking(|| -> u8 { panic!("boom") }).await.unwrap_err();
         assert_eq!(panicked, "panicked: boom");
-        assert_eq!(blocking(|| 7).await, Ok(7), "the worker goes on after a panic");
+        assert_eq!(
+            blocking(|| 7).await,
+            Ok(7),
+            "the worker goes on after a panic"
+        );
     }
 
     /// A current-thread runtime (which `block_in_place` refuses) uses the blocking pool.
