@@ -286,11 +286,7 @@ fn own_fs_floor(rig: &Rig, load: Load, n: usize, round: usize) -> Duration {
         fs::remove_file(image).unwrap();
     };
     let start = Instant::now();
-    std::thread::scope(|s| {
-        for one in &own {
-            s.spawn(move || tear_down(one));
-        }
-    });
+    each(&own, true, tear_down);
     let wall = start.elapsed();
     fs::remove_dir_all(&dir).unwrap();
     wall
@@ -313,15 +309,7 @@ fn unlink_floor(rig: &Rig, load: Load, n: usize, round: usize, at_once: bool) ->
         })
         .collect();
     let start = Instant::now();
-    if at_once {
-        std::thread::scope(|s| {
-            for one in &dirs {
-                s.spawn(move || fs::remove_dir_all(one).unwrap());
-            }
-        });
-    } else {
-        dirs.iter().for_each(|one| fs::remove_dir_all(one).unwrap());
-    }
+    each(&dirs, at_once, |one| fs::remove_dir_all(one).unwrap());
     let wall = start.elapsed();
     fs::remove_dir_all(&dir).unwrap();
     wall
@@ -341,26 +329,17 @@ fn overlay_unlink_floor(rig: &Rig, load: Load, n: usize, round: usize, at_once: 
     let lower = dir.join("lower");
     fs::create_dir_all(&lower).unwrap();
     let mut overlays: Vec<Overlay> = (0..n)
-        .map(|i| Overlay::mount(&dir.join(i.to_string()), &lower))
+        .map(|i| Overlay::mount(rig, &dir.join(i.to_string()), &lower))
         .collect();
     for overlay in &overlays {
         load.write(&overlay.merged);
     }
-    let unlink = |overlay: &Overlay| {
+    let start = Instant::now();
+    each(&overlays, at_once, |overlay| {
         for file in load.files(&overlay.merged) {
             fs::remove_file(file).unwrap();
         }
-    };
-    let start = Instant::now();
-    if at_once {
-        std::thread::scope(|s| {
-            for overlay in &overlays {
-                s.spawn(move || unlink(overlay));
-            }
-        });
-    } else {
-        overlays.iter().for_each(unlink);
-    }
+    });
     for overlay in &mut overlays {
         overlay.unmount();
     }
@@ -372,36 +351,44 @@ fn overlay_unlink_floor(rig: &Rig, load: Load, n: usize, round: usize, at_once: 
     wall
 }
 
-/// A plain read-write overlay in `dir` (`upper`, `work`, `merged`), unmounted on drop if
-/// a panic comes first.
-struct Overlay {
+/// Runs `work` on every item: a thread each (`at_once`), or one after another.
+fn each<T: Sync>(items: &[T], at_once: bool, work: impl Fn(&T) + Sync) {
+    if at_once {
+        std::thread::scope(|s| {
+            for item in items {
+                s.spawn(|| work(item));
+            }
+        });
+    } else {
+        items.iter().for_each(work);
+    }
+}
+
+/// A plain read-write overlay in `dir` (`upper`, `work`, `merged`), mounted with the
+/// rig's mounter, unmounted on drop if a panic comes first.
+struct Overlay<'a> {
+    rig: &'a Rig,
     dir: std::path::PathBuf,
     merged: std::path::PathBuf,
     mounted: bool,
 }
 
-impl Overlay {
-    fn mount(dir: &Path, lower: &Path) -> Overlay {
+impl<'a> Overlay<'a> {
+    fn mount(rig: &'a Rig, dir: &Path, lower: &Path) -> Overlay<'a> {
+        use lamina_sys::{Mounter, OverlaySpec};
         let [upper, work, merged] = ["upper", "work", "merged"].map(|d| dir.join(d));
         for d in [&upper, &work, &merged] {
             fs::create_dir_all(d).unwrap();
         }
-        let data = std::ffi::CString::new(format!(
-            "lowerdir={},upperdir={},workdir={}",
-            lower.display(),
-            upper.display(),
-            work.display()
-        ))
-        .unwrap();
-        rustix::mount::mount(
-            "overlay",
-            &merged,
-            "overlay",
-            rustix::mount::MountFlags::empty(),
-            data.as_c_str(),
-        )
-        .unwrap();
+        let spec = OverlaySpec {
+            lowers: vec![lower.to_path_buf()],
+            upper: Some(upper),
+            work: Some(work),
+            ..OverlaySpec::default()
+        };
+        rig.mounter.mount_overlay(&spec, &merged).unwrap();
         Overlay {
+            rig,
             dir: dir.to_path_buf(),
             merged,
             mounted: true,
@@ -410,15 +397,17 @@ impl Overlay {
 
     /// Unmounts it: the sync of the upper filesystem a container's unmount makes.
     fn unmount(&mut self) {
-        rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::empty()).unwrap();
+        use lamina_sys::Mounter;
+        self.rig.mounter.unmount(&self.merged).unwrap();
         self.mounted = false;
     }
 }
 
-impl Drop for Overlay {
+impl Drop for Overlay<'_> {
     fn drop(&mut self) {
         if self.mounted {
-            let _ = rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::DETACH);
+            use lamina_sys::Mounter;
+            let _ = self.rig.mounter.unmount(&self.merged);
         }
     }
 }
