@@ -260,22 +260,18 @@ fn drain(
         tried_any = true;
         // One still in use is left untouched, not walked or shut down: its unmount
         // would fail busy anyway, and a reaper may come by every second.
-        let (busy, held): (Vec<Held>, Vec<Held>) =
-            held.into_iter().partition(|h| h.rootfs == RootfsUse::Busy);
-        let mut done: Vec<_> = busy
-            .into_iter()
-            .map(|h| {
-                let rootfs = h.record.map(|c| c.dirs_in(h.dir.clone()).rootfs);
-                let why = format!(
-                    "a process is still in its rootfs ({})",
-                    rootfs.unwrap_or_default().display()
-                );
-                (h.dir, Err(RootfsError::Refused(why)))
-            })
-            .collect();
-        let (own, shared): (Vec<Held>, Vec<Held>) = held
-            .into_iter()
-            .partition(|h| on_own_upper_fs(h.record.as_ref()));
+        let mut done = Vec::new();
+        let (mut own, mut shared) = (Vec::new(), Vec::new());
+        for h in held {
+            match &h.rootfs {
+                RootfsUse::Busy(rootfs) => {
+                    let why = format!("a process is still in its rootfs ({})", rootfs.display());
+                    done.push((h.dir, Err(RootfsError::Refused(why))));
+                }
+                _ if on_own_upper_fs(h.record.as_ref()) => own.push(h),
+                _ => shared.push(h),
+            }
+        }
         // Discard the written data of every pending container on the store's filesystem
         // before the first unmount there: each unmount syncs that whole filesystem, so
         // one container's unmount would otherwise write back the data of every container
@@ -378,10 +374,11 @@ fn remove_held(store: &Store, mounter: &dyn Mounter, held: Held) -> Result<(), R
 }
 
 /// What the reaper knows of a trashed container's rootfs mount, asked once per try.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum RootfsUse {
-    /// A process is in it: the container is left untouched this time.
-    Busy,
+    /// A process is in the rootfs mounted here: the container is left untouched this
+    /// time.
+    Busy(PathBuf),
     /// Nobody is in it (in lamina's mount namespace): its own upper filesystem may be
     /// shut down.
     Idle,
@@ -458,7 +455,7 @@ fn rootfs_use(
         return RootfsUse::NotAsked;
     }
     match mounter.in_use(&rootfs) {
-        true => RootfsUse::Busy,
+        true => RootfsUse::Busy(rootfs),
         false => RootfsUse::Idle,
     }
 }
