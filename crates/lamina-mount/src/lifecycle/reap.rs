@@ -3,8 +3,8 @@
 //! upper filesystem down), so their dirty pages are dropped instead of written back.
 //! Containers whose uppers share the store's filesystem are unmounted one at a time per
 //! store, so they never queue on that filesystem's sync, and their files are unlinked as
-//! many at once as its locks allow (two on ext4, one on xfs); those with an upper
-//! filesystem of their own have no shared sync to queue on and go a few at once.
+//! many at once as its locks allow (two on ext4 given two CPUs, else one); those with an
+//! upper filesystem of their own have no shared sync to queue on and go a few at once.
 //!
 //! One reaper runs per store (the `reaper` lock, which `check`, `clean` and
 //! `delete-store` take too). While it holds that lock a reaper also holds `reaping`, which
