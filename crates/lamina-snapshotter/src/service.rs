@@ -1,5 +1,5 @@
-//! containerd's `Snapshots` gRPC service over [`Snapshotter`]. Each call's work is file
-//! system and mount syscalls, run as blocking work ([`blocking`]); the store's snapshot
+//! containerd's `Snapshots` gRPC service over [`Snapshotter`]. Each call runs on tokio's
+//! blocking pool: the work is file system and mount syscalls, and the store's snapshot
 //! lock serialises what must be serial.
 
 use std::collections::{BTreeMap, HashMap};
@@ -39,9 +39,9 @@ impl Service {
         F: FnOnce(&Snapshotter) -> Result<T, SnapshotError> + Send + 'static,
     {
         let snapshotter = self.snapshotter.clone();
-        let result = blocking(move || work(&snapshotter))
+        let result = tokio::task::spawn_blocking(move || work(&snapshotter))
             .await
-            .map_err(|why| Status::internal(format!("{call}: {why}")))?;
+            .map_err(|e| Status::internal(format!("{call}: {e}")))?;
         result.map_err(|e| {
             match &e {
                 SnapshotError::NotFound(_) | SnapshotError::AlreadyExists(_) => {
@@ -51,33 +51,6 @@ impl Service {
             }
             Status::from(e)
         })
-    }
-}
-
-/// Runs a call's blocking work. On a multi-threaded runtime (the daemon's) it runs on the
-/// worker that took the call, which hands its other tasks to another thread first
-/// (`block_in_place`): a hop to the blocking pool and back cost 30–50 µs a call through
-/// containerd, where Go's proxy pays none (docs/benchmarks.md, containerd). Elsewhere it
-/// goes to the blocking pool. Either way a panic is this call's error, never its
-/// connection's.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, String> {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
-        tokio::task::block_in_place(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)))
-            .map_err(|panic| {
-                let why = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                format!("panicked: {why}")
-            })
-    } else {
-        tokio::task::spawn_blocking(work)
-            .await
-            .map_err(|e| e.to_string())
     }
 }
 
@@ -318,34 +291,5 @@ mod list_tests {
                 chunk.encoded_len()
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod blocking_tests {
-    use super::blocking;
-
-    /// The daemon's runtime: the work runs on the worker that took the call.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn on_a_multi_threaded_runtime_work_runs_on_the_calling_worker() {
-        let caller = std::thread::current().id();
-        let ran_on = blocking(|| std::thread::current().id()).await.unwrap();
-        assert_eq!(ran_on, caller);
-        let panicked = blocking(|| -> u8 { panic!("boom") }).await.unwrap_err();
-        assert_eq!(panicked, "panicked: boom");
-        assert_eq!(
-            blocking(|| 7).await,
-            Ok(7),
-            "the worker goes on after a panic"
-        );
-    }
-
-    /// A current-thread runtime (which `block_in_place` refuses) uses the blocking pool.
-    #[tokio::test(flavor = "current_thread")]
-    async fn on_a_current_thread_runtime_work_goes_to_the_blocking_pool() {
-        let caller = std::thread::current().id();
-        let ran_on = blocking(|| std::thread::current().id()).await.unwrap();
-        assert_ne!(ran_on, caller);
-        assert!(blocking(|| -> u8 { panic!("boom") }).await.is_err());
     }
 }
