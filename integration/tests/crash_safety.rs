@@ -1,6 +1,6 @@
 //! SIGKILL at random moments: 100 runs, each killing one lamina process (an import, a
-//! create, a delete, a clean or a pool fill) after a random delay within that operation's
-//! measured duration. After each kill, `lamina clean` (recovery only: the threshold is
+//! create, a delete, a clean or a pool fill) after a random delay below the median of that
+//! operation's uninterrupted durations (measured first, then every run that beat its kill). After each kill, `lamina clean` (recovery only: the threshold is
 //! never reached) must finish or undo what the dead process left, `check` must find the
 //! store consistent, a container the killed process reported must be whole (and one it
 //! reported deleted must be gone), and a fresh create must give the complete image.
@@ -85,10 +85,10 @@ impl Crash<'_> {
         }
     }
 
-    /// How long `op` takes uninterrupted here (the fastest of three; the first of a kind
-    /// also probes and warms caches): the range the kill delay is drawn from.
-    fn measure(&self, op: Op) -> Duration {
-        let mut took: Vec<Duration> = (0..3)
+    /// How long `op` takes uninterrupted here, three times over (the first of a kind also
+    /// probes and warms caches): the first samples of the range kill delays are drawn from.
+    fn measure(&self, op: Op) -> Vec<Duration> {
+        (0..3)
             .map(|i| {
                 let args = self.prepare(op, 9990 + i);
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -98,11 +98,7 @@ impl Crash<'_> {
                 self.recover_and_reset();
                 took
             })
-            .collect();
-        // On a loaded machine a slow sample would stretch the budget past what most runs
-        // take, and too few kills would land inside the operation.
-        took.sort();
-        took[0]
+            .collect()
     }
 
     fn remove_all(&self) {
@@ -178,7 +174,7 @@ fn sigkill_at_random_points_loses_nothing_and_leaks_nothing() {
         image,
         busybox_len,
     };
-    let durations: Vec<Duration> = OPS.iter().map(|op| crash.measure(*op)).collect();
+    let mut durations: Vec<Vec<Duration>> = OPS.iter().map(|op| crash.measure(*op)).collect();
     eprintln!("uninterrupted durations: {durations:?}");
 
     // Seeded: the same delays on every run, so a failure reproduces.
@@ -188,14 +184,13 @@ fn sigkill_at_random_points_loses_nothing_and_leaks_nothing() {
         let op = OPS[run % OPS.len()];
         let args = crash.prepare(op, run);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let budget = durations[run % OPS.len()].as_micros() as u64;
-        let delay = Duration::from_micros(rng.below(budget));
-        let mut child = crash.spawn(&args);
-        std::thread::sleep(delay);
-        let _ = child.kill(); // SIGKILL; it may have finished already
-        let out = child.wait_with_output().unwrap();
-        if out.status.signal() == Some(9) {
-            killed[run % OPS.len()] += 1;
+        let seen = &mut durations[run % OPS.len()];
+        let delay = Duration::from_micros(rng.below(median(seen).as_micros() as u64));
+        let child = crash.spawn(&args);
+        let (out, finished_in) = kill_after(child, delay);
+        match finished_in {
+            Some(took) => seen.push(took),
+            None => killed[run % OPS.len()] += 1,
         }
         let printed = String::from_utf8_lossy(&out.stdout).into_owned();
         crash.assert_recovered(op, run, &printed);
@@ -204,8 +199,9 @@ fn sigkill_at_random_points_loses_nothing_and_leaks_nothing() {
         }
     }
     // The delays must land inside the operations, or this test proves nothing.
+    let medians: Vec<Duration> = durations.iter().map(|seen| median(seen)).collect();
     eprintln!(
-        "killed mid-operation, per {OPS:?}: {killed:?} of {} each",
+        "killed mid-operation, per {OPS:?}: {killed:?} of {} each; final medians {medians:?}",
         RUNS / OPS.len()
     );
     for (op, n) in OPS.iter().zip(killed) {
@@ -218,4 +214,42 @@ fn sigkill_at_random_points_loses_nothing_and_leaks_nothing() {
     lamina.run(&["clean", "--threshold-bytes", "0"]).ok();
     assert!(mounts_under(&lamina.store).is_empty());
     assert_eq!(lamina.entries("layers"), 0);
+}
+
+/// The middle of what a kind of operation took uninterrupted, in the measuring runs and in
+/// every run that finished before its kill. Drawing delays below it lands at least half of
+/// them inside the operation however the load of the machine or the state the runs leave
+/// moves its duration away from the first measurement.
+fn median(seen: &[Duration]) -> Duration {
+    let mut sorted = seen.to_vec();
+    sorted.sort();
+    sorted[sorted.len() / 2]
+}
+
+/// SIGKILLs `child` once `delay` has passed, unless it exits first. Returns its output and,
+/// when it finished on its own, how long it ran (to within the poll interval).
+fn kill_after(mut child: Child, delay: Duration) -> (std::process::Output, Option<Duration>) {
+    const POLL: Duration = Duration::from_micros(100);
+    let started = Instant::now();
+    let finished_in = loop {
+        if child.try_wait().unwrap().is_some() {
+            break Some(started.elapsed());
+        }
+        let elapsed = started.elapsed();
+        if elapsed >= delay {
+            let _ = child.kill(); // it may have exited since the poll
+            break None;
+        }
+        std::thread::sleep(POLL.min(delay - elapsed));
+    };
+    let out = child.wait_with_output().unwrap();
+    let was_killed = out.status.signal() == Some(9);
+    (
+        out,
+        if was_killed {
+            None
+        } else {
+            finished_in.or(Some(delay))
+        },
+    )
 }
