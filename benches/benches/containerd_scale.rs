@@ -10,7 +10,7 @@
 //!   answer as the shim does, unmount, Remove — with 10, 1000 and 5000 committed
 //!   snapshots in the snapshotter, once lamina's reaper has removed what the fill's
 //!   commits left it; lamina's also with its snapshots marked ephemeral (a volatile
-//!   upper), alternated with its default cycle;
+//!   upper); every snapshotter's cycles alternate, one of each in turn;
 //! - the resident memory of the process serving each (containerd itself for overlayfs,
 //!   the proxy's own process for the others) with 5000 committed;
 //! - `ctr images import` of a 100-layer image into each, its content already in
@@ -33,6 +33,16 @@ use lamina_integration::{ScratchFs, require_root};
 use rustix::mount::UnmountFlags;
 
 const NAMESPACE: &str = "scale";
+
+/// One snapshotter under test, through containerd: its top layer of the sample image, and
+/// the committed layers it was filled with so far and the time they took.
+struct Subject<'a> {
+    name: &'a str,
+    api: Api,
+    parent: String,
+    committed: usize,
+    committing: Duration,
+}
 
 /// Sizes of one run: committed snapshots to measure the cycle at, cycles per size, and
 /// the layers of the deep image imported last.
@@ -59,15 +69,7 @@ fn main() {
         }
     };
     let fs = ScratchFs::ext4(4096);
-    // The same-hop baseline needs a Go build and containerd's module: full runs only,
-    // so that `cargo test` needs neither.
-    let (daemon, proxy, ctd) = if full {
-        let bin_dir = std::env::current_exe().unwrap();
-        containerd_rig::start_with_overlay_proxy(&fs, NAMESPACE, bin_dir.parent().unwrap())
-    } else {
-        let (daemon, ctd) = containerd_rig::start(&fs, NAMESPACE);
-        (daemon, None, ctd)
-    };
+    let (daemon, proxy, ctd) = containerd_rig::start_for_run(full, &fs, NAMESPACE);
     // lamina last: the containerd metadata its calls go through already holds the
     // others' snapshots, not the reverse.
     let snapshotters: Vec<&str> = match proxy {
@@ -77,91 +79,124 @@ fn main() {
     let target = fs.path().join("rootfs");
     std::fs::create_dir(&target).unwrap();
 
+    let mut subjects: Vec<Subject> = snapshotters
+        .iter()
+        .map(|&name| {
+            let api = Api::via_containerd(&ctd.socket, name, NAMESPACE);
+            let parent = top_layer(&api);
+            Subject {
+                name,
+                api,
+                parent,
+                committed: 0,
+                committing: Duration::ZERO,
+            }
+        })
+        .collect();
+    // Each cycle variant: who it is reported as, the snapshotter it runs on, its labels.
+    // lamina's cycle is also measured as an operator gets it who marks containers
+    // ephemeral (a volatile upper: no sync at unmount, writes lost on a crash).
+    let variants: Vec<(&str, usize, Labels)> = subjects
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| match s.name {
+            "lamina" => vec![("lamina", i, gc_root()), (LAMINA_EPHEMERAL, i, ephemeral())],
+            name => vec![(name, i, gc_root())],
+        })
+        .collect();
+    let trash = fs.path().join("store").join("trash");
+
     let mut cycles = Vec::new();
     let mut commits = Vec::new();
-    let mut memory = Vec::new();
     let mut breakdown = Vec::new();
     let mut direct_stats = Vec::new();
-    for &snapshotter in &snapshotters {
-        let api = Api::via_containerd(&ctd.socket, snapshotter, NAMESPACE);
-        let parent = top_layer(&api);
-        let mut committed = 0;
-        let mut committing = Duration::ZERO;
-        for &size in &sizes.committed {
-            while committed < size {
-                committing += commit_empty_layer(&api, committed);
-                committed += 1;
+    for &size in &sizes.committed {
+        for s in &mut subjects {
+            while s.committed < size {
+                s.committing += commit_empty_layer(&s.api, s.committed);
+                s.committed += 1;
             }
-            eprintln!("{snapshotter}: {committed} committed in {committing:?}");
-            commits.push((snapshotter, size, committing));
-            // A lamina commit leaves the active snapshot's container to the daemon's
-            // reaper (deferred delete): the cycles are measured once it has caught up,
-            // not while it works through the fill's backlog beside them.
-            wait_for_reaper(&fs.path().join("store").join("trash"));
-            // lamina's cycle is also measured as an operator gets it who marks containers
-            // ephemeral (a volatile upper: no sync at unmount, writes lost on a crash),
-            // alternated with the default one so that both see the same host.
-            let variants: &[(&str, Labels)] = if snapshotter == "lamina" {
-                &[("lamina", gc_root()), (LAMINA_EPHEMERAL, ephemeral())]
-            } else {
-                &[(snapshotter, gc_root())]
-            };
-            let mut samples = vec![Vec::new(); variants.len()];
-            let mut steps: Vec<[Vec<Duration>; STEPS.len()]> =
-                vec![Default::default(); variants.len()];
-            for i in 0..sizes.cycles {
-                for (v, (_, labels)) in variants.iter().enumerate() {
-                    let key = format!("cycle-{size}-{i}-{v}");
-                    let (total, each) = cycle(&api, &parent, &key, &target, labels);
-                    samples[v].push(total);
-                    for (step, took) in steps[v].iter_mut().zip(each) {
-                        step.push(took);
-                    }
+            eprintln!(
+                "{}: {} committed in {:?}",
+                s.name, s.committed, s.committing
+            );
+            commits.push((s.name, size, s.committing));
+        }
+        // A lamina commit leaves the active snapshot's container to the daemon's reaper
+        // (deferred delete): the cycles are measured once it has caught up, not while it
+        // works through the fill's backlog beside them.
+        wait_for_reaper(&trash);
+        // Every variant's cycles alternate, the first of each round moving on by one, so
+        // all see the same host and none always follows the same neighbour's cycle (an
+        // unmount's sync also commits what the cycle before it left unsynced).
+        let mut samples = vec![Vec::new(); variants.len()];
+        let mut steps: Vec<[Vec<Duration>; STEPS.len()]> = vec![Default::default(); variants.len()];
+        for i in 0..sizes.cycles {
+            for turn in 0..variants.len() {
+                let v = (i + turn) % variants.len();
+                let (_, subject, labels) = &variants[v];
+                let subject = &subjects[*subject];
+                let key = format!("cycle-{size}-{i}-{v}");
+                let (total, each) = cycle(&subject.api, &subject.parent, &key, &target, labels);
+                samples[v].push(total);
+                for (step, took) in steps[v].iter_mut().zip(each) {
+                    step.push(took);
                 }
             }
-            for ((who, _), (mut samples, steps)) in
-                variants.iter().zip(samples.into_iter().zip(steps))
-            {
-                samples.sort();
-                cycles.push((*who, size, samples));
-                breakdown.push((
-                    *who,
-                    size,
-                    steps.map(|mut s| {
-                        s.sort();
-                        nearest_rank(&s, 0.5)
-                    }),
-                ));
-            }
-            // The same row read straight from the proxy's socket, containerd left out:
-            // what the snapshotter's own call costs as its store grows.
-            let socket = match (snapshotter, &proxy) {
-                ("lamina", _) => Some(daemon.socket.clone()),
-                (OVERLAY_PROXY, Some(proxy)) => Some(proxy.socket.clone()),
-                _ => None,
-            };
-            if let Some(socket) = socket {
-                // containerd's collector removes snapshots its metadata does not hold,
-                // such as the direct cycle's: it is run to the end first, while nothing
-                // in containerd's metadata changes during the direct calls. Its Removes
-                // hand lamina's reaper the cycles' containers: those go first too.
-                ctd.collect_garbage(NAMESPACE);
-                wait_for_reaper(&fs.path().join("store").join("trash"));
-                direct_stats.push((
-                    snapshotter,
-                    size,
-                    direct_stat_p50(&socket, sizes.cycles),
-                    direct_cycle_p50(&socket, &parent, &target, size, sizes.cycles),
-                ));
-            }
         }
-        let pid = match (snapshotter, &proxy) {
-            ("lamina", _) => daemon.pid().unwrap(),
-            (OVERLAY_PROXY, Some(proxy)) => proxy.pid(),
-            _ => ctd.pid(),
-        };
-        memory.push((snapshotter, committed, resident_kib(pid)));
+        for ((who, _, _), (mut samples, steps)) in
+            variants.iter().zip(samples.into_iter().zip(steps))
+        {
+            samples.sort();
+            cycles.push((*who, size, samples));
+            breakdown.push((
+                *who,
+                size,
+                steps.map(|mut s| {
+                    s.sort();
+                    nearest_rank(&s, 0.5)
+                }),
+            ));
+        }
+        // The same cycle straight on each proxy's socket, containerd left out: what the
+        // snapshotter's own call costs as its store grows. containerd's collector removes
+        // snapshots its metadata does not hold, such as the direct cycles': it is run to
+        // the end first, while nothing in containerd's metadata changes during the direct
+        // calls. Its Removes hand lamina's reaper the cycles' containers: those go first
+        // too.
+        ctd.collect_garbage(NAMESPACE);
+        wait_for_reaper(&trash);
+        for s in &subjects {
+            let socket = match (s.name, &proxy) {
+                ("lamina", _) => daemon.socket.clone(),
+                (OVERLAY_PROXY, Some(proxy)) => proxy.socket.clone(),
+                _ => continue,
+            };
+            direct_stats.push((
+                s.name,
+                size,
+                direct_stat_p50(&socket, sizes.cycles),
+                direct_cycle_p50(&socket, &s.parent, &target, size, sizes.cycles),
+            ));
+        }
     }
+    let memory: Vec<(&str, usize, u64)> = subjects
+        .iter()
+        .map(|s| {
+            let pid = match (s.name, &proxy) {
+                ("lamina", _) => daemon.pid().unwrap(),
+                (OVERLAY_PROXY, Some(proxy)) => proxy.pid(),
+                _ => ctd.pid(),
+            };
+            (s.name, s.committed, resident_kib(pid))
+        })
+        .collect();
+    // Tables list each snapshotter's rows together, in the order measured.
+    let rank = |who: &str| variants.iter().position(|(w, _, _)| *w == who).unwrap();
+    cycles.sort_by_key(|(who, _, _)| rank(who));
+    commits.sort_by_key(|(who, _, _)| rank(who));
+    breakdown.sort_by_key(|(who, _, _)| rank(who));
+    direct_stats.sort_by_key(|(who, _, _, _)| rank(who));
     let imports = import_deep(&ctd, &fs, sizes.deep_layers, &snapshotters);
     let baselines = &snapshotters[..snapshotters.len() - 1];
     print_tables(&cycles, &commits, &memory, &sizes, baselines);

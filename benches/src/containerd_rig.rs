@@ -52,6 +52,24 @@ pub fn start_with_overlay_proxy(
     (daemon, proxy, ctd)
 }
 
+/// What a benchmark measures against: on a full run (`--bench`) [`start_with_overlay_proxy`]
+/// with the bench executable's directory for the proxy's build; under `cargo test`
+/// [`start`], so that the smoke pass needs neither Go nor containerd's module.
+pub fn start_for_run(
+    full: bool,
+    fs: &ScratchFs,
+    namespace: &str,
+) -> (Daemon, Option<OverlayProxy>, Containerd) {
+    if full {
+        let exe = std::env::current_exe().expect("the bench executable's path");
+        let bin_dir = exe.parent().expect("the bench executable's directory");
+        start_with_overlay_proxy(fs, namespace, bin_dir)
+    } else {
+        let (daemon, ctd) = start(fs, namespace);
+        (daemon, None, ctd)
+    }
+}
+
 fn start_daemon(fs: &ScratchFs) -> Daemon {
     Daemon::start(
         &fs.path().join("store"),

@@ -39,18 +39,21 @@ impl Service {
         F: FnOnce(&Snapshotter) -> Result<T, SnapshotError> + Send + 'static,
     {
         let snapshotter = self.snapshotter.clone();
-        let result = tokio::task::spawn_blocking(move || work(&snapshotter))
-            .await
-            .map_err(|e| Status::internal(format!("{call}: {e}")))?;
-        result.map_err(|e| {
-            match &e {
-                SnapshotError::NotFound(_) | SnapshotError::AlreadyExists(_) => {
-                    tracing::debug!(call, error = %e, "snapshot call answered")
+        // A failure is logged on the blocking thread too: a log sink that stalls (a full
+        // stderr pipe) must not hold a runtime worker, which serves other connections.
+        let answered = tokio::task::spawn_blocking(move || {
+            work(&snapshotter).map_err(|e| {
+                match &e {
+                    SnapshotError::NotFound(_) | SnapshotError::AlreadyExists(_) => {
+                        tracing::debug!(call, error = %e, "snapshot call answered")
+                    }
+                    _ => tracing::warn!(call, error = %e, "snapshot call failed"),
                 }
-                _ => tracing::warn!(call, error = %e, "snapshot call failed"),
-            }
-            Status::from(e)
+                Status::from(e)
+            })
         })
+        .await;
+        answered.map_err(|e| Status::internal(format!("{call}: {e}")))?
     }
 }
 
@@ -207,9 +210,18 @@ impl Snapshots for Service {
         request: Request<api::ListSnapshotsRequest>,
     ) -> Result<Response<Self::ListStream>, Status> {
         let filters = request.into_inner().filters;
-        let infos = self.run("list", move |s| s.list(&filters)).await?;
-        let chunks = list_chunks(infos.into_iter().map(to_api)).map(Ok);
-        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+        // Converted and split on the blocking pool too: a List of many snapshots is
+        // milliseconds of work, which a runtime worker would spend away from other
+        // connections.
+        let chunks = self
+            .run("list", move |s| {
+                let infos = s.list(&filters)?;
+                Ok(list_chunks(infos.into_iter().map(to_api)).collect::<Vec<_>>())
+            })
+            .await?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(
+            chunks.into_iter().map(Ok),
+        ))))
     }
 
     async fn usage(
