@@ -27,6 +27,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lamina_benches::containerd_rig::{self, OVERLAY_PROXY, mount_all, top_layer};
+use lamina_benches::order::balanced_orders;
 use lamina_integration::containerd::Containerd;
 use lamina_integration::snapshotter::{Api, Labels, labels};
 use lamina_integration::{ScratchFs, require_root};
@@ -70,8 +71,8 @@ fn main() {
     };
     let fs = ScratchFs::ext4(4096);
     let (daemon, proxy, ctd) = containerd_rig::start_for_run(full, &fs, NAMESPACE);
-    // lamina last: the containerd metadata its calls go through already holds the
-    // others' snapshots, not the reverse.
+    // lamina last: at each size it is filled after the others, so its fill's commits go
+    // through containerd metadata that already holds theirs, not the reverse.
     let snapshotters: Vec<&str> = match proxy {
         Some(_) => vec!["overlayfs", OVERLAY_PROXY, "lamina"],
         None => vec!["overlayfs", "lamina"],
@@ -126,14 +127,14 @@ fn main() {
         // (deferred delete): the cycles are measured once it has caught up, not while it
         // works through the fill's backlog beside them.
         wait_for_reaper(&trash);
-        // Every variant's cycles alternate, the first of each round moving on by one, so
-        // all see the same host and none always follows the same neighbour's cycle (an
-        // unmount's sync also commits what the cycle before it left unsynced).
+        // Every variant's cycles alternate round by round, so all see the same host, in
+        // orders where each follows every other equally often (an unmount's sync also
+        // commits what the cycle before it left unsynced).
         let mut samples = vec![Vec::new(); variants.len()];
         let mut steps: Vec<[Vec<Duration>; STEPS.len()]> = vec![Default::default(); variants.len()];
+        let orders = balanced_orders(variants.len());
         for i in 0..sizes.cycles {
-            for turn in 0..variants.len() {
-                let v = (i + turn) % variants.len();
+            for &v in &orders[i % orders.len()] {
                 let (_, subject, labels) = &variants[v];
                 let subject = &subjects[*subject];
                 let key = format!("cycle-{size}-{i}-{v}");

@@ -2,8 +2,9 @@
 //! containerd 1.6 and straight on each proxy's own socket, lamina against containerd's
 //! overlayfs snapshotter served as a proxy plugin like lamina (`overlayfs-proxy`, the same
 //! gRPC hop; full runs only, where a Go toolchain can build it). Calls alternate between
-//! the snapshotters, so both see the same host. What the container cycle's Mounts step
-//! (`containerd_scale`) is made of, without the cycle's syncs around it.
+//! the snapshotters in balanced orders, so all see the same host. What the container
+//! cycle's Mounts step (`containerd_scale`) is made of, without the cycle's syncs around
+//! it.
 //!
 //! `cargo bench -p lamina-benches --bench snapshot_calls`; another build's daemon with
 //! `LAMINA_BIN=<its lamina>`. Under `cargo test` it runs a few calls against the
@@ -16,6 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lamina_benches::containerd_rig::{self, OVERLAY_PROXY, top_layer};
+use lamina_benches::order::balanced_orders;
 use lamina_integration::snapshotter::{Api, labels};
 use lamina_integration::{ScratchFs, require_root};
 
@@ -62,10 +64,15 @@ fn main() {
 
     let mut stat = vec![Vec::new(); subjects.len()];
     let mut mounts = vec![Vec::new(); subjects.len()];
-    for _ in 0..calls {
-        for (i, (_, api, key)) in subjects.iter().enumerate() {
-            stat[i].push(timed(|| drop(api.stat(key).unwrap())));
-            mounts[i].push(timed(|| drop(api.mounts(key).unwrap())));
+    // Each call of each subject follows every other equally often, Stat and Mounts alike.
+    let orders = balanced_orders(subjects.len() * 2);
+    for round in 0..calls {
+        for &call in &orders[round % orders.len()] {
+            let (_, api, key) = &subjects[call / 2];
+            match call % 2 {
+                0 => stat[call / 2].push(timed(|| drop(api.stat(key).unwrap()))),
+                _ => mounts[call / 2].push(timed(|| drop(api.mounts(key).unwrap()))),
+            }
         }
     }
 

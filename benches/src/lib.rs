@@ -15,6 +15,7 @@ pub mod containerd_rig;
 pub mod criterion_table;
 pub mod host;
 pub mod images;
+pub mod order;
 pub mod overlay_proxy;
 pub mod pressure;
 pub mod report;

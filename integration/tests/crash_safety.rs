@@ -1,9 +1,10 @@
-//! SIGKILL at random moments: 100 runs, each killing one lamina process (an import, a
-//! create, a delete, a clean or a pool fill) after a random delay below the median of that
-//! operation's uninterrupted durations (measured first, then every run that beat its kill). After each kill, `lamina clean` (recovery only: the threshold is
-//! never reached) must finish or undo what the dead process left, `check` must find the
-//! store consistent, a container the killed process reported must be whole (and one it
-//! reported deleted must be gone), and a fresh create must give the complete image.
+//! SIGKILL at random moments: 100 runs of an import, a create, a delete, a clean or a pool
+//! fill, 20 of each. Every fourth run of each, the first included, runs uninterrupted and
+//! is timed; the others are killed after a random delay below the median of those times.
+//! After each run, `lamina clean` (recovery only: the threshold is never reached) must
+//! finish or undo what a dead process left, `check` must find the store consistent, a
+//! container the process reported must be whole (and one it reported deleted must be
+//! gone), and a fresh create must give the complete image.
 
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
@@ -85,22 +86,6 @@ impl Crash<'_> {
         }
     }
 
-    /// How long `op` takes uninterrupted here, three times over (the first of a kind also
-    /// probes and warms caches): the first samples of the range kill delays are drawn from.
-    fn measure(&self, op: Op) -> Vec<Duration> {
-        (0..3)
-            .map(|i| {
-                let args = self.prepare(op, 9990 + i);
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                let started = Instant::now();
-                self.ok(&args);
-                let took = started.elapsed();
-                self.recover_and_reset();
-                took
-            })
-            .collect()
-    }
-
     fn remove_all(&self) {
         for entry in std::fs::read_dir(self.lamina.store.join("images")).unwrap() {
             let id = entry.unwrap().file_name().to_string_lossy().into_owned();
@@ -116,8 +101,8 @@ impl Crash<'_> {
     }
 
     /// What every run must find after the kill and one recovering command.
-    fn assert_recovered(&self, op: Op, run: usize, printed: &str) {
-        let context = format!("run {run} ({op:?}), killed process printed {printed:?}");
+    fn assert_recovered(&self, op: Op, run: usize, printed: &str, kill: &str) {
+        let context = format!("run {run} ({op:?}), {kill}, the process printed {printed:?}");
         let out = self.lamina.run(&RECOVER);
         assert_eq!(out.code, 0, "{context}: recovery failed: {out:?}");
         let check = self.lamina.run(&["check"]);
@@ -174,40 +159,59 @@ fn sigkill_at_random_points_loses_nothing_and_leaks_nothing() {
         image,
         busybox_len,
     };
-    let mut durations: Vec<Vec<Duration>> = OPS.iter().map(|op| crash.measure(*op)).collect();
-    eprintln!("uninterrupted durations: {durations:?}");
-
-    // Seeded: the same delays on every run, so a failure reproduces.
+    // Seeded draws; the delays they make scale with the durations measured in this run.
     let mut rng = Xorshift::new(0x5eed_1a41_17a0_0001);
+    let mut measured: Vec<Vec<Duration>> = vec![Vec::new(); OPS.len()];
     let mut killed = [0usize; 5];
+    let mut kill_runs = [0usize; 5];
     for run in 0..RUNS {
-        let op = OPS[run % OPS.len()];
+        let which = run % OPS.len();
+        let op = OPS[which];
         let args = crash.prepare(op, run);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let seen = &mut durations[run % OPS.len()];
-        let delay = Duration::from_micros(rng.below(median(seen).as_micros() as u64));
-        let child = crash.spawn(&args);
-        let (out, finished_in) = kill_after(child, delay);
-        match finished_in {
-            Some(took) => seen.push(took),
-            None => killed[run % OPS.len()] += 1,
-        }
+        // The first run of each operation and every fourth after it run uninterrupted,
+        // started and timed as the killed ones are, in the state the loop leaves: their
+        // durations, not a guess made outside the loop, set the range of later delays.
+        let measuring = (run / OPS.len()) % 4 == 0;
+        let (delay, middle) = match measuring {
+            true => (Duration::MAX, Duration::ZERO),
+            false => {
+                let middle = median(&measured[which]);
+                let span = (middle.as_micros() as u64).max(1);
+                (Duration::from_micros(rng.below(span)), middle)
+            }
+        };
+        let (out, finished_in) = kill_after(crash.spawn(&args), delay);
         let printed = String::from_utf8_lossy(&out.stdout).into_owned();
-        crash.assert_recovered(op, run, &printed);
+        if measuring {
+            assert!(
+                out.status.success(),
+                "run {run} ({op:?}) uninterrupted: {out:?}"
+            );
+            measured[which].push(finished_in.unwrap());
+        } else {
+            kill_runs[which] += 1;
+            // A kill after the result was printed landed after the work.
+            let reported = printed.contains("\"root\"") || printed.contains("deleted container");
+            if finished_in.is_none() && !reported {
+                killed[which] += 1;
+            }
+        }
+        let context = format!("delay {delay:?} (median {middle:?})");
+        crash.assert_recovered(op, run, &printed, &context);
         if op == Op::PoolFill || run % 10 == 9 {
             crash.recover_and_reset();
         }
     }
     // The delays must land inside the operations, or this test proves nothing.
-    let medians: Vec<Duration> = durations.iter().map(|seen| median(seen)).collect();
+    let medians: Vec<Duration> = measured.iter().map(|m| median(m)).collect();
     eprintln!(
-        "killed mid-operation, per {OPS:?}: {killed:?} of {} each; final medians {medians:?}",
-        RUNS / OPS.len()
+        "killed mid-operation, per {OPS:?}: {killed:?} of {kill_runs:?}; medians {medians:?}"
     );
-    for (op, n) in OPS.iter().zip(killed) {
+    for ((op, n), runs) in OPS.iter().zip(killed).zip(kill_runs) {
         assert!(
-            n >= RUNS / OPS.len() / 3,
-            "{op:?}: only {n} runs were killed mid-way"
+            n >= runs / 3,
+            "{op:?}: only {n} of {runs} runs were killed mid-way"
         );
     }
     crash.recover_and_reset();
@@ -216,10 +220,9 @@ fn sigkill_at_random_points_loses_nothing_and_leaks_nothing() {
     assert_eq!(lamina.entries("layers"), 0);
 }
 
-/// The middle of what a kind of operation took uninterrupted, in the measuring runs and in
-/// every run that finished before its kill. Drawing delays below it lands at least half of
-/// them inside the operation however the load of the machine or the state the runs leave
-/// moves its duration away from the first measurement.
+/// The middle of what an operation took in its uninterrupted runs. Drawing delays below it
+/// lands at least half of them inside the operation, however the machine's load or the
+/// loop's state moves its duration.
 fn median(seen: &[Duration]) -> Duration {
     let mut sorted = seen.to_vec();
     sorted.sort();
@@ -243,13 +246,10 @@ fn kill_after(mut child: Child, delay: Duration) -> (std::process::Output, Optio
         std::thread::sleep(POLL.min(delay - elapsed));
     };
     let out = child.wait_with_output().unwrap();
-    let was_killed = out.status.signal() == Some(9);
-    (
-        out,
-        if was_killed {
-            None
-        } else {
-            finished_in.or(Some(delay))
-        },
-    )
+    // Exited between the poll and the kill: it finished about when the kill was sent.
+    let finished_in = match out.status.signal() {
+        Some(9) => None,
+        _ => finished_in.or(Some(started.elapsed())),
+    };
+    (out, finished_in)
 }
