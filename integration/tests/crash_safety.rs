@@ -172,7 +172,7 @@ fn sigkill_at_random_points_loses_nothing_and_leaks_nothing() {
         // The first run of each operation and every fourth after it run uninterrupted,
         // started and timed as the killed ones are, in the state the loop leaves: their
         // durations, not a guess made outside the loop, set the range of later delays.
-        let measuring = (run / OPS.len()) % 4 == 0;
+        let measuring = (run / OPS.len()).is_multiple_of(4);
         let (delay, middle) = match measuring {
             true => (Duration::MAX, Duration::ZERO),
             false => {
