@@ -27,7 +27,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lamina_benches::containerd_rig::{self, OVERLAY_PROXY, mount_all, top_layer};
-use lamina_benches::order::balanced_orders;
+use lamina_benches::order::{balanced_count, balanced_sequence};
 use lamina_integration::containerd::Containerd;
 use lamina_integration::snapshotter::{Api, Labels, labels};
 use lamina_integration::{ScratchFs, require_root};
@@ -127,22 +127,26 @@ fn main() {
         // (deferred delete): the cycles are measured once it has caught up, not while it
         // works through the fill's backlog beside them.
         wait_for_reaper(&trash);
-        // Every variant's cycles alternate round by round, so all see the same host, in
-        // orders where each follows every other equally often (an unmount's sync also
-        // commits what the cycle before it left unsynced).
+        // Every variant's cycles alternate in a sequence where each follows every other
+        // equally often, so all see the same host and share alike what a neighbour left
+        // unsynced (an unmount's sync commits it).
         let mut samples = vec![Vec::new(); variants.len()];
         let mut steps: Vec<[Vec<Duration>; STEPS.len()]> = vec![Default::default(); variants.len()];
-        let orders = balanced_orders(variants.len());
-        for i in 0..sizes.cycles {
-            for &v in &orders[i % orders.len()] {
-                let (_, subject, labels) = &variants[v];
-                let subject = &subjects[*subject];
-                let key = format!("cycle-{size}-{i}-{v}");
-                let (total, each) = cycle(&subject.api, &subject.parent, &key, &target, labels);
-                samples[v].push(total);
-                for (step, took) in steps[v].iter_mut().zip(each) {
-                    step.push(took);
-                }
+        let sequence = balanced_sequence(variants.len());
+        let per_variant = balanced_count(variants.len(), sizes.cycles);
+        for (i, &v) in sequence
+            .iter()
+            .cycle()
+            .take(per_variant * variants.len())
+            .enumerate()
+        {
+            let (_, subject, labels) = &variants[v];
+            let subject = &subjects[*subject];
+            let key = format!("cycle-{size}-{i}-{v}");
+            let (total, each) = cycle(&subject.api, &subject.parent, &key, &target, labels);
+            samples[v].push(total);
+            for (step, took) in steps[v].iter_mut().zip(each) {
+                step.push(took);
             }
         }
         for ((who, _, _), (mut samples, steps)) in
@@ -439,7 +443,7 @@ fn print_tables(
         let median = nearest_rank(samples, 0.5);
         println!(
             "| `{who}` | {size} | {} | {} | {} | {} | {:.2}× |",
-            sizes.cycles,
+            samples.len(),
             ms(median),
             ms(nearest_rank(samples, 0.99)),
             ratios(median, baselines, |b| p50(b, *size)),

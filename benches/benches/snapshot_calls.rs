@@ -2,7 +2,7 @@
 //! containerd 1.6 and straight on each proxy's own socket, lamina against containerd's
 //! overlayfs snapshotter served as a proxy plugin like lamina (`overlayfs-proxy`, the same
 //! gRPC hop; full runs only, where a Go toolchain can build it). Calls alternate between
-//! the snapshotters in balanced orders, so all see the same host. What the container
+//! the snapshotters in a balanced sequence, so all see the same host. What the container
 //! cycle's Mounts step (`containerd_scale`) is made of, without the cycle's syncs around
 //! it.
 //!
@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lamina_benches::containerd_rig::{self, OVERLAY_PROXY, top_layer};
-use lamina_benches::order::balanced_orders;
+use lamina_benches::order::{balanced_count, balanced_sequence};
 use lamina_integration::snapshotter::{Api, labels};
 use lamina_integration::{ScratchFs, require_root};
 
@@ -65,14 +65,13 @@ fn main() {
     let mut stat = vec![Vec::new(); subjects.len()];
     let mut mounts = vec![Vec::new(); subjects.len()];
     // Each call of each subject follows every other equally often, Stat and Mounts alike.
-    let orders = balanced_orders(subjects.len() * 2);
-    for round in 0..calls {
-        for &call in &orders[round % orders.len()] {
-            let (_, api, key) = &subjects[call / 2];
-            match call % 2 {
-                0 => stat[call / 2].push(timed(|| drop(api.stat(key).unwrap()))),
-                _ => mounts[call / 2].push(timed(|| drop(api.mounts(key).unwrap()))),
-            }
+    let kinds = subjects.len() * 2;
+    let calls = balanced_count(kinds, calls);
+    for &call in balanced_sequence(kinds).iter().cycle().take(calls * kinds) {
+        let (_, api, key) = &subjects[call / 2];
+        match call % 2 {
+            0 => stat[call / 2].push(timed(|| drop(api.stat(key).unwrap()))),
+            _ => mounts[call / 2].push(timed(|| drop(api.mounts(key).unwrap()))),
         }
     }
 
