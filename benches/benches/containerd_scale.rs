@@ -10,7 +10,8 @@
 //!   answer as the shim does, unmount, Remove — with 10, 1000 and 5000 committed
 //!   snapshots in the snapshotter, once lamina's reaper has removed what the fill's
 //!   commits left it; lamina's also with its snapshots marked ephemeral (a volatile
-//!   upper); every snapshotter's cycles alternate, one of each in turn;
+//!   upper); every snapshotter's cycles alternate in a sequence where each follows every
+//!   other equally often (`lamina_benches::order`);
 //! - the resident memory of the process serving each (containerd itself for overlayfs,
 //!   the proxy's own process for the others) with 5000 committed;
 //! - `ctr images import` of a 100-layer image into each, its content already in

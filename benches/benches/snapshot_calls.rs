@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use lamina_benches::containerd_rig::{self, OVERLAY_PROXY, top_layer};
 use lamina_benches::order::{balanced_count, balanced_sequence};
+use lamina_benches::stats::Samples;
 use lamina_integration::snapshotter::{Api, labels};
 use lamina_integration::{ScratchFs, require_root};
 
@@ -62,8 +63,8 @@ fn main() {
         subjects.push((format!("`{name}` on its own socket"), api, key));
     }
 
-    let mut stat = vec![Vec::new(); subjects.len()];
-    let mut mounts = vec![Vec::new(); subjects.len()];
+    let mut stat = vec![Samples::new(); subjects.len()];
+    let mut mounts = vec![Samples::new(); subjects.len()];
     // Each call of each subject follows every other equally often, Stat and Mounts alike.
     let kinds = subjects.len() * 2;
     let calls = balanced_count(kinds, calls);
@@ -78,7 +79,7 @@ fn main() {
     println!("| snapshotter | calls | Stat p50 | Mounts p50 | Mounts − Stat |");
     println!("|---|---|---|---|---|");
     for (i, (name, _, _)) in subjects.iter().enumerate() {
-        let (s, m) = (p50(&mut stat[i]), p50(&mut mounts[i]));
+        let (s, m) = (stat[i].summary().p50, mounts[i].summary().p50);
         println!(
             "| {name} | {calls} | {} | {} | {:+.0} µs |",
             us(s),
@@ -98,11 +99,6 @@ fn timed(call: impl FnOnce()) -> Duration {
     let t = Instant::now();
     call();
     t.elapsed()
-}
-
-fn p50(samples: &mut [Duration]) -> Duration {
-    samples.sort();
-    samples[samples.len().div_ceil(2) - 1]
 }
 
 fn us(d: Duration) -> String {

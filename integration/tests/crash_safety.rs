@@ -1,6 +1,7 @@
 //! SIGKILL at random moments: 100 runs of an import, a create, a delete, a clean or a pool
 //! fill, 20 of each. Every fourth run of each, the first included, runs uninterrupted and
-//! is timed; the others are killed after a random delay below the median of those times.
+//! is timed; the others are killed after a random delay below the lower median of those
+//! times.
 //! After each run, `lamina clean` (recovery only: the threshold is never reached) must
 //! finish or undo what a dead process left, `check` must find the store consistent, a
 //! container the process reported must be whole (and one it reported deleted must be

@@ -407,7 +407,10 @@ impl Drop for Overlay<'_> {
     fn drop(&mut self) {
         if self.mounted {
             use lamina_sys::Mounter;
-            let _ = self.rig.mounter.unmount(&self.merged);
+            // Detached if still busy: a failing bench must not leave its overlay behind.
+            if self.rig.mounter.unmount(&self.merged).is_err() {
+                let _ = rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::DETACH);
+            }
         }
     }
 }

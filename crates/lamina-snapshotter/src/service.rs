@@ -216,7 +216,7 @@ impl Snapshots for Service {
         let chunks = self
             .run("list", move |s| {
                 let infos = s.list(&filters)?;
-                Ok(list_chunks(infos.into_iter().map(to_api)).collect::<Vec<_>>())
+                Ok(list_chunks(infos.into_iter().map(to_api)))
             })
             .await?;
         Ok(Response::new(Box::pin(tokio_stream::iter(
@@ -247,9 +247,7 @@ impl Snapshots for Service {
 
 /// `infos` as `List` messages of at most [`LIST_CHUNK`] snapshots and, but for a single
 /// snapshot larger than it, [`LIST_CHUNK_BYTES`] encoded.
-fn list_chunks(
-    infos: impl Iterator<Item = api::Info>,
-) -> impl Iterator<Item = api::ListSnapshotsResponse> {
+fn list_chunks(infos: impl Iterator<Item = api::Info>) -> Vec<api::ListSnapshotsResponse> {
     use prost::Message;
     let mut chunks = Vec::new();
     let mut info = Vec::new();
@@ -269,7 +267,7 @@ fn list_chunks(
     if !info.is_empty() {
         chunks.push(api::ListSnapshotsResponse { info });
     }
-    chunks.into_iter()
+    chunks
 }
 
 #[cfg(test)]
@@ -287,13 +285,12 @@ mod list_tests {
     #[test]
     fn list_messages_are_bounded_by_count_and_by_bytes() {
         use prost::Message;
-        let small: Vec<_> = list_chunks((0..250).map(|n| info(&n.to_string(), 10))).collect();
+        let small = list_chunks((0..250).map(|n| info(&n.to_string(), 10)));
         assert_eq!(
             small.iter().map(|c| c.info.len()).collect::<Vec<_>>(),
             [100, 100, 50]
         );
-        let large: Vec<_> =
-            list_chunks((0..100).map(|n| info(&n.to_string(), 200 * 1024))).collect();
+        let large = list_chunks((0..100).map(|n| info(&n.to_string(), 200 * 1024)));
         assert!(large.len() >= 5, "{}", large.len());
         assert_eq!(large.iter().map(|c| c.info.len()).sum::<usize>(), 100);
         for chunk in &large {
