@@ -37,6 +37,7 @@ pub use lifecycle::attach::{
     UpperToCommit, attach, attach_if, commit_upper, create_empty, refuse_upper_in_use,
     upper_to_commit,
 };
+pub use lifecycle::attach_cache::AttachCache;
 pub use lifecycle::create::{Created, FollowUp, Layers, StoredLayers, create, create_from};
 pub use lifecycle::delete::{Deleted, delete};
 pub use lifecycle::delete_store::delete_store;

@@ -245,6 +245,7 @@ impl Snapshotter {
         // What is left of the active container (its work dir) goes; a crash before this
         // leaves an unreferenced container that `recover` removes. The commit is recorded
         // either way: failing it now would have containerd retry a commit that happened.
+        self.attach_cache.forget(&id);
         if let Err(e) = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id) {
             tracing::warn!(key, container = %id, error = %e, "removing a committed snapshot's container failed: the daemon's next start removes it");
         }
@@ -283,6 +284,7 @@ impl Snapshotter {
                 tracing::warn!(key, container = %id, "removed a snapshot whose container a crash lost: the container under its name is another's, left alone");
             }
             Some(id) => {
+                self.attach_cache.forget(&id);
                 lamina_mount::delete(&self.store, self.mounter.as_ref(), &id)?;
             }
             None => {}

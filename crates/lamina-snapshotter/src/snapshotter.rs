@@ -82,6 +82,8 @@ pub struct Snapshotter {
     pub(crate) activity: crate::metrics::Activity,
     /// Usage answers that cost a walk, reused for a while.
     pub(crate) usage_cache: Arc<crate::usage_cache::UsageCache>,
+    /// Mounts answers, given again while the container's record is unchanged.
+    pub(crate) attach_cache: Arc<lamina_mount::AttachCache>,
     /// Remote snapshots (`None`: the daemon serves none; see `remote.rs`).
     pub(crate) remote: Option<Arc<crate::remote::Remote>>,
 }
@@ -118,6 +120,7 @@ impl Snapshotter {
             index,
             activity: Default::default(),
             usage_cache: Default::default(),
+            attach_cache: Default::default(),
             remote: None,
         };
         snapshotter.recover()?;
@@ -580,7 +583,7 @@ impl Snapshotter {
 
     /// What containerd mounts for the snapshot whose container is `id`.
     pub(crate) fn mounts_of(&self, id: &str) -> Result<Vec<MountSpec>, SnapshotError> {
-        let attach = lamina_mount::attach(&self.store, self.mounter.as_ref(), id)?;
+        let attach = (self.attach_cache).attach(&self.store, self.mounter.as_ref(), id)?;
         Ok(vec![mount_spec(attach)])
     }
 
@@ -590,7 +593,8 @@ impl Snapshotter {
         id: &str,
         belongs: impl FnOnce(&lamina_store::ContainerRecord) -> bool,
     ) -> Result<Option<Vec<MountSpec>>, SnapshotError> {
-        let attach = lamina_mount::attach_if(&self.store, self.mounter.as_ref(), id, belongs)?;
+        let attach =
+            (self.attach_cache).attach_if(&self.store, self.mounter.as_ref(), id, belongs)?;
         Ok(attach.map(|a| vec![mount_spec(a)]))
     }
 }

@@ -403,9 +403,27 @@ impl Store {
     }
 
     pub fn record(&self, id: &str) -> Result<ContainerRecord, StoreError> {
+        Ok(self.record_and_bytes(id)?.0)
+    }
+
+    /// [`Store::record`] and the bytes it was read from, for a caller that keeps answers
+    /// derived from it and compares [`Store::record_bytes`] later.
+    pub fn record_and_bytes(&self, id: &str) -> Result<(ContainerRecord, Vec<u8>), StoreError> {
         validate_id(id)?;
-        read_record(id, &self.layout.container(id).join(RECORD), true)?
-            .ok_or_else(|| StoreError::NotFound(id.into()))
+        let path = self.layout.container(id).join(RECORD);
+        let bad = bad_record(id, &path);
+        let bytes = record_bytes(&path, &bad)?.ok_or_else(|| StoreError::NotFound(id.into()))?;
+        let record = parse_record(id, &bytes, true, &bad)?;
+        Ok((record, bytes))
+    }
+
+    /// Container `id`'s record as stored, unparsed and unlocked (`None`: it has none). A
+    /// record is only ever replaced whole (a rename, or a new symlink), never changed in
+    /// place, so bytes equal to ones read before are that same record.
+    pub fn record_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        validate_id(id)?;
+        let path = self.layout.container(id).join(RECORD);
+        record_bytes(&path, &bad_record(id, &path))
     }
 
     /// Whether anything (even a half-created container) holds this ID.
@@ -495,22 +513,36 @@ impl BadRecord {
 /// Reads the record at `path` of container `id`. Anything there that is not a record
 /// (empty, cut short, not JSON, not readable at all) is [`StoreError::BadRecord`], so
 /// callers can tell one broken container from a broken store.
-/// Reads and checks the record at `path` (of container `id`; `named_by_dir`: the
-/// directory is `images/<id>`, so the record must name `id`). Bounded: a record past
-/// [`MAX_RECORD_BYTES`] is bad, not read whole.
 fn read_record(
     id: &str,
     path: &Path,
     named_by_dir: bool,
 ) -> Result<Option<ContainerRecord>, StoreError> {
-    let bad = |why: String| StoreError::BadRecord {
-        id: id.to_string(),
-        path: path.to_path_buf(),
+    let bad = bad_record(id, path);
+    match record_bytes(path, &bad)? {
+        Some(bytes) => parse_record(id, &bytes, named_by_dir, &bad).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn bad_record(id: &str, path: &Path) -> impl Fn(String) -> StoreError {
+    let (id, path) = (id.to_string(), path.to_path_buf());
+    move |why| StoreError::BadRecord {
+        id: id.clone(),
+        path: path.clone(),
         why,
-    };
-    let Some(bytes) = record_bytes(path, &bad)? else {
-        return Ok(None);
-    };
+    }
+}
+
+/// Checks and parses container `id`'s record (`named_by_dir`: its directory is
+/// `images/<id>`, so the record must name `id`). Bounded: a record past
+/// [`MAX_RECORD_BYTES`] is bad.
+fn parse_record(
+    id: &str,
+    bytes: &[u8],
+    named_by_dir: bool,
+    bad: &dyn Fn(String) -> StoreError,
+) -> Result<ContainerRecord, StoreError> {
     if bytes.len() as u64 > MAX_RECORD_BYTES {
         return Err(bad(format!("it is past {MAX_RECORD_BYTES} bytes")));
     }
@@ -518,7 +550,7 @@ fn read_record(
         return Err(bad("is empty".into()));
     }
     let record: ContainerRecord =
-        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a container record: {e}")))?;
+        serde_json::from_slice(bytes).map_err(|e| bad(format!("not a container record: {e}")))?;
     let expected = if named_by_dir { id } else { record.id.as_str() };
     if record.id != expected {
         return Err(bad(format!(
@@ -526,7 +558,7 @@ fn read_record(
             lamina_image::shown(&record.id)
         )));
     }
-    Ok(Some(record))
+    Ok(record)
 }
 
 /// The longest symlink target Linux stores (`PATH_MAX`, its NUL included).

@@ -24,10 +24,10 @@ use crate::{RootfsError, Strategies};
 /// the store's filesystem, and a volatile overlay the caller mounted itself could never
 /// be mounted a second time.
 pub fn attach(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach, RootfsError> {
-    holding_id(store, id, || {
-        let container = record::read(store, id)?;
-        attach_held(store, mounter, id, container)
-    })
+    match attach_read(store, mounter, id, |_| true)? {
+        Some(answer) => Ok(answer.attach),
+        None => Err(lamina_store::StoreError::NotFound(id.into()).into()),
+    }
 }
 
 /// [`attach`] if `belongs` accepts container `id`'s record, `None` otherwise: the record
@@ -39,21 +39,44 @@ pub fn attach_if(
     id: &str,
     belongs: impl FnOnce(&ContainerRecord) -> bool,
 ) -> Result<Option<Attach>, RootfsError> {
+    Ok(attach_read(store, mounter, id, belongs)?.map(|answer| answer.attach))
+}
+
+/// An answer of [`attach_read`], and what it was worked out from.
+pub(crate) struct Answer {
+    pub attach: Attach,
+    /// The record as stored, and as read, when the answer follows from it alone.
+    pub from_record: Option<(Vec<u8>, ContainerRecord)>,
+}
+
+/// [`attach_if`], saying whether the answer follows from the record alone.
+pub(crate) fn attach_read(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+    belongs: impl FnOnce(&ContainerRecord) -> bool,
+) -> Result<Option<Answer>, RootfsError> {
     holding_id(store, id, || {
-        let container = record::read(store, id)?;
+        let (container, bytes) = record::read_with_bytes(store, id)?;
         if !belongs(&container.record) {
             return Ok(None);
         }
-        attach_held(store, mounter, id, container).map(Some)
+        let record = container.record.clone();
+        let (attach, alone) = attach_held(store, mounter, id, container)?;
+        Ok(Some(Answer {
+            attach,
+            from_record: alone.then_some((bytes, record)),
+        }))
     })
 }
 
+/// What to mount for the container, and whether that follows from its record alone.
 fn attach_held(
     store: &Store,
     mounter: &dyn Mounter,
     id: &str,
     container: Container,
-) -> Result<Attach, RootfsError> {
+) -> Result<(Attach, bool), RootfsError> {
     let dirs = container.dirs(store);
     let read_only = container.model().read_only();
     // An idmapped overlay, like a volatile or a composefs one, only lamina mounts.
@@ -63,18 +86,21 @@ fn attach_held(
         } else {
             crate::providers::still_served(store, mounter, &container)?;
         }
-        return Ok(Attach::Bind {
+        let bind = Attach::Bind {
             source: dirs.rootfs,
             read_only,
-        });
+        };
+        return Ok((bind, false));
     }
     if container.record.layers.is_empty() {
-        return Ok(Attach::Bind {
+        let bind = Attach::Bind {
             source: dirs.upper,
             read_only,
-        });
+        };
+        return Ok((bind, true));
     }
-    crate::providers::attach(store, mounter, &container)
+    let alone = crate::providers::attach_from_record_alone(&container);
+    Ok((crate::providers::attach(store, mounter, &container)?, alone))
 }
 
 /// Makes container `id` with no layers: an empty directory (its upper) the caller binds,

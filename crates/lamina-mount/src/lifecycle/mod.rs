@@ -2,6 +2,7 @@
 //! unmount, stats, delete and reap, init and delete a store.
 
 pub mod attach;
+pub mod attach_cache;
 pub mod create;
 pub mod delete;
 pub mod delete_store;

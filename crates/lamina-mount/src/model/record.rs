@@ -312,13 +312,20 @@ impl RootfsRecord {
 
 /// Container `id`, read and checked.
 pub fn read(store: &Store, id: &str) -> Result<Container, StoreError> {
-    let record = store.record(id)?;
+    Ok(read_with_bytes(store, id)?.0)
+}
+
+/// [`read`], and the record's bytes as stored ([`Store::record_bytes`] compares them).
+pub fn read_with_bytes(store: &Store, id: &str) -> Result<(Container, Vec<u8>), StoreError> {
+    let (record, bytes) = store.record_and_bytes(id)?;
     let path = store.layout().container(id).join("container.json");
-    Container::from_record(record, store.layout()).map_err(|why| StoreError::BadRecord {
-        id: id.into(),
-        path,
-        why,
-    })
+    let container =
+        Container::from_record(record, store.layout()).map_err(|why| StoreError::BadRecord {
+            id: id.into(),
+            path,
+            why,
+        })?;
+    Ok((container, bytes))
 }
 
 /// The container whose directory is `dir`, wherever it is (`images/`, `trash/`).

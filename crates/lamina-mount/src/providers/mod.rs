@@ -179,6 +179,19 @@ pub(crate) fn attach(
     }
 }
 
+/// Whether [`attach`]'s answer for `container` follows from its record and the store's
+/// fixed properties alone, with nothing mounted or checked on the way, so it stands for
+/// as long as the record does ([`crate::AttachCache`]). A provider that mounts or checks
+/// anything when asked says no.
+pub(crate) fn attach_from_record_alone(container: &Container) -> bool {
+    match container.model().provider {
+        // Layer links handed out stay while a record names their layers; an isolated
+        // upper is mounted again when asked.
+        Provider::Fresh { .. } | Provider::Pooled { .. } => container.rootfs.upper_fs.is_none(),
+        Provider::SharedRo | Provider::Direct | Provider::Lazy { .. } => false,
+    }
+}
+
 /// Refuses a mounted rootfs whose data a server must still serve and no longer does
 /// (a lazy container whose server died): its reads would fail.
 pub(crate) fn still_served(
