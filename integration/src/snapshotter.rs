@@ -30,6 +30,9 @@ pub struct Daemon {
     pub store: PathBuf,
     pub socket: PathBuf,
     args: Vec<String>,
+    /// Where its stderr goes: beside the store unless a benchmark keeps it off the
+    /// filesystem it measures.
+    log: PathBuf,
     /// `LAMINA_PAUSE_AT` for the next start only.
     pause_at: Option<String>,
     /// `LAMINA_FAIL_ONCE_AT` for the next start only.
@@ -41,10 +44,18 @@ impl Daemon {
     /// Starts the daemon on `store` (made if missing), serving `socket`, with `extra`
     /// daemon flags; returns once the socket answers.
     pub fn start(store: &Path, socket: &Path, extra: &[&str]) -> Daemon {
+        Daemon::start_logging_to(store, socket, extra, &store.with_extension("daemon.log"))
+    }
+
+    /// [`Daemon::start`] with its log at `log`: a benchmark keeps it off the filesystem
+    /// it measures, as a node's daemon logs to its journal, so that an unmount's sync
+    /// there does not write the log's pages back.
+    pub fn start_logging_to(store: &Path, socket: &Path, extra: &[&str], log: &Path) -> Daemon {
         let mut daemon = Daemon {
             store: store.to_path_buf(),
             socket: socket.to_path_buf(),
             args: extra.iter().map(|s| s.to_string()).collect(),
+            log: log.to_path_buf(),
             pause_at: None,
             fail_once_at: None,
             child: None,
@@ -60,6 +71,7 @@ impl Daemon {
             store: store.to_path_buf(),
             socket: socket.to_path_buf(),
             args: Vec::new(),
+            log: store.with_extension("daemon.log"),
             pause_at: Some(point.to_string()),
             fail_once_at: None,
             child: None,
@@ -75,6 +87,7 @@ impl Daemon {
             store: store.to_path_buf(),
             socket: socket.to_path_buf(),
             args: Vec::new(),
+            log: store.with_extension("daemon.log"),
             pause_at: None,
             fail_once_at: Some(point.to_string()),
             child: None,
@@ -87,7 +100,7 @@ impl Daemon {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.store.with_extension("daemon.log"))
+            .open(&self.log)
             .expect("log");
         let mut command = Command::new(binary());
         if let Some(point) = self.pause_at.take() {
@@ -141,7 +154,7 @@ impl Daemon {
 
     /// The daemon's log so far (stderr), for assertion messages.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.store.with_extension("daemon.log")).unwrap_or_default()
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
