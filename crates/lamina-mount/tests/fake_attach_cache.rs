@@ -145,3 +145,74 @@ fn whose_the_container_is_is_asked_of_the_kept_record_too() {
         .unwrap();
     assert_eq!(ours_again, ours);
 }
+
+#[test]
+fn a_step_holding_the_id_is_waited_for_not_answered_past() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image) = setup(tmp.path());
+    let store = store.with_lock_timeout(std::time::Duration::from_millis(50));
+    let fake = FakeMounter::new();
+    create(&store, &fake, &image, "c", &without_mount("classic")).unwrap();
+    let cache = AttachCache::default();
+    let first = cache.attach(&store, &fake, "c").unwrap();
+
+    // A commit or delete of it in flight holds the ID: the answer waits for it (here
+    // past the store's lock timeout), as it did before anything was kept.
+    assert!(!store.id_held("never-made"), "no lock file: nobody holds it");
+    let held = store.lock_id("c").unwrap();
+    assert!(store.id_held("c"));
+    let err = cache.attach(&store, &fake, "c").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RootfsError::Store(lamina_store::StoreError::LockTimeout { .. })
+        ),
+        "{err}"
+    );
+    drop(held);
+    assert!(!store.id_held("c"));
+    assert_eq!(cache.attach(&store, &fake, "c").unwrap(), first);
+    assert_eq!(cache.hits(), 1);
+}
+
+#[test]
+fn a_layer_link_changed_behind_laminas_back_is_answered_as_it_is_now() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, image) = setup(tmp.path());
+    let fake = FakeMounter::new();
+    create(&store, &fake, &image, "c", &without_mount("classic")).unwrap();
+    let cache = AttachCache::default();
+    let first = cache.attach(&store, &fake, "c").unwrap();
+    let top = image.chain_ids().last().unwrap().clone();
+    let link = store.layer_link(&top).unwrap();
+
+    // Removed: made again under its name, and the kept answer stands.
+    std::fs::remove_file(&link).unwrap();
+    assert_eq!(cache.attach(&store, &fake, "c").unwrap(), first);
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        std::path::Path::new("../layers")
+            .join(top.hex())
+            .join("diff")
+    );
+    assert_eq!(cache.hits(), 1);
+
+    // Taken by something else meanwhile: the layer gets a longer name, which the answer
+    // now names, never the name that points elsewhere.
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink("/nowhere", &link).unwrap();
+    let now = cache.attach(&store, &fake, "c").unwrap();
+    assert_ne!(now, first);
+    let Attach::Overlay { options } = &now else {
+        panic!("{now:?}");
+    };
+    let name = link.file_name().unwrap().to_str().unwrap();
+    let lowers = options.iter().find(|o| o.starts_with("lowerdir=")).unwrap();
+    assert!(
+        lowers
+            .split([':', '='])
+            .all(|l| !l.ends_with(&format!("/{name}"))),
+        "{lowers}"
+    );
+    assert_eq!(cache.hits(), 1);
+}

@@ -245,8 +245,7 @@ impl Snapshotter {
         // What is left of the active container (its work dir) goes; a crash before this
         // leaves an unreferenced container that `recover` removes. The commit is recorded
         // either way: failing it now would have containerd retry a commit that happened.
-        self.attach_cache.forget(&id);
-        if let Err(e) = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id) {
+        if let Err(e) = self.delete_container(&id) {
             tracing::warn!(key, container = %id, error = %e, "removing a committed snapshot's container failed: the daemon's next start removes it");
         }
         Ok(())
@@ -284,8 +283,7 @@ impl Snapshotter {
                 tracing::warn!(key, container = %id, "removed a snapshot whose container a crash lost: the container under its name is another's, left alone");
             }
             Some(id) => {
-                self.attach_cache.forget(&id);
-                lamina_mount::delete(&self.store, self.mounter.as_ref(), &id)?;
+                self.delete_container(&id)?;
             }
             None => {}
         }
@@ -319,7 +317,7 @@ impl Snapshotter {
         for container in unnamed {
             let id = container.id();
             tracing::info!(container = %id, "removing a container no snapshot names");
-            lamina_mount::delete(&self.store, self.mounter.as_ref(), id)?;
+            self.delete_container(id)?;
         }
         // Before interrupted commits, so one undone below has its container to go back to.
         self.rebuild_lost_containers(&crate::rebuild::foreign_names(&scan))?;

@@ -322,7 +322,7 @@ impl Snapshotter {
             }) {
             Ok(mounts) => mounts,
             Err(e) => {
-                let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
+                let _ = self.delete_container(&id);
                 return Err(e);
             }
         };
@@ -346,7 +346,7 @@ impl Snapshotter {
             .index()
             .insert_numbered(key, &record, number, &shape.encode());
         if let Err(e) = inserted {
-            let _ = lamina_mount::delete(&self.store, self.mounter.as_ref(), &id);
+            let _ = self.delete_container(&id);
             return Err(e.into());
         }
         tracing::info!(key, container = %id, kind = kind.as_str(), "prepared snapshot");
@@ -579,6 +579,17 @@ impl Snapshotter {
                 "snapshot `{key}` is committed: only active snapshots and views have mounts"
             ))),
         }
+    }
+
+    /// Deletes container `id`, and what Mounts kept of it (after: a Mounts in between
+    /// would keep it again).
+    pub(crate) fn delete_container(
+        &self,
+        id: &str,
+    ) -> Result<lamina_mount::Deleted, lamina_mount::RootfsError> {
+        let deleted = lamina_mount::delete(&self.store, self.mounter.as_ref(), id);
+        self.attach_cache.forget(id);
+        deleted
     }
 
     /// What containerd mounts for the snapshot whose container is `id`.

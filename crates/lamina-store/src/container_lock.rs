@@ -63,6 +63,27 @@ impl Store {
         }
     }
 
+    /// Whether some process holds `id`'s lock now (a create, delete, mount or commit of
+    /// it in flight), asked without waiting and without making the lock file: an answer
+    /// given without the lock (a kept Mounts answer) defers to such a step.
+    pub fn id_held(&self, id: &str) -> bool {
+        if validate_id(id).is_err() {
+            return false;
+        }
+        let path = self.layout.lock(&format!("id-{id}"));
+        let flags = rustix::fs::OFlags::RDONLY
+            | rustix::fs::OFlags::NOFOLLOW
+            | rustix::fs::OFlags::NONBLOCK
+            | rustix::fs::OFlags::CLOEXEC;
+        match rustix::fs::open(&path, flags, rustix::fs::Mode::empty()) {
+            // A holder makes the file before it locks it.
+            Err(rustix::io::Errno::NOENT) => false,
+            // Anything else is for the lock's own taker to report.
+            Err(_) => true,
+            Ok(file) => rustix::fs::flock(&file, FlockOperation::NonBlockingLockShared).is_err(),
+        }
+    }
+
     /// Removes the ID lock files of containers that do not exist and that nobody holds:
     /// what creates killed before they finished leave. Returns how many went.
     pub fn sweep_id_locks(&self) -> Result<usize, StoreError> {

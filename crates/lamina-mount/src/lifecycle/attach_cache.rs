@@ -1,26 +1,37 @@
 //! Answers of [`crate::attach`] kept for a caller that asks for the same container's
 //! mounts again and again (containerd asks Mounts at every container start, after
 //! Prepare answered the same). An answer that follows from the container's record alone
-//! ([`crate::providers`] says which) is given again, without the ID lock, the parse and
-//! the layer links, while the record's bytes are the ones it was worked out from: a
-//! record is only ever replaced whole, so equal bytes are the same record. Any other
-//! answer (a rootfs lamina mounts, checked or mounted again when asked) is worked out
-//! every time.
+//! ([`crate::providers`] says which) is given again, without the parse and the options,
+//! while three things hold, each checked on every answer:
+//! - nobody holds the container's ID (a create, delete, mount or commit of it in
+//!   flight): then the answer waits for it, worked out under the ID as before;
+//! - the record's bytes are the ones it was worked out from: a record is only ever
+//!   replaced whole, so equal bytes are the same record;
+//! - each layer's short link (`l/<name>`, which the overlay options name) is the one the
+//!   answer names: a link removed behind lamina's back is made again, perhaps under
+//!   another name.
+//!
+//! Any other answer (a rootfs lamina mounts, checked or mounted again when asked) is
+//! worked out every time.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use lamina_store::{ContainerRecord, Store};
+use lamina_store::{ContainerRecord, Store, StoreError};
 use lamina_sys::Mounter;
 
 use crate::RootfsError;
 use crate::lifecycle::attach::attach_read;
 use crate::providers::Attach;
 
-/// The most record and answer bytes kept: past it the cache starts again empty. Entries
-/// of removed containers are dropped by [`AttachCache::forget`], or by this.
+/// The most memory the kept answers are counted at: past it the cache starts again
+/// empty. Entries of removed containers are dropped by [`AttachCache::forget`].
 const MOST_BYTES: usize = 8 << 20;
+
+/// What a parsed string or digest costs beside its JSON text, counted per list entry.
+const PER_ENTRY: usize = 64;
 
 /// See the module docs. Shared by every thread of one process.
 #[derive(Debug, Default)]
@@ -31,26 +42,31 @@ pub struct AttachCache {
 
 #[derive(Debug, Default)]
 struct Kept {
-    entries: HashMap<String, Entry>,
+    entries: HashMap<String, Arc<Entry>>,
     bytes: usize,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Entry {
     /// The record as stored when the answer was worked out.
     stored: Vec<u8>,
     /// The same record, parsed, for the caller's `belongs`.
     record: ContainerRecord,
+    /// The short link of each of the record's layers, as the answer names them.
+    links: Vec<PathBuf>,
     attach: Attach,
 }
 
 impl Entry {
+    /// What it holds, counted generously: the parsed record's lists cost more than their
+    /// JSON.
     fn size(&self, id: &str) -> usize {
         let answer = match &self.attach {
             Attach::Bind { source, .. } => source.as_os_str().len(),
-            Attach::Overlay { options } => options.iter().map(String::len).sum(),
+            Attach::Overlay { options } => options.iter().map(|o| o.len() + PER_ENTRY).sum(),
         };
-        id.len() + self.stored.len() * 2 + answer
+        let lists = self.record.env.len() + self.record.layers.len() + self.links.len();
+        id.len() + self.stored.len() * 2 + lists * PER_ENTRY + answer
     }
 }
 
@@ -64,12 +80,12 @@ impl AttachCache {
     ) -> Result<Attach, RootfsError> {
         match self.attach_if(store, mounter, id, |_| true)? {
             Some(attach) => Ok(attach),
-            None => Err(lamina_store::StoreError::NotFound(id.into()).into()),
+            None => Err(StoreError::NotFound(id.into()).into()),
         }
     }
 
-    /// [`crate::attach_if`], from a kept answer while container `id`'s record is
-    /// unchanged. `belongs` is asked of the record either way.
+    /// [`crate::attach_if`], from a kept answer while it stands (see the module docs).
+    /// `belongs` is asked of the record either way.
     pub fn attach_if(
         &self,
         store: &Store,
@@ -77,27 +93,31 @@ impl AttachCache {
         id: &str,
         belongs: impl FnOnce(&ContainerRecord) -> bool,
     ) -> Result<Option<Attach>, RootfsError> {
-        if let Some(entry) = self.kept(id) {
-            // Unreadable or gone: the full answer says why.
-            if store.record_bytes(id).ok().flatten().as_ref() == Some(&entry.stored) {
+        // Asked first: the answer is as of this moment, when no step of the ID was in
+        // flight; one that starts after it and changes the record is seen below.
+        if let Some(entry) = self.kept(id)
+            && !store.id_held(id)
+        {
+            if still_current(store, id, &entry) {
                 self.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(belongs(&entry.record).then_some(entry.attach));
+                return Ok(belongs(&entry.record).then(|| entry.attach.clone()));
             }
-            self.forget(id);
+            self.forget_entry(id, &entry);
         }
         let Some(answer) = attach_read(store, mounter, id, belongs)? else {
             return Ok(None);
         };
-        if let Some((stored, record)) = answer.from_record {
+        if let Some((stored, record)) = answer.from_record
+            && let Ok(links) = links(store, &record)
+        {
             let attach = answer.attach.clone();
-            self.keep(
-                id,
-                Entry {
-                    stored,
-                    record,
-                    attach,
-                },
-            );
+            let entry = Entry {
+                stored,
+                record,
+                links,
+                attach,
+            };
+            self.keep(id, entry);
         }
         Ok(Some(answer.attach))
     }
@@ -107,7 +127,8 @@ impl AttachCache {
         self.hits.load(Ordering::Relaxed)
     }
 
-    /// Drops what is kept of container `id` (removed: its answer will not be asked).
+    /// Drops what is kept of container `id`. Call after it is deleted: a Mounts during
+    /// the delete would keep it again.
     pub fn forget(&self, id: &str) {
         let mut kept = self.lock();
         if let Some(entry) = kept.entries.remove(id) {
@@ -115,12 +136,25 @@ impl AttachCache {
         }
     }
 
-    fn kept(&self, id: &str) -> Option<Entry> {
+    /// Drops `entry` if it is still what is kept of `id` (another thread may have kept a
+    /// newer one meanwhile).
+    fn forget_entry(&self, id: &str, entry: &Arc<Entry>) {
+        let mut kept = self.lock();
+        if kept.entries.get(id).is_some_and(|e| Arc::ptr_eq(e, entry)) {
+            kept.entries.remove(id);
+            kept.bytes -= entry.size(id);
+        }
+    }
+
+    fn kept(&self, id: &str) -> Option<Arc<Entry>> {
         self.lock().entries.get(id).cloned()
     }
 
     fn keep(&self, id: &str, entry: Entry) {
         let size = entry.size(id);
+        if size > MOST_BYTES {
+            return;
+        }
         let mut kept = self.lock();
         if let Some(old) = kept.entries.remove(id) {
             kept.bytes -= old.size(id);
@@ -128,14 +162,25 @@ impl AttachCache {
         if kept.bytes + size > MOST_BYTES {
             *kept = Kept::default();
         }
-        if size <= MOST_BYTES {
-            kept.bytes += size;
-            kept.entries.insert(id.to_string(), entry);
-        }
+        kept.bytes += size;
+        kept.entries.insert(id.to_string(), Arc::new(entry));
     }
 
     /// The map stays whole if a holder panicked: every change to it is one step.
     fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Whether container `id`'s record and layer links are still those `entry`'s answer was
+/// worked out from.
+fn still_current(store: &Store, id: &str, entry: &Entry) -> bool {
+    // Unreadable or gone: the full answer says why.
+    store.record_bytes(id).ok().flatten().as_ref() == Some(&entry.stored)
+        && links(store, &entry.record).is_ok_and(|now| now == entry.links)
+}
+
+/// The short link of each of `record`'s layers, made if missing.
+fn links(store: &Store, record: &ContainerRecord) -> Result<Vec<PathBuf>, StoreError> {
+    record.layers.iter().map(|l| store.layer_link(l)).collect()
 }
