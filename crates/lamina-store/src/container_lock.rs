@@ -75,13 +75,26 @@ impl Store {
             | rustix::fs::OFlags::NOFOLLOW
             | rustix::fs::OFlags::NONBLOCK
             | rustix::fs::OFlags::CLOEXEC;
-        match rustix::fs::open(&path, flags, rustix::fs::Mode::empty()) {
+        let file = match rustix::fs::open(&path, flags, rustix::fs::Mode::empty()) {
             // A holder makes the file before it locks it.
-            Err(rustix::io::Errno::NOENT) => false,
+            Err(rustix::io::Errno::NOENT) => return false,
+            Ok(file) => file,
             // Anything else is for the lock's own taker to report.
-            Err(_) => true,
-            Ok(file) => rustix::fs::flock(&file, FlockOperation::NonBlockingLockShared).is_err(),
+            Err(_) => return true,
+        };
+        // Only a regular file is a lock (`open_lock_file` refuses anything else).
+        if !rustix::fs::fstat(&file).is_ok_and(|st| {
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+        }) {
+            return true;
         }
+        if rustix::fs::flock(&file, FlockOperation::NonBlockingLockShared).is_err() {
+            return true;
+        }
+        // Released now, not when the last copy of the descriptor closes: a child forked
+        // meanwhile would hold it until it execs.
+        let _ = rustix::fs::flock(&file, FlockOperation::Unlock);
+        false
     }
 
     /// Removes the ID lock files of containers that do not exist and that nobody holds:

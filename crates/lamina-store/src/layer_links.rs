@@ -25,6 +25,21 @@ const STEP: usize = 4;
 impl Store {
     /// The short path of layer `chain_id`'s tree (`l/<name>`), made if missing.
     pub fn layer_link(&self, chain_id: &Digest) -> Result<PathBuf, StoreError> {
+        self.find_layer_link(chain_id, true)?
+            .ok_or_else(|| StoreError::NotFound(format!("the short link of layer {chain_id}")))
+    }
+
+    /// [`Store::layer_link`] if it is made, `None` if not: for a caller that holds
+    /// neither the container nor the layers (a kept Mounts answer, checked).
+    pub fn made_layer_link(&self, chain_id: &Digest) -> Result<Option<PathBuf>, StoreError> {
+        self.find_layer_link(chain_id, false)
+    }
+
+    fn find_layer_link(
+        &self,
+        chain_id: &Digest,
+        make: bool,
+    ) -> Result<Option<PathBuf>, StoreError> {
         let links = self.layout().links();
         let target = Path::new("..")
             .join("layers")
@@ -39,13 +54,14 @@ impl Store {
             let link = links.join(&hex[..len]);
             // Read first: the link is there for every layer after its first use.
             match fs::read_link(&link) {
-                Ok(found) if found == target => return Ok(link),
+                Ok(found) if found == target => return Ok(Some(link)),
                 // Another layer's link, or anything else: a longer name.
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::InvalidInput => {}
+                Err(e) if e.kind() == ErrorKind::NotFound && !make => return Ok(None),
                 Err(e) if e.kind() == ErrorKind::NotFound => {
                     match std::os::unix::fs::symlink(&target, &link) {
-                        Ok(()) => return Ok(link),
+                        Ok(()) => return Ok(Some(link)),
                         // Made meanwhile: read it again.
                         Err(e) if e.kind() == ErrorKind::AlreadyExists && races < 3 => {
                             races += 1;

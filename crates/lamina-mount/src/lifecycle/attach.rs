@@ -24,10 +24,10 @@ use crate::{RootfsError, Strategies};
 /// the store's filesystem, and a volatile overlay the caller mounted itself could never
 /// be mounted a second time.
 pub fn attach(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach, RootfsError> {
-    match attach_read(store, mounter, id, |_| true)? {
-        Some(answer) => Ok(answer.attach),
-        None => Err(lamina_store::StoreError::NotFound(id.into()).into()),
-    }
+    holding_id(store, id, || {
+        let container = record::read(store, id)?;
+        Ok(attach_held(store, mounter, id, container)?.0)
+    })
 }
 
 /// [`attach`] if `belongs` accepts container `id`'s record, `None` otherwise: the record
@@ -39,39 +39,18 @@ pub fn attach_if(
     id: &str,
     belongs: impl FnOnce(&ContainerRecord) -> bool,
 ) -> Result<Option<Attach>, RootfsError> {
-    Ok(attach_read(store, mounter, id, belongs)?.map(|answer| answer.attach))
-}
-
-/// An answer of [`attach_read`], and what it was worked out from.
-pub(crate) struct Answer {
-    pub attach: Attach,
-    /// The record as stored, and as read, when the answer follows from it alone.
-    pub from_record: Option<(Vec<u8>, ContainerRecord)>,
-}
-
-/// [`attach_if`], saying whether the answer follows from the record alone.
-pub(crate) fn attach_read(
-    store: &Store,
-    mounter: &dyn Mounter,
-    id: &str,
-    belongs: impl FnOnce(&ContainerRecord) -> bool,
-) -> Result<Option<Answer>, RootfsError> {
     holding_id(store, id, || {
-        let (container, bytes) = record::read_with_bytes(store, id)?;
+        let container = record::read(store, id)?;
         if !belongs(&container.record) {
             return Ok(None);
         }
-        let record = container.record.clone();
-        let (attach, alone) = attach_held(store, mounter, id, container)?;
-        Ok(Some(Answer {
-            attach,
-            from_record: alone.then_some((bytes, record)),
-        }))
+        Ok(Some(attach_held(store, mounter, id, container)?.0))
     })
 }
 
-/// What to mount for the container, and whether that follows from its record alone.
-fn attach_held(
+/// What to mount for the container, holding its ID, and whether that follows from its
+/// record alone ([`crate::AttachCache`] keeps only those).
+pub(crate) fn attach_held(
     store: &Store,
     mounter: &dyn Mounter,
     id: &str,

@@ -4,12 +4,13 @@
 //! ([`crate::providers`] says which) is given again, without the parse and the options,
 //! while three things hold, each checked on every answer:
 //! - nobody holds the container's ID (a create, delete, mount or commit of it in
-//!   flight): then the answer waits for it, worked out under the ID as before;
+//!   flight), before and after the reads below: otherwise the answer waits for it,
+//!   worked out under the ID as before;
 //! - the record's bytes are the ones it was worked out from: a record is only ever
 //!   replaced whole, so equal bytes are the same record;
 //! - each layer's short link (`l/<name>`, which the overlay options name) is the one the
-//!   answer names: a link removed behind lamina's back is made again, perhaps under
-//!   another name.
+//!   answer names: a link removed behind lamina's back is made again under the ID, perhaps
+//!   under another name.
 //!
 //! Any other answer (a rootfs lamina mounts, checked or mounted again when asked) is
 //! worked out every time.
@@ -23,7 +24,9 @@ use lamina_store::{ContainerRecord, Store, StoreError};
 use lamina_sys::Mounter;
 
 use crate::RootfsError;
-use crate::lifecycle::attach::attach_read;
+use crate::lifecycle::attach::attach_held;
+use crate::lifecycle::one_step::holding_id;
+use crate::model::record;
 use crate::providers::Attach;
 
 /// The most memory the kept answers are counted at: past it the cache starts again
@@ -93,33 +96,32 @@ impl AttachCache {
         id: &str,
         belongs: impl FnOnce(&ContainerRecord) -> bool,
     ) -> Result<Option<Attach>, RootfsError> {
-        // Asked first: the answer is as of this moment, when no step of the ID was in
-        // flight; one that starts after it and changes the record is seen below.
-        if let Some(entry) = self.kept(id)
-            && !store.id_held(id)
-        {
+        if let Some(entry) = self.kept(id) {
             if still_current(store, id, &entry) {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(belongs(&entry.record).then(|| entry.attach.clone()));
             }
             self.forget_entry(id, &entry);
         }
-        let Some(answer) = attach_read(store, mounter, id, belongs)? else {
-            return Ok(None);
-        };
-        if let Some((stored, record)) = answer.from_record
-            && let Ok(links) = links(store, &record)
-        {
-            let attach = answer.attach.clone();
-            let entry = Entry {
-                stored,
-                record,
-                links,
-                attach,
-            };
-            self.keep(id, entry);
-        }
-        Ok(Some(answer.attach))
+        // Kept under the ID, as worked out: a delete that follows forgets it.
+        holding_id(store, id, || {
+            let (container, stored) = record::read_with_bytes(store, id)?;
+            if !belongs(&container.record) {
+                return Ok(None);
+            }
+            let record = container.record.clone();
+            let (attach, from_record_alone) = attach_held(store, mounter, id, container)?;
+            if from_record_alone && let Ok(Some(links)) = made_links(store, &record) {
+                let entry = Entry {
+                    stored,
+                    record,
+                    links,
+                    attach: attach.clone(),
+                };
+                self.keep(id, entry);
+            }
+            Ok(Some(attach))
+        })
     }
 
     /// How many answers were given from what was kept.
@@ -172,15 +174,24 @@ impl AttachCache {
     }
 }
 
-/// Whether container `id`'s record and layer links are still those `entry`'s answer was
-/// worked out from.
+/// Whether `entry`'s answer is still the one container `id` would get. Nobody may hold
+/// the ID before the record is read nor after the links are: a step that changes the
+/// record (always with a durable write, milliseconds) cannot start and end between the
+/// two, so the bytes read are the record as it stands with no step in flight.
 fn still_current(store: &Store, id: &str, entry: &Entry) -> bool {
-    // Unreadable or gone: the full answer says why.
-    store.record_bytes(id).ok().flatten().as_ref() == Some(&entry.stored)
-        && links(store, &entry.record).is_ok_and(|now| now == entry.links)
+    !store.id_held(id)
+        // Unreadable or gone: the full answer says why.
+        && store.record_bytes(id).ok().flatten().as_ref() == Some(&entry.stored)
+        && made_links(store, &entry.record).is_ok_and(|now| now.as_ref() == Some(&entry.links))
+        && !store.id_held(id)
 }
 
-/// The short link of each of `record`'s layers, made if missing.
-fn links(store: &Store, record: &ContainerRecord) -> Result<Vec<PathBuf>, StoreError> {
-    record.layers.iter().map(|l| store.layer_link(l)).collect()
+/// The short link of each of `record`'s layers, `None` if one is not made (the full
+/// answer makes it, holding the ID).
+fn made_links(store: &Store, record: &ContainerRecord) -> Result<Option<Vec<PathBuf>>, StoreError> {
+    record
+        .layers
+        .iter()
+        .map(|l| store.made_layer_link(l))
+        .collect()
 }
