@@ -7,27 +7,27 @@
 
 mod common;
 
-use common::{setup, with};
+use common::{setup, without_mount};
 
 use lamina_mount::{
     Attach, AttachCache, CreateOptions, RootfsError, create, delete, mount, unmount,
 };
 use lamina_sys::{FakeCall, FakeMounter, Mounter};
 
-fn without_mount(list: &str) -> CreateOptions {
-    CreateOptions {
-        without_mount: true,
-        mount_volatile_without_mount: true,
-        ..with(list)
-    }
+/// A store with classic container `c`, which the caller mounts (as containerd does).
+fn caller_mounted(
+    tmp: &std::path::Path,
+) -> (lamina_store::Store, lamina_image::Image, FakeMounter) {
+    let (store, image) = setup(tmp);
+    let fake = FakeMounter::new();
+    create(&store, &fake, &image, "c", &without_mount("classic")).unwrap();
+    (store, image, fake)
 }
 
 #[test]
 fn a_kept_answer_stands_while_the_record_is_unchanged_and_no_longer_once_it_changes() {
     let tmp = tempfile::tempdir().unwrap();
-    let (store, image) = setup(tmp.path());
-    let fake = FakeMounter::new();
-    create(&store, &fake, &image, "c", &without_mount("classic")).unwrap();
+    let (store, _, fake) = caller_mounted(tmp.path());
     let cache = AttachCache::default();
 
     let first = cache.attach(&store, &fake, "c").unwrap();
@@ -88,9 +88,7 @@ fn an_answer_that_depends_on_what_is_mounted_is_never_kept() {
 #[test]
 fn a_removed_container_is_not_answered_from_what_was_kept_nor_one_made_again_under_its_id() {
     let tmp = tempfile::tempdir().unwrap();
-    let (store, image) = setup(tmp.path());
-    let fake = FakeMounter::new();
-    create(&store, &fake, &image, "c", &without_mount("classic")).unwrap();
+    let (store, image, fake) = caller_mounted(tmp.path());
     let cache = AttachCache::default();
     let first = cache.attach(&store, &fake, "c").unwrap();
 
@@ -122,9 +120,7 @@ fn a_removed_container_is_not_answered_from_what_was_kept_nor_one_made_again_und
 #[test]
 fn whose_the_container_is_is_asked_of_the_kept_record_too() {
     let tmp = tempfile::tempdir().unwrap();
-    let (store, image) = setup(tmp.path());
-    let fake = FakeMounter::new();
-    create(&store, &fake, &image, "c", &without_mount("classic")).unwrap();
+    let (store, _, fake) = caller_mounted(tmp.path());
     let cache = AttachCache::default();
     let image_of = store.record("c").unwrap().image;
 
@@ -183,9 +179,7 @@ fn a_step_holding_the_id_is_waited_for_not_answered_past() {
 #[test]
 fn a_layer_link_changed_behind_laminas_back_is_answered_as_it_is_now() {
     let tmp = tempfile::tempdir().unwrap();
-    let (store, image) = setup(tmp.path());
-    let fake = FakeMounter::new();
-    create(&store, &fake, &image, "c", &without_mount("classic")).unwrap();
+    let (store, image, fake) = caller_mounted(tmp.path());
     let cache = AttachCache::default();
     let first = cache.attach(&store, &fake, "c").unwrap();
     let top = image.chain_ids().last().unwrap().clone();

@@ -7,21 +7,13 @@
 
 mod common;
 
-use common::{setup, setup_fake, with};
+use common::{setup, setup_fake, with, without_mount};
 
 use lamina_mount::{
     Attach, CreateOptions, RootfsError, attach, commit_upper, create, create_empty,
     remove_crashed_create, unmount, upper_to_commit,
 };
 use lamina_sys::{Call, Errno, FakeMounter, Mounter, When};
-
-fn without_mount(list: &str) -> CreateOptions {
-    CreateOptions {
-        without_mount: true,
-        mount_volatile_without_mount: true,
-        ..with(list)
-    }
-}
 
 #[test]
 fn a_classic_container_the_caller_mounts_attaches_as_its_overlay_and_mounts_nothing() {

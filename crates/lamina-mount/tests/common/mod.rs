@@ -63,3 +63,13 @@ pub fn with(list: &str) -> CreateOptions {
         ..CreateOptions::default()
     }
 }
+
+/// [`with`], for a caller that mounts the rootfs itself (containerd): lamina mounts only
+/// what only it can (a volatile overlay).
+pub fn without_mount(list: &str) -> CreateOptions {
+    CreateOptions {
+        without_mount: true,
+        mount_volatile_without_mount: true,
+        ..with(list)
+    }
+}
