@@ -207,13 +207,25 @@ fn a_layer_link_changed_behind_laminas_back_is_answered_as_it_is_now() {
     let Attach::Overlay { options } = &now else {
         panic!("{now:?}");
     };
-    let name = link.file_name().unwrap().to_str().unwrap();
-    let lowers = options.iter().find(|o| o.starts_with("lowerdir=")).unwrap();
+    let lowers = options
+        .iter()
+        .find_map(|o| o.strip_prefix("lowerdir="))
+        .unwrap();
     assert!(
-        lowers
-            .split([':', '='])
-            .all(|l| !l.ends_with(&format!("/{name}"))),
+        !lowers.split(':').any(|l| l == link.to_str().unwrap()),
         "{lowers}"
+    );
+    let longer = store.layer_link(&top).unwrap();
+    assert_ne!(longer, link);
+    assert!(
+        lowers.split(':').any(|l| l == longer.to_str().unwrap()),
+        "{lowers}"
+    );
+    assert_eq!(
+        std::fs::read_link(&longer).unwrap(),
+        std::path::Path::new("../layers")
+            .join(top.hex())
+            .join("diff")
     );
     assert_eq!(cache.hits(), 1);
 }

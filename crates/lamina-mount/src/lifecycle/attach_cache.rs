@@ -111,7 +111,10 @@ impl AttachCache {
             }
             let record = container.record.clone();
             let (attach, from_record_alone) = attach_held(store, mounter, id, container)?;
-            if from_record_alone && let Ok(Some(links)) = made_links(store, &record) {
+            if from_record_alone
+                && let Ok(Some(links)) = made_links(store, &record)
+                && names_links(&attach, &links, &store.layout().links())
+            {
                 let entry = Entry {
                     stored,
                     record,
@@ -175,15 +178,38 @@ impl AttachCache {
 }
 
 /// Whether `entry`'s answer is still the one container `id` would get. Nobody may hold
-/// the ID before the record is read nor after the links are: a step that changes the
-/// record (always with a durable write, milliseconds) cannot start and end between the
-/// two, so the bytes read are the record as it stands with no step in flight.
+/// the ID before the record is read nor after the links are. Every step writes the record
+/// at most once, whole, so the bytes read are the record as it stood either before a step
+/// that started after the first check or after one that ended before the second: an
+/// instant of the call with no step in flight.
 fn still_current(store: &Store, id: &str, entry: &Entry) -> bool {
     !store.id_held(id)
         // Unreadable or gone: the full answer says why.
         && store.record_bytes(id).ok().flatten().as_ref() == Some(&entry.stored)
         && made_links(store, &entry.record).is_ok_and(|now| now.as_ref() == Some(&entry.links))
         && !store.id_held(id)
+}
+
+/// Whether `attach` names exactly `links` as its short-linked lowers (in `links_dir`):
+/// read apart from the answer, a link could have changed between the two.
+fn names_links(attach: &Attach, links: &[PathBuf], links_dir: &std::path::Path) -> bool {
+    match attach {
+        Attach::Bind { .. } => links.is_empty(),
+        Attach::Overlay { options } => {
+            let lowers = options.iter().find_map(|o| o.strip_prefix("lowerdir="));
+            let mut named: Vec<&str> = lowers
+                .map(|l| {
+                    l.split(':')
+                        .filter(|p| std::path::Path::new(p).parent() == Some(links_dir))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut wanted: Vec<String> = links.iter().map(|l| l.display().to_string()).collect();
+            named.sort_unstable();
+            wanted.sort_unstable();
+            named == wanted
+        }
+    }
 }
 
 /// The short link of each of `record`'s layers, `None` if one is not made (the full
@@ -194,4 +220,70 @@ fn made_links(store: &Store, record: &ContainerRecord) -> Result<Option<Vec<Path
         .iter()
         .map(|l| store.made_layer_link(l))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(bytes: usize) -> Entry {
+        Entry {
+            stored: vec![b' '; bytes],
+            record: ContainerRecord {
+                id: "c".into(),
+                image: String::new(),
+                image_id: lamina_image::Digest::of(&[]),
+                layers: Vec::new(),
+                env: Vec::new(),
+                created_unix: 0,
+                disk_limit: None,
+                rootfs: Default::default(),
+            },
+            links: Vec::new(),
+            attach: Attach::Bind {
+                source: PathBuf::from("/s"),
+                read_only: false,
+            },
+        }
+    }
+
+    #[test]
+    fn what_is_kept_is_counted_and_bounded() {
+        let cache = AttachCache::default();
+        // Each counted at twice its bytes and a little more: three fit, a fourth not.
+        let big = MOST_BYTES / 8;
+        for id in ["a", "b", "c"] {
+            cache.keep(id, entry(big));
+        }
+        let counted = cache.lock().bytes;
+        assert!(
+            counted > 3 * big * 2 - 1 && counted <= MOST_BYTES,
+            "{counted}"
+        );
+        // Replacing one counts it once.
+        cache.keep("a", entry(big));
+        assert_eq!(cache.lock().bytes, counted);
+        // Past the bound it starts again with the newest alone.
+        cache.keep("d", entry(big));
+        assert_eq!(cache.lock().entries.len(), 1);
+        cache.forget("d");
+        cache.forget("d");
+        assert_eq!(cache.lock().bytes, 0);
+        assert!(cache.lock().entries.is_empty());
+        // Too large to keep at all.
+        cache.keep("e", entry(MOST_BYTES));
+        assert!(cache.lock().entries.is_empty());
+    }
+
+    #[test]
+    fn an_entry_replaced_meanwhile_is_not_forgotten_for_the_old_one() {
+        let cache = AttachCache::default();
+        cache.keep("a", entry(10));
+        let old = cache.kept("a").unwrap();
+        cache.keep("a", entry(20));
+        cache.forget_entry("a", &old);
+        assert!(cache.kept("a").is_some_and(|e| e.stored.len() == 20));
+        let size = cache.kept("a").unwrap().size("a");
+        assert_eq!(cache.lock().bytes, size);
+    }
 }
