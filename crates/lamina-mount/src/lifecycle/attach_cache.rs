@@ -49,6 +49,15 @@ struct Kept {
     bytes: usize,
 }
 
+impl Kept {
+    /// Removes `id`'s entry and its count: the one place an entry leaves but a reset.
+    fn take(&mut self, id: &str) -> Option<Arc<Entry>> {
+        let entry = self.entries.remove(id)?;
+        self.bytes -= entry.size(id);
+        Some(entry)
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     /// The record as stored when the answer was worked out.
@@ -135,10 +144,7 @@ impl AttachCache {
     /// Drops what is kept of container `id`. Call after it is deleted: a Mounts during
     /// the delete would keep it again.
     pub fn forget(&self, id: &str) {
-        let mut kept = self.lock();
-        if let Some(entry) = kept.entries.remove(id) {
-            kept.bytes -= entry.size(id);
-        }
+        self.lock().take(id);
     }
 
     /// Drops `entry` if it is still what is kept of `id` (another thread may have kept a
@@ -146,8 +152,7 @@ impl AttachCache {
     fn forget_entry(&self, id: &str, entry: &Arc<Entry>) {
         let mut kept = self.lock();
         if kept.entries.get(id).is_some_and(|e| Arc::ptr_eq(e, entry)) {
-            kept.entries.remove(id);
-            kept.bytes -= entry.size(id);
+            kept.take(id);
         }
     }
 
@@ -161,9 +166,7 @@ impl AttachCache {
             return;
         }
         let mut kept = self.lock();
-        if let Some(old) = kept.entries.remove(id) {
-            kept.bytes -= old.size(id);
-        }
+        kept.take(id);
         if kept.bytes + size > MOST_BYTES {
             *kept = Kept::default();
         }
