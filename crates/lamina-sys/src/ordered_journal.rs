@@ -2,9 +2,12 @@
 //! that a new file written with `O_DIRECT` and renamed into place needs no flush of its
 //! own ([`crate::HostFs::write_new_direct`]); the same journal logs a new symlink's
 //! target with its name ([`crate::HostFs::write_new_symlink`]). Only configurations known
-//! to hold pass, checked on every call, each by asking the filesystem itself — a create
-//! runs this, and the mount table it could also be read from grows with every container
-//! on the host (with 300 overlays mounted, reading it was most of a create's CPU time):
+//! to hold pass, each asked of the filesystem itself — a create runs this, and the mount
+//! table it could also be read from grows with every container on the host (with 300
+//! overlays mounted, reading it was most of a create's CPU time). A process asks once per
+//! mount (statx's mount ID): of the options below, a remount can change only `barrier`,
+//! and under `nobarrier` no fsync reaches the disk either, so a kept answer never skips a
+//! flush that would have made anything durable:
 //! - ext4 with its journal inside the filesystem, as jbd2 names it
 //!   (`/proc/fs/jbd2/<dev>-8`, inode 8 being ext4's journal): ext2, ext4 made without a
 //!   journal and an external journal device all lack it. Not mounted `noload` or
@@ -20,8 +23,9 @@
 
 use std::os::fd::AsFd;
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{AtFlags, Mode, OFlags, StatxFlags};
 
 const EXT4: u64 = 0xEF53;
 const XFS: u64 = 0x5846_5342;
@@ -29,6 +33,52 @@ const XFS: u64 = 0x5846_5342;
 const EXT4_JOURNAL_INODE: u32 = 8;
 
 pub(crate) fn orders_direct_writes(dir: &Path) -> bool {
+    /// Mounts one process keeps answers for: a store's, and a few scratch ones in tests.
+    const MOST_KEPT: usize = 64;
+    static KEPT: Mutex<Vec<(MountKey, bool)>> = Mutex::new(Vec::new());
+    let Some(key) = MountKey::of(dir) else {
+        return false;
+    };
+    if let Some((_, orders)) = lock(&KEPT).iter().find(|(k, _)| *k == key) {
+        return *orders;
+    }
+    let orders = asked_of_filesystem(dir);
+    let mut kept = lock(&KEPT);
+    if kept.len() >= MOST_KEPT {
+        kept.clear();
+    }
+    kept.push((key, orders));
+    orders
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The mount a path is on: a new mount of the same device gets a new mount ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MountKey {
+    dev: u64,
+    mount_id: u64,
+}
+
+impl MountKey {
+    fn of(dir: &Path) -> Option<MountKey> {
+        let st = rustix::fs::statx(
+            rustix::fs::CWD,
+            dir,
+            AtFlags::empty(),
+            StatxFlags::BASIC_STATS | StatxFlags::MNT_ID,
+        )
+        .ok()?;
+        (st.stx_mask & StatxFlags::MNT_ID.bits() != 0).then(|| MountKey {
+            dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
+            mount_id: st.stx_mnt_id,
+        })
+    }
+}
+
+fn asked_of_filesystem(dir: &Path) -> bool {
     let Ok(dir) = rustix::fs::open(
         dir,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,

@@ -5,7 +5,9 @@
 
 use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use lamina_store::Store;
 use lamina_sys::{At, HostFs, Mounter, OverlaySpec};
@@ -47,8 +49,7 @@ pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Re
     let cache = cache_path(store);
     let (kernel, boot_id) = (kernel_release(), boot_id());
     if !refresh
-        && let Ok(bytes) = lamina_store::read_regular_file(&cache)
-        && let Ok(cached) = serde_json::from_slice::<Probe>(&bytes)
+        && let Some(cached) = read_cache(&cache)
         && cached.kernel == kernel
         && cached.boot_id == boot_id
         && cached.erofs_file_backed.is_some()
@@ -91,17 +92,77 @@ pub fn cache_path(store: &Store) -> PathBuf {
     store.root().join("run").join("probe.json")
 }
 
+/// The running kernel's release, asked once: it cannot change while a process runs.
 pub(crate) fn kernel_release() -> String {
-    rustix::system::uname()
-        .release()
-        .to_string_lossy()
-        .into_owned()
+    static RELEASE: OnceLock<String> = OnceLock::new();
+    RELEASE
+        .get_or_init(|| {
+            rustix::system::uname()
+                .release()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .clone()
 }
 
+/// This boot's ID, asked once: a process does not outlive its boot.
 pub(crate) fn boot_id() -> String {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    static BOOT_ID: OnceLock<String> = OnceLock::new();
+    BOOT_ID
+        .get_or_init(|| {
+            fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        })
+        .clone()
+}
+
+/// The cached probe at `path`, parsed. A daemon asks on every create, so what it parsed
+/// is kept with the file's identity (device, inode, size, change and modification times)
+/// and parsed again only when one of them differs: the probe's writers replace the file
+/// by rename, and any write in place moves its change time.
+fn read_cache(path: &Path) -> Option<Probe> {
+    /// Stores one process keeps parsed probes for; the CLI uses one, a test process many.
+    const MOST_KEPT: usize = 8;
+    static KEPT: Mutex<Vec<(PathBuf, FileStamp, Probe)>> = Mutex::new(Vec::new());
+    let stamp = FileStamp::of(path)?;
+    let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, _, probe)) = kept.iter().find(|(p, s, _)| p == path && *s == stamp) {
+        return Some(probe.clone());
+    }
+    let bytes = lamina_store::read_regular_file(path).ok()?;
+    let probe = serde_json::from_slice::<Probe>(&bytes).ok()?;
+    kept.retain(|(p, _, _)| p != path);
+    if kept.len() >= MOST_KEPT {
+        kept.remove(0);
+    }
+    // Stamped before the read: a write between the two is seen at the next call.
+    kept.push((path.to_path_buf(), stamp, probe.clone()));
+    Some(probe)
+}
+
+/// What changes when a file is replaced or written: its identity for [`read_cache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    /// The stamp of the regular file at `path` (not followed if a symlink).
+    fn of(path: &Path) -> Option<FileStamp> {
+        let meta = fs::symlink_metadata(path).ok()?;
+        meta.file_type().is_file().then(|| FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        })
+    }
 }
 
 /// A probe workspace under the store's tmp/, removed (after unmounting) on drop.
