@@ -151,3 +151,22 @@ fn filesystems_without_an_ordered_journal_take_the_fsync_path() {
     assert!(!direct(&ScratchFs::tmpfs()), "tmpfs");
     assert!(!symlinked(&ScratchFs::tmpfs()), "tmpfs: a symlink record");
 }
+
+/// What a process learnt of one mount is not carried to the next: a filesystem made after
+/// another is gone most often gets its loop device and, from `STATX_MNT_ID`, its mount ID
+/// too. Answers are kept per mount by the kernel's unique mount ID.
+#[test]
+fn the_next_mount_on_a_freed_device_is_asked_again() {
+    require_root();
+    let async_commit = LoopOptions {
+        mount: Some("data=writeback,journal_async_commit"),
+        ..LoopOptions::default()
+    };
+    for _ in 0..3 {
+        let journaled = made(FsKind::Ext4, LoopOptions::default());
+        assert!(direct(&journaled));
+        drop(journaled);
+        let unordered = made(FsKind::Ext4, async_commit.clone());
+        assert!(!direct(&unordered), "the mount before it was answered for");
+    }
+}

@@ -5,9 +5,9 @@
 //! to hold pass, each asked of the filesystem itself — a create runs this, and the mount
 //! table it could also be read from grows with every container on the host (with 300
 //! overlays mounted, reading it was most of a create's CPU time). A process asks once per
-//! mount (statx's mount ID): of the options below, a remount can change only `barrier`,
-//! and under `nobarrier` no fsync reaches the disk either, so a kept answer never skips a
-//! flush that would have made anything durable:
+//! mount (statx's unique mount ID): of the options below, a remount can change only
+//! `barrier`, and under `nobarrier` no fsync reaches the disk either, so a kept answer
+//! never skips a flush that would have made anything durable:
 //! - ext4 with its journal inside the filesystem, as jbd2 names it
 //!   (`/proc/fs/jbd2/<dev>-8`, inode 8 being ext4's journal): ext2, ext4 made without a
 //!   journal and an external journal device all lack it. Not mounted `noload` or
@@ -37,7 +37,7 @@ pub(crate) fn orders_direct_writes(dir: &Path) -> bool {
     const MOST_KEPT: usize = 64;
     static KEPT: Mutex<Vec<(MountKey, bool)>> = Mutex::new(Vec::new());
     let Some(key) = MountKey::of(dir) else {
-        return false;
+        return asked_of_filesystem(dir);
     };
     if let Some((_, orders)) = lock(&KEPT).iter().find(|(k, _)| *k == key) {
         return *orders;
@@ -55,7 +55,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The mount a path is on: a new mount of the same device gets a new mount ID.
+/// `STATX_MNT_ID_UNIQUE` (Linux 6.8): a 64-bit mount ID the kernel never reuses, where
+/// `STATX_MNT_ID`'s is the lowest free one, given again to the next mount (of the same
+/// loop device, say) once a mount is gone.
+const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
+
+/// The mount a path is on, as long as it stays mounted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct MountKey {
     dev: u64,
@@ -63,15 +68,16 @@ struct MountKey {
 }
 
 impl MountKey {
+    /// `None` where the kernel gives no unique mount ID: then every call asks.
     fn of(dir: &Path) -> Option<MountKey> {
         let st = rustix::fs::statx(
             rustix::fs::CWD,
             dir,
             AtFlags::empty(),
-            StatxFlags::BASIC_STATS | StatxFlags::MNT_ID,
+            StatxFlags::BASIC_STATS | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE),
         )
         .ok()?;
-        (st.stx_mask & StatxFlags::MNT_ID.bits() != 0).then(|| MountKey {
+        (st.stx_mask & STATX_MNT_ID_UNIQUE != 0).then(|| MountKey {
             dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
             mount_id: st.stx_mnt_id,
         })
