@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 
 use prost_types::Timestamp;
-use tokio::runtime::RuntimeFlavor;
 use tonic::{Request, Response, Status};
 
 use crate::proto::containerd::services::snapshots::v1 as api;
@@ -40,7 +39,9 @@ impl Service {
         F: FnOnce(&Snapshotter) -> Result<T, SnapshotError> + Send + 'static,
     {
         let snapshotter = self.snapshotter.clone();
-        let work = move || {
+        // A failure is logged on the blocking thread too: a log sink that stalls (a full
+        // stderr pipe) must not hold a runtime worker, which serves other connections.
+        let answered = tokio::task::spawn_blocking(move || {
             work(&snapshotter).map_err(|e| {
                 match &e {
                     SnapshotError::NotFound(_) | SnapshotError::AlreadyExists(_) => {
@@ -50,22 +51,9 @@ impl Service {
                 }
                 Status::from(e)
             })
-        };
-        // The call's file and database work blocks, and so does a log sink that stalls (a
-        // full stderr pipe): neither may hold a runtime worker, which serves other
-        // connections. On the daemon's multi-thread runtime the worker hands its queue
-        // to another thread and runs the call itself, sparing the two cross-thread
-        // wake-ups of a hand-off to the blocking pool (docs/benchmarks.md, issue 40).
-        match tokio::runtime::Handle::current().runtime_flavor() {
-            RuntimeFlavor::MultiThread => tokio::task::block_in_place(|| {
-                // As a panic on the blocking pool is answered, not left to reset the stream.
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-                    .unwrap_or_else(|_| Err(Status::internal(format!("{call}: panicked"))))
-            }),
-            _ => tokio::task::spawn_blocking(work)
-                .await
-                .map_err(|e| Status::internal(format!("{call}: {e}")))?,
-        }
+        })
+        .await;
+        answered.map_err(|e| Status::internal(format!("{call}: {e}")))?
     }
 }
 

@@ -21,7 +21,7 @@
 //! in `host.rs`): ext4 quietly turns direct I/O into buffered I/O for encrypted files,
 //! `data=journal` and inline data.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -36,13 +36,21 @@ pub(crate) fn orders_direct_writes(dir: &Path) -> bool {
     /// Mounts one process keeps answers for: a store's, and a few scratch ones in tests.
     const MOST_KEPT: usize = 64;
     static KEPT: Mutex<Vec<(MountKey, bool)>> = Mutex::new(Vec::new());
-    let Some(key) = MountKey::of(dir) else {
-        return asked_of_filesystem(dir);
+    // One open directory is keyed and asked: the answer is that mount's.
+    let Ok(dir) = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return false;
+    };
+    let Some(key) = MountKey::of(&dir) else {
+        return asked_of_filesystem(&dir);
     };
     if let Some((_, orders)) = lock(&KEPT).iter().find(|(k, _)| *k == key) {
         return *orders;
     }
-    let orders = asked_of_filesystem(dir);
+    let orders = asked_of_filesystem(&dir);
     let mut kept = lock(&KEPT);
     if kept.len() >= MOST_KEPT {
         kept.clear();
@@ -60,7 +68,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// loop device, say) once a mount is gone.
 const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
 
-/// The mount a path is on, as long as it stays mounted.
+/// The mount an open directory is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct MountKey {
     dev: u64,
@@ -69,11 +77,11 @@ struct MountKey {
 
 impl MountKey {
     /// `None` where the kernel gives no unique mount ID: then every call asks.
-    fn of(dir: &Path) -> Option<MountKey> {
+    fn of(dir: &OwnedFd) -> Option<MountKey> {
         let st = rustix::fs::statx(
-            rustix::fs::CWD,
             dir,
-            AtFlags::empty(),
+            "",
+            AtFlags::EMPTY_PATH,
             StatxFlags::BASIC_STATS | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE),
         )
         .ok()?;
@@ -84,20 +92,13 @@ impl MountKey {
     }
 }
 
-fn asked_of_filesystem(dir: &Path) -> bool {
-    let Ok(dir) = rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) else {
-        return false;
-    };
-    let Ok(fs) = rustix::fs::fstatfs(&dir) else {
+fn asked_of_filesystem(dir: &OwnedFd) -> bool {
+    let Ok(fs) = rustix::fs::fstatfs(dir) else {
         return false;
     };
     match fs.f_type as u64 {
         EXT4 => {
-            let Ok(st) = rustix::fs::fstat(&dir) else {
+            let Ok(st) = rustix::fs::fstat(dir) else {
                 return false;
             };
             let Some(name) = block_device_name(st.st_dev) else {

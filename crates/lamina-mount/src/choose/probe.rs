@@ -105,22 +105,24 @@ pub(crate) fn kernel_release() -> String {
         .clone()
 }
 
-/// This boot's ID, asked once: a process does not outlive its boot.
+/// This boot's ID, kept once read: a process does not outlive its boot. A failed read
+/// answers "" and is tried again next time.
 pub(crate) fn boot_id() -> String {
     static BOOT_ID: OnceLock<String> = OnceLock::new();
-    BOOT_ID
-        .get_or_init(|| {
-            fs::read_to_string("/proc/sys/kernel/random/boot_id")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_default()
-        })
-        .clone()
+    if let Some(id) = BOOT_ID.get() {
+        return id.clone();
+    }
+    match fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        Ok(id) => BOOT_ID.get_or_init(|| id.trim().to_string()).clone(),
+        Err(_) => String::new(),
+    }
 }
 
 /// The cached probe at `path`, parsed. A daemon asks on every create, so what it parsed
 /// is kept with the file's identity (device, inode, size, change and modification times)
-/// and parsed again only when one of them differs: the probe's writers replace the file
-/// by rename, and any write in place moves its change time.
+/// and parsed again only when one of them differs. lamina replaces the file by rename (a
+/// new inode); a write in place by hand that keeps its size within one timestamp tick
+/// goes unseen until the file next changes.
 fn read_cache(path: &Path) -> Option<Probe> {
     /// Stores one process keeps parsed probes for; the CLI uses one, a test process many.
     const MOST_KEPT: usize = 8;
