@@ -73,6 +73,13 @@ pub fn remove_tree(path: impl AsRef<Path>) -> io::Result<()> {
                         kind => kind,
                     };
                     if kind == FileType::Directory {
+                        // An empty directory (a container's rootfs, an unused upper) goes
+                        // in one call; one with entries, or a mount point (`EBUSY`), is
+                        // opened and emptied as before.
+                        match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+                            Ok(()) | Err(Errno::NOENT) => continue,
+                            Err(_) => {}
+                        }
                         let child = Node::under(node.clone(), name.to_os_string());
                         steps.push(Step::Empty(Some(Rc::new(child))));
                         continue;
@@ -136,6 +143,8 @@ mod tests {
         let root = tmp.path().join("t");
         let outside = tmp.path().join("outside");
         fs::create_dir_all(root.join("a/b/c")).unwrap();
+        fs::create_dir_all(root.join("a/empty")).unwrap();
+        fs::create_dir_all(root.join("empty")).unwrap();
         fs::create_dir_all(&outside).unwrap();
         fs::write(outside.join("kept"), "kept").unwrap();
         fs::write(root.join("a/b/c/f"), "x").unwrap();
