@@ -110,7 +110,11 @@ pub fn serve_until_signalled(
     socket: &Path,
     ready: impl FnOnce(),
 ) -> Result<(), ServeError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One thread does the gRPC I/O: every call's work runs on the blocking pool
+    // (`Service::run`, List's chunks too), so the runtime only frames and routes. A
+    // multi-thread runtime woke a second worker on every call, between the one that read
+    // it and the one that answered (docs/benchmarks.md, issue 40's eighth stop).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|source| ServeError::Socket {
