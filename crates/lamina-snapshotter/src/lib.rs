@@ -7,6 +7,7 @@
 //! [`serve`] puts it on a unix socket; [`metrics`] shows what it and the store are doing
 //! to Prometheus.
 
+mod accept_backoff;
 mod commit;
 mod complete;
 mod error;

@@ -10,6 +10,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 
+use crate::accept_backoff::Incoming;
 use crate::observe::ObserveLayer;
 use crate::proto::containerd::services::snapshots::v1::snapshots_client::SnapshotsClient;
 use crate::proto::containerd::services::snapshots::v1::snapshots_server::SnapshotsServer;
@@ -54,7 +55,7 @@ pub async fn serve(
     let served = Server::builder()
         .layer(ObserveLayer::new(snapshotter.activity.clone()))
         .add_service(SnapshotsServer::new(Service::new(snapshotter)))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(Incoming::new(UnixListenerStream::new(listener)), shutdown)
         .await;
     let _ = std::fs::remove_file(socket);
     served.map_err(|source| ServeError::Transport {

@@ -18,9 +18,10 @@ use lamina_snapshot_index::SnapshotKind;
 const LIST_CHUNK: usize = 100;
 
 /// The most encoded bytes one `List` response message carries (one snapshot's labels are
-/// bounded well below it, `MAX_LABEL_BYTES`): a quarter of containerd's 16 MiB receive
-/// limit for proxy plugins, and tonic's own 4 MiB default on our side.
-const LIST_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+/// bounded below it, `MAX_LABEL_BYTES`): well under containerd's 16 MiB receive limit for
+/// proxy plugins, and small enough that encoding one, on the runtime's one thread, holds
+/// other calls back for a moment only.
+const LIST_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// The gRPC face of a [`Snapshotter`].
 #[derive(Debug, Clone)]

@@ -2,9 +2,10 @@
 //! per level, so a container that nests tens of thousands of directories in its upper
 //! would make the delete, the reaper or a `clean` that removes it overflow its stack and
 //! abort (the daemon with it). Here the tree is taken apart in a loop, children before
-//! their directory, each directory opened as `beneath::Tree::walk` opens it (from the
-//! nearest ancestor kept open, no symlink followed, no other mount entered). Nothing is
-//! moved: after a failure, what is left is where it was.
+//! their directory: an empty directory is removed where it is listed, any other opened
+//! as `beneath::Tree::walk` opens it (from the nearest ancestor kept open, no symlink
+//! followed, no other mount entered). Nothing is moved: after a failure, what is left is
+//! where it was.
 
 use std::fs;
 use std::io;
@@ -184,6 +185,8 @@ mod tests {
             let root = tmp.path().join("t");
             for i in 0..2000 {
                 fs::create_dir_all(root.join(format!("{i}/a/b"))).unwrap();
+                fs::create_dir_all(root.join(format!("{i}/a/empty"))).unwrap();
+                fs::create_dir_all(root.join(format!("{i}/empty"))).unwrap();
                 fs::write(root.join(format!("{i}/a/b/f")), "x").unwrap();
             }
             let start = std::sync::Arc::new(std::sync::Barrier::new(2));
