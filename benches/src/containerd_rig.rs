@@ -73,12 +73,10 @@ pub fn start_for_run(
 /// The daemon, its log beside the bench executable as the proxied overlayfs's is: on
 /// the scratch filesystem, every unmount's sync would write the log's new lines back with
 /// the snapshot's metadata, which a node's daemon logging to its journal does not pay.
+/// One log per bench executable, begun again by each run.
 fn start_daemon(fs: &ScratchFs) -> Daemon {
     let exe = std::env::current_exe().expect("the bench executable's path");
-    let scratch = fs.path().file_name().expect("the scratch directory's name");
-    let log = exe
-        .with_file_name(scratch)
-        .with_extension("lamina-daemon.log");
+    let log = exe.with_extension("lamina-daemon.log");
     let _ = std::fs::remove_file(&log);
     Daemon::start_logging_to(
         &fs.path().join("store"),
