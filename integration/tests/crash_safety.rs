@@ -67,21 +67,20 @@ impl Crash<'_> {
 
     /// Brings the store to what `op` needs, and returns its arguments.
     fn prepare(&self, op: Op, id: &str) -> Vec<String> {
-        let id = id.to_string();
         match op {
             Op::Import => {
                 self.remove_all();
                 self.ok(&["clean", "--threshold-bytes", "0"]);
-                vec!["create".into(), self.image.clone(), id]
+                vec!["create".into(), self.image.clone(), id.into()]
             }
-            Op::Create => vec!["create".into(), self.image.clone(), id],
+            Op::Create => vec!["create".into(), self.image.clone(), id.into()],
             Op::Delete => {
-                self.ok(&["create", &self.image, &id]);
-                vec!["delete".into(), id]
+                self.ok(&["create", &self.image, id]);
+                vec!["delete".into(), id.into()]
             }
             Op::Clean => {
-                self.ok(&["create", &self.image, &id]);
-                self.ok(&["delete", &id]);
+                self.ok(&["create", &self.image, id]);
+                self.ok(&["delete", id]);
                 vec!["clean".into(), "--threshold-bytes".into(), "0".into()]
             }
             Op::PoolFill => {

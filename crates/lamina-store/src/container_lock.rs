@@ -71,29 +71,19 @@ impl Store {
             return false;
         }
         let path = self.layout.lock(&format!("id-{id}"));
-        let flags = rustix::fs::OFlags::RDONLY
-            | rustix::fs::OFlags::NOFOLLOW
-            | rustix::fs::OFlags::NONBLOCK
-            | rustix::fs::OFlags::CLOEXEC;
-        let file = match rustix::fs::open(&path, flags, rustix::fs::Mode::empty()) {
+        // Only a regular file is a lock (`open_lock_file` refuses anything else).
+        let file = match crate::open_regular_file(&path) {
             // A holder makes the file before it locks it.
-            Err(rustix::io::Errno::NOENT) => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
             Ok(file) => file,
             // Anything else is for the lock's own taker to report.
             Err(_) => return true,
         };
-        // Only a regular file is a lock (`open_lock_file` refuses anything else).
-        if !rustix::fs::fstat(&file).is_ok_and(|st| {
-            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
-        }) {
+        if rustix::fs::flock(file.as_fd(), FlockOperation::NonBlockingLockShared).is_err() {
             return true;
         }
-        if rustix::fs::flock(&file, FlockOperation::NonBlockingLockShared).is_err() {
-            return true;
-        }
-        // Released now, not when the last copy of the descriptor closes: a child forked
-        // meanwhile would hold it until it execs.
-        let _ = rustix::fs::flock(&file, FlockOperation::Unlock);
+        // Given back at once, and explicitly (see `Flocked`).
+        drop(crate::Flocked::new(file));
         false
     }
 

@@ -24,10 +24,10 @@ use crate::{RootfsError, Strategies};
 /// the store's filesystem, and a volatile overlay the caller mounted itself could never
 /// be mounted a second time.
 pub fn attach(store: &Store, mounter: &dyn Mounter, id: &str) -> Result<Attach, RootfsError> {
-    holding_id(store, id, || {
-        let container = record::read(store, id)?;
-        Ok(attach_held(store, mounter, id, container)?.0)
-    })
+    match attach_if(store, mounter, id, |_| true)? {
+        Some(attach) => Ok(attach),
+        None => Err(lamina_store::StoreError::NotFound(id.into()).into()),
+    }
 }
 
 /// [`attach`] if `belongs` accepts container `id`'s record, `None` otherwise: the record
@@ -39,18 +39,43 @@ pub fn attach_if(
     id: &str,
     belongs: impl FnOnce(&ContainerRecord) -> bool,
 ) -> Result<Option<Attach>, RootfsError> {
+    attach_keeping(store, mounter, id, belongs, |_, _| {})
+}
+
+/// What an answer that follows from the record alone was worked out from.
+pub(crate) struct FromRecord {
+    /// The record as stored.
+    pub stored: Vec<u8>,
+    /// The same record, parsed.
+    pub record: ContainerRecord,
+}
+
+/// [`attach_if`], handing `keep` an answer that follows from the record alone, with what
+/// it came from, while the ID is still held ([`crate::AttachCache`] keeps those).
+pub(crate) fn attach_keeping(
+    store: &Store,
+    mounter: &dyn Mounter,
+    id: &str,
+    belongs: impl FnOnce(&ContainerRecord) -> bool,
+    keep: impl FnOnce(&Attach, FromRecord),
+) -> Result<Option<Attach>, RootfsError> {
     holding_id(store, id, || {
-        let container = record::read(store, id)?;
+        let (container, stored) = record::read_with_bytes(store, id)?;
         if !belongs(&container.record) {
             return Ok(None);
         }
-        Ok(Some(attach_held(store, mounter, id, container)?.0))
+        let record = container.record.clone();
+        let (attach, from_record_alone) = attach_held(store, mounter, id, container)?;
+        if from_record_alone {
+            keep(&attach, FromRecord { stored, record });
+        }
+        Ok(Some(attach))
     })
 }
 
 /// What to mount for the container, holding its ID, and whether that follows from its
-/// record alone ([`crate::AttachCache`] keeps only those).
-pub(crate) fn attach_held(
+/// record alone.
+fn attach_held(
     store: &Store,
     mounter: &dyn Mounter,
     id: &str,

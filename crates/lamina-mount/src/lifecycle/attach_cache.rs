@@ -24,9 +24,7 @@ use lamina_store::{ContainerRecord, Store, StoreError};
 use lamina_sys::Mounter;
 
 use crate::RootfsError;
-use crate::lifecycle::attach::attach_held;
-use crate::lifecycle::one_step::holding_id;
-use crate::model::record;
+use crate::lifecycle::attach::attach_keeping;
 use crate::providers::Attach;
 
 /// The most memory the kept answers are counted at: past it the cache starts again
@@ -113,26 +111,18 @@ impl AttachCache {
             self.forget_entry(id, &entry);
         }
         // Kept under the ID, as worked out: a delete that follows forgets it.
-        holding_id(store, id, || {
-            let (container, stored) = record::read_with_bytes(store, id)?;
-            if !belongs(&container.record) {
-                return Ok(None);
-            }
-            let record = container.record.clone();
-            let (attach, from_record_alone) = attach_held(store, mounter, id, container)?;
-            if from_record_alone
-                && let Ok(Some(links)) = made_links(store, &record)
-                && names_links(&attach, &links, &store.layout().links())
+        attach_keeping(store, mounter, id, belongs, |attach, from| {
+            if let Ok(Some(links)) = made_links(store, &from.record)
+                && names_links(attach, &links, &store.layout().links())
             {
                 let entry = Entry {
-                    stored,
-                    record,
+                    stored: from.stored,
+                    record: from.record,
                     links,
                     attach: attach.clone(),
                 };
                 self.keep(id, entry);
             }
-            Ok(Some(attach))
         })
     }
 
