@@ -53,3 +53,38 @@ fn probe_finds_what_this_kernel_supports_and_caches_it_per_kernel() {
         500
     );
 }
+
+/// A daemon's pool refill, a Prepare and a composefs build can all find the cache missing
+/// at once: in one process they share the scratch directory's and temporary file's names,
+/// so they probe one at a time and every one gets the kernel's real answer.
+#[test]
+fn probes_of_one_process_at_once_all_get_the_whole_answer() {
+    require_root();
+    let fs = ScratchFs::ext4(256);
+    let store = Store::init(&fs.path().join("store")).unwrap();
+    let mounter = RealMounter::new();
+    let start = std::sync::Barrier::new(4);
+    let answers: Vec<_> = std::thread::scope(|s| {
+        let probing: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    probe(&store, &mounter, false)
+                })
+            })
+            .collect();
+        probing.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for answer in &answers {
+        let answer = answer.as_ref().unwrap();
+        assert!(answer.metacopy && answer.volatile, "{answer:?}");
+        assert_eq!(answer.max_lower_layers, 500, "{answer:?}");
+        assert_eq!(answer, answers[0].as_ref().unwrap());
+    }
+    assert!(mounts_under(store.root()).is_empty(), "probe left a mount");
+    assert_eq!(
+        std::fs::read_dir(store.layout().tmp()).unwrap().count(),
+        0,
+        "probe left scratch dirs"
+    );
+}

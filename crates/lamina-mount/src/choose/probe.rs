@@ -48,13 +48,24 @@ pub struct Probe {
 pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Result<Probe> {
     let cache = cache_path(store);
     let (kernel, boot_id) = (kernel_release(), boot_id());
-    if !refresh
-        && let Some(cached) = read_cache(&cache)
-        && cached.kernel == kernel
-        && cached.boot_id == boot_id
-        && cached.erofs_file_backed.is_some()
-        && cached.fs_verity.is_some()
-    {
+    let current = || {
+        read_cache(&cache).filter(|cached| {
+            cached.kernel == kernel
+                && cached.boot_id == boot_id
+                && cached.erofs_file_backed.is_some()
+                && cached.fs_verity.is_some()
+        })
+    };
+    if !refresh && let Some(cached) = current() {
+        return Ok(cached);
+    }
+    // One probe at a time in a process: its scratch directory and the cache's temporary
+    // file are named by the process, and a daemon's pool refill, a Prepare and a
+    // composefs build can all find the cache missing at once. A thread that waited
+    // takes what the one before it found.
+    static PROBING: Mutex<()> = Mutex::new(());
+    let _probing = PROBING.lock().unwrap_or_else(PoisonError::into_inner);
+    if !refresh && let Some(cached) = current() {
         return Ok(cached);
     }
     let scratch = Scratch::new(store)?;
@@ -80,8 +91,8 @@ pub fn probe(store: &Store, mounter: &dyn Mounter, refresh: bool) -> std::io::Re
         tracing::warn!("metadata-only copy-up does not work on this kernel and store filesystem");
     }
     fs::create_dir_all(cache.parent().unwrap_or(store.root()))?;
-    // Concurrent first creates all probe; each writes its own file, and the last rename
-    // wins (every result is the same).
+    // Concurrent first creates of several processes all probe; each writes its own file,
+    // and the last rename wins (every result is the same).
     let tmp = cache.with_extension(format!("json.tmp.{}", std::process::id()));
     fs::write(&tmp, serde_json::to_vec_pretty(&result)?)?;
     fs::rename(&tmp, &cache)?;
