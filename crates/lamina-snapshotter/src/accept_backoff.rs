@@ -18,6 +18,9 @@ const PAUSE: Duration = Duration::from_millis(100);
 pub(crate) struct Incoming {
     listener: UnixListenerStream,
     pause: Option<Pin<Box<Sleep>>>,
+    /// The last accept failed: the next failures in a row are not logged again, so a
+    /// stalled log cannot hold the runtime's thread once per pause.
+    failing: bool,
 }
 
 impl Incoming {
@@ -25,6 +28,7 @@ impl Incoming {
         Incoming {
             listener,
             pause: None,
+            failing: false,
         }
     }
 }
@@ -40,9 +44,16 @@ impl Stream for Incoming {
             self.pause = None;
         }
         let next = Pin::new(&mut self.listener).poll_next(cx);
-        if let Poll::Ready(Some(Err(e))) = &next {
-            tracing::warn!(error = %e, "accepting a containerd connection failed");
-            self.pause = Some(Box::pin(tokio::time::sleep(PAUSE)));
+        match &next {
+            Poll::Ready(Some(Err(e))) => {
+                if !self.failing {
+                    tracing::warn!(error = %e, "accepting a containerd connection failed");
+                }
+                self.failing = true;
+                self.pause = Some(Box::pin(tokio::time::sleep(PAUSE)));
+            }
+            Poll::Ready(Some(Ok(_))) => self.failing = false,
+            _ => {}
         }
         next
     }
