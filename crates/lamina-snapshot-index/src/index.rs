@@ -105,6 +105,11 @@ impl SnapshotIndex {
             relaxed: false,
         };
         index.fresh = index.create_and_migrate(&store.layout().snapshot_metadata())?;
+        // After the first transaction, which made the log: each later sync rewrites it
+        // in place (`log_size.rs`).
+        let full = crate::log_size::full_size(&index.conn)
+            .map_err(|e| sql_error("opening", &index.path, e))?;
+        crate::log_size::extend_to(store, &crate::log_size::log_path(&index.path), full)?;
         Ok(index)
     }
 

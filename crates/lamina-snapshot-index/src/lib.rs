@@ -11,6 +11,7 @@
 
 mod index;
 mod legacy;
+mod log_size;
 mod records;
 
 pub use index::SnapshotIndex;

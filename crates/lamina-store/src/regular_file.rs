@@ -16,6 +16,11 @@ pub fn open_regular_file(path: &Path) -> std::io::Result<File> {
     open(path, OpenOptions::new().read(true))
 }
 
+/// Opens the regular file at `path` to write at its end; a missing one is `NotFound`.
+pub fn open_regular_file_to_append(path: &Path) -> std::io::Result<File> {
+    open(path, OpenOptions::new().append(true))
+}
+
 /// The bytes of the regular file at `path`, as `fs::read` reads them, for a file of the
 /// store that must be one: a record, a marker, a layer's `layer.json`. Anything else is
 /// refused at once, so a FIFO there cannot hang `check` or `stats`.
