@@ -57,9 +57,7 @@ fn rows_synced_into_an_extended_log_survive_a_crash() {
     // checkpointed yet, then zeros; no shared-memory index.
     let copy = dir.path().join("copy");
     copy_tree(store.root(), &copy);
-    for name in ["metadata.db-shm"] {
-        let _ = std::fs::remove_file(copy.join("snapshots").join(name));
-    }
+    let _ = std::fs::remove_file(copy.join("snapshots").join("metadata.db-shm"));
     drop(index);
     let reopened = Store::open(&copy).unwrap();
     let index = reopened.snapshots().unwrap();
