@@ -152,6 +152,25 @@ impl Daemon {
         self.spawn();
     }
 
+    /// Stops the daemon as systemd does (SIGTERM), waiting at most `bound` for it to
+    /// exit; false if it had not, and then it is killed.
+    pub fn stop_within(&mut self, bound: std::time::Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let _ = Command::new("kill").arg(child.id().to_string()).status();
+        let started = std::time::Instant::now();
+        while started.elapsed() < bound {
+            if let Ok(Some(_)) = child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
     /// The daemon's log so far (stderr), for assertion messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

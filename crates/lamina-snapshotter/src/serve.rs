@@ -4,9 +4,12 @@
 use std::future::Future;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Notify;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 
@@ -15,6 +18,14 @@ use crate::observe::ObserveLayer;
 use crate::proto::containerd::services::snapshots::v1::snapshots_client::SnapshotsClient;
 use crate::proto::containerd::services::snapshots::v1::snapshots_server::SnapshotsServer;
 use crate::{Service, Snapshotter};
+
+/// How long calls in flight may take to finish once the daemon is told to stop: well
+/// inside systemd's 90 s before it kills a unit that does not stop.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// How long the calls' threads are waited for after that, before the process exits
+/// without them.
+const THREADS_AFTER_DRAIN: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -52,11 +63,31 @@ pub async fn serve(
     let listener = listen(socket).await?;
     tracing::info!(socket = %socket.display(), store = %snapshotter.store().root().display(), "serving containerd snapshots");
     ready();
+    let stopping = Arc::new(Notify::new());
+    let told = stopping.clone();
     let served = Server::builder()
         .layer(ObserveLayer::new(snapshotter.activity.clone()))
         .add_service(SnapshotsServer::new(Service::new(snapshotter)))
-        .serve_with_incoming_shutdown(Incoming::new(UnixListenerStream::new(listener)), shutdown)
-        .await;
+        .serve_with_incoming_shutdown(
+            Incoming::new(UnixListenerStream::new(listener)),
+            async move {
+                shutdown.await;
+                told.notify_one();
+            },
+        );
+    // Once told to stop, calls in flight get DRAIN to finish: one waiting for a store
+    // lock a `lamina` command holds would otherwise keep the daemon up for the lock's
+    // timeout. What is cut short is left as a crash leaves it, for the next start.
+    let served = tokio::select! {
+        served = served => served,
+        () = async {
+            stopping.notified().await;
+            tokio::time::sleep(DRAIN).await;
+        } => {
+            tracing::warn!(drain_s = DRAIN.as_secs(), "calls still in flight: stopping without them");
+            Ok(())
+        }
+    };
     let _ = std::fs::remove_file(socket);
     served.map_err(|source| ServeError::Transport {
         path: socket.to_path_buf(),
@@ -122,7 +153,7 @@ pub fn serve_until_signalled(
             path: socket.to_path_buf(),
             source,
         })?;
-    runtime.block_on(async {
+    let served = runtime.block_on(async {
         // Handlers in place before the socket is served and readiness is told: a SIGTERM
         // right after READY=1 must stop the daemon cleanly, not kill it.
         let signal = |kind| {
@@ -141,5 +172,9 @@ pub fn serve_until_signalled(
             tracing::info!("signalled: stopping");
         })
         .await
-    })
+    });
+    // A call past DRAIN still holds its blocking thread (a lock wait): dropping the
+    // runtime would wait for it without end.
+    runtime.shutdown_timeout(THREADS_AFTER_DRAIN);
+    served
 }

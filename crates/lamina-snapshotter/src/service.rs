@@ -4,8 +4,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
+use std::sync::Arc;
 
 use prost_types::Timestamp;
+use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
 use crate::proto::containerd::services::snapshots::v1 as api;
@@ -23,15 +25,46 @@ const LIST_CHUNK: usize = 100;
 /// other calls back for a moment only.
 const LIST_CHUNK_BYTES: usize = 1024 * 1024;
 
+/// How many calls that change snapshots run at once. They wait for the store's snapshot
+/// lock one after another anyway (a remote snapshot's registry calls come before it), and
+/// each holds a blocking thread while it waits — up to the store's lock timeout while a
+/// `lamina` command holds the lock. Past this many, a call waits for its turn without a
+/// thread, and leaves the queue when containerd gives up on it; reads (Stat, Mounts,
+/// List, Usage) keep the rest of the pool.
+pub(crate) const CHANGES_AT_ONCE: usize = 16;
+
 /// The gRPC face of a [`Snapshotter`].
 #[derive(Debug, Clone)]
 pub struct Service {
     snapshotter: Snapshotter,
+    changes: Arc<Semaphore>,
 }
 
 impl Service {
     pub fn new(snapshotter: Snapshotter) -> Self {
-        Service { snapshotter }
+        Service {
+            snapshotter,
+            changes: Arc::new(Semaphore::new(CHANGES_AT_ONCE)),
+        }
+    }
+
+    /// [`Service::run`] for a call that changes snapshots, once one of
+    /// [`CHANGES_AT_ONCE`] turns is free. The turn goes with the work to its thread, so
+    /// a call containerd gave up on keeps it until the work ends.
+    async fn run_change<T, F>(&self, call: &'static str, work: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Snapshotter) -> Result<T, SnapshotError> + Send + 'static,
+    {
+        let turn = (self.changes.clone())
+            .acquire_owned()
+            .await
+            .map_err(|e| Status::unavailable(format!("{call}: {e}")))?;
+        self.run(call, move |s| {
+            let _turn = turn;
+            work(s)
+        })
+        .await
     }
 
     async fn run<T, F>(&self, call: &'static str, work: F) -> Result<T, Status>
@@ -122,7 +155,7 @@ impl Snapshots for Service {
     ) -> Result<Response<api::PrepareSnapshotResponse>, Status> {
         let r = request.into_inner();
         let specs = self
-            .run("prepare", move |s| {
+            .run_change("prepare", move |s| {
                 s.prepare(&r.key, &r.parent, labels(r.labels))
             })
             .await?;
@@ -137,7 +170,7 @@ impl Snapshots for Service {
     ) -> Result<Response<api::ViewSnapshotResponse>, Status> {
         let r = request.into_inner();
         let specs = self
-            .run("view", move |s| s.view(&r.key, &r.parent, labels(r.labels)))
+            .run_change("view", move |s| s.view(&r.key, &r.parent, labels(r.labels)))
             .await?;
         Ok(Response::new(api::ViewSnapshotResponse {
             mounts: mounts(specs),
@@ -160,7 +193,7 @@ impl Snapshots for Service {
         request: Request<api::CommitSnapshotRequest>,
     ) -> Result<Response<()>, Status> {
         let r = request.into_inner();
-        self.run("commit", move |s| {
+        self.run_change("commit", move |s| {
             s.commit_onto(&r.name, &r.key, labels(r.labels), &r.parent)
         })
         .await?;
@@ -172,7 +205,7 @@ impl Snapshots for Service {
         request: Request<api::RemoveSnapshotRequest>,
     ) -> Result<Response<()>, Status> {
         let key = request.into_inner().key;
-        self.run("remove", move |s| s.remove(&key)).await?;
+        self.run_change("remove", move |s| s.remove(&key)).await?;
         Ok(Response::new(()))
     }
 
@@ -197,7 +230,7 @@ impl Snapshots for Service {
             .ok_or_else(|| Status::invalid_argument("update: no snapshot info given"))?;
         let paths = r.update_mask.map(|m| m.paths).unwrap_or_default();
         let info = self
-            .run("update", move |s| s.update(&from_api(info), &paths))
+            .run_change("update", move |s| s.update(&from_api(info), &paths))
             .await?;
         Ok(Response::new(api::UpdateSnapshotResponse {
             info: Some(to_api(info)),
@@ -241,7 +274,8 @@ impl Snapshots for Service {
         &self,
         _request: Request<api::CleanupRequest>,
     ) -> Result<Response<()>, Status> {
-        self.run("cleanup", |s| s.cleanup().map(|_| ())).await?;
+        self.run_change("cleanup", |s| s.cleanup().map(|_| ()))
+            .await?;
         Ok(Response::new(()))
     }
 }

@@ -136,7 +136,7 @@ impl Store {
                 return Err(StoreError::NotAStore(root.to_path_buf()));
             }
         }
-        permissions::secure_store(&layout, properties, &*host)?;
+        permissions::secure_store(&layout, properties, &*host, permissions::Root::Make)?;
         if !layout.marker().exists() {
             let version = if properties.layer_data_in_objects {
                 layout::OBJECT_LAYERS_VERSION
@@ -188,7 +188,12 @@ impl Store {
         }
         // Stores made by an older lamina lack the newer directories, and were made with
         // the umask's modes: both are put right on every open.
-        permissions::secure_store(&layout, &marker.properties, &*host)?;
+        permissions::secure_store(
+            &layout,
+            &marker.properties,
+            &*host,
+            permissions::Root::Existing,
+        )?;
         Ok(Store {
             host,
             layout,

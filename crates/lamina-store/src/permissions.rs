@@ -55,6 +55,13 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
+/// Whether [`secure_store`] may make the store's root (and its parents).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Root {
+    Make,
+    Existing,
+}
+
 /// Creates the top-level directories that are missing, then brings the root and each
 /// of them to the mode and group above, logging every change. The root is opened once
 /// (following a symlink there: operators link stores elsewhere) and everything below is
@@ -63,17 +70,28 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 ///
 /// The ownership is read and changed through `host` (the kernel seam): giving a
 /// directory to root needs privilege, so the fake records it instead.
-pub fn secure_store(
+///
+/// Only `init` makes the root (`Root::Make`). An open finds it or fails: a process that
+/// read the marker just before the store's filesystem went away (a lingering reaper, a
+/// test's scratch filesystem detached) must not make an empty store where it was.
+pub(crate) fn secure_store(
     layout: &Layout,
     properties: &StoreProperties,
     host: &dyn HostFs,
+    root_is: Root,
 ) -> Result<(), StoreError> {
     let (walk_mode, walk_gid) = match traverse_group(properties) {
         Some(gid) => (TRAVERSE_MODE, gid),
         None => (PRIVATE_MODE, 0),
     };
     let root = layout.root();
-    create_private_dir(root).map_err(StoreError::io("creating", root))?;
+    match root_is {
+        Root::Make => create_private_dir(root).map_err(StoreError::io("creating", root))?,
+        Root::Existing if !root.is_dir() => {
+            return Err(StoreError::NotInitialised(root.to_path_buf()));
+        }
+        Root::Existing => {}
+    }
     let root_fd = open_dir(CWD, root, OFlags::empty(), root)?;
     tighten(host, &root_fd, root, walk_mode, walk_gid)?;
     let dirs = std::iter::once((layout.images(), walk_mode, walk_gid))
@@ -206,5 +224,21 @@ mod tests {
         made.unwrap();
         let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&dir).unwrap()) & 0o7777;
         assert_eq!(mode, PRIVATE_MODE);
+    }
+
+    #[test]
+    fn an_open_makes_no_store_where_one_went_away() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("gone/store");
+        let layout = Layout::new(&root);
+        let host = lamina_sys::RealHost;
+        let props = StoreProperties::default();
+        assert!(matches!(
+            secure_store(&layout, &props, &host, Root::Existing),
+            Err(StoreError::NotInitialised(_))
+        ));
+        assert!(!tmp.path().join("gone").exists());
+        secure_store(&layout, &props, &host, Root::Make).unwrap();
+        assert!(layout.locks().is_dir());
     }
 }
