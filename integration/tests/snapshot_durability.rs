@@ -330,31 +330,33 @@ fn container_of(snapshotter: &Snapshotter, key: &str) -> String {
         .unwrap()
 }
 
-/// Prepares and removes snapshots until the database's write-ahead log stops growing:
-/// SQLite has checkpointed it and now rewrites it in place, as in a daemon that has run a
-/// while, so a sync flushes the log's blocks and commits nothing of the filesystem's
-/// journal. (While the log grows, every sync commits the journal for its new size, and
-/// with it every directory made before.)
+/// Prepares and removes snapshots until a checkpoint has started the database's
+/// write-ahead log over (its header's checkpoint sequence moves on), and 100 more: the
+/// log rewritten in place over an earlier generation, as in a daemon that has run a
+/// while. The snapshotter makes the log full size when it opens it, so its syncs flush
+/// the log's blocks and commit nothing of the filesystem's journal from the start; here
+/// they also overwrite frames a checkpoint has already copied.
 fn rewrite_the_log_in_place(snapshotter: &Snapshotter, root: &Path) {
     let wal = root.join("snapshots/metadata.db-wal");
-    let mut last = 0;
-    let mut steady = 0;
+    let generation = || {
+        fs::read(&wal)
+            .ok()
+            .and_then(|b| b.get(12..16).map(<[u8]>::to_vec))
+    };
+    let first = generation();
+    let mut after_restart = None;
     for i in 0..5000 {
         let key = format!("warm-{i}");
         snapshotter.prepare(&key, "", BTreeMap::new()).unwrap();
         snapshotter.remove(&key).unwrap();
-        let len = fs::metadata(&wal).map_or(0, |m| m.len());
-        steady = if len == last && len > 0 {
-            steady + 1
-        } else {
-            0
-        };
-        if steady > 100 {
-            return;
+        match after_restart {
+            None if generation() != first => after_restart = Some(0),
+            Some(n) if n >= 100 => return,
+            Some(n) => after_restart = Some(n + 1),
+            None => {}
         }
-        last = len;
     }
-    panic!("the log still grows after 5000 Prepares: {last} bytes");
+    panic!("no checkpoint started the log over in 5000 Prepares");
 }
 
 /// A commit's final row is not synced (its intent is, before the layer is published), so

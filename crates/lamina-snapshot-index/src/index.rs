@@ -107,9 +107,7 @@ impl SnapshotIndex {
         index.fresh = index.create_and_migrate(&store.layout().snapshot_metadata())?;
         // After the first transaction, which made the log: each later sync rewrites it
         // in place (`log_size.rs`).
-        let full = crate::log_size::full_size(&index.conn)
-            .map_err(|e| sql_error("opening", &index.path, e))?;
-        crate::log_size::extend_to(store, &crate::log_size::log_path(&index.path), full)?;
+        crate::log_size::extend(store, &index.conn, &index.path);
         Ok(index)
     }
 

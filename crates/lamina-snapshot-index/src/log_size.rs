@@ -7,7 +7,7 @@
 //! directories: 1–1.5 ms against 0.25 ms in place (docs/containerd.md). SQLite starts the
 //! log over from its first frame after a checkpoint but never shrinks it, so a log grows
 //! only until the first checkpoint; it is deleted when the daemon's connection closes, and
-//! without this every start paid that growth again for its first ~80 container cycles.
+//! without this every start paid that growth again for its first ~75 container cycles.
 //!
 //! Zeros past the log's last frame are no frame to SQLite: a frame counts only if its
 //! salt matches the log header's and its checksum chains from the frame before, so
@@ -30,27 +30,45 @@ const LOG_HEADER: u64 = 32;
 const FRAMES_PAST_CHECKPOINT: u64 = 100;
 /// Zeros written per call.
 const CHUNK: usize = 256 * 1024;
+/// The most a log is extended to, whatever the database's page size.
+const MOST_BYTES: u64 = 16 << 20;
 
 /// The log's path beside the database at `db`.
-pub(crate) fn log_path(db: &Path) -> PathBuf {
+fn log_path(db: &Path) -> PathBuf {
     let mut log = db.as_os_str().to_owned();
     log.push("-wal");
     PathBuf::from(log)
 }
 
-/// The size the log of `conn` reaches before its first checkpoint starts it over.
-pub(crate) fn full_size(conn: &Connection) -> rusqlite::Result<u64> {
+/// Extends the log of the database at `db`, open in `conn`, to the size it reaches
+/// before its first checkpoint starts it over. Best effort: a store's filesystem too full
+/// for it (or failing) leaves the log to grow as SQLite grows it, slower but whole, and
+/// the daemon still starts and serves — containerd frees space through it.
+pub(crate) fn extend(store: &Store, conn: &Connection, db: &Path) {
+    let log = log_path(db);
+    let extended = full_size(conn)
+        .map_err(|e| StoreError::io("reading", db)(std::io::Error::other(e)))
+        .and_then(|size| extend_to(store, &log, size));
+    if let Err(e) = extended {
+        tracing::warn!(log = %log.display(), error = %e, "the snapshot database's log was not extended to its full size: its syncs commit the filesystem's journal until it has grown");
+    }
+}
+
+/// The size the log of `conn` reaches before its first checkpoint starts it over, at
+/// most [`MOST_BYTES`].
+fn full_size(conn: &Connection) -> rusqlite::Result<u64> {
     let page: i64 = conn.query_row("PRAGMA page_size", [], |row| row.get(0))?;
     let checkpoint_frames: i64 =
         conn.query_row("PRAGMA wal_autocheckpoint", [], |row| row.get(0))?;
     let frames = checkpoint_frames.max(0) as u64 + FRAMES_PAST_CHECKPOINT;
-    Ok(LOG_HEADER + frames * (FRAME_HEADER + page.max(0) as u64))
+    Ok((LOG_HEADER + frames * (FRAME_HEADER + page.max(0) as u64)).min(MOST_BYTES))
 }
 
 /// Extends the log at `log` with zeros to `size` and syncs it (data, size and blocks), if
 /// it is shorter. A log not there yet (SQLite makes it on the first read) is left to
-/// SQLite.
-pub(crate) fn extend_to(store: &Store, log: &Path, size: u64) -> Result<(), StoreError> {
+/// SQLite. It only ever appends: a failure part-way leaves zeros, which are no frame
+/// either, and the file is never cut, where another connection may have written frames.
+fn extend_to(store: &Store, log: &Path, size: u64) -> Result<(), StoreError> {
     let file = match lamina_store::open_regular_file_to_append(log) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),

@@ -37,12 +37,29 @@ fn the_log_is_full_size_once_opened_and_synced_changes_do_not_grow_it() {
     let opened = log_size(&store);
     // 1100 frames of 4 KiB pages past the header: the size of the first checkpoint.
     assert!(opened >= 32 + 1100 * (24 + 4096), "log of {opened} bytes");
-    for n in 0..300 {
+    index.insert("first", &committed(u64::MAX)).unwrap();
+    let generation = log_generation(&store);
+    let mut n = 0;
+    // Until a checkpoint has started the log over (its header's checkpoint sequence
+    // moves on), and then as far again: the log never grew.
+    while log_generation(&store) == generation {
         index.insert(&format!("k{n}"), &committed(n)).unwrap();
+        n += 1;
+        assert!(n < 5000, "no checkpoint started the log over");
     }
-    // 300 synced transactions of a few pages each pass the checkpoint threshold, so the
-    // log was started over too; it never grew.
+    for m in n..2 * n {
+        index.insert(&format!("k{m}"), &committed(m)).unwrap();
+    }
     assert_eq!(log_size(&store), opened);
+}
+
+/// The log header's checkpoint sequence number: a checkpoint that starts the log over
+/// moves it on.
+fn log_generation(store: &Store) -> [u8; 4] {
+    let mut log = store.layout().snapshot_db().into_os_string();
+    log.push("-wal");
+    let bytes = std::fs::read(log).unwrap();
+    bytes[12..16].try_into().unwrap()
 }
 
 #[test]
@@ -59,6 +76,14 @@ fn rows_synced_into_an_extended_log_survive_a_crash() {
     copy_tree(store.root(), &copy);
     let _ = std::fs::remove_file(copy.join("snapshots").join("metadata.db-shm"));
     drop(index);
+    // The rows are in the log alone: the database file without it has none of them.
+    let alone = dir.path().join("alone.db");
+    std::fs::copy(copy.join("snapshots/metadata.db"), &alone).unwrap();
+    let rows: i64 = rusqlite::Connection::open(&alone)
+        .unwrap()
+        .query_row("SELECT count(*) FROM snapshots", [], |row| row.get(0))
+        .unwrap_or(0);
+    assert_eq!(rows, 0);
     let reopened = Store::open(&copy).unwrap();
     let index = reopened.snapshots().unwrap();
     for n in 0..20 {

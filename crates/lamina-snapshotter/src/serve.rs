@@ -19,9 +19,10 @@ use crate::proto::containerd::services::snapshots::v1::snapshots_client::Snapsho
 use crate::proto::containerd::services::snapshots::v1::snapshots_server::SnapshotsServer;
 use crate::{Service, Snapshotter};
 
-/// How long calls in flight may take to finish once the daemon is told to stop: well
-/// inside systemd's 90 s before it kills a unit that does not stop.
-const DRAIN: Duration = Duration::from_secs(30);
+/// How long calls in flight may take to finish once the daemon is told to stop: with
+/// [`THREADS_AFTER_DRAIN`], inside the 30 s the packaged unit gives a stop
+/// (`TimeoutStopSec`, packaging/lamina.service) before it kills the daemon.
+const DRAIN: Duration = Duration::from_secs(20);
 
 /// How long the calls' threads are waited for after that, before the process exits
 /// without them.
@@ -65,13 +66,16 @@ pub async fn serve(
     ready();
     let stopping = Arc::new(Notify::new());
     let told = stopping.clone();
+    let service = Service::new(snapshotter.clone());
+    let server = service.clone();
     let served = Server::builder()
         .layer(ObserveLayer::new(snapshotter.activity.clone()))
-        .add_service(SnapshotsServer::new(Service::new(snapshotter)))
+        .add_service(SnapshotsServer::new(server))
         .serve_with_incoming_shutdown(
             Incoming::new(UnixListenerStream::new(listener)),
             async move {
                 shutdown.await;
+                service.refuse_new_changes();
                 told.notify_one();
             },
         );

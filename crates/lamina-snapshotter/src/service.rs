@@ -25,13 +25,14 @@ const LIST_CHUNK: usize = 100;
 /// other calls back for a moment only.
 const LIST_CHUNK_BYTES: usize = 1024 * 1024;
 
-/// How many calls that change snapshots run at once. They wait for the store's snapshot
-/// lock one after another anyway (a remote snapshot's registry calls come before it), and
-/// each holds a blocking thread while it waits — up to the store's lock timeout while a
-/// `lamina` command holds the lock. Past this many, a call waits for its turn without a
-/// thread, and leaves the queue when containerd gives up on it; reads (Stat, Mounts,
-/// List, Usage) keep the rest of the pool.
-pub(crate) const CHANGES_AT_ONCE: usize = 16;
+/// How many calls that change snapshots run at once. Past the remote Prepares, which
+/// talk to a registry before they take it (at most [`crate::remote::AT_ONCE`]), they wait
+/// for the store's snapshot lock one after another anyway, and each holds a blocking
+/// thread while it waits — up to the store's lock timeout while a `lamina` command holds
+/// the lock. Past this many, a call waits for its turn without a thread, and leaves the
+/// queue when containerd gives up on it; reads (Stat, Mounts, List, Usage) keep the rest
+/// of the pool.
+pub(crate) const CHANGES_AT_ONCE: usize = 16 + crate::remote::AT_ONCE;
 
 /// The gRPC face of a [`Snapshotter`].
 #[derive(Debug, Clone)]
@@ -48,6 +49,13 @@ impl Service {
         }
     }
 
+    /// Once the daemon is stopping: a change still waiting for its turn is refused
+    /// (`UNAVAILABLE`, which containerd retries) rather than started while the daemon
+    /// drains; reads and changes already running go on.
+    pub(crate) fn refuse_new_changes(&self) {
+        self.changes.close();
+    }
+
     /// [`Service::run`] for a call that changes snapshots, once one of
     /// [`CHANGES_AT_ONCE`] turns is free. The turn goes with the work to its thread, so
     /// a call containerd gave up on keeps it until the work ends.
@@ -59,7 +67,7 @@ impl Service {
         let turn = (self.changes.clone())
             .acquire_owned()
             .await
-            .map_err(|e| Status::unavailable(format!("{call}: {e}")))?;
+            .map_err(|_| Status::unavailable(format!("{call}: the snapshotter is stopping")))?;
         self.run(call, move |s| {
             let _turn = turn;
             work(s)

@@ -85,14 +85,28 @@ pub(crate) fn secure_store(
         None => (PRIVATE_MODE, 0),
     };
     let root = layout.root();
-    match root_is {
-        Root::Make => create_private_dir(root).map_err(StoreError::io("creating", root))?,
-        Root::Existing if !root.is_dir() => {
+    if root_is == Root::Make {
+        create_private_dir(root).map_err(StoreError::io("creating", root))?;
+    }
+    let root_fd = match open_dir(CWD, root, OFlags::empty(), root) {
+        Err(_) if root_is == Root::Existing && !root.exists() => {
             return Err(StoreError::NotInitialised(root.to_path_buf()));
         }
-        Root::Existing => {}
+        opened => opened?,
+    };
+    // The marker where the root was opened: the store's filesystem may have gone from
+    // under an open path since the marker was read.
+    let marker = layout.marker();
+    if root_is == Root::Existing
+        && host
+            .stat(At::Child(
+                root_fd.as_fd(),
+                marker.file_name().unwrap_or_default(),
+            ))
+            .is_err()
+    {
+        return Err(StoreError::NotInitialised(root.to_path_buf()));
     }
-    let root_fd = open_dir(CWD, root, OFlags::empty(), root)?;
     tighten(host, &root_fd, root, walk_mode, walk_gid)?;
     let dirs = std::iter::once((layout.images(), walk_mode, walk_gid))
         .chain(private_dirs(layout).map(|dir| (dir, PRIVATE_MODE, 0)));
@@ -238,6 +252,13 @@ mod tests {
             Err(StoreError::NotInitialised(_))
         ));
         assert!(!tmp.path().join("gone").exists());
+        // A root left behind without its marker (the store's filesystem detached from it).
+        std::fs::create_dir_all(&root).unwrap();
+        assert!(matches!(
+            secure_store(&layout, &props, &host, Root::Existing),
+            Err(StoreError::NotInitialised(_))
+        ));
+        assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
         secure_store(&layout, &props, &host, Root::Make).unwrap();
         assert!(layout.locks().is_dir());
     }
