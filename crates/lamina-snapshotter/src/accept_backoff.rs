@@ -8,6 +8,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::net::UnixStream;
+
+use crate::one_write::OneWrite;
 use tokio::time::Sleep;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -34,7 +36,7 @@ impl Incoming {
 }
 
 impl Stream for Incoming {
-    type Item = std::io::Result<UnixStream>;
+    type Item = std::io::Result<OneWrite<UnixStream>>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if let Some(pause) = self.pause.as_mut() {
@@ -55,6 +57,6 @@ impl Stream for Incoming {
             Poll::Ready(Some(Ok(_))) => self.failing = false,
             _ => {}
         }
-        next
+        next.map(|accepted| accepted.map(|stream| stream.map(OneWrite)))
     }
 }

@@ -19,6 +19,7 @@ mod metacopy_origin;
 pub mod metrics;
 mod metrics_http;
 mod observe;
+mod one_write;
 mod rebase;
 mod rebuild;
 mod remote;
