@@ -20,9 +20,15 @@ use lamina_snapshotter::proto::containerd::services::snapshots::v1 as api;
 use tonic::Code;
 
 /// A Prepare's answer, or the Stat's turn.
-type Call = Pin<
-    Box<dyn Future<Output = Result<tonic::Response<api::PrepareSnapshotResponse>, tonic::Status>>>,
+type Call<'a> = Pin<
+    Box<
+        dyn Future<Output = Result<tonic::Response<api::PrepareSnapshotResponse>, tonic::Status>>
+            + 'a,
+    >,
 >;
+
+/// How many changing calls the daemon runs at once.
+const TURNS: usize = 24;
 
 /// Calls sent at once: far more than the daemon runs at once, fewer than tokio's
 /// blocking threads, so without the bound each would hold a thread.
@@ -119,22 +125,26 @@ fn a_stop_does_not_wait_out_a_call_waiting_for_the_lock() {
         .block_on(lamina_snapshotter::connect(&daemon.socket))
         .unwrap();
     let answers = runtime.block_on(async {
-        let mut prepare_client = client.clone();
-        let prepare = Box::pin(async move {
-            prepare_client
-                .prepare(api::PrepareSnapshotRequest {
-                    key: "waits".into(),
-                    ..Default::default()
-                })
-                .await
-        }) as Call;
+        // Every one a turn but the last, which waits for one (docs/containerd.md: 24 run
+        // at once).
+        let prepares = (0..TURNS + 1).map(|n| {
+            let mut client = client.clone();
+            Box::pin(async move {
+                client
+                    .prepare(api::PrepareSnapshotRequest {
+                        key: format!("waits-{n}"),
+                        ..Default::default()
+                    })
+                    .await
+            }) as Call<'_>
+        });
         let mut stat_client = client.clone();
         let daemon = &mut daemon;
         let stop = Box::pin(async move {
-            // Answered (NotFound) once the daemon has taken up the Prepare before it.
+            // Answered (NotFound) once the daemon has taken up the Prepares before it.
             let stat = stat_client
                 .stat(api::StatSnapshotRequest {
-                    key: "waits".into(),
+                    key: "waits-0".into(),
                     ..Default::default()
                 })
                 .await;
@@ -144,13 +154,18 @@ fn a_stop_does_not_wait_out_a_call_waiting_for_the_lock() {
             let stopped = daemon.stop_within(Duration::from_secs(30));
             assert!(stopped, "the daemon did not stop: {}", daemon.log());
             Err(tonic::Status::ok("the stop"))
-        }) as Pin<Box<dyn Future<Output = _> + '_>>;
-        in_order(vec![prepare, stop]).await
+        }) as Call<'_>;
+        in_order(prepares.chain(std::iter::once(stop)).collect()).await
     });
-    assert!(
-        answers[0].is_err(),
-        "the waiting Prepare was answered: {answers:?}"
-    );
+    // The one without a turn was refused at the stop; those waiting for the lock were
+    // cut when the daemon exited.
+    let refused = answers[TURNS].as_ref().unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("stopping"), "{refused:?}");
+    for answer in &answers[..TURNS] {
+        let cut = answer.as_ref().unwrap_err();
+        assert!(!cut.message().contains("stopping"), "{cut:?}");
+    }
     assert!(
         daemon
             .log()

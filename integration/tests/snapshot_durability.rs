@@ -338,10 +338,12 @@ fn container_of(snapshotter: &Snapshotter, key: &str) -> String {
 /// they also overwrite frames a checkpoint has already copied.
 fn rewrite_the_log_in_place(snapshotter: &Snapshotter, root: &Path) {
     let wal = root.join("snapshots/metadata.db-wal");
+    // The log header's checkpoint sequence number.
     let generation = || {
-        fs::read(&wal)
-            .ok()
-            .and_then(|b| b.get(12..16).map(<[u8]>::to_vec))
+        let mut sequence = [0u8; 4];
+        let file = fs::File::open(&wal).unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut sequence, 12).unwrap();
+        sequence
     };
     let first = generation();
     let mut after_restart = None;

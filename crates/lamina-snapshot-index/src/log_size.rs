@@ -32,6 +32,8 @@ const FRAMES_PAST_CHECKPOINT: u64 = 100;
 const CHUNK: usize = 256 * 1024;
 /// The most a log is extended to, whatever the database's page size.
 const MOST_BYTES: u64 = 16 << 20;
+/// The log is extended only where this many times what it takes is free.
+const FREE_FACTOR: u64 = 4;
 
 /// The log's path beside the database at `db`.
 fn log_path(db: &Path) -> PathBuf {
@@ -80,6 +82,19 @@ fn extend_to(store: &Store, log: &Path, size: u64) -> Result<(), StoreError> {
         .len();
     if length >= size {
         return Ok(());
+    }
+    // Zeros are never given back: on a filesystem nearly full they would bring the
+    // next Prepare's ENOSPC closer.
+    let free = rustix::fs::fstatvfs(&file)
+        .map(|st| st.f_bavail.saturating_mul(st.f_frsize))
+        .map_err(StoreError::errno("reading the filesystem of", log))?;
+    if free < (size - length).saturating_mul(FREE_FACTOR) {
+        return Err(StoreError::io("extending", log)(std::io::Error::other(
+            format!(
+                "{free} bytes free, less than {FREE_FACTOR} times the {} the log would take",
+                size - length
+            ),
+        )));
     }
     let zeros = vec![0u8; CHUNK];
     let host = store.host();

@@ -6,8 +6,11 @@
 //! 256 bytes on a socket that takes vectored writes, 1024 on one that does not. A Prepare's
 //! or Mounts' answer (~300 bytes of overlay options) left in two writes, the trailers
 //! after the payload, and containerd's Go client took two reads to finish the call. Here
-//! an answer under 1 KiB leaves in one write with its headers and trailers; a List
-//! message (up to 1 MiB) takes two writes instead of one `writev`.
+//! an answer of up to 1018 bytes (1024 with gRPC's 5-byte prefix) leaves in one write
+//! with its headers and trailers. A longer payload takes a write more than before: each
+//! DATA frame (at most 16 KiB, containerd's frame size) goes as its head and first KiB,
+//! then the rest, instead of one `writev` — a 4 KiB Stat three writes instead of two, a
+//! 1 MiB List message about 128 instead of 64.
 
 use std::io::IoSlice;
 use std::pin::Pin;

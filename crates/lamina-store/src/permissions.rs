@@ -97,15 +97,13 @@ pub(crate) fn secure_store(
     // The marker where the root was opened: the store's filesystem may have gone from
     // under an open path since the marker was read.
     let marker = layout.marker();
-    if root_is == Root::Existing
-        && host
-            .stat(At::Child(
-                root_fd.as_fd(),
-                marker.file_name().unwrap_or_default(),
-            ))
-            .is_err()
-    {
-        return Err(StoreError::NotInitialised(root.to_path_buf()));
+    if root_is == Root::Existing {
+        let name = marker.file_name().unwrap_or_default();
+        match host.stat(At::Child(root_fd.as_fd(), name)) {
+            Ok(_) => {}
+            Err(Errno::NOENT) => return Err(StoreError::NotInitialised(root.to_path_buf())),
+            Err(e) => return Err(StoreError::errno("reading", &marker)(e)),
+        }
     }
     tighten(host, &root_fd, root, walk_mode, walk_gid)?;
     let dirs = std::iter::once((layout.images(), walk_mode, walk_gid))
