@@ -17,6 +17,7 @@ use std::time::Duration;
 use lamina_integration::snapshotter::{Api, Daemon, labels};
 use lamina_integration::{ScratchFs, require_root};
 use lamina_snapshotter::proto::containerd::services::snapshots::v1 as api;
+use lamina_snapshotter::proto::containerd::services::snapshots::v1::snapshots_client::SnapshotsClient;
 use tonic::Code;
 
 /// A Prepare's answer, or the Stat's turn.
@@ -43,19 +44,7 @@ fn calls_waiting_for_the_snapshot_lock_hold_few_threads_and_reads_go_on() {
     let api = Api::connect(&daemon.socket);
     api.prepare("taken", "", labels(&[])).unwrap();
 
-    let lock = std::fs::OpenOptions::new()
-        .write(true)
-        .open(store.join("locks/snapshots.lock"))
-        .unwrap();
-    rustix::fs::flock(lock.as_fd(), rustix::fs::FlockOperation::LockExclusive).unwrap();
-
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = runtime
-        .block_on(lamina_snapshotter::connect(&daemon.socket))
-        .unwrap();
+    let (lock, runtime, client) = hold_the_lock_and_connect(&daemon);
     let pid = daemon.pid().unwrap();
     let answers = runtime.block_on(async {
         // Each waits for the lock, then finds the key taken.
@@ -112,18 +101,7 @@ fn a_stop_does_not_wait_out_a_call_waiting_for_the_lock() {
     let fs = ScratchFs::ext4(128);
     let store = fs.path().join("store");
     let mut daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
-    let lock = std::fs::OpenOptions::new()
-        .write(true)
-        .open(store.join("locks/snapshots.lock"))
-        .unwrap();
-    rustix::fs::flock(lock.as_fd(), rustix::fs::FlockOperation::LockExclusive).unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = runtime
-        .block_on(lamina_snapshotter::connect(&daemon.socket))
-        .unwrap();
+    let (lock, runtime, client) = hold_the_lock_and_connect(&daemon);
     let answers = runtime.block_on(async {
         // Every one a turn but the last, which waits for one (docs/containerd.md: 24 run
         // at once).
@@ -178,6 +156,30 @@ fn a_stop_does_not_wait_out_a_call_waiting_for_the_lock() {
     drop(runtime);
     drop(daemon);
     drop(fs);
+}
+
+/// The store's snapshot lock, held as a `lamina` command holds it, and a client of the
+/// daemon on a runtime of one thread.
+fn hold_the_lock_and_connect(
+    daemon: &Daemon,
+) -> (
+    std::fs::File,
+    tokio::runtime::Runtime,
+    SnapshotsClient<tonic::transport::Channel>,
+) {
+    let lock = std::fs::OpenOptions::new()
+        .write(true)
+        .open(daemon.store.join("locks/snapshots.lock"))
+        .unwrap();
+    rustix::fs::flock(lock.as_fd(), rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime
+        .block_on(lamina_snapshotter::connect(&daemon.socket))
+        .unwrap();
+    (lock, runtime, client)
 }
 
 /// Every one of `calls` to its end, each polled in turn, first to last, on every poll.
