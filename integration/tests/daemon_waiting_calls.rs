@@ -1,7 +1,8 @@
 //! Calls that change snapshots and wait for the store's snapshot lock — held here as a
 //! `lamina` command holds it — hold no more than a few of the daemon's threads, however
 //! many containerd sends; reads are answered meanwhile; once the lock is free, every
-//! waiting call is answered. Told to stop, the daemon does not wait out such a call.
+//! waiting call is answered. Told to stop, the daemon does not wait out such a call, and
+//! told twice, it does not drain.
 
 // The test holds the store's lock with flock, as another process does.
 #![allow(clippy::disallowed_methods)]
@@ -148,6 +149,63 @@ fn a_stop_does_not_wait_out_a_call_waiting_for_the_lock() {
         daemon
             .log()
             .contains("calls still in flight: stopping without them"),
+        "{}",
+        daemon.log()
+    );
+    drop(lock);
+    drop(client);
+    drop(runtime);
+    drop(daemon);
+    drop(fs);
+}
+
+#[test]
+fn a_second_signal_ends_the_drain() {
+    require_root();
+    let fs = ScratchFs::ext4(128);
+    let store = fs.path().join("store");
+    let mut daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
+    let (lock, runtime, client) = hold_the_lock_and_connect(&daemon);
+    let pid = daemon.pid().unwrap().to_string();
+    let answers = runtime.block_on(async {
+        let mut prepare_client = client.clone();
+        let prepare = Box::pin(async move {
+            prepare_client
+                .prepare(api::PrepareSnapshotRequest {
+                    key: "waits".into(),
+                    ..Default::default()
+                })
+                .await
+        }) as Call<'_>;
+        let mut stat_client = client.clone();
+        let daemon = &mut daemon;
+        let stop = Box::pin(async move {
+            let stat = stat_client
+                .stat(api::StatSnapshotRequest {
+                    key: "waits".into(),
+                    ..Default::default()
+                })
+                .await;
+            assert_eq!(stat.unwrap_err().code(), Code::NotFound);
+            let status = std::process::Command::new("kill")
+                .arg(&pid)
+                .status()
+                .unwrap();
+            assert!(status.success());
+            // Signals close together may arrive as one: the second once the first is seen.
+            lamina_integration::wait_until("the daemon to see the first signal", || {
+                daemon.log().contains("signalled: stopping")
+            });
+            // The drain is 20 s; the calls' threads are given 2 s after it ends.
+            let stopped = daemon.stop_within(Duration::from_secs(12));
+            assert!(stopped, "the daemon drained on: {}", daemon.log());
+            Err(tonic::Status::ok("the stop"))
+        }) as Call<'_>;
+        in_order(vec![prepare, stop]).await
+    });
+    assert!(answers[0].is_err(), "{answers:?}");
+    assert!(
+        daemon.log().contains("signalled again: stopping now"),
         "{}",
         daemon.log()
     );

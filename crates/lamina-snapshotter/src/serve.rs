@@ -52,7 +52,9 @@ pub enum ServeError {
     },
 }
 
-/// Serves `snapshotter` on `socket` until `shutdown` completes, then removes the socket.
+/// Serves `snapshotter` on `socket` until `shutdown` completes and the calls in flight
+/// have finished — for at most [`DRAIN`], or until `hurry` completes — then removes the
+/// socket.
 /// A stale socket (its server died) is replaced; a live one is refused. `ready` runs once
 /// the socket accepts connections (a client connecting from then on is served).
 pub async fn serve(
@@ -60,6 +62,7 @@ pub async fn serve(
     socket: &Path,
     ready: impl FnOnce(),
     shutdown: impl Future<Output = ()>,
+    hurry: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let listener = listen(socket).await?;
     tracing::info!(socket = %socket.display(), store = %snapshotter.store().root().display(), "serving containerd snapshots");
@@ -86,7 +89,10 @@ pub async fn serve(
         served = served => served,
         () = async {
             stopping.notified().await;
-            tokio::time::sleep(DRAIN).await;
+            tokio::select! {
+                () = tokio::time::sleep(DRAIN) => {}
+                () = hurry => {}
+            }
         } => {
             tracing::warn!(drain_s = DRAIN.as_secs(), "calls still in flight: stopping without them");
             Ok(())
@@ -168,14 +174,28 @@ pub fn serve_until_signalled(
         };
         let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt())?;
-        serve(snapshotter, socket, ready, async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = interrupt.recv() => {}
+        // The first signal stops the daemon; a second ends the drain: an operator who
+        // signals again does not want to wait for the calls in flight.
+        let (stop, hurry) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let (stop_told, hurry_told) = (stop.clone(), hurry.clone());
+        tokio::spawn(async move {
+            for told in [stop_told, hurry_told] {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = interrupt.recv() => {}
+                }
+                told.notify_one();
             }
+        });
+        let shutdown = async move {
+            stop.notified().await;
             tracing::info!("signalled: stopping");
-        })
-        .await
+        };
+        let hurry = async move {
+            hurry.notified().await;
+            tracing::info!("signalled again: stopping now");
+        };
+        serve(snapshotter, socket, ready, shutdown, hurry).await
     });
     // A call past DRAIN still holds its blocking thread (a lock wait): dropping the
     // runtime would wait for it without end.

@@ -143,7 +143,18 @@ fn read_cache(path: &Path) -> Option<Probe> {
     if let Some((_, _, probe)) = kept.iter().find(|(p, s, _)| p == path && *s == stamp) {
         return Some(probe.clone());
     }
-    let bytes = lamina_store::read_regular_file(path).ok()?;
+    // A few hundred bytes as lamina writes it; anything past the bound is not its, and
+    // is probed again rather than read whole under the lock.
+    const MOST_BYTES: u64 = 64 * 1024;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(lamina_store::open_regular_file(path).ok()?, MOST_BYTES + 1),
+        &mut bytes,
+    )
+    .ok()?;
+    if bytes.len() as u64 > MOST_BYTES {
+        return None;
+    }
     let probe = serde_json::from_slice::<Probe>(&bytes).ok()?;
     kept.retain(|(p, _, _)| p != path);
     if kept.len() >= MOST_KEPT {
