@@ -21,13 +21,14 @@ use lamina_snapshotter::proto::containerd::services::snapshots::v1 as api;
 use lamina_snapshotter::proto::containerd::services::snapshots::v1::snapshots_client::SnapshotsClient;
 use tonic::Code;
 
+/// What a Prepare is answered.
+type PrepareAnswer = Result<tonic::Response<api::PrepareSnapshotResponse>, tonic::Status>;
+
+/// What a Stat is answered.
+type StatAnswer = Result<tonic::Response<api::StatSnapshotResponse>, tonic::Status>;
+
 /// A Prepare's answer, or the Stat's turn.
-type Call<'a> = Pin<
-    Box<
-        dyn Future<Output = Result<tonic::Response<api::PrepareSnapshotResponse>, tonic::Status>>
-            + 'a,
-    >,
->;
+type Call<'a> = Pin<Box<dyn Future<Output = PrepareAnswer> + 'a>>;
 
 /// How many changing calls the daemon runs at once.
 const TURNS: usize = 24;
@@ -39,102 +40,50 @@ const WAITING: usize = 200;
 #[test]
 fn calls_waiting_for_the_snapshot_lock_hold_few_threads_and_reads_go_on() {
     require_root();
-    let fs = ScratchFs::ext4(128);
-    let store = fs.path().join("store");
-    let daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
-    let api = Api::connect(&daemon.socket);
-    api.prepare("taken", "", labels(&[])).unwrap();
-
-    let (lock, runtime, client) = hold_the_lock_and_connect(&daemon);
-    let pid = daemon.pid().unwrap();
-    let answers = runtime.block_on(async {
-        // Each waits for the lock, then finds the key taken.
-        let prepares = (0..WAITING).map(|_| {
-            let mut client = client.clone();
-            Box::pin(async move {
-                client
-                    .prepare(api::PrepareSnapshotRequest {
-                        key: "taken".into(),
-                        ..Default::default()
-                    })
-                    .await
-            }) as Call
-        });
-        let mut stat_client = client.clone();
-        // Polled after every Prepare was (`in_order`), so sent after them on the same
-        // connection: when it is answered, the daemon has taken up every one.
-        let reads = Box::pin(async move {
-            let stat = tokio::time::timeout(
-                Duration::from_secs(60),
-                stat_client.stat(api::StatSnapshotRequest {
-                    key: "taken".into(),
-                    ..Default::default()
-                }),
-            )
-            .await;
-            let threads = threads_of(pid);
-            let stat = stat.expect("Stat was not answered while Prepares waited for the lock");
-            assert_eq!(stat.unwrap().into_inner().info.unwrap().name, "taken");
-            // The runtime's thread, the calls' and the daemon's own (reaper, pools, metrics).
-            assert!(
-                threads < 40,
-                "{threads} threads in the daemon with {WAITING} calls waiting for the lock"
-            );
-            rustix::fs::flock(lock.as_fd(), rustix::fs::FlockOperation::Unlock).unwrap();
-            Err(tonic::Status::ok("the Stat"))
-        }) as Call;
-        in_order(prepares.chain(std::iter::once(reads)).collect()).await
+    let held = Held::new(|daemon| {
+        let api = Api::connect(&daemon.socket);
+        api.prepare("taken", "", labels(&[])).unwrap();
     });
-    assert_eq!(answers.len(), WAITING + 1);
-    for answer in &answers[..WAITING] {
+    let Held {
+        client,
+        runtime,
+        lock,
+        daemon,
+        fs: _fs,
+    } = &held;
+    let pid = daemon.pid().unwrap();
+    // Each waits for the lock, then finds the key taken.
+    let keys = std::iter::repeat_n("taken".to_string(), WAITING);
+    let answers = prepares_then(runtime, client, keys, "taken", |stat| {
+        let threads = threads_of(pid);
+        let stat = stat.expect("Stat was not answered while Prepares waited for the lock");
+        assert_eq!(stat.unwrap().into_inner().info.unwrap().name, "taken");
+        // The runtime's thread, the calls' and the daemon's own (reaper, pools, metrics).
+        assert!(
+            threads < 40,
+            "{threads} threads in the daemon with {WAITING} calls waiting for the lock"
+        );
+        rustix::fs::flock(lock.as_fd(), rustix::fs::FlockOperation::Unlock).unwrap();
+    });
+    assert_eq!(answers.len(), WAITING);
+    for answer in &answers {
         assert_eq!(answer.as_ref().unwrap_err().code(), Code::AlreadyExists);
     }
-    drop(client);
-    drop(runtime);
-    drop(api);
-    drop(daemon);
-    drop(fs);
 }
 
 #[test]
 fn a_stop_does_not_wait_out_a_call_waiting_for_the_lock() {
     require_root();
-    let fs = ScratchFs::ext4(128);
-    let store = fs.path().join("store");
-    let mut daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
-    let (lock, runtime, client) = hold_the_lock_and_connect(&daemon);
-    let answers = runtime.block_on(async {
-        // Every one a turn but the last, which waits for one (docs/containerd.md: 24 run
-        // at once).
-        let prepares = (0..TURNS + 1).map(|n| {
-            let mut client = client.clone();
-            Box::pin(async move {
-                client
-                    .prepare(api::PrepareSnapshotRequest {
-                        key: format!("waits-{n}"),
-                        ..Default::default()
-                    })
-                    .await
-            }) as Call<'_>
-        });
-        let mut stat_client = client.clone();
-        let daemon = &mut daemon;
-        let stop = Box::pin(async move {
-            // Answered (NotFound) once the daemon has taken up the Prepares before it.
-            let stat = stat_client
-                .stat(api::StatSnapshotRequest {
-                    key: "waits-0".into(),
-                    ..Default::default()
-                })
-                .await;
-            assert_eq!(stat.unwrap_err().code(), Code::NotFound);
-            // The lock's timeout is 600 s; the daemon drains for 20 s and gives the
-            // calls' threads 2 s more, inside the packaged unit's TimeoutStopSec=30.
-            let stopped = daemon.stop_within(Duration::from_secs(30));
-            assert!(stopped, "the daemon did not stop: {}", daemon.log());
-            Err(tonic::Status::ok("the stop"))
-        }) as Call<'_>;
-        in_order(prepares.chain(std::iter::once(stop)).collect()).await
+    let mut held = Held::new(|_| {});
+    // Every one a turn but the last, which waits for one (docs/containerd.md: 24 run at
+    // once).
+    let keys = (0..=TURNS).map(|n| format!("waits-{n}"));
+    let answers = prepares_then(&held.runtime, &held.client, keys, "waits-0", |stat| {
+        assert_eq!(stat.unwrap().unwrap_err().code(), Code::NotFound);
+        // The lock's timeout is 600 s; the daemon drains for 20 s and gives the calls'
+        // threads 2 s more, inside the packaged unit's TimeoutStopSec=30.
+        let stopped = held.daemon.stop_within(Duration::from_secs(30));
+        assert!(stopped, "the daemon did not stop: {}", held.daemon.log());
     });
     // The one without a turn was refused at the stop; those waiting for the lock were
     // cut when the daemon exited.
@@ -146,98 +95,128 @@ fn a_stop_does_not_wait_out_a_call_waiting_for_the_lock() {
         assert!(!cut.message().contains("stopping"), "{cut:?}");
     }
     assert!(
-        daemon
+        held.daemon
             .log()
             .contains("calls still in flight: stopping without them"),
         "{}",
-        daemon.log()
+        held.daemon.log()
     );
-    drop(lock);
-    drop(client);
-    drop(runtime);
-    drop(daemon);
-    drop(fs);
 }
 
 #[test]
 fn a_second_signal_ends_the_drain() {
     require_root();
-    let fs = ScratchFs::ext4(128);
-    let store = fs.path().join("store");
-    let mut daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
-    let (lock, runtime, client) = hold_the_lock_and_connect(&daemon);
-    let pid = daemon.pid().unwrap().to_string();
-    let answers = runtime.block_on(async {
-        let mut prepare_client = client.clone();
-        let prepare = Box::pin(async move {
-            prepare_client
-                .prepare(api::PrepareSnapshotRequest {
-                    key: "waits".into(),
-                    ..Default::default()
-                })
-                .await
-        }) as Call<'_>;
-        let mut stat_client = client.clone();
-        let daemon = &mut daemon;
-        let stop = Box::pin(async move {
-            let stat = stat_client
-                .stat(api::StatSnapshotRequest {
-                    key: "waits".into(),
-                    ..Default::default()
-                })
-                .await;
-            assert_eq!(stat.unwrap_err().code(), Code::NotFound);
-            let status = std::process::Command::new("kill")
-                .arg(&pid)
-                .status()
-                .unwrap();
-            assert!(status.success());
-            // Signals close together may arrive as one: the second once the first is seen.
-            lamina_integration::wait_until("the daemon to see the first signal", || {
-                daemon.log().contains("signalled: stopping")
-            });
-            // The drain is 20 s; the calls' threads are given 2 s after it ends.
-            let stopped = daemon.stop_within(Duration::from_secs(12));
-            assert!(stopped, "the daemon drained on: {}", daemon.log());
-            Err(tonic::Status::ok("the stop"))
-        }) as Call<'_>;
-        in_order(vec![prepare, stop]).await
+    let mut held = Held::new(|_| {});
+    let pid = held.daemon.pid().unwrap().to_string();
+    let keys = std::iter::once("waits".to_string());
+    let answers = prepares_then(&held.runtime, &held.client, keys, "waits", |stat| {
+        assert_eq!(stat.unwrap().unwrap_err().code(), Code::NotFound);
+        let status = std::process::Command::new("kill")
+            .arg(&pid)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        // Signals close together may arrive as one: the second once the first is seen.
+        lamina_integration::wait_until("the daemon to see the first signal", || {
+            held.daemon.log().contains("signalled: stopping")
+        });
+        // The drain is 20 s; the calls' threads are given 2 s after it ends.
+        let stopped = held.daemon.stop_within(Duration::from_secs(12));
+        assert!(stopped, "the daemon drained on: {}", held.daemon.log());
     });
     assert!(answers[0].is_err(), "{answers:?}");
     assert!(
-        daemon.log().contains("signalled again: stopping now"),
+        held.daemon.log().contains("signalled again: stopping now"),
         "{}",
-        daemon.log()
+        held.daemon.log()
     );
-    drop(lock);
-    drop(client);
-    drop(runtime);
-    drop(daemon);
-    drop(fs);
 }
 
-/// The store's snapshot lock, held as a `lamina` command holds it, and a client of the
-/// daemon on a runtime of one thread.
-fn hold_the_lock_and_connect(
-    daemon: &Daemon,
-) -> (
-    std::fs::File,
-    tokio::runtime::Runtime,
-    SnapshotsClient<tonic::transport::Channel>,
-) {
-    let lock = std::fs::OpenOptions::new()
-        .write(true)
-        .open(daemon.store.join("locks/snapshots.lock"))
-        .unwrap();
-    rustix::fs::flock(lock.as_fd(), rustix::fs::FlockOperation::LockExclusive).unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = runtime
-        .block_on(lamina_snapshotter::connect(&daemon.socket))
-        .unwrap();
-    (lock, runtime, client)
+/// A Prepare of each of `keys`, each waiting for the lock or its turn; then a Stat of
+/// `stat_key`, sent after them on the same connection, so that once it is answered the
+/// daemon has taken up every one; then `then` with the Stat's answer (none within 60 s).
+/// The Prepares' answers.
+fn prepares_then(
+    runtime: &tokio::runtime::Runtime,
+    client: &SnapshotsClient<tonic::transport::Channel>,
+    keys: impl Iterator<Item = String>,
+    stat_key: &str,
+    then: impl FnOnce(Option<StatAnswer>),
+) -> Vec<PrepareAnswer> {
+    runtime.block_on(async {
+        let prepares: Vec<Call<'_>> = keys
+            .map(|key| {
+                let mut client = client.clone();
+                Box::pin(async move {
+                    client
+                        .prepare(api::PrepareSnapshotRequest {
+                            key,
+                            ..Default::default()
+                        })
+                        .await
+                }) as Call<'_>
+            })
+            .collect();
+        let count = prepares.len();
+        let mut stat_client = client.clone();
+        let stat_key = stat_key.to_string();
+        let stat = Box::pin(async move {
+            let stat = tokio::time::timeout(
+                Duration::from_secs(60),
+                stat_client.stat(api::StatSnapshotRequest {
+                    key: stat_key,
+                    ..Default::default()
+                }),
+            )
+            .await;
+            then(stat.ok());
+            Err(tonic::Status::ok("the Stat"))
+        }) as Call<'_>;
+        let mut answers =
+            in_order(prepares.into_iter().chain(std::iter::once(stat)).collect()).await;
+        answers.truncate(count);
+        answers
+    })
+}
+
+/// A daemon on its own scratch filesystem, the store's snapshot lock held as a `lamina`
+/// command holds it, and a client on a runtime of one thread. Fields drop in order: the
+/// client, its runtime, the lock, then the daemon, then the filesystem.
+struct Held {
+    client: SnapshotsClient<tonic::transport::Channel>,
+    runtime: tokio::runtime::Runtime,
+    lock: std::fs::File,
+    daemon: Daemon,
+    fs: ScratchFs,
+}
+
+impl Held {
+    /// Starts the daemon, runs `before` (the lock not yet held), then holds the lock.
+    fn new(before: impl FnOnce(&Daemon)) -> Held {
+        let fs = ScratchFs::ext4(128);
+        let store = fs.path().join("store");
+        let daemon = Daemon::start(&store, &fs.path().join("lamina.sock"), &[]);
+        before(&daemon);
+        let lock = std::fs::OpenOptions::new()
+            .write(true)
+            .open(store.join("locks/snapshots.lock"))
+            .unwrap();
+        rustix::fs::flock(lock.as_fd(), rustix::fs::FlockOperation::LockExclusive).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = runtime
+            .block_on(lamina_snapshotter::connect(&daemon.socket))
+            .unwrap();
+        Held {
+            client,
+            runtime,
+            lock,
+            daemon,
+            fs,
+        }
+    }
 }
 
 /// Every one of `calls` to its end, each polled in turn, first to last, on every poll.
