@@ -1,4 +1,4 @@
-//! The kernel probe, for real (needs root), on a tmpfs store.
+//! The kernel probe, for real (needs root), on a loop-backed ext4 store.
 
 // Test helpers fail loudly: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]

@@ -599,7 +599,7 @@ fn replace_rows(
     insert(tx, new_key, record)
 }
 
-fn sql_error(op: &'static str, path: &Path, e: rusqlite::Error) -> StoreError {
+pub(crate) fn sql_error(op: &'static str, path: &Path, e: rusqlite::Error) -> StoreError {
     StoreError::io(op, path)(std::io::Error::other(e))
 }
 

@@ -49,7 +49,7 @@ fn log_path(db: &Path) -> PathBuf {
 pub(crate) fn extend(store: &Store, conn: &Connection, db: &Path) {
     let log = log_path(db);
     let extended = full_size(conn)
-        .map_err(|e| StoreError::io("reading", db)(std::io::Error::other(e)))
+        .map_err(|e| crate::index::sql_error("reading", db, e))
         .and_then(|size| extend_to(store, &log, size));
     if let Err(e) = extended {
         tracing::warn!(log = %log.display(), error = %e, "the snapshot database's log was not extended to its full size: its syncs commit the filesystem's journal until it has grown");

@@ -23,10 +23,15 @@ fn committed(n: u64) -> SnapshotRecord {
     }
 }
 
-fn log_size(store: &Store) -> u64 {
+/// The snapshot database's write-ahead log.
+fn log_path(store: &Store) -> std::path::PathBuf {
     let mut log = store.layout().snapshot_db().into_os_string();
     log.push("-wal");
-    std::fs::metadata(log).unwrap().len()
+    log.into()
+}
+
+fn log_size(store: &Store) -> u64 {
+    std::fs::metadata(log_path(store)).unwrap().len()
 }
 
 #[test]
@@ -56,11 +61,9 @@ fn the_log_is_full_size_once_opened_and_synced_changes_do_not_grow_it() {
 /// The log header's checkpoint sequence number: a checkpoint that starts the log over
 /// moves it on.
 fn log_generation(store: &Store) -> [u8; 4] {
-    let mut log = store.layout().snapshot_db().into_os_string();
-    log.push("-wal");
     let mut sequence = [0u8; 4];
     std::os::unix::fs::FileExt::read_exact_at(
-        &std::fs::File::open(log).unwrap(),
+        &std::fs::File::open(log_path(store)).unwrap(),
         &mut sequence,
         12,
     )

@@ -8,11 +8,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::net::UnixStream;
-
-use crate::one_write::OneWrite;
 use tokio::time::Sleep;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::one_write::OneWrite;
 
 /// How long a failed accept pauses the next.
 const PAUSE: Duration = Duration::from_millis(100);

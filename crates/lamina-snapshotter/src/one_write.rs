@@ -12,7 +12,6 @@
 //! then the rest, instead of one `writev` — a 4 KiB Stat three writes instead of two, a
 //! 1 MiB List message about 128 instead of 64.
 
-use std::io::IoSlice;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -20,7 +19,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
 use tonic::transport::server::Connected;
 
-/// `T`, not offering vectored writes.
+/// `T`, not offering vectored writes: a vectored write takes tokio's default, the first
+/// non-empty slice through `poll_write`.
 #[derive(Debug)]
 pub(crate) struct OneWrite<T>(pub(crate) T);
 
@@ -51,19 +51,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for OneWrite<T> {
         Pin::new(&mut self.0).poll_shutdown(cx)
     }
 
-    /// The first non-empty slice, as a socket without vectored writes takes it.
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let first = bufs
-            .iter()
-            .find(|b| !b.is_empty())
-            .map_or(&[][..], |b| &**b);
-        Pin::new(&mut self.0).poll_write(cx, first)
-    }
-
     fn is_write_vectored(&self) -> bool {
         false
     }
@@ -80,6 +67,7 @@ impl Connected for OneWrite<UnixStream> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::IoSlice;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]

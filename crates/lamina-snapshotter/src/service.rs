@@ -50,8 +50,8 @@ impl Service {
     }
 
     /// Once the daemon is stopping: a change still waiting for its turn is refused
-    /// (`UNAVAILABLE`, which containerd retries) rather than started while the daemon
-    /// drains; reads and changes already running go on.
+    /// (`UNAVAILABLE`, which containerd passes to its caller) rather than started while
+    /// the daemon drains; reads and changes already running go on.
     pub(crate) fn refuse_new_changes(&self) {
         self.changes.close();
     }

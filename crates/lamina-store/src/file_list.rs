@@ -21,7 +21,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -233,16 +233,11 @@ impl FileList {
     /// The list of the layer at `layer_dir`: `Ok(None)` when it has none.
     pub fn read(layer_dir: &Path) -> io::Result<Option<FileList>> {
         let path = layer_dir.join(FILE_LIST);
-        let file = match crate::open_regular_file(&path) {
-            Ok(file) => file,
+        let bytes = match crate::read_regular_file_at_most(&path, MAX_LIST_BYTES) {
+            Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let mut bytes = Vec::new();
-        file.take(MAX_LIST_BYTES + 1).read_to_end(&mut bytes)?;
-        if bytes.len() as u64 > MAX_LIST_BYTES {
-            return Err(io::Error::other("too large"));
-        }
         parse(&bytes)
             .map(Some)
             .ok_or_else(|| io::Error::other("not a file list"))

@@ -57,8 +57,8 @@ pub use progress::ImportProgress;
 pub use properties::{IdMap, IdMapping, StoreProperties};
 pub use record_paths::MAX_RECORD_BYTES;
 pub use regular_file::{
-    open_regular_file, open_regular_file_to_append, read_regular_file, read_regular_to_string,
-    refuse_non_regular,
+    open_regular_file, open_regular_file_to_append, read_regular_file, read_regular_file_at_most,
+    read_regular_to_string, refuse_non_regular,
 };
 pub use remove_tree::remove_tree;
 pub use usage::{ContainerUsage, disk_usage, disk_usage_and_inodes};

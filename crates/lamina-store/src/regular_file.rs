@@ -30,6 +30,19 @@ pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// [`read_regular_file`] for a file its reader bounds: one longer than `most` bytes is
+/// refused ("too large") after reading at most one byte past the bound.
+pub fn read_regular_file_at_most(path: &Path, most: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    open_regular_file(path)?
+        .take(most + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > most {
+        return Err(std::io::Error::other("too large"));
+    }
+    Ok(bytes)
+}
+
 /// [`read_regular_file`] as UTF-8, as `fs::read_to_string` reads it.
 pub fn read_regular_to_string(path: &Path) -> std::io::Result<String> {
     String::from_utf8(read_regular_file(path)?)

@@ -146,15 +146,7 @@ fn read_cache(path: &Path) -> Option<Probe> {
     // A few hundred bytes as lamina writes it; anything past the bound is not its, and
     // is probed again rather than read whole under the lock.
     const MOST_BYTES: u64 = 64 * 1024;
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(
-        &mut std::io::Read::take(lamina_store::open_regular_file(path).ok()?, MOST_BYTES + 1),
-        &mut bytes,
-    )
-    .ok()?;
-    if bytes.len() as u64 > MOST_BYTES {
-        return None;
-    }
+    let bytes = lamina_store::read_regular_file_at_most(path, MOST_BYTES).ok()?;
     let probe = serde_json::from_slice::<Probe>(&bytes).ok()?;
     kept.retain(|(p, _, _)| p != path);
     if kept.len() >= MOST_KEPT {
